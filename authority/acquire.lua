@@ -1,0 +1,73 @@
+-- leaselimit acquire: take between min and want tokens from a token bucket.
+--
+-- KEYS[1]  the bucket: a hash {s = tokens in units of 1/period_us of a token,
+--          t = time of s in µs on this server's clock}. A missing key is a full bucket.
+-- ARGV     rate, period_us, burst, want, min, share_ppm (all integers)
+--          rate tokens are added per period_us µs, up to burst tokens.
+--          Grant g tokens with min <= g <= want and g <= max(min, floor(available*share_ppm/1e6)),
+--          or nothing when fewer than min tokens are available. A denial writes nothing.
+-- Returns  {granted, remaining, retry_after_us, reset_after_us}
+--          retry_after_us: 0 when granted, else µs until min tokens are available.
+--          reset_after_us: µs until the bucket is full again.
+--
+-- All arithmetic is on integers below 2^53, so it is exact in Lua's doubles:
+-- a token is period_us units, and one µs of refill adds rate units.
+local MAX = 9007199254740992
+
+local function int(i)
+  local v = tonumber(ARGV[i])
+  if v == nil or v ~= v or v % 1 ~= 0 or v < 1 or v >= MAX then return nil end
+  return v
+end
+
+local rate, period, burst, want, min, share = int(1), int(2), int(3), int(4), int(5), int(6)
+if not (rate and period and burst and want and min and share)
+    or share > 1000000 or min > want or want > burst or burst > (MAX - rate) / period then
+  return redis.error_reply('ERR leaselimit: invalid acquire arguments')
+end
+
+local cap = burst * period
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
+
+local state = redis.call('HMGET', KEYS[1], 's', 't')
+local s, last = tonumber(state[1]), tonumber(state[2])
+if s == nil or last == nil then
+  s, last = cap, now
+end
+if s > cap then s = cap end   -- the burst was lowered since the last write
+if s < 0 then s = 0 end
+
+-- Refill. A clock that went backwards (failover to a server with another
+-- clock) refills nothing and keeps the later timestamp.
+if now > last then
+  if (now - last) * rate >= cap - s then
+    s = cap
+  else
+    s = s + (now - last) * rate
+  end
+  last = now
+end
+
+local granted = 0
+local avail = math.floor(s / period)
+if avail >= min then
+  granted = math.floor(avail * (share / 1000000))
+  if granted < min then granted = min end
+  if granted > want then granted = want end
+  s = s - granted * period
+end
+
+local reset = math.ceil((cap - s) / rate)
+if granted > 0 then
+  redis.call('HSET', KEYS[1], 's', s, 't', last)
+  -- The key lives until the bucket would be full again (a missing key reads
+  -- as full), plus a margin.
+  redis.call('PEXPIRE', KEYS[1], math.ceil(reset / 1000) + 1000)
+end
+
+local retry = 0
+if granted == 0 then
+  retry = math.ceil((min * period - s) / rate)
+end
+return {granted, math.floor(s / period), retry, reset}

@@ -1,0 +1,323 @@
+// Package authority is the Redis side of leaselimit: the token bucket as two
+// embedded Lua scripts (acquire and refund) run atomically on Redis's own
+// clock, EVALSHA with a fallback to EVAL on NOSCRIPT, the naming of Redis
+// keys, and the decoding of script replies. It works with any
+// redis.UniversalClient: a single node, Sentinel (FailoverClient) or Cluster.
+//
+// Every bucket lives in one key, so every script call touches one hash slot.
+package authority
+
+import (
+	"context"
+	"crypto/sha1"
+	"crypto/sha256"
+	_ "embed"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/leaselimit/leaselimit/policy"
+	"github.com/redis/go-redis/v9"
+)
+
+//go:embed acquire.lua
+var acquireSrc string
+
+//go:embed refund.lua
+var refundSrc string
+
+// DefaultPrefix is the Redis key prefix used when none is given.
+const DefaultPrefix = "leaselimit"
+
+// MaxPrefixLen is the longest key prefix accepted.
+const MaxPrefixLen = 64
+
+// ErrReply is wrapped by errors for a script reply that does not have the
+// expected shape: a Redis or proxy in front of it that misbehaves.
+var ErrReply = errors.New("authority: unexpected script reply")
+
+// ErrScript is wrapped by errors the scripts raise themselves (arguments they
+// reject). Such an error is a bug in leaselimit, not an outage: callers should
+// surface it loudly rather than count it as a Redis failure.
+var ErrScript = errors.New("authority: script rejected its arguments")
+
+// ErrPrefix is returned by New for an unusable key prefix.
+var ErrPrefix = errors.New("authority: invalid key prefix")
+
+// Grant is the outcome of one acquire call.
+type Grant struct {
+	Granted    int64         // tokens taken from the bucket; 0 on denial
+	Remaining  int64         // whole tokens left in the bucket after the take
+	RetryAfter time.Duration // 0 when granted; else until min tokens are available
+	ResetAfter time.Duration // until the bucket is full again
+}
+
+// Refund asks to give Tokens unused tokens back to the bucket of Key.
+type Refund struct {
+	Key    string // a key from (*Redis).Key
+	Limit  policy.Limit
+	Tokens int64
+}
+
+// Redis runs the token-bucket scripts on a Redis deployment.
+// It is safe for concurrent use.
+type Redis struct {
+	client redis.UniversalClient
+	prefix string
+}
+
+type script struct {
+	src, sha string
+}
+
+var (
+	acquireScript = newScript(acquireSrc)
+	refundScript  = newScript(refundSrc)
+)
+
+func newScript(src string) script {
+	h := sha1.Sum([]byte(src))
+	return script{src: src, sha: hex.EncodeToString(h[:])}
+}
+
+// New returns an authority on client with the given key prefix
+// (DefaultPrefix when empty). It makes no Redis call.
+func New(client redis.UniversalClient, prefix string) (*Redis, error) {
+	if client == nil {
+		return nil, errors.New("authority: nil redis client")
+	}
+	if prefix == "" {
+		prefix = DefaultPrefix
+	}
+	if err := ValidatePrefix(prefix); err != nil {
+		return nil, err
+	}
+	return &Redis{client: client, prefix: prefix}, nil
+}
+
+// ValidatePrefix reports whether p can prefix Redis keys: 1 to MaxPrefixLen
+// bytes of printable ASCII without spaces, '{' or '}' (a brace would form a
+// Cluster hash tag and put every key on one slot).
+func ValidatePrefix(p string) error {
+	if p == "" || len(p) > MaxPrefixLen {
+		return fmt.Errorf("%w: %q must be 1 to %d bytes", ErrPrefix, p, MaxPrefixLen)
+	}
+	for i := 0; i < len(p); i++ {
+		c := p[i]
+		if c <= ' ' || c > '~' || c == '{' || c == '}' {
+			return fmt.Errorf("%w: %q holds %q; use printable ASCII without spaces or braces", ErrPrefix, p, c)
+		}
+	}
+	return nil
+}
+
+// Prefix returns the key prefix.
+func (r *Redis) Prefix() string { return r.prefix }
+
+// Client returns the Redis client.
+func (r *Redis) Client() redis.UniversalClient { return r.client }
+
+// Key returns the Redis key of userKey's bucket under limit l:
+// "<prefix>:<limit name>:{<32 hex digits>}", the digits being the first 128
+// bits of SHA-256 of userKey. User bytes never reach Redis, and the hash tag
+// is the digest, so keys spread evenly over Cluster slots.
+func (r *Redis) Key(l policy.Limit, userKey string) string {
+	sum := sha256.Sum256([]byte(userKey))
+	var b strings.Builder
+	b.Grow(len(r.prefix) + len(l.Name) + 4 + 32)
+	b.WriteString(r.prefix)
+	b.WriteByte(':')
+	b.WriteString(l.Name)
+	b.WriteString(":{")
+	var hx [32]byte
+	hex.Encode(hx[:], sum[:16])
+	b.Write(hx[:])
+	b.WriteByte('}')
+	return b.String()
+}
+
+// Acquire takes between min and want tokens from key's bucket under l, at
+// most max(min, available×share) of them, where share is in (0, 1]; or none
+// when fewer than min are available. It needs 1 <= min <= want <= l.Burst.
+func (r *Redis) Acquire(ctx context.Context, key string, l policy.Limit, want, min int64, share float64) (Grant, error) {
+	if min < 1 || min > want || want > l.Burst {
+		return Grant{}, fmt.Errorf("%w: acquire want=%d min=%d burst=%d", ErrScript, want, min, l.Burst)
+	}
+	ppm := int64(share * 1e6)
+	if ppm < 1 {
+		ppm = 1
+	}
+	if ppm > 1e6 {
+		ppm = 1e6
+	}
+	v, err := r.run(ctx, acquireScript, key,
+		l.Rate, l.PeriodMicros(), l.Burst, want, min, ppm)
+	if err != nil {
+		return Grant{}, err
+	}
+	return DecodeGrant(v)
+}
+
+// Exact takes exactly n tokens or none: Acquire(ctx, key, l, n, n, 1).
+func (r *Redis) Exact(ctx context.Context, key string, l policy.Limit, n int64) (Grant, error) {
+	return r.Acquire(ctx, key, l, n, n, 1)
+}
+
+// RefundOne gives n unused tokens back to key's bucket, capped at l.Burst.
+// It returns the whole tokens the bucket then holds.
+func (r *Redis) RefundOne(ctx context.Context, key string, l policy.Limit, n int64) (int64, error) {
+	if n < 1 || n > l.Burst {
+		return 0, fmt.Errorf("%w: refund n=%d burst=%d", ErrScript, n, l.Burst)
+	}
+	v, err := r.run(ctx, refundScript, key, l.Rate, l.PeriodMicros(), l.Burst, n)
+	if err != nil {
+		return 0, err
+	}
+	rem, _, err := decodeRefund(v)
+	return rem, err
+}
+
+// Refund gives unused tokens back to several buckets in one pipeline (on a
+// Cluster, go-redis splits it by node). Entries with Tokens < 1 are skipped;
+// Tokens above the burst are capped at it. It returns the first error.
+func (r *Redis) Refund(ctx context.Context, refunds []Refund) error {
+	type item struct {
+		rf  Refund
+		cmd *redis.Cmd
+	}
+	items := make([]item, 0, len(refunds))
+	pipe := r.client.Pipeline()
+	for _, rf := range refunds {
+		if rf.Tokens < 1 {
+			continue
+		}
+		if rf.Tokens > rf.Limit.Burst {
+			rf.Tokens = rf.Limit.Burst
+		}
+		cmd := pipe.EvalSha(ctx, refundScript.sha, []string{rf.Key},
+			rf.Limit.Rate, rf.Limit.PeriodMicros(), rf.Limit.Burst, rf.Tokens)
+		items = append(items, item{rf, cmd})
+	}
+	if len(items) == 0 {
+		return nil
+	}
+	_, _ = pipe.Exec(ctx) // errors are read per command below
+	var retry []item
+	var first error
+	for _, it := range items {
+		err := it.cmd.Err()
+		switch {
+		case err == nil:
+			_, _, err = decodeRefund(it.cmd.Val())
+		case isNoScript(err):
+			retry = append(retry, it)
+			continue
+		}
+		if err != nil && first == nil {
+			first = classify(err)
+		}
+	}
+	if len(retry) > 0 {
+		pipe := r.client.Pipeline()
+		for i := range retry {
+			rf := retry[i].rf
+			retry[i].cmd = pipe.Eval(ctx, refundScript.src, []string{rf.Key},
+				rf.Limit.Rate, rf.Limit.PeriodMicros(), rf.Limit.Burst, rf.Tokens)
+		}
+		_, _ = pipe.Exec(ctx)
+		for _, it := range retry {
+			err := it.cmd.Err()
+			if err == nil {
+				_, _, err = decodeRefund(it.cmd.Val())
+			}
+			if err != nil && first == nil {
+				first = classify(err)
+			}
+		}
+	}
+	return first
+}
+
+// run calls EVALSHA and, when the server has not cached the script (NOSCRIPT:
+// after SCRIPT FLUSH, a restart or a failover), EVAL, which caches it again.
+func (r *Redis) run(ctx context.Context, s script, key string, args ...any) (any, error) {
+	v, err := r.client.EvalSha(ctx, s.sha, []string{key}, args...).Result()
+	if err != nil && isNoScript(err) {
+		v, err = r.client.Eval(ctx, s.src, []string{key}, args...).Result()
+	}
+	if err != nil {
+		return nil, classify(err)
+	}
+	return v, nil
+}
+
+func isNoScript(err error) bool {
+	return err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT")
+}
+
+// classify marks errors raised by our own scripts with ErrScript.
+func classify(err error) error {
+	if err != nil && strings.Contains(err.Error(), "leaselimit: invalid") {
+		return fmt.Errorf("%w: %w", ErrScript, err)
+	}
+	return err
+}
+
+// DecodeGrant decodes an acquire reply: an array of four non-negative
+// integers {granted, remaining, retry_after_us, reset_after_us}.
+func DecodeGrant(v any) (Grant, error) {
+	var n [4]int64
+	if err := decodeInts(v, n[:]); err != nil {
+		return Grant{}, err
+	}
+	const maxMicros = int64(1<<63-1) / int64(time.Microsecond)
+	if n[2] > maxMicros || n[3] > maxMicros {
+		return Grant{}, fmt.Errorf("%w: duration out of range in %v", ErrReply, v)
+	}
+	if n[0] > 0 && n[2] != 0 {
+		return Grant{}, fmt.Errorf("%w: granted %d with retry-after %dµs", ErrReply, n[0], n[2])
+	}
+	return Grant{
+		Granted:    n[0],
+		Remaining:  n[1],
+		RetryAfter: time.Duration(n[2]) * time.Microsecond,
+		ResetAfter: time.Duration(n[3]) * time.Microsecond,
+	}, nil
+}
+
+func decodeRefund(v any) (remaining int64, reset time.Duration, err error) {
+	var n [2]int64
+	if err := decodeInts(v, n[:]); err != nil {
+		return 0, 0, err
+	}
+	if n[1] > int64(1<<63-1)/int64(time.Microsecond) {
+		return 0, 0, fmt.Errorf("%w: duration out of range in %v", ErrReply, v)
+	}
+	return n[0], time.Duration(n[1]) * time.Microsecond, nil
+}
+
+// decodeInts fills dst from a reply that must be an array of exactly
+// len(dst) non-negative integers.
+func decodeInts(v any, dst []int64) error {
+	arr, ok := v.([]any)
+	if !ok {
+		return fmt.Errorf("%w: %T, want an array", ErrReply, v)
+	}
+	if len(arr) != len(dst) {
+		return fmt.Errorf("%w: %d elements, want %d", ErrReply, len(arr), len(dst))
+	}
+	for i, e := range arr {
+		x, ok := e.(int64)
+		if !ok {
+			return fmt.Errorf("%w: element %d is %T, want an integer", ErrReply, i, e)
+		}
+		if x < 0 {
+			return fmt.Errorf("%w: element %d is negative (%s)", ErrReply, i, strconv.FormatInt(x, 10))
+		}
+		dst[i] = x
+	}
+	return nil
+}

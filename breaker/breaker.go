@@ -1,0 +1,215 @@
+// Package breaker wraps the authority's Redis calls in a circuit breaker
+// (github.com/sony/gobreaker/v2) and says which errors count against Redis.
+//
+// Counted as failures: network errors, timeouts (including the Limiter's own
+// time budget), connection refused or reset, a closed pool, and Redis replies
+// that mean the server cannot serve now (LOADING, BUSY, READONLY, MASTERDOWN,
+// CLUSTERDOWN, TRYAGAIN). Not counted: success, a caller's
+// context.Canceled, NOSCRIPT (the authority reloads the script and retries),
+// and errors that are leaselimit's own bugs (the authority's ErrScript and
+// ErrReply), which the Limiter returns to the caller instead of hiding them
+// behind the failure policy.
+package breaker
+
+import (
+	"context"
+	"errors"
+	"net"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/sony/gobreaker/v2"
+)
+
+// State is the breaker's state.
+type State int32
+
+// The breaker's states.
+const (
+	Closed   State = State(gobreaker.StateClosed)
+	HalfOpen State = State(gobreaker.StateHalfOpen)
+	Open     State = State(gobreaker.StateOpen)
+)
+
+// String returns "closed", "half-open" or "open".
+func (s State) String() string { return gobreaker.State(s).String() }
+
+// ErrOpen is returned by Allow while the breaker is open or its half-open
+// probes are all in flight: no Redis call may be made.
+var ErrOpen = errors.New("breaker: open")
+
+// ErrBudget marks an authority call that ran out of its time budget.
+var ErrBudget = errors.New("breaker: time budget exceeded")
+
+// Settings configures a Breaker. Zero fields take the documented defaults.
+type Settings struct {
+	// Failures is the number of consecutive failures that opens the breaker.
+	// Default 5.
+	Failures uint32
+	// OpenFor is how long the breaker stays open before it lets probes
+	// through (half-open). Default 2s.
+	OpenFor time.Duration
+	// Probes is how many calls may run while half-open; that many successes
+	// in a row close the breaker, one failure opens it again. Default 3.
+	Probes uint32
+	// Interval clears the failure counts periodically while closed, so
+	// sparse failures never add up to a trip. Default 10s.
+	Interval time.Duration
+	// OnStateChange, if set, is called on every transition. It runs under the
+	// breaker's lock: it may only record (an atomic store, a metric), never
+	// call back into the Limiter or the breaker.
+	OnStateChange func(from, to State)
+}
+
+// WithDefaults returns s with zero fields set to their defaults.
+func (s Settings) WithDefaults() Settings {
+	if s.Failures == 0 {
+		s.Failures = 5
+	}
+	if s.OpenFor == 0 {
+		s.OpenFor = 2 * time.Second
+	}
+	if s.Probes == 0 {
+		s.Probes = 3
+	}
+	if s.Interval == 0 {
+		s.Interval = 10 * time.Second
+	}
+	return s
+}
+
+// Validate reports whether s is usable.
+func (s Settings) Validate() error {
+	if s.OpenFor < 0 || s.Interval < 0 {
+		return errors.New("breaker: OpenFor and Interval must be >= 0")
+	}
+	return nil
+}
+
+// Breaker is a circuit breaker for authority calls. Its fast check, Rejects,
+// is a pair of atomic loads.
+type Breaker struct {
+	cb        *gobreaker.TwoStepCircuitBreaker[struct{}]
+	state     atomic.Int32
+	openUntil atomic.Int64 // unix nanoseconds; while now is before it, Rejects is true
+	openFor   time.Duration
+	trips     atomic.Int64
+}
+
+// New returns a closed breaker named name.
+func New(name string, s Settings) *Breaker {
+	s = s.WithDefaults()
+	b := &Breaker{openFor: s.OpenFor}
+	user := s.OnStateChange
+	b.cb = gobreaker.NewTwoStepCircuitBreaker[struct{}](gobreaker.Settings{
+		Name:        name,
+		MaxRequests: s.Probes,
+		Interval:    s.Interval,
+		Timeout:     s.OpenFor,
+		ReadyToTrip: func(c gobreaker.Counts) bool {
+			return c.ConsecutiveFailures >= s.Failures
+		},
+		OnStateChange: func(_ string, from, to gobreaker.State) {
+			// Runs under gobreaker's lock: record only.
+			b.state.Store(int32(to))
+			if to == gobreaker.StateOpen {
+				b.openUntil.Store(time.Now().Add(b.openFor).UnixNano())
+				b.trips.Add(1)
+			} else {
+				b.openUntil.Store(0)
+			}
+			if user != nil {
+				user(State(from), State(to))
+			}
+		},
+		IsExcluded: func(err error) bool { return err != nil && !Counts(err) },
+	})
+	return b
+}
+
+// State returns the last state the breaker moved to.
+func (b *Breaker) State() State { return State(b.state.Load()) }
+
+// Trips returns how many times the breaker has opened.
+func (b *Breaker) Trips() int64 { return b.trips.Load() }
+
+// Rejects reports, without locking, whether the breaker is open at now and
+// not yet due for a probe.
+func (b *Breaker) Rejects(now time.Time) bool {
+	u := b.openUntil.Load()
+	return u != 0 && now.UnixNano() < u
+}
+
+// OpenUntil returns when the open breaker lets probes through, or the zero
+// time when it is not open.
+func (b *Breaker) OpenUntil() time.Time {
+	u := b.openUntil.Load()
+	if u == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, u)
+}
+
+// Allow asks to make one Redis call. On success the caller must call done
+// exactly once with the call's error; on ErrOpen it must not call Redis.
+func (b *Breaker) Allow() (done func(error), err error) {
+	done, err = b.cb.Allow()
+	if err != nil {
+		return nil, ErrOpen
+	}
+	return done, nil
+}
+
+// Excluded reports whether err says nothing about Redis's health: a caller's
+// cancellation, or NOSCRIPT.
+func Excluded(err error) bool {
+	if err == nil {
+		return false
+	}
+	if errors.Is(err, context.Canceled) {
+		return true
+	}
+	return strings.HasPrefix(err.Error(), "NOSCRIPT")
+}
+
+// transient are Redis error replies that mean the server cannot serve now.
+var transient = []string{"LOADING", "BUSY", "READONLY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "MISCONF", "NOREPLICAS", "OOM"}
+
+// Counts reports whether err counts as a Redis failure.
+func Counts(err error) bool {
+	if err == nil || Excluded(err) {
+		return false
+	}
+	if errors.Is(err, ErrBudget) || errors.Is(err, context.DeadlineExceeded) {
+		return true
+	}
+	var ne net.Error
+	if errors.As(err, &ne) {
+		return true
+	}
+	var oe *net.OpError
+	if errors.As(err, &oe) {
+		return true
+	}
+	msg := err.Error()
+	for _, p := range transient {
+		if strings.HasPrefix(msg, p) {
+			return true
+		}
+	}
+	switch {
+	case strings.Contains(msg, "connection refused"),
+		strings.Contains(msg, "connection reset"),
+		strings.Contains(msg, "broken pipe"),
+		strings.Contains(msg, "EOF"),
+		strings.Contains(msg, "i/o timeout"),
+		strings.Contains(msg, "pool timeout"),
+		strings.Contains(msg, "client is closed"),
+		strings.Contains(msg, "no route to host"):
+		return true
+	}
+	// Other replies (for example our own script's argument errors) are not
+	// Redis being unavailable.
+	return false
+}

@@ -1,0 +1,603 @@
+package leaselimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/leaselimit/leaselimit/authority"
+	"github.com/leaselimit/leaselimit/breaker"
+	"github.com/leaselimit/leaselimit/lease"
+	"github.com/leaselimit/leaselimit/policy"
+	"github.com/redis/go-redis/v9"
+	"golang.org/x/sync/singleflight"
+)
+
+// Limiter enforces one token-bucket policy.Limit per key across every
+// instance that shares the Redis deployment, the limit name and the prefix.
+//
+// Redis holds the authoritative bucket of each key, updated by one atomic
+// Lua script on Redis's clock. By default the Limiter also keeps a small
+// lease of tokens for each busy key: the tokens are debited from the Redis
+// bucket when the lease is granted, so most decisions are a local atomic
+// operation and the fleet still never admits more than the bucket allows
+// over a run. WithoutLease selects exact mode, where every decision is one
+// Redis call.
+//
+// Most callers want Allow (or AllowN for weighted requests); Wait blocks
+// until a request is admitted. While Redis is unavailable, decisions follow
+// the failure policy (WithFailureMode) and carry SourceFallback; they are not
+// errors. A Limiter is safe for concurrent use; Close it to refund leased
+// tokens and stop its background goroutine.
+type Limiter struct {
+	limit policy.Limit
+	cfg   config
+	auth  *authority.Redis
+	brk   *breaker.Breaker
+	table *lease.Table
+	sizer lease.Sizer
+	local policy.Limit // FailLocal's per-instance share
+	share float64
+	sf    singleflight.Group
+
+	origin time.Time
+
+	mu     sync.RWMutex // guards closed against wg.Add
+	closed atomic.Bool
+	wg     sync.WaitGroup // authority calls and prefetches in flight
+	stop   chan struct{}
+	done   chan struct{} // janitor exited
+
+	rqMu    sync.Mutex
+	rq      []authority.Refund // refunds waiting for the janitor
+	dropped atomic.Int64       // refunds dropped because the queue was full
+}
+
+// maxQueuedRefunds bounds the refunds waiting for Redis.
+const maxQueuedRefunds = 100_000
+
+// New returns a Limiter that enforces limit per key on client, which may be
+// any go-redis v9 client: a single node, Sentinel (redis.NewFailoverClient)
+// or Cluster. New makes no Redis call, so it neither blocks nor fails when
+// Redis is down; decisions follow the failure policy until Redis answers.
+//
+// The Limiter starts one background goroutine (lease expiry, refunds and
+// idle-key eviction); Close stops it.
+func New(client redis.UniversalClient, limit policy.Limit, opts ...Option) (*Limiter, error) {
+	if client == nil {
+		return nil, errors.New("leaselimit: nil redis client")
+	}
+	if err := limit.Validate(); err != nil {
+		return nil, err
+	}
+	cfg := defaultConfig()
+	for _, o := range opts {
+		if o == nil {
+			continue
+		}
+		if err := o.apply(&cfg); err != nil {
+			return nil, err
+		}
+	}
+	auth, err := authority.New(client, cfg.prefix)
+	if err != nil {
+		return nil, fmt.Errorf("leaselimit: %w", err)
+	}
+	if err := cfg.breaker.Validate(); err != nil {
+		return nil, fmt.Errorf("leaselimit: %w", err)
+	}
+	l := &Limiter{
+		limit:  limit,
+		cfg:    cfg,
+		auth:   auth,
+		brk:    breaker.New("leaselimit:"+limit.Name, cfg.breaker),
+		table:  lease.NewTable(cfg.maxKeys),
+		sizer:  lease.NewSizer(limit, cfg.lease),
+		local:  lease.Share(limit, cfg.fleetSize),
+		share:  cfg.lease.MaxShare,
+		origin: cfg.clock.Now(),
+		stop:   make(chan struct{}),
+		done:   make(chan struct{}),
+	}
+	go l.janitor()
+	return l, nil
+}
+
+// Limit returns the limit the Limiter enforces.
+func (l *Limiter) Limit() policy.Limit { return l.limit }
+
+// BreakerState returns the state of the circuit breaker around Redis calls.
+func (l *Limiter) BreakerState() breaker.State { return l.brk.State() }
+
+// LocalKeys returns how many keys the Limiter holds local state for.
+func (l *Limiter) LocalKeys() int { return l.table.Len() }
+
+// now returns the local monotonic time in nanoseconds since the Limiter was made.
+func (l *Limiter) now() int64 { return int64(l.cfg.clock.Now().Sub(l.origin)) }
+
+// enter registers a goroutine or call that Close must wait for. It fails
+// once Close has begun.
+func (l *Limiter) enter() bool {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	if l.closed.Load() {
+		return false
+	}
+	l.wg.Add(1)
+	return true
+}
+
+// Allow is shorthand for AllowN(ctx, key, 1).
+func (l *Limiter) Allow(ctx context.Context, key string) (Decision, error) {
+	return l.AllowN(ctx, key, 1)
+}
+
+// AllowN reports whether n tokens may be taken for key now, and takes them if
+// so (all or nothing; a denial takes nothing). n must be between 1 and the
+// limit's Burst, and key 1 to MaxKeyLen bytes; other input returns
+// ErrInvalidCost or ErrInvalidKey and touches nothing.
+//
+// A denial is a Decision with Allowed false, not an error. Errors are
+// ErrClosed, the ctx's error when ctx ends before a decision, invalid input,
+// and leaselimit's own bugs (an unexpected script reply). While Redis is
+// unavailable the failure policy decides (SourceFallback, nil error), within
+// the time budget of WithTimeout.
+func (l *Limiter) AllowN(ctx context.Context, key string, n int64) (Decision, error) {
+	if l.closed.Load() {
+		return Decision{}, ErrClosed
+	}
+	if err := l.check(key, n); err != nil {
+		return Decision{}, err
+	}
+	if l.cfg.noLease {
+		return l.allowExact(ctx, key, n)
+	}
+	now := l.now()
+	e := l.table.Get(key)
+	if e != nil {
+		if ok, left := e.Take(n, now); ok {
+			if e.NeedsPrefetch(left) {
+				l.prefetch(e)
+			}
+			return l.leaseDecision(e, left), nil
+		}
+		if denied, wait := e.Denied(now); denied {
+			e.Touch(now)
+			return l.denial(e.Remote(), wait, SourceCache), nil
+		}
+	}
+	return l.allowMiss(ctx, key, e, n, now)
+}
+
+func (l *Limiter) check(key string, n int64) error {
+	if len(key) == 0 || len(key) > MaxKeyLen {
+		return fmt.Errorf("%w: length %d, want 1 to %d bytes", ErrInvalidKey, len(key), MaxKeyLen)
+	}
+	if n < 1 || n > l.limit.Burst {
+		return fmt.Errorf("%w: n = %d, want 1 <= n <= burst %d", ErrInvalidCost, n, l.limit.Burst)
+	}
+	return nil
+}
+
+func (l *Limiter) leaseDecision(e *lease.Entry, left int64) Decision {
+	rem := left + e.Remote()
+	if rem > l.limit.Burst {
+		rem = l.limit.Burst
+	}
+	return Decision{
+		Allowed:    true,
+		Limit:      l.limit,
+		Remaining:  rem,
+		ResetAfter: l.limit.Interval(l.limit.Burst - rem),
+		Source:     SourceLease,
+	}
+}
+
+func (l *Limiter) denial(remaining int64, retry time.Duration, src Source) Decision {
+	if retry <= 0 {
+		retry = time.Microsecond
+	}
+	return Decision{
+		Limit:      l.limit,
+		Remaining:  remaining,
+		RetryAfter: retry,
+		ResetAfter: l.limit.Interval(l.limit.Burst - remaining),
+		Source:     src,
+	}
+}
+
+func (l *Limiter) fromGrant(g authority.Grant, src Source) Decision {
+	d := Decision{
+		Allowed:    g.Granted > 0,
+		Limit:      l.limit,
+		Remaining:  g.Remaining,
+		RetryAfter: g.RetryAfter,
+		ResetAfter: g.ResetAfter,
+		Source:     src,
+	}
+	if !d.Allowed && d.RetryAfter <= 0 {
+		d.RetryAfter = time.Microsecond
+	}
+	return d
+}
+
+// allowExact asks Redis for exactly n tokens.
+func (l *Limiter) allowExact(ctx context.Context, key string, n int64) (Decision, error) {
+	if l.brk.Rejects(l.cfg.clock.Now()) {
+		return l.fallback(key, nil, n, l.now()), nil
+	}
+	rkey := l.auth.Key(l.limit, key)
+	g, err := l.authorize(ctx, rkey, n, n, 1, func(late authority.Grant) {
+		// The caller left before the grant arrived: give the tokens back.
+		l.queueRefund(rkey, late.Granted)
+	})
+	if err != nil {
+		return l.onError(ctx, key, nil, n, err)
+	}
+	return l.fromGrant(g, SourceAuthority), nil
+}
+
+// onError turns an authority error into the caller's result: an error for
+// ctx ending, Close and our own bugs; the failure policy's decision for an
+// unavailable Redis.
+func (l *Limiter) onError(ctx context.Context, key string, e *lease.Entry, n int64, err error) (Decision, error) {
+	switch {
+	case errors.Is(err, ErrClosed):
+		return Decision{}, ErrClosed
+	case errors.Is(err, authority.ErrScript), errors.Is(err, authority.ErrReply):
+		return Decision{}, fmt.Errorf("leaselimit: %w", err)
+	case ctx.Err() != nil && !errors.Is(err, breaker.ErrBudget) && !errors.Is(err, breaker.ErrOpen):
+		return Decision{}, ctx.Err()
+	}
+	return l.fallback(key, e, n, l.now()), nil
+}
+
+// allowMiss handles a key with no usable lease: one coalesced refill per key
+// asks Redis for the tokens every waiting caller needs plus a lease.
+func (l *Limiter) allowMiss(ctx context.Context, key string, e *lease.Entry, n, now int64) (Decision, error) {
+	if e == nil {
+		var ev *lease.Entry
+		e, ev = l.table.GetOrCreate(key, now)
+		if ev != nil {
+			if t := ev.Drain(); t > 0 {
+				l.queueRefund(l.auth.Key(l.limit, ev.Key()), t)
+			}
+		}
+	}
+	if l.brk.Rejects(l.cfg.clock.Now()) {
+		return l.fallback(key, e, n, now), nil
+	}
+	for attempt := 0; attempt < 3; attempt++ {
+		e.AddPending(n)
+		ch := l.sf.DoChan(key, func() (any, error) { return l.refill(e) })
+		var r singleflight.Result
+		select {
+		case r = <-ch:
+		case <-ctx.Done():
+			// The refill goes on; what it brings for us stays in the lease.
+			return Decision{}, ctx.Err()
+		}
+		if r.Err != nil {
+			return l.onError(ctx, key, e, n, r.Err)
+		}
+		out := r.Val.(lease.Outcome)
+		now = l.now()
+		if ok, left := e.Take(n, now); ok {
+			d := l.leaseDecision(e, left)
+			d.Source = SourceAuthority
+			return d, nil
+		}
+		if out.Granted == 0 {
+			retry := out.RetryAfter
+			if out.Min < n {
+				retry += l.limit.Interval(n - out.Min)
+			}
+			return l.denial(out.Remaining, retry, SourceAuthority), nil
+		}
+		// Tokens came, but concurrent callers took them first: ask again.
+		if denied, wait := e.Denied(now); denied {
+			return l.denial(e.Remote(), wait, SourceCache), nil
+		}
+	}
+	return l.denial(e.Remote(), l.limit.Interval(n), SourceAuthority), nil
+}
+
+// refill is the shared work of one coalesced miss or prefetch of e.
+func (l *Limiter) refill(e *lease.Entry) (any, error) {
+	req := l.sizer.Plan(e, l.now())
+	rkey := l.auth.Key(l.limit, e.Key())
+	install := func(g authority.Grant) lease.Outcome {
+		o := lease.Outcome{Granted: g.Granted, Remaining: g.Remaining, RetryAfter: g.RetryAfter, Min: req.Min}
+		if back := l.sizer.Install(e, req, o, l.now()); back > 0 {
+			l.queueRefund(rkey, back)
+		}
+		return o
+	}
+	g, err := l.authorize(context.Background(), rkey, req.Want, req.Min, l.share, func(late authority.Grant) {
+		install(late)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return install(g), nil
+}
+
+// prefetch refills e in the background before its lease runs dry.
+func (l *Limiter) prefetch(e *lease.Entry) {
+	if l.brk.Rejects(l.cfg.clock.Now()) || !l.enter() {
+		e.PrefetchDone()
+		return
+	}
+	go func() {
+		defer l.wg.Done()
+		defer e.PrefetchDone()
+		_, _, _ = l.sf.Do(e.Key(), func() (any, error) { return l.refill(e) })
+	}()
+}
+
+type callResult struct {
+	g   authority.Grant
+	err error
+}
+
+// authorize makes one acquire call through the breaker, bounded by the time
+// budget whatever the client's own timeouts. The call runs on a context
+// detached from ctx (so its outcome is known even if the caller leaves);
+// the caller stops waiting when ctx ends or the budget runs out. A grant
+// that arrives after the caller stopped waiting is passed to late, so its
+// tokens are never lost silently.
+func (l *Limiter) authorize(ctx context.Context, rkey string, want, min int64, share float64, late func(authority.Grant)) (authority.Grant, error) {
+	done, err := l.brk.Allow()
+	if err != nil {
+		return authority.Grant{}, err
+	}
+	if !l.enter() {
+		done(nil)
+		return authority.Grant{}, ErrClosed
+	}
+	var once sync.Once
+	report := func(err error) { once.Do(func() { done(err) }) }
+	var state atomic.Int32 // 0 pending, 1 delivered, 2 abandoned
+	ch := make(chan callResult, 1)
+	go func() {
+		defer l.wg.Done()
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.cfg.timeout)
+		g, err := l.auth.Acquire(cctx, rkey, l.limit, want, min, share)
+		cancel()
+		if err != nil && errors.Is(err, context.DeadlineExceeded) {
+			err = fmt.Errorf("%w: %w", breaker.ErrBudget, err)
+		}
+		report(err)
+		if state.CompareAndSwap(0, 1) {
+			ch <- callResult{g, err}
+			return
+		}
+		if err == nil && g.Granted > 0 && late != nil {
+			late(g)
+		}
+	}()
+	timer := time.NewTimer(l.cfg.timeout)
+	defer timer.Stop()
+	select {
+	case r := <-ch:
+		return r.g, r.err
+	case <-timer.C:
+		if state.CompareAndSwap(0, 2) {
+			report(breaker.ErrBudget)
+			return authority.Grant{}, fmt.Errorf("%w: no reply within %v", breaker.ErrBudget, l.cfg.timeout)
+		}
+		r := <-ch
+		return r.g, r.err
+	case <-ctx.Done():
+		if state.CompareAndSwap(0, 2) {
+			return authority.Grant{}, ctx.Err()
+		}
+		r := <-ch
+		return r.g, r.err
+	}
+}
+
+// fallback is the failure policy's decision for key. Leases already held
+// keep serving until they expire.
+func (l *Limiter) fallback(key string, e *lease.Entry, n, now int64) Decision {
+	if e == nil && (!l.cfg.noLease || l.cfg.mode == policy.FailLocal) {
+		e = l.table.Get(key)
+	}
+	if e != nil && !l.cfg.noLease {
+		if ok, left := e.Take(n, now); ok {
+			return l.leaseDecision(e, left)
+		}
+	}
+	switch l.cfg.mode {
+	case policy.FailClosed:
+		retry := time.Duration(0)
+		if u := l.brk.OpenUntil(); !u.IsZero() {
+			retry = u.Sub(l.cfg.clock.Now())
+		}
+		if retry < l.cfg.timeout {
+			retry = l.cfg.timeout
+		}
+		return l.denial(0, retry, SourceFallback)
+	case policy.FailLocal:
+		if e == nil {
+			var ev *lease.Entry
+			e, ev = l.table.GetOrCreate(key, now)
+			if ev != nil {
+				if t := ev.Drain(); t > 0 {
+					l.queueRefund(l.auth.Key(l.limit, ev.Key()), t)
+				}
+			}
+		}
+		e.Touch(now)
+		ok, rem, retry := e.Local().Allow(l.local, n, now)
+		if !ok {
+			return l.denial(rem, retry, SourceFallback)
+		}
+		return Decision{Allowed: true, Limit: l.limit, Remaining: rem,
+			ResetAfter: l.local.Interval(l.local.Burst - rem), Source: SourceFallback}
+	}
+	return Decision{Allowed: true, Limit: l.limit, Remaining: l.limit.Burst, Source: SourceFallback}
+}
+
+// Wait is shorthand for WaitN(ctx, key, 1).
+func (l *Limiter) Wait(ctx context.Context, key string) error {
+	return l.WaitN(ctx, key, 1)
+}
+
+// WaitN blocks until n tokens for key are admitted, ctx ends, or the Limiter
+// is closed. It fails fast, without waiting, for invalid input (n above the
+// burst can never be admitted) and with ErrWouldExceedDeadline when a denial's
+// RetryAfter reaches past ctx's deadline.
+func (l *Limiter) WaitN(ctx context.Context, key string, n int64) error {
+	var timer *time.Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
+	for {
+		d, err := l.AllowN(ctx, key, n)
+		if err != nil {
+			return err
+		}
+		if d.Allowed {
+			return nil
+		}
+		wait := d.RetryAfter
+		if dl, ok := ctx.Deadline(); ok && time.Now().Add(wait).After(dl) {
+			return fmt.Errorf("%w: retry after %v", ErrWouldExceedDeadline, wait)
+		}
+		if timer == nil {
+			timer = time.NewTimer(wait)
+		} else {
+			timer.Reset(wait)
+		}
+		select {
+		case <-timer.C:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// queueRefund records n unused tokens of rkey's bucket for the janitor to
+// give back in its next batch.
+func (l *Limiter) queueRefund(rkey string, n int64) {
+	if n <= 0 {
+		return
+	}
+	l.rqMu.Lock()
+	if len(l.rq) >= maxQueuedRefunds {
+		l.rqMu.Unlock()
+		l.dropped.Add(1)
+		return
+	}
+	l.rq = append(l.rq, authority.Refund{Key: rkey, Limit: l.limit, Tokens: n})
+	l.rqMu.Unlock()
+}
+
+func (l *Limiter) takeRefunds() []authority.Refund {
+	l.rqMu.Lock()
+	defer l.rqMu.Unlock()
+	rq := l.rq
+	l.rq = nil
+	return rq
+}
+
+// janitor expires leases, evicts idle keys and sends refunds in batches.
+func (l *Limiter) janitor() {
+	defer close(l.done)
+	every := l.cfg.lease.TTL / 4
+	if every < 5*time.Millisecond {
+		every = 5 * time.Millisecond
+	}
+	if every > 250*time.Millisecond {
+		every = 250 * time.Millisecond
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	idle := int64(l.cfg.lease.IdleTTL)
+	for {
+		select {
+		case <-l.stop:
+			return
+		case <-t.C:
+		}
+		l.table.Sweep(l.now(), idle, func(e *lease.Entry, n int64) {
+			l.queueRefund(l.auth.Key(l.limit, e.Key()), n)
+		})
+		if l.brk.Rejects(l.cfg.clock.Now()) {
+			continue // keep them queued until Redis is back
+		}
+		l.flushRefunds()
+	}
+}
+
+// flushRefunds sends the queued refunds in one pipeline through the breaker.
+// Refunds that fail are put back for the next round.
+func (l *Limiter) flushRefunds() error {
+	rq := l.takeRefunds()
+	if len(rq) == 0 {
+		return nil
+	}
+	done, err := l.brk.Allow()
+	if err != nil {
+		l.requeue(rq)
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), l.cfg.timeout)
+	err = l.auth.Refund(ctx, rq)
+	cancel()
+	if err != nil && errors.Is(err, context.DeadlineExceeded) {
+		err = fmt.Errorf("%w: %w", breaker.ErrBudget, err)
+	}
+	done(err)
+	if err != nil && breaker.Counts(err) {
+		l.requeue(rq)
+	}
+	return err
+}
+
+func (l *Limiter) requeue(rq []authority.Refund) {
+	l.rqMu.Lock()
+	defer l.rqMu.Unlock()
+	if len(l.rq)+len(rq) > maxQueuedRefunds {
+		l.dropped.Add(int64(len(rq)))
+		return
+	}
+	l.rq = append(l.rq, rq...)
+}
+
+// Close refunds the unused leased tokens, waits for Redis calls in flight
+// (at most the client's read timeout on a hung Redis) and stops the
+// background goroutine. Later calls return ErrClosed. The error is that of
+// the final refund: tokens it could not return stay debited until their
+// bucket refills, which never over-admits.
+func (l *Limiter) Close() error {
+	l.mu.Lock()
+	if l.closed.Load() {
+		l.mu.Unlock()
+		return ErrClosed
+	}
+	l.closed.Store(true)
+	l.mu.Unlock()
+	close(l.stop)
+	<-l.done
+	l.wg.Wait()
+	l.table.Drain(func(e *lease.Entry, n int64) {
+		l.queueRefund(l.auth.Key(l.limit, e.Key()), n)
+	})
+	rq := l.takeRefunds()
+	if len(rq) == 0 {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), l.cfg.timeout)
+	defer cancel()
+	if err := l.auth.Refund(ctx, rq); err != nil {
+		return fmt.Errorf("leaselimit: refund on close: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,213 @@
+package leaselimit_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/leaselimit/leaselimit"
+	"github.com/leaselimit/leaselimit/policy"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+	"golang.org/x/time/rate"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+func newMini(t *testing.T) (*miniredis.Miniredis, *redis.Client) {
+	t.Helper()
+	m := miniredis.RunT(t)
+	c := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	t.Cleanup(func() { c.Close() })
+	return m, c
+}
+
+func mustNew(t *testing.T, c redis.UniversalClient, l policy.Limit, opts ...leaselimit.Option) *leaselimit.Limiter {
+	t.Helper()
+	lim, err := leaselimit.New(c, l, opts...)
+	if err != nil {
+		t.Fatalf("New(%v) = %v", l, err)
+	}
+	t.Cleanup(func() { _ = lim.Close() })
+	return lim
+}
+
+// TestExactMatchesXTimeRate feeds the same server times to an exact-mode
+// Limiter on miniredis and to golang.org/x/time/rate and compares every
+// decision, remaining count and retry-after.
+func TestExactMatchesXTimeRate(t *testing.T) {
+	limits := []policy.Limit{
+		{Name: "a", Rate: 10, Period: time.Second, Burst: 5},
+		{Name: "b", Rate: 3, Period: time.Second, Burst: 7},
+		{Name: "c", Rate: 100, Period: time.Minute, Burst: 20},
+		{Name: "d", Rate: 1000, Period: time.Second, Burst: 1},
+		{Name: "e", Rate: 7, Period: 13 * time.Millisecond, Burst: 40},
+	}
+	ctx := context.Background()
+	for _, l := range limits {
+		t.Run(l.Name, func(t *testing.T) {
+			m, c := newMini(t)
+			lim := mustNew(t, c, l, leaselimit.WithoutLease())
+			every := float64(l.Rate) / l.Period.Seconds()
+			oracle := rate.NewLimiter(rate.Limit(every), int(l.Burst))
+			rng := rand.New(rand.NewPCG(uint64(l.Rate), uint64(l.Burst)))
+			now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+			meanGap := l.Period / time.Duration(l.Rate)
+			mismatch := 0
+			for step := 0; step < 2000; step++ {
+				now = now.Add(time.Duration(rng.Int64N(int64(2*meanGap))/1000) * time.Microsecond)
+				m.SetTime(now)
+				n := 1 + rng.Int64N(l.Burst)
+				if rng.IntN(2) == 0 {
+					n = 1
+				}
+				want := oracle.AllowN(now, int(n))
+				tokens := oracle.TokensAt(now)
+				d, err := lim.AllowN(ctx, "k", n)
+				if err != nil {
+					t.Fatalf("step %d: AllowN(%v, %d) error %v", step, now, n, err)
+				}
+				if d.Source != leaselimit.SourceAuthority {
+					t.Fatalf("step %d: source %v", step, d.Source)
+				}
+				if d.Allowed != want {
+					mismatch++
+					t.Errorf("step %d: AllowN(%v, %d) = %v; x/time/rate %v (tokens %.9f)", step, now.Format(time.StampMicro), n, d.Allowed, want, tokens)
+					continue
+				}
+				if wantRem := int64(math.Floor(tokens + 1e-9)); d.Remaining != wantRem {
+					t.Errorf("step %d: remaining %d; want %d (%.9f)", step, d.Remaining, wantRem, tokens)
+				}
+				if !d.Allowed {
+					wantRetry := time.Duration((float64(n) - tokens) / every * float64(time.Second))
+					if diff := d.RetryAfter - wantRetry; diff < -time.Microsecond || diff > time.Microsecond {
+						t.Errorf("step %d: retry-after %v; want %v", step, d.RetryAfter, wantRetry)
+					}
+				} else if d.RetryAfter != 0 {
+					t.Errorf("step %d: allowed with retry-after %v", step, d.RetryAfter)
+				}
+				if mismatch > 5 {
+					t.FailNow()
+				}
+			}
+		})
+	}
+}
+
+func TestBadInput(t *testing.T) {
+	m, c := newMini(t)
+	ctx := context.Background()
+	lim := mustNew(t, c, policy.PerSecond(10))
+	for _, tc := range []struct {
+		key  string
+		n    int64
+		want error
+	}{
+		{"", 1, leaselimit.ErrInvalidKey},
+		{strings.Repeat("x", leaselimit.MaxKeyLen+1), 1, leaselimit.ErrInvalidKey},
+		{"k", 0, leaselimit.ErrInvalidCost},
+		{"k", -1, leaselimit.ErrInvalidCost},
+		{"k", 11, leaselimit.ErrInvalidCost},
+		{"k", math.MaxInt64, leaselimit.ErrInvalidCost},
+	} {
+		if _, err := lim.AllowN(ctx, tc.key, tc.n); !errors.Is(err, tc.want) {
+			t.Errorf("AllowN(%.10q, %d) = %v; want %v", tc.key, tc.n, err, tc.want)
+		}
+		if err := lim.WaitN(ctx, tc.key, tc.n); !errors.Is(err, tc.want) {
+			t.Errorf("WaitN(%.10q, %d) = %v; want %v", tc.key, tc.n, err, tc.want)
+		}
+	}
+	if keys := m.Keys(); len(keys) != 0 {
+		t.Errorf("bad input wrote keys %v", keys)
+	}
+	for _, l := range []policy.Limit{
+		{Name: "x", Rate: 0, Period: time.Second, Burst: 1},
+		{Name: "x", Rate: 1, Period: 0, Burst: 1},
+		{Name: "x", Rate: 1, Period: time.Second, Burst: 0},
+		{Name: "x", Rate: -1, Period: time.Second, Burst: 1},
+		{Name: "", Rate: 1, Period: time.Second, Burst: 1},
+		{Name: "a{b}", Rate: 1, Period: time.Second, Burst: 1},
+	} {
+		if _, err := leaselimit.New(c, l); !errors.Is(err, policy.ErrInvalidLimit) {
+			t.Errorf("New(%+v) = %v; want ErrInvalidLimit", l, err)
+		}
+	}
+	if _, err := leaselimit.New(c, policy.PerSecond(1), leaselimit.WithPrefix("a{b")); err == nil {
+		t.Error("New with prefix a{b: no error")
+	}
+	if _, err := leaselimit.New(nil, policy.PerSecond(1)); err == nil {
+		t.Error("New(nil client): no error")
+	}
+	if keys := m.Keys(); len(keys) != 0 {
+		t.Errorf("bad input wrote keys %v", keys)
+	}
+}
+
+func TestOddKeys(t *testing.T) {
+	_, c := newMini(t)
+	ctx := context.Background()
+	for i, mode := range []leaselimit.Option{leaselimit.WithoutLease(), nil} {
+		lim := mustNew(t, c, policy.PerMinute(2).WithName(fmt.Sprint("mode", i)), mode)
+		keys := []string{"{}", "{a}", "a}{b", "\x00\x01\n\r", "\xff\xfe invalid utf8", strings.Repeat("k", leaselimit.MaxKeyLen), "日本語"}
+		for _, k := range keys {
+			for i := 0; i < 3; i++ {
+				d, err := lim.Allow(ctx, k)
+				if err != nil {
+					t.Fatalf("Allow(%.12q) #%d: %v", k, i, err)
+				}
+				if d.Allowed != (i < 2) {
+					t.Errorf("Allow(%.12q) #%d allowed=%v; want %v (%+v)", k, i, d.Allowed, i < 2, d)
+				}
+			}
+		}
+	}
+}
+
+func TestClosed(t *testing.T) {
+	_, c := newMini(t)
+	lim, err := leaselimit.New(c, policy.PerSecond(10))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := lim.Allow(context.Background(), "k"); err != nil {
+		t.Fatal(err)
+	}
+	if err := lim.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := lim.Allow(context.Background(), "k"); !errors.Is(err, leaselimit.ErrClosed) {
+		t.Errorf("Allow after Close = %v; want ErrClosed", err)
+	}
+	if err := lim.Wait(context.Background(), "k"); !errors.Is(err, leaselimit.ErrClosed) {
+		t.Errorf("Wait after Close = %v; want ErrClosed", err)
+	}
+	if err := lim.Close(); !errors.Is(err, leaselimit.ErrClosed) {
+		t.Errorf("second Close = %v; want ErrClosed", err)
+	}
+}
+
+func TestWaitFailsFast(t *testing.T) {
+	_, c := newMini(t)
+	lim := mustNew(t, c, policy.PerMinute(1), leaselimit.WithoutLease())
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := lim.Wait(ctx, "k"); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	err := lim.Wait(ctx, "k")
+	if !errors.Is(err, leaselimit.ErrWouldExceedDeadline) {
+		t.Fatalf("Wait = %v; want ErrWouldExceedDeadline", err)
+	}
+	if el := time.Since(start); el > 4*time.Second {
+		t.Errorf("Wait took %v; it should fail without waiting", el)
+	}
+}

@@ -1,0 +1,69 @@
+package leaselimit
+
+import (
+	"errors"
+	"strconv"
+	"time"
+
+	"github.com/leaselimit/leaselimit/policy"
+)
+
+// Errors returned by a Limiter. A denial is not an error, and neither is a
+// Redis outage: while Redis is unavailable, decisions follow the failure
+// policy with Source == SourceFallback and a nil error.
+var (
+	// ErrInvalidKey: the key is empty or longer than MaxKeyLen bytes.
+	ErrInvalidKey = errors.New("leaselimit: invalid key")
+	// ErrInvalidCost: n < 1, or n > the limit's Burst (it could never be admitted).
+	ErrInvalidCost = errors.New("leaselimit: invalid cost")
+	// ErrClosed: the Limiter has been closed.
+	ErrClosed = errors.New("leaselimit: limiter closed")
+	// ErrWouldExceedDeadline: Wait could not be admitted before ctx's deadline.
+	ErrWouldExceedDeadline = errors.New("leaselimit: wait would exceed context deadline")
+)
+
+// MaxKeyLen is the longest key accepted, in bytes. Keys are opaque bytes:
+// braces, control bytes and invalid UTF-8 are fine; Redis only ever sees a
+// digest of them.
+const MaxKeyLen = 4096
+
+// Source says where a Decision came from.
+type Source uint8
+
+const (
+	// SourceLease: decided locally from tokens already leased from Redis.
+	SourceLease Source = iota
+	// SourceAuthority: decided by a Redis call made for this decision
+	// (possibly shared with concurrent callers of the same key).
+	SourceAuthority
+	// SourceCache: denied locally because Redis denied the key recently
+	// (the negative cache).
+	SourceCache
+	// SourceFallback: Redis was unavailable; the failure policy decided.
+	SourceFallback
+)
+
+// String returns "lease", "authority", "cache" or "fallback".
+func (s Source) String() string {
+	switch s {
+	case SourceLease:
+		return "lease"
+	case SourceAuthority:
+		return "authority"
+	case SourceCache:
+		return "cache"
+	case SourceFallback:
+		return "fallback"
+	}
+	return "Source(" + strconv.Itoa(int(s)) + ")"
+}
+
+// Decision is the outcome of one AllowN call.
+type Decision struct {
+	Allowed    bool
+	Limit      policy.Limit
+	Remaining  int64         // tokens left for this key, best knowledge
+	RetryAfter time.Duration // 0 when allowed; when denied, until n tokens can be available
+	ResetAfter time.Duration // until the bucket is full again
+	Source     Source
+}

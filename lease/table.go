@@ -1,0 +1,153 @@
+package lease
+
+import (
+	"hash/maphash"
+	"sync"
+)
+
+const numShards = 64
+
+// Table is a bounded map from user key to Entry, split into shards with a
+// read-write lock each. A lookup of a present key takes a read lock and does
+// not allocate. It holds at most about MaxKeys entries: inserting into a full
+// shard evicts that shard's least recently used entry.
+type Table struct {
+	seed     maphash.Seed
+	perShard int
+	shards   [numShards]shard
+}
+
+type shard struct {
+	mu sync.RWMutex
+	m  map[string]*Entry
+	_  [40]byte // keep shards on separate cache lines
+}
+
+// NewTable returns a table bounded at maxKeys entries (at least numShards).
+func NewTable(maxKeys int) *Table {
+	per := (maxKeys + numShards - 1) / numShards
+	if per < 1 {
+		per = 1
+	}
+	t := &Table{seed: maphash.MakeSeed(), perShard: per}
+	for i := range t.shards {
+		t.shards[i].m = make(map[string]*Entry)
+	}
+	return t
+}
+
+// Capacity returns the most entries the table holds.
+func (t *Table) Capacity() int { return t.perShard * numShards }
+
+func (t *Table) shard(key string) *shard {
+	return &t.shards[maphash.String(t.seed, key)%numShards]
+}
+
+// Get returns the entry of key, or nil.
+func (t *Table) Get(key string) *Entry {
+	s := t.shard(key)
+	s.mu.RLock()
+	e := s.m[key]
+	s.mu.RUnlock()
+	return e
+}
+
+// GetOrCreate returns the entry of key, creating it at now if needed. When
+// the shard is full it evicts the least recently used entry and returns it as
+// evicted (with removed set), so the caller can refund its tokens with Drain.
+func (t *Table) GetOrCreate(key string, now int64) (e, evicted *Entry) {
+	s := t.shard(key)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if e := s.m[key]; e != nil {
+		return e, nil
+	}
+	if len(s.m) >= t.perShard {
+		var oldest *Entry
+		for _, c := range s.m {
+			if oldest == nil || c.lastUse.Load() < oldest.lastUse.Load() {
+				oldest = c
+			}
+		}
+		delete(s.m, oldest.key)
+		oldest.removed.Store(true)
+		evicted = oldest
+	}
+	e = &Entry{key: key}
+	e.lastUse.Store(now)
+	s.m[key] = e
+	return e, evicted
+}
+
+// Len returns the number of entries.
+func (t *Table) Len() int {
+	n := 0
+	for i := range t.shards {
+		s := &t.shards[i]
+		s.mu.RLock()
+		n += len(s.m)
+		s.mu.RUnlock()
+	}
+	return n
+}
+
+// Sweep visits every entry at now: it expires leases (calling refund with
+// the tokens taken back) and removes entries idle for longer than idle whose
+// lease is empty and whose negative cache has ended. refund is called without
+// any table lock held.
+func (t *Table) Sweep(now, idle int64, refund func(e *Entry, tokens int64)) {
+	var batch []*Entry
+	for i := range t.shards {
+		s := &t.shards[i]
+		batch = batch[:0]
+		s.mu.RLock()
+		for _, e := range s.m {
+			batch = append(batch, e)
+		}
+		s.mu.RUnlock()
+		var stale []*Entry
+		for _, e := range batch {
+			if n := e.Expire(now); n > 0 {
+				refund(e, n)
+			}
+			if now-e.lastUse.Load() > idle && e.tokens.Load() == 0 && now >= e.denyUntil.Load() && !e.refilling.Load() {
+				stale = append(stale, e)
+			}
+		}
+		if len(stale) == 0 {
+			continue
+		}
+		s.mu.Lock()
+		for _, e := range stale {
+			if s.m[e.key] == e && now-e.lastUse.Load() > idle && e.tokens.Load() == 0 {
+				delete(s.m, e.key)
+				e.removed.Store(true)
+			}
+		}
+		s.mu.Unlock()
+		for _, e := range stale {
+			if e.removed.Load() {
+				if n := e.Drain(); n > 0 {
+					refund(e, n)
+				}
+			}
+		}
+	}
+}
+
+// Drain removes every entry and calls refund for each non-empty lease.
+func (t *Table) Drain(refund func(e *Entry, tokens int64)) {
+	for i := range t.shards {
+		s := &t.shards[i]
+		s.mu.Lock()
+		m := s.m
+		s.m = make(map[string]*Entry)
+		s.mu.Unlock()
+		for _, e := range m {
+			e.removed.Store(true)
+			if n := e.Drain(); n > 0 {
+				refund(e, n)
+			}
+		}
+	}
+}

@@ -1,0 +1,171 @@
+package leaselimit
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/leaselimit/leaselimit/breaker"
+	"github.com/leaselimit/leaselimit/policy"
+)
+
+// Option configures a Limiter. Options are applied in order by New.
+type Option interface {
+	apply(*config) error
+}
+
+type optionFunc func(*config) error
+
+func (f optionFunc) apply(c *config) error { return f(c) }
+
+// Clock is the source of time for the local state of a Limiter (lease
+// expiry, the negative cache, demand estimates). The bucket itself runs on
+// Redis's clock. The default is the system clock; tests can step one by hand.
+type Clock interface {
+	Now() time.Time
+}
+
+type systemClock struct{}
+
+func (systemClock) Now() time.Time { return time.Now() }
+
+// Defaults of the options.
+const (
+	// DefaultTimeout is the budget of one authority call (WithTimeout).
+	DefaultTimeout = 100 * time.Millisecond
+	// DefaultMaxKeys bounds the local key table (WithMaxKeys).
+	DefaultMaxKeys = 100_000
+	// DefaultPrefix is the Redis key prefix (WithPrefix).
+	DefaultPrefix = "leaselimit"
+)
+
+type config struct {
+	timeout   time.Duration
+	prefix    string
+	lease     policy.Lease
+	noLease   bool
+	maxKeys   int
+	mode      policy.FailureMode
+	fleetSize int
+	clock     Clock
+	breaker   breaker.Settings
+}
+
+func defaultConfig() config {
+	return config{
+		timeout:   DefaultTimeout,
+		prefix:    DefaultPrefix,
+		lease:     policy.DefaultLease(),
+		maxKeys:   DefaultMaxKeys,
+		mode:      policy.FailOpen,
+		fleetSize: 1,
+		clock:     systemClock{},
+	}
+}
+
+// WithTimeout sets the budget for one authority call: the longest a decision
+// waits for Redis before the failure policy decides instead. It holds even
+// when the Redis client has go-redis's default options (context deadlines
+// not honoured on reads, 3 s read timeout). Default DefaultTimeout (100ms).
+func WithTimeout(d time.Duration) Option {
+	return optionFunc(func(c *config) error {
+		if d <= 0 {
+			return fmt.Errorf("leaselimit: timeout %v must be > 0", d)
+		}
+		c.timeout = d
+		return nil
+	})
+}
+
+// WithPrefix sets the prefix of every Redis key the Limiter writes: keys are
+// "<prefix>:<limit name>:{<digest of the user key>}". 1 to 64 bytes of
+// printable ASCII without spaces or braces. Default "leaselimit".
+func WithPrefix(p string) Option {
+	return optionFunc(func(c *config) error {
+		c.prefix = p
+		return nil
+	})
+}
+
+// WithLease tunes local leases; zero fields take their defaults (see
+// policy.Lease). Leases are on by default.
+func WithLease(s policy.Lease) Option {
+	return optionFunc(func(c *config) error {
+		if err := s.Validate(); err != nil {
+			return err
+		}
+		c.lease = s.WithDefaults()
+		c.noLease = false
+		return nil
+	})
+}
+
+// WithoutLease selects exact mode: every decision asks Redis, nothing is
+// cached locally, and the decisions for a key are exactly those of one
+// central token bucket.
+func WithoutLease() Option {
+	return optionFunc(func(c *config) error {
+		c.noLease = true
+		return nil
+	})
+}
+
+// WithMaxKeys bounds the number of keys the Limiter keeps local state for.
+// When the table is full, the least recently used key of a shard is evicted
+// (its unused leased tokens are refunded). Default DefaultMaxKeys (100,000).
+func WithMaxKeys(n int) Option {
+	return optionFunc(func(c *config) error {
+		if n < 1 {
+			return fmt.Errorf("leaselimit: max keys %d must be >= 1", n)
+		}
+		c.maxKeys = n
+		return nil
+	})
+}
+
+// WithFailureMode sets what the Limiter decides while Redis is unavailable.
+// Default policy.FailOpen.
+func WithFailureMode(m policy.FailureMode) Option {
+	return optionFunc(func(c *config) error {
+		if err := m.Validate(); err != nil {
+			return err
+		}
+		c.mode = m
+		return nil
+	})
+}
+
+// WithFleetSize tells the Limiter how many instances share the limit; under
+// policy.FailLocal each instance enforces 1/n of it locally during an outage.
+// Default 1.
+func WithFleetSize(n int) Option {
+	return optionFunc(func(c *config) error {
+		if n < 1 {
+			return fmt.Errorf("leaselimit: fleet size %d must be >= 1", n)
+		}
+		c.fleetSize = n
+		return nil
+	})
+}
+
+// WithClock sets the clock used for local state. Default: the system clock.
+func WithClock(clk Clock) Option {
+	return optionFunc(func(c *config) error {
+		if clk == nil {
+			return fmt.Errorf("leaselimit: nil clock")
+		}
+		c.clock = clk
+		return nil
+	})
+}
+
+// WithBreaker configures the circuit breaker around Redis calls; zero fields
+// take the defaults documented on breaker.Settings.
+func WithBreaker(s breaker.Settings) Option {
+	return optionFunc(func(c *config) error {
+		if err := s.Validate(); err != nil {
+			return err
+		}
+		c.breaker = s
+		return nil
+	})
+}

@@ -1,0 +1,110 @@
+package policy
+
+import (
+	"fmt"
+	"time"
+)
+
+// Lease tunes the local leases a Limiter keeps for busy keys. A lease is a
+// small number of tokens taken from the Redis bucket ahead of use (the grant
+// debits the bucket, so leases never let the fleet exceed the limit over a
+// run) and spent locally with an atomic operation. The zero value of any
+// field means its default; DefaultLease returns the defaults spelled out.
+type Lease struct {
+	// MaxTokens caps one lease. Larger leases cut Redis calls for very hot
+	// keys but hold more tokens away from other instances. Default 1000.
+	MaxTokens int64
+
+	// Horizon is how much of a key's observed local demand one lease covers:
+	// the lease size is demand rate × Horizon (capped), so a key seen once a
+	// minute gets leases of 1 token (exact behaviour) and a key seen 100k
+	// times a second gets leases that last about Horizon. Default 50ms.
+	Horizon time.Duration
+
+	// TTL is how long a lease may be spent after its grant. Unused tokens are
+	// refunded to Redis when it expires. It bounds how long leased tokens can
+	// be held back from the rest of the fleet. Default 1s.
+	TTL time.Duration
+
+	// MaxShare caps one grant at this fraction of the tokens the bucket holds
+	// at grant time (but never below the tokens the caller needs), so leases
+	// shrink towards 1 token as the bucket nears empty and one instance
+	// cannot drain a nearly empty bucket for the others. Default 0.5.
+	MaxShare float64
+
+	// Prefetch starts an asynchronous refill when a busy lease falls below
+	// this fraction of its size, so a hot key's callers do not wait on
+	// Redis. 0 means the default 0.25; a negative value disables prefetch.
+	Prefetch float64
+
+	// DenyCap caps how long a key denied by Redis is denied locally (the
+	// negative cache) before Redis is asked again. Default 1s.
+	DenyCap time.Duration
+
+	// IdleTTL evicts a key's local state after this long without use.
+	// Default 30s.
+	IdleTTL time.Duration
+}
+
+// DefaultLease returns the default lease settings.
+func DefaultLease() Lease {
+	return Lease{
+		MaxTokens: 1000,
+		Horizon:   50 * time.Millisecond,
+		TTL:       time.Second,
+		MaxShare:  0.5,
+		Prefetch:  0.25,
+		DenyCap:   time.Second,
+		IdleTTL:   30 * time.Second,
+	}
+}
+
+// WithDefaults returns s with every zero field replaced by its default.
+func (s Lease) WithDefaults() Lease {
+	d := DefaultLease()
+	if s.MaxTokens == 0 {
+		s.MaxTokens = d.MaxTokens
+	}
+	if s.Horizon == 0 {
+		s.Horizon = d.Horizon
+	}
+	if s.TTL == 0 {
+		s.TTL = d.TTL
+	}
+	if s.MaxShare == 0 {
+		s.MaxShare = d.MaxShare
+	}
+	if s.Prefetch == 0 {
+		s.Prefetch = d.Prefetch
+	}
+	if s.DenyCap == 0 {
+		s.DenyCap = d.DenyCap
+	}
+	if s.IdleTTL == 0 {
+		s.IdleTTL = d.IdleTTL
+	}
+	return s
+}
+
+// Validate reports whether s (after WithDefaults) is usable. The error wraps
+// ErrInvalidLimit.
+func (s Lease) Validate() error {
+	s = s.WithDefaults()
+	switch {
+	case s.MaxTokens < 1:
+		return fmt.Errorf("%w: lease MaxTokens %d must be >= 1", ErrInvalidLimit, s.MaxTokens)
+	case s.Horizon < 0:
+		return fmt.Errorf("%w: lease Horizon %v must be >= 0", ErrInvalidLimit, s.Horizon)
+	case s.TTL < time.Millisecond:
+		return fmt.Errorf("%w: lease TTL %v must be >= 1ms", ErrInvalidLimit, s.TTL)
+	case !(s.MaxShare > 0 && s.MaxShare <= 1):
+		return fmt.Errorf("%w: lease MaxShare %v must be in (0, 1]", ErrInvalidLimit, s.MaxShare)
+	case s.Prefetch >= 1 || s.Prefetch != s.Prefetch:
+		return fmt.Errorf("%w: lease Prefetch %v must be < 1", ErrInvalidLimit, s.Prefetch)
+	case s.DenyCap < 0:
+		return fmt.Errorf("%w: lease DenyCap %v must be >= 0", ErrInvalidLimit, s.DenyCap)
+	case s.IdleTTL < s.TTL:
+		return fmt.Errorf("%w: lease IdleTTL %v must be >= TTL %v", ErrInvalidLimit, s.IdleTTL, s.TTL)
+	}
+	return nil
+}

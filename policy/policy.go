@@ -1,0 +1,161 @@
+// Package policy holds the plain data that configures a leaselimit Limiter:
+// the token-bucket Limit, the FailureMode used while Redis is unavailable,
+// and the Lease settings that tune local leases. It has no Redis imports;
+// every type validates itself and returns errors that wrap ErrInvalidLimit.
+package policy
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"time"
+)
+
+// ErrInvalidLimit is wrapped by every error returned by Limit.Validate and
+// Lease.Validate.
+var ErrInvalidLimit = errors.New("policy: invalid limit")
+
+// MaxNameLen is the longest Limit.Name accepted.
+const MaxNameLen = 64
+
+// maxExact is the largest integer a Redis Lua number (an IEEE 754 double)
+// holds exactly. The token bucket keeps its state in units of
+// 1/Period-microseconds of a token, so Burst*Period (in µs) must stay below it.
+const maxExact = 1 << 53
+
+// Limit is a token bucket: it holds at most Burst tokens and refills
+// continuously at Rate tokens per Period. A request for n tokens is admitted
+// when the bucket holds at least n, and then takes them; a denial takes
+// nothing.
+//
+// Name identifies the limit in Redis keys and telemetry: two Limiters with the
+// same Name and prefix share buckets, so give every distinct limit its own
+// Name. It may hold ASCII letters, digits, '-', '_' and '.', at most
+// MaxNameLen bytes.
+type Limit struct {
+	Name   string
+	Rate   int64         // tokens added per Period; > 0
+	Period time.Duration // > 0, a whole number of microseconds
+	Burst  int64         // bucket capacity; > 0
+}
+
+// PerSecond returns a limit of n tokens per second with Burst n and Name "default".
+func PerSecond(n int64) Limit { return Limit{Name: "default", Rate: n, Period: time.Second, Burst: n} }
+
+// PerMinute returns a limit of n tokens per minute with Burst n and Name "default".
+func PerMinute(n int64) Limit { return Limit{Name: "default", Rate: n, Period: time.Minute, Burst: n} }
+
+// PerHour returns a limit of n tokens per hour with Burst n and Name "default".
+func PerHour(n int64) Limit { return Limit{Name: "default", Rate: n, Period: time.Hour, Burst: n} }
+
+// WithBurst returns a copy of l with the given Burst.
+func (l Limit) WithBurst(b int64) Limit { l.Burst = b; return l }
+
+// WithName returns a copy of l with the given Name.
+func (l Limit) WithName(name string) Limit { l.Name = name; return l }
+
+// PeriodMicros returns Period in whole microseconds.
+func (l Limit) PeriodMicros() int64 { return int64(l.Period / time.Microsecond) }
+
+// Validate reports whether l can be enforced exactly. The error wraps
+// ErrInvalidLimit and names the offending field.
+func (l Limit) Validate() error {
+	if err := ValidateName(l.Name); err != nil {
+		return err
+	}
+	switch {
+	case l.Rate <= 0:
+		return fmt.Errorf("%w: rate %d must be > 0", ErrInvalidLimit, l.Rate)
+	case l.Burst <= 0:
+		return fmt.Errorf("%w: burst %d must be > 0", ErrInvalidLimit, l.Burst)
+	case l.Period <= 0:
+		return fmt.Errorf("%w: period %v must be > 0", ErrInvalidLimit, l.Period)
+	case l.Period%time.Microsecond != 0:
+		return fmt.Errorf("%w: period %v must be a whole number of microseconds", ErrInvalidLimit, l.Period)
+	}
+	// The script keeps tokens in units of 1/period-µs and refills Rate units
+	// per elapsed µs, so the largest intermediate value is Burst*period+Rate.
+	p := l.PeriodMicros()
+	if l.Rate >= maxExact || l.Burst > (maxExact-l.Rate)/p {
+		return fmt.Errorf("%w: %s exceeds the exact range of the bucket math (burst × period in µs + rate must be < 2^53)", ErrInvalidLimit, l)
+	}
+	return nil
+}
+
+// ValidateName reports whether name is usable as a limit name in Redis keys.
+func ValidateName(name string) error {
+	if name == "" {
+		return fmt.Errorf("%w: name is empty", ErrInvalidLimit)
+	}
+	if len(name) > MaxNameLen {
+		return fmt.Errorf("%w: name is %d bytes, longer than %d", ErrInvalidLimit, len(name), MaxNameLen)
+	}
+	for i := 0; i < len(name); i++ {
+		if !safeByte(name[i]) {
+			return fmt.Errorf("%w: name %q holds %q; use ASCII letters, digits, '-', '_' and '.'", ErrInvalidLimit, name, name[i])
+		}
+	}
+	return nil
+}
+
+func safeByte(c byte) bool {
+	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.'
+}
+
+// Interval returns the time in which the bucket gains n tokens, rounded up to
+// a whole microsecond.
+func (l Limit) Interval(n int64) time.Duration {
+	if n <= 0 || l.Rate <= 0 {
+		return 0
+	}
+	us := (float64(n)*float64(l.PeriodMicros()) + float64(l.Rate) - 1) / float64(l.Rate)
+	if us > float64(math.MaxInt64/int64(time.Microsecond)) {
+		return time.Duration(math.MaxInt64)
+	}
+	return time.Duration(int64(us)) * time.Microsecond
+}
+
+// String formats l as "name: rate/period burst=b", for example
+// "default: 100/1s burst=100".
+func (l Limit) String() string {
+	return l.Name + ": " + strconv.FormatInt(l.Rate, 10) + "/" + l.Period.String() + " burst=" + strconv.FormatInt(l.Burst, 10)
+}
+
+// FailureMode says what a Limiter decides while Redis is unavailable (the
+// circuit breaker is open, or an authority call failed or ran out of time).
+type FailureMode int
+
+const (
+	// FailOpen admits every request. Use it for limits that protect
+	// capacity, where an outage of the limiter must not become an outage of
+	// the service. It is the default.
+	FailOpen FailureMode = iota
+	// FailClosed denies every request. Use it for security limits (login
+	// attempts, password resets) where over-admission is worse than refusal.
+	FailClosed
+	// FailLocal runs a local token bucket per key with 1/FleetSize of the
+	// limit, so the fleet as a whole stays near the limit during an outage.
+	FailLocal
+)
+
+// String returns "open", "closed" or "local".
+func (m FailureMode) String() string {
+	switch m {
+	case FailOpen:
+		return "open"
+	case FailClosed:
+		return "closed"
+	case FailLocal:
+		return "local"
+	}
+	return "FailureMode(" + strconv.Itoa(int(m)) + ")"
+}
+
+// Validate reports whether m is one of the defined modes.
+func (m FailureMode) Validate() error {
+	if m < FailOpen || m > FailLocal {
+		return fmt.Errorf("%w: unknown failure mode %d", ErrInvalidLimit, int(m))
+	}
+	return nil
+}
