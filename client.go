@@ -164,7 +164,7 @@ func (l *Limiter) AllowN(ctx context.Context, key string, n int64) (Decision, er
 			}
 			return l.leaseDecision(e, left), nil
 		}
-		if denied, wait := e.Denied(now); denied {
+		if denied, wait := l.sizer.Denied(e, n, now); denied {
 			e.Touch(now)
 			return l.denial(e.Remote(), wait, SourceCache), nil
 		}
@@ -258,14 +258,8 @@ func (l *Limiter) onError(ctx context.Context, key string, e *lease.Entry, n int
 // allowMiss handles a key with no usable lease: one coalesced refill per key
 // asks Redis for the tokens every waiting caller needs plus a lease.
 func (l *Limiter) allowMiss(ctx context.Context, key string, e *lease.Entry, n, now int64) (Decision, error) {
-	if e == nil {
-		var ev *lease.Entry
-		e, ev = l.table.GetOrCreate(key, now)
-		if ev != nil {
-			if t := ev.Drain(); t > 0 {
-				l.queueRefund(l.auth.Key(l.limit, ev.Key()), t)
-			}
-		}
+	if e == nil || e.Removed() {
+		e = l.getOrCreate(key, now)
 	}
 	if l.brk.Rejects(l.cfg.clock.Now()) {
 		return l.fallback(key, e, n, now), nil
@@ -298,11 +292,26 @@ func (l *Limiter) allowMiss(ctx context.Context, key string, e *lease.Entry, n, 
 			return l.denial(out.Remaining, retry, SourceAuthority), nil
 		}
 		// Tokens came, but concurrent callers took them first: ask again.
-		if denied, wait := e.Denied(now); denied {
+		if denied, wait := l.sizer.Denied(e, n, now); denied {
 			return l.denial(e.Remote(), wait, SourceCache), nil
+		}
+		if e.Removed() {
+			e = l.getOrCreate(key, now)
 		}
 	}
 	return l.denial(e.Remote(), l.limit.Interval(n), SourceAuthority), nil
+}
+
+// getOrCreate returns key's entry, refunding the tokens of any entry evicted
+// to make room.
+func (l *Limiter) getOrCreate(key string, now int64) *lease.Entry {
+	e, ev := l.table.GetOrCreate(key, now)
+	if ev != nil {
+		if t := ev.Drain(); t > 0 {
+			l.queueRefund(l.auth.Key(l.limit, ev.Key()), t)
+		}
+	}
+	return e
 }
 
 // refill is the shared work of one coalesced miss or prefetch of e.
@@ -413,26 +422,17 @@ func (l *Limiter) fallback(key string, e *lease.Entry, n, now int64) Decision {
 	}
 	switch l.cfg.mode {
 	case policy.FailClosed:
-		retry := time.Duration(0)
-		if u := l.brk.OpenUntil(); !u.IsZero() {
-			retry = u.Sub(l.cfg.clock.Now())
-		}
-		if retry < l.cfg.timeout {
-			retry = l.cfg.timeout
-		}
-		return l.denial(0, retry, SourceFallback)
+		return l.denial(0, l.untilProbe(), SourceFallback)
 	case policy.FailLocal:
 		if e == nil {
-			var ev *lease.Entry
-			e, ev = l.table.GetOrCreate(key, now)
-			if ev != nil {
-				if t := ev.Drain(); t > 0 {
-					l.queueRefund(l.auth.Key(l.limit, ev.Key()), t)
-				}
-			}
+			e = l.getOrCreate(key, now)
 		}
 		e.Touch(now)
 		ok, rem, retry := e.Local().Allow(l.local, n, now)
+		if retry == lease.Never {
+			// Above this instance's share: wait for Redis to come back.
+			retry = l.untilProbe()
+		}
 		if !ok {
 			return l.denial(rem, retry, SourceFallback)
 		}
@@ -440,6 +440,19 @@ func (l *Limiter) fallback(key string, e *lease.Entry, n, now int64) Decision {
 			ResetAfter: l.local.Interval(l.local.Burst - rem), Source: SourceFallback}
 	}
 	return Decision{Allowed: true, Limit: l.limit, Remaining: l.limit.Burst, Source: SourceFallback}
+}
+
+// untilProbe is the RetryAfter of a fallback denial: until the breaker lets
+// a probe through, at least the time budget.
+func (l *Limiter) untilProbe() time.Duration {
+	retry := time.Duration(0)
+	if u := l.brk.OpenUntil(); !u.IsZero() {
+		retry = u.Sub(time.Now())
+	}
+	if retry < l.cfg.timeout {
+		retry = l.cfg.timeout
+	}
+	return retry
 }
 
 // Wait is shorthand for WaitN(ctx, key, 1).

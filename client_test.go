@@ -24,6 +24,11 @@ func TestMain(m *testing.M) {
 
 func newMini(t *testing.T) (*miniredis.Miniredis, *redis.Client) {
 	t.Helper()
+	return newMiniTB(t)
+}
+
+func newMiniTB(t testing.TB) (*miniredis.Miniredis, *redis.Client) {
+	t.Helper()
 	m := miniredis.RunT(t)
 	c := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	t.Cleanup(func() { c.Close() })
@@ -32,6 +37,10 @@ func newMini(t *testing.T) (*miniredis.Miniredis, *redis.Client) {
 
 func mustNew(t *testing.T, c redis.UniversalClient, l policy.Limit, opts ...leaselimit.Option) *leaselimit.Limiter {
 	t.Helper()
+	// A generous budget by default: these tests are about decisions on a
+	// healthy Redis, and -race on a loaded 2-core machine is slow. Tests of
+	// the budget pass their own WithTimeout, which comes later and wins.
+	opts = append([]leaselimit.Option{leaselimit.WithTimeout(10 * time.Second)}, opts...)
 	lim, err := leaselimit.New(c, l, opts...)
 	if err != nil {
 		t.Fatalf("New(%v) = %v", l, err)

@@ -10,16 +10,7 @@
 --          retry_after_us: 0 when granted, else µs until min tokens are available.
 --          reset_after_us: µs until the bucket is full again.
 --
--- All arithmetic is on integers below 2^53, so it is exact in Lua's doubles:
--- a token is period_us units, and one µs of refill adds rate units.
-local MAX = 9007199254740992
-
-local function int(i)
-  local v = tonumber(ARGV[i])
-  if v == nil or v ~= v or v % 1 ~= 0 or v < 1 or v >= MAX then return nil end
-  return v
-end
-
+-- A token is period_us units, and one µs of refill adds rate units (see common.lua).
 local rate, period, burst, want, min, share = int(1), int(2), int(3), int(4), int(5), int(6)
 if not (rate and period and burst and want and min and share)
     or share > 1000000 or min > want or want > burst or burst > (MAX - rate) / period then
@@ -27,32 +18,20 @@ if not (rate and period and burst and want and min and share)
 end
 
 local cap = burst * period
-local clock = redis.call('TIME')
-local now = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
+local now = now_us()
 
 local state = redis.call('HMGET', KEYS[1], 's', 't')
 local s, last = tonumber(state[1]), tonumber(state[2])
 if s == nil or last == nil then
   s, last = cap, now
 end
-if s > cap then s = cap end   -- the burst was lowered since the last write
-if s < 0 then s = 0 end
-
--- Refill. A clock that went backwards (failover to a server with another
--- clock) refills nothing and keeps the later timestamp.
-if now > last then
-  if (now - last) * rate >= cap - s then
-    s = cap
-  else
-    s = s + (now - last) * rate
-  end
-  last = now
-end
+s, last = refill(s, last, now, rate, cap)
 
 local granted = 0
 local avail = math.floor(s / period)
 if avail >= min then
-  granted = math.floor(avail * (share / 1000000))
+  -- floor(avail * share / 1e6), exactly: split avail so no product passes 2^53.
+  granted = math.floor(avail / 1000000) * share + math.floor((avail % 1000000) * share / 1000000)
   if granted < min then granted = min end
   if granted > want then granted = want end
   s = s - granted * period

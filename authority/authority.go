@@ -23,11 +23,20 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
+//go:embed common.lua
+var commonSrc string
+
 //go:embed acquire.lua
-var acquireSrc string
+var acquireBody string
 
 //go:embed refund.lua
-var refundSrc string
+var refundBody string
+
+// The scripts as sent to Redis: the shared prelude, then the body.
+var (
+	acquireSrc = commonSrc + acquireBody
+	refundSrc  = commonSrc + refundBody
+)
 
 // DefaultPrefix is the Redis key prefix used when none is given.
 const DefaultPrefix = "leaselimit"
@@ -146,12 +155,9 @@ func (r *Redis) Acquire(ctx context.Context, key string, l policy.Limit, want, m
 	if min < 1 || min > want || want > l.Burst {
 		return Grant{}, fmt.Errorf("%w: acquire want=%d min=%d burst=%d", ErrScript, want, min, l.Burst)
 	}
-	ppm := int64(share * 1e6)
-	if ppm < 1 {
-		ppm = 1
-	}
-	if ppm > 1e6 {
-		ppm = 1e6
+	ppm := int64(1e6)
+	if share < 1 { // NaN and values above 1 mean "no cap"
+		ppm = max(int64(share*1e6), 1)
 	}
 	v, err := r.run(ctx, acquireScript, key,
 		l.Rate, l.PeriodMicros(), l.Burst, want, min, ppm)

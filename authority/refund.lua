@@ -7,14 +7,6 @@
 -- The bucket is refilled to now, then n tokens are added, capped at burst.
 -- A missing key is already full: nothing to do. A bucket that becomes full is
 -- deleted, since a missing key reads as full.
-local MAX = 9007199254740992
-
-local function int(i)
-  local v = tonumber(ARGV[i])
-  if v == nil or v ~= v or v % 1 ~= 0 or v < 1 or v >= MAX then return nil end
-  return v
-end
-
 local rate, period, burst, n = int(1), int(2), int(3), int(4)
 if not (rate and period and burst and n) or n > burst or burst > (MAX - rate) / period then
   return redis.error_reply('ERR leaselimit: invalid refund arguments')
@@ -27,18 +19,7 @@ if s == nil or last == nil then
   return {burst, 0}
 end
 
-local clock = redis.call('TIME')
-local now = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
-if s > cap then s = cap end
-if s < 0 then s = 0 end
-if now > last then
-  if (now - last) * rate >= cap - s then
-    s = cap
-  else
-    s = s + (now - last) * rate
-  end
-  last = now
-end
+s, last = refill(s, last, now_us(), rate, cap)
 
 s = s + n * period
 if s >= cap then

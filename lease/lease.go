@@ -26,6 +26,7 @@ type Entry struct {
 	tokens    atomic.Int64          // leased tokens not yet spent
 	expires   atomic.Int64          // now at which the lease stops serving
 	denyUntil atomic.Int64          // negative cache: deny until this now
+	denyMin   atomic.Int64          // the request size the negative cache was set for
 	lastUse   atomic.Int64          // coarse: updated at most once per useGrain
 	remote    atomic.Int64          // tokens the bucket held at the last grant
 	size      atomic.Int64          // target lease size at the last refill
@@ -39,7 +40,8 @@ type Entry struct {
 
 	mu         sync.Mutex
 	rate       float64 // EWMA of locally served tokens per second
-	lastRefill int64   // now of the last refill; 0: never
+	lastRefill int64   // now of the last refill
+	refilled   bool    // lastRefill is set
 	level      int64   // tokens right after the last install
 }
 
@@ -65,7 +67,11 @@ func (e *Entry) Local() *Local {
 // Remote returns how many tokens the bucket held at the last grant.
 func (e *Entry) Remote() int64 { return e.remote.Load() }
 
-// Take spends n tokens of a live lease. It reports whether it did and how
+// Removed reports whether e was evicted from its table; a caller holding it
+// should look the key up again.
+func (e *Entry) Removed() bool { return e.removed.Load() }
+
+// Take spends n tokens (n >= 1) of a live lease. It reports whether it did and how
 // many leased tokens are left. It never blocks and never allocates.
 func (e *Entry) Take(n, now int64) (ok bool, left int64) {
 	if now >= e.expires.Load() {
@@ -98,13 +104,32 @@ func (e *Entry) NeedsPrefetch(left int64) bool {
 // PrefetchDone releases the claim taken by NeedsPrefetch.
 func (e *Entry) PrefetchDone() { e.refilling.Store(false) }
 
-// Denied reports whether the negative cache denies e at now, and for how long.
+// Denied reports whether the negative cache denies e at now for a request as
+// large as the one Redis denied, and for how long.
 func (e *Entry) Denied(now int64) (bool, time.Duration) {
 	d := e.denyUntil.Load()
 	if now < d {
 		return true, time.Duration(d - now)
 	}
 	return false, 0
+}
+
+// Denied reports whether the negative cache denies n tokens of e at now, and
+// for how long. A denial was for denyMin tokens; a smaller request is denied
+// for less, by the refill time of the difference, so a request that a
+// central bucket would admit is not held back.
+func (z Sizer) Denied(e *Entry, n, now int64) (bool, time.Duration) {
+	d := e.denyUntil.Load()
+	if now >= d {
+		return false, 0
+	}
+	if m := e.denyMin.Load(); n < m {
+		d -= int64(float64(m-n) * z.perToken)
+		if now >= d {
+			return false, 0
+		}
+	}
+	return true, time.Duration(d - now)
 }
 
 // Touch records a use of e at now.
@@ -141,12 +166,14 @@ type Sizer struct {
 	limit    policy.Limit
 	settings policy.Lease
 	horizon  float64 // seconds
+	perToken float64 // nanoseconds of refill per token
 }
 
 // NewSizer returns a Sizer for limit l with settings s (defaults applied).
 func NewSizer(l policy.Limit, s policy.Lease) Sizer {
 	s = s.WithDefaults()
-	return Sizer{limit: l, settings: s, horizon: s.Horizon.Seconds()}
+	return Sizer{limit: l, settings: s, horizon: s.Horizon.Seconds(),
+		perToken: float64(l.Period) / float64(l.Rate)}
 }
 
 // Settings returns the lease settings with defaults applied.
@@ -162,7 +189,7 @@ func (z Sizer) Plan(e *Entry, now int64) Request {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	cur := e.tokens.Load()
-	if e.lastRefill != 0 && now > e.lastRefill {
+	if e.refilled && now > e.lastRefill {
 		served := e.level - cur
 		if served < 0 {
 			served = 0
@@ -175,9 +202,13 @@ func (z Sizer) Plan(e *Entry, now int64) Request {
 	need := e.pendSum.Swap(0)
 	minWant := e.pendMin.Swap(0)
 
-	size := int64(math.Ceil(e.rate * z.horizon))
-	size = clamp(size, 1, z.settings.MaxTokens)
-	size = clamp(size, 1, z.limit.Burst)
+	// spare is the lease to keep beyond what the waiting callers need:
+	// demand × Horizon, capped. A cold key (spare 0) asks for exactly what
+	// its callers need, which is exact mode.
+	spare := int64(math.Ceil(e.rate * z.horizon))
+	spare = clamp(spare, 0, z.settings.MaxTokens)
+	spare = clamp(spare, 0, z.limit.Burst)
+	size := clamp(spare, 1, z.limit.Burst)
 	e.size.Store(size)
 	if z.settings.Prefetch > 0 && size > 1 {
 		e.low.Store(int64(float64(size) * z.settings.Prefetch))
@@ -188,9 +219,9 @@ func (z Sizer) Plan(e *Entry, now int64) Request {
 	if cur < 0 {
 		cur = 0
 	}
-	want := size + need - cur
-	if want < need {
-		want = need
+	want := need
+	if extra := spare - cur; extra > 0 {
+		want += extra
 	}
 	want = clamp(want, 1, z.limit.Burst)
 	m := minWant
@@ -223,7 +254,7 @@ type Outcome struct {
 func (z Sizer) Install(e *Entry, req Request, o Outcome, now int64) (refund int64) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	e.lastRefill = now
+	e.lastRefill, e.refilled = now, true
 	e.remote.Store(o.Remaining)
 	if o.Granted <= 0 {
 		wait := o.RetryAfter
@@ -234,6 +265,7 @@ func (z Sizer) Install(e *Entry, req Request, o Outcome, now int64) (refund int6
 			wait = z.settings.DenyCap
 		}
 		if wait > 0 {
+			e.denyMin.Store(req.Min)
 			e.denyUntil.Store(now + int64(wait))
 		}
 		e.level = e.tokens.Load()

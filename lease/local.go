@@ -17,9 +17,13 @@ type Local struct {
 	inited bool
 }
 
+// Never is the retry Allow returns for n above the local burst: the local
+// bucket can never admit it.
+const Never = time.Duration(1<<63 - 1)
+
 // Allow takes n tokens from b under limit l at now (nanoseconds), all or
 // nothing. It returns whether it did, the whole tokens left, and when denied
-// the time until n tokens are available.
+// the time until n tokens are available, or Never when n > l.Burst.
 func (b *Local) Allow(l policy.Limit, n, now int64) (ok bool, remaining int64, retry time.Duration) {
 	p := l.PeriodMicros()
 	capU := l.Burst * p
@@ -40,6 +44,9 @@ func (b *Local) Allow(l policy.Limit, n, now int64) (ok bool, remaining int64, r
 			b.s = capU
 		}
 		b.last = nowUs
+	}
+	if n > l.Burst {
+		return false, b.s / p, Never
 	}
 	if b.s >= n*p {
 		b.s -= n * p

@@ -77,7 +77,7 @@ func (l Limit) Validate() error {
 	// The script keeps tokens in units of 1/period-µs and refills Rate units
 	// per elapsed µs, so the largest intermediate value is Burst*period+Rate.
 	p := l.PeriodMicros()
-	if l.Rate >= maxExact || l.Burst > (maxExact-l.Rate)/p {
+	if l.Rate >= maxExact || l.Burst > (maxExact-1-l.Rate)/p {
 		return fmt.Errorf("%w: %s exceeds the exact range of the bucket math (burst × period in µs + rate must be < 2^53)", ErrInvalidLimit, l)
 	}
 	return nil
@@ -109,8 +109,8 @@ func (l Limit) Interval(n int64) time.Duration {
 	if n <= 0 || l.Rate <= 0 {
 		return 0
 	}
-	us := (float64(n)*float64(l.PeriodMicros()) + float64(l.Rate) - 1) / float64(l.Rate)
-	if us > float64(math.MaxInt64/int64(time.Microsecond)) {
+	us := math.Ceil(float64(n) * float64(l.PeriodMicros()) / float64(l.Rate))
+	if us >= float64(math.MaxInt64/int64(time.Microsecond)) {
 		return time.Duration(math.MaxInt64)
 	}
 	return time.Duration(int64(us)) * time.Microsecond

@@ -1,0 +1,284 @@
+package authority
+
+import (
+	"context"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/leaselimit/leaselimit/internal/redistest"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+)
+
+// TestMain fails the package if a test leaves a goroutine behind (clients,
+// miniredis servers and redis-server helpers must all be cleaned up).
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// t0 is the server time at which every step table starts.
+var t0 = time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
+
+// backend is one Redis the behavioural suite runs on: miniredis, whose TIME
+// (the clock the scripts read) is set exactly with SetTime, or a real
+// redis-server, whose clock cannot be set. On a real server setTime emulates
+// the clock by shifting the stored timestamp ("t") of every bucket, so the
+// scripts see the intended elapsed time plus the real time the test has
+// taken so far; slack bounds that extra time.
+type backend struct {
+	name   string
+	client redis.UniversalClient
+	mini   *miniredis.Miniredis // nil on a real server
+	rec    *recorder            // every command the client sent
+
+	mu   sync.Mutex
+	cur  time.Time // the emulated server time
+	born time.Time // wall clock when the backend was set up
+}
+
+// exact reports whether scripts see exactly the time given to setTime.
+func (b *backend) exact() bool { return b.mini != nil }
+
+// slack bounds how much later than the time given to setTime the scripts'
+// clock may be: zero on miniredis, the real time elapsed since the backend
+// was set up (plus a little for clock granularity) on a real server.
+func (b *backend) slack() time.Duration {
+	if b.exact() {
+		return 0
+	}
+	return time.Since(b.born) + time.Millisecond
+}
+
+// newMiniBackend returns a backend on a fresh miniredis with its clock at t0.
+func newMiniBackend(t *testing.T) *backend {
+	t.Helper()
+	m := miniredis.RunT(t)
+	m.SetTime(t0)
+	rec := &recorder{}
+	c := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	c.AddHook(rec)
+	t.Cleanup(func() { _ = c.Close() })
+	return &backend{name: "miniredis", client: c, mini: m, rec: rec, cur: t0, born: time.Now()}
+}
+
+// newRealBackend returns a backend on a real Redis reached through client,
+// after deleting every key in its current database. Any
+// redis.UniversalClient on a single node works (the clock emulation lists
+// keys with KEYS). It adds a recording hook to client when it is a
+// *redis.Client.
+func newRealBackend(t *testing.T, client redis.UniversalClient) *backend {
+	t.Helper()
+	ctx := context.Background()
+	if err := client.FlushDB(ctx).Err(); err != nil {
+		t.Fatalf("FLUSHDB: %v", err)
+	}
+	rec := &recorder{}
+	client.AddHook(rec)
+	return &backend{name: "redis", client: client, rec: rec, cur: t0, born: time.Now()}
+}
+
+// shiftSrc moves a bucket's timestamp back by ARGV[1] µs (forward when
+// negative), which is what the scripts would see if the server clock had
+// moved forward (back) by that much.
+const shiftSrc = `local t = redis.call('HGET', KEYS[1], 't')
+if t then redis.call('HSET', KEYS[1], 't', tonumber(t) - tonumber(ARGV[1])) end
+return 0`
+
+// setTime sets the clock the scripts see to at.
+func (b *backend) setTime(t testing.TB, at time.Time) {
+	t.Helper()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.mini != nil {
+		b.mini.SetTime(at)
+		b.cur = at
+		return
+	}
+	d := at.Sub(b.cur).Microseconds()
+	b.cur = at
+	if d == 0 {
+		return
+	}
+	ctx := context.Background()
+	keys, err := b.client.Keys(ctx, "*").Result()
+	if err != nil {
+		t.Fatalf("KEYS: %v", err)
+	}
+	for _, k := range keys {
+		if err := b.client.Eval(ctx, shiftSrc, []string{k}, d).Err(); err != nil {
+			t.Fatalf("shift clock of %q: %v", k, err)
+		}
+	}
+}
+
+// keys returns every key in the database, sorted.
+func (b *backend) keys(t testing.TB) []string {
+	t.Helper()
+	ks, err := b.client.Keys(context.Background(), "*").Result()
+	if err != nil {
+		t.Fatalf("KEYS: %v", err)
+	}
+	sort.Strings(ks)
+	return ks
+}
+
+// hgetall returns the fields of hash key (empty when it is missing).
+func (b *backend) hgetall(t testing.TB, key string) map[string]string {
+	t.Helper()
+	m, err := b.client.HGetAll(context.Background(), key).Result()
+	if err != nil {
+		t.Fatalf("HGETALL %s: %v", key, err)
+	}
+	return m
+}
+
+// pttl returns PTTL key: negative when the key is missing (-2ms) or has no
+// TTL (-1ms), as Redis reports it.
+func (b *backend) pttl(t testing.TB, key string) time.Duration {
+	t.Helper()
+	v, err := b.client.Do(context.Background(), "PTTL", key).Int64()
+	if err != nil {
+		t.Fatalf("PTTL %s: %v", key, err)
+	}
+	return time.Duration(v) * time.Millisecond
+}
+
+// flushScripts empties the server's script cache (SCRIPT FLUSH).
+func (b *backend) flushScripts(t testing.TB) {
+	t.Helper()
+	if err := b.client.ScriptFlush(context.Background()).Err(); err != nil {
+		t.Fatalf("SCRIPT FLUSH: %v", err)
+	}
+}
+
+// scriptCached reports SCRIPT EXISTS sha.
+func (b *backend) scriptCached(t testing.TB, sha string) bool {
+	t.Helper()
+	v, err := b.client.ScriptExists(context.Background(), sha).Result()
+	if err != nil {
+		t.Fatalf("SCRIPT EXISTS: %v", err)
+	}
+	return len(v) == 1 && v[0]
+}
+
+// state returns the bucket hash of key as integers s and t, and whether the
+// key exists.
+func (b *backend) state(t testing.TB, key string) (s, ts int64, ok bool) {
+	t.Helper()
+	h := b.hgetall(t, key)
+	if len(h) == 0 {
+		return 0, 0, false
+	}
+	var err error
+	if s, err = strconv.ParseInt(h["s"], 10, 64); err != nil {
+		t.Fatalf("bucket %s: field s = %q is not an integer: %v", key, h["s"], err)
+	}
+	if ts, err = strconv.ParseInt(h["t"], 10, 64); err != nil {
+		t.Fatalf("bucket %s: field t = %q is not an integer: %v", key, h["t"], err)
+	}
+	if len(h) != 2 {
+		t.Fatalf("bucket %s has fields %v, want exactly s and t", key, h)
+	}
+	return s, ts, true
+}
+
+// newAuthority returns New(b.client, prefix) and fails the test on error.
+func (b *backend) newAuthority(t testing.TB, prefix string) *Redis {
+	t.Helper()
+	r, err := New(b.client, prefix)
+	if err != nil {
+		t.Fatalf("New(client, %q): %v", prefix, err)
+	}
+	return r
+}
+
+// backendFactory makes a fresh, empty backend for one test case.
+type backendFactory func(t *testing.T) *backend
+
+// forEachBackend runs suite once on miniredis and once on a real
+// redis-server started through internal/redistest (skipped when
+// redis-server is not installed, unless LEASELIMIT_REQUIRE_REDIS=1).
+func forEachBackend(t *testing.T, suite func(t *testing.T, nb backendFactory)) {
+	t.Run("miniredis", func(t *testing.T) {
+		suite(t, newMiniBackend)
+	})
+	t.Run("redis", func(t *testing.T) {
+		srv := redistest.Start(t)
+		suite(t, func(t *testing.T) *backend {
+			return newRealBackend(t, srv.Client(t))
+		})
+	})
+}
+
+// recorder is a go-redis hook that records the names of the commands sent,
+// one entry per command, with pipelines as "[evalsha evalsha]".
+type recorder struct {
+	mu   sync.Mutex
+	cmds []string
+}
+
+func (r *recorder) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (r *recorder) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		r.add(cmd.Name())
+		return next(ctx, cmd)
+	}
+}
+
+func (r *recorder) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		names := make([]string, len(cmds))
+		for i, c := range cmds {
+			names[i] = c.Name()
+		}
+		r.add("[" + strings.Join(names, " ") + "]")
+		return next(ctx, cmds)
+	}
+}
+
+func (r *recorder) add(name string) {
+	r.mu.Lock()
+	r.cmds = append(r.cmds, strings.ToLower(name))
+	r.mu.Unlock()
+}
+
+// reset forgets the commands recorded so far.
+func (r *recorder) reset() {
+	r.mu.Lock()
+	r.cmds = nil
+	r.mu.Unlock()
+}
+
+// take returns the script commands (eval, evalsha) recorded since the last
+// reset or take, and forgets everything recorded. Other commands (the
+// tests' own checks, connection handshakes) are left out: the authority
+// only ever sends scripts.
+func (r *recorder) take() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	isScript := func(n string) bool { return n == "eval" || n == "evalsha" }
+	var out []string
+	for _, c := range r.cmds {
+		if strings.HasPrefix(c, "[") {
+			var keep []string
+			for _, n := range strings.Fields(strings.Trim(c, "[]")) {
+				if isScript(n) {
+					keep = append(keep, n)
+				}
+			}
+			if len(keep) > 0 {
+				out = append(out, "["+strings.Join(keep, " ")+"]")
+			}
+		} else if isScript(c) {
+			out = append(out, c)
+		}
+	}
+	r.cmds = nil
+	return out
+}

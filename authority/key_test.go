@@ -1,0 +1,168 @@
+package authority
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"reflect"
+	"regexp"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/leaselimit/leaselimit/policy"
+	"github.com/redis/go-redis/v9"
+)
+
+var keyRE = regexp.MustCompile(`^([!-~]+):([A-Za-z0-9._-]+):\{([0-9a-f]{32})\}$`)
+
+// hostileKeys are user keys that must never leak into Redis keys.
+var hostileKeys = []string{
+	"",
+	"alice",
+	"{tag}",
+	"}{",
+	"a{b}c",
+	"{}",
+	"user:{123}:x",
+	"\x00\x01\r\n\t\x7f",
+	"\xff\xfe\xfd", // invalid UTF-8
+	"\xc3\x28",     // invalid 2-byte sequence
+	"emoji 🦀 ключ", // valid non-ASCII
+	"*",            // glob characters
+	"leaselimit:default:{00000000000000000000000000000000}",
+	strings.Repeat("k", 4096),
+	strings.Repeat("{\x00}", 1500),
+}
+
+func TestKeyFormat(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) // never dialled
+	t.Cleanup(func() { _ = c.Close() })
+	r, err := New(c, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Prefix() != DefaultPrefix || r.Client() != c {
+		t.Errorf("Prefix() = %q, Client() = %v; want %q and the client given to New", r.Prefix(), r.Client(), DefaultPrefix)
+	}
+	l := policy.PerSecond(10)
+	seen := map[string]string{}
+	for _, uk := range hostileKeys {
+		k := r.Key(l, uk)
+		m := keyRE.FindStringSubmatch(k)
+		if m == nil {
+			t.Errorf("Key(%q) = %q; want <prefix>:<name>:{<32 lowercase hex>}", uk, k)
+			continue
+		}
+		if m[1] != DefaultPrefix || m[2] != l.Name {
+			t.Errorf("Key(%q) = %q; want prefix %q and name %q", uk, k, DefaultPrefix, l.Name)
+		}
+		sum := sha256.Sum256([]byte(uk))
+		if m[3] != hex.EncodeToString(sum[:16]) {
+			t.Errorf("Key(%q) digest %s; want the first 128 bits of SHA-256, %x", uk, m[3], sum[:16])
+		}
+		if len(k) != len(DefaultPrefix)+1+len(l.Name)+1+34 {
+			t.Errorf("Key(%q) has length %d", uk, len(k))
+		}
+		// The Cluster hash tag is the digest: the text between the first
+		// '{' and the next '}'.
+		open := strings.IndexByte(k, '{')
+		if tag := k[open+1 : open+1+strings.IndexByte(k[open+1:], '}')]; tag != m[3] {
+			t.Errorf("Key(%q) hash tag %q; want the digest", uk, tag)
+		}
+		if len(uk) >= 3 && strings.Contains(k, uk) && !keyRE.MatchString(uk) {
+			t.Errorf("Key(%q) = %q contains the user key", uk, k)
+		}
+		if again := r.Key(l, uk); again != k {
+			t.Errorf("Key(%q) not deterministic: %q then %q", uk, k, again)
+		}
+		if prev, dup := seen[k]; dup {
+			t.Errorf("Key(%q) = Key(%q) = %q", uk, prev, k)
+		}
+		seen[k] = uk
+	}
+
+	// Another prefix, another limit name: another key for the same user key.
+	r2, err := New(c, "app-1.v2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	k1, k2, k3 := r.Key(l, "u"), r2.Key(l, "u"), r.Key(l.WithName("other"), "u")
+	if k1 == k2 || k1 == k3 || k2 == k3 {
+		t.Errorf("keys collide across prefixes or names: %q %q %q", k1, k2, k3)
+	}
+	if !strings.HasPrefix(k2, "app-1.v2:default:{") {
+		t.Errorf("Key with prefix app-1.v2 = %q", k2)
+	}
+	// Rate, period and burst are not part of the key: a changed limit with
+	// the same name keeps its buckets.
+	if r.Key(l, "u") != r.Key(policy.Limit{Name: l.Name, Rate: 1, Period: 1, Burst: 1}, "u") {
+		t.Error("Key depends on more than the limit name")
+	}
+}
+
+// suiteKeys checks that the keys Acquire writes are the keys Key returns,
+// and that user bytes never reach Redis.
+func suiteKeys(t *testing.T, nb backendFactory) {
+	b := nb(t)
+	r := b.newAuthority(t, "")
+	l := policy.PerSecond(10)
+	var want []string
+	for _, uk := range hostileKeys {
+		k := r.Key(l, uk)
+		if _, err := r.Acquire(context.Background(), k, l, 1, 1, 1); err != nil {
+			t.Fatalf("Acquire for user key %q: %v", uk, err)
+		}
+		want = append(want, k)
+	}
+	got := b.keys(t)
+	sort.Strings(want)
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("keys in Redis:\n%q\nwant:\n%q", got, want)
+	}
+	for _, k := range got {
+		if !keyRE.MatchString(k) {
+			t.Errorf("Redis holds key %q outside the key format", k)
+		}
+		if ttl := b.pttl(t, k); ttl <= 0 {
+			t.Errorf("key %q has PTTL %v; every key must have a TTL", k, ttl)
+		}
+	}
+}
+
+func TestKeysInRedis(t *testing.T) { forEachBackend(t, suiteKeys) }
+
+func TestValidatePrefix(t *testing.T) {
+	good := []string{"a", "leaselimit", "app:rl", "A-Z_0.9~!#$%&*+/=?@[]^|", strings.Repeat("p", MaxPrefixLen)}
+	bad := []string{"", " ", "a b", " a", "a ", "{", "}", "a{b", "a}b", "{a}", "a\tb", "a\nb", "\x00",
+		"a\x7f", "é", "\xff", strings.Repeat("p", MaxPrefixLen+1), strings.Repeat("p", 1000)}
+	for _, p := range good {
+		if err := ValidatePrefix(p); err != nil {
+			t.Errorf("ValidatePrefix(%q) = %v; want nil", p, err)
+		}
+	}
+	for _, p := range bad {
+		err := ValidatePrefix(p)
+		if !errors.Is(err, ErrPrefix) {
+			t.Errorf("ValidatePrefix(%q) = %v; want an error wrapping ErrPrefix", p, err)
+		}
+	}
+}
+
+func TestNew(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) // never dialled
+	t.Cleanup(func() { _ = c.Close() })
+	if r, err := New(nil, ""); err == nil || r != nil {
+		t.Errorf("New(nil) = %v, %v; want an error", r, err)
+	}
+	for _, p := range []string{"a b", "{x}", strings.Repeat("p", MaxPrefixLen+1)} {
+		if r, err := New(c, p); !errors.Is(err, ErrPrefix) || r != nil {
+			t.Errorf("New(c, %q) = %v, %v; want ErrPrefix", p, r, err)
+		}
+	}
+	r, err := New(c, "x")
+	if err != nil || r.Prefix() != "x" {
+		t.Fatalf("New(c, %q) = %v, %v", "x", r, err)
+	}
+}

@@ -1,0 +1,378 @@
+package authority
+
+import (
+	"context"
+	"errors"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/leaselimit/leaselimit/policy"
+)
+
+// mustExact calls r.Exact and fails the test on error.
+func mustExact(t *testing.T, r *Redis, key string, l policy.Limit, n int64) Grant {
+	t.Helper()
+	g, err := r.Exact(context.Background(), key, l, n)
+	if err != nil {
+		t.Fatalf("Exact(%d): %v", n, err)
+	}
+	return g
+}
+
+// checkTokens checks that key's bucket holds exactly tokens whole tokens
+// (stored state, without refill since the last write), or is missing when
+// tokens < 0.
+func checkTokens(t *testing.T, b *backend, key string, l policy.Limit, tokens int64) {
+	t.Helper()
+	s, _, ok := b.state(t, key)
+	switch {
+	case tokens < 0 && ok:
+		t.Errorf("bucket %s exists (s=%d); want it deleted", key, s)
+	case tokens >= 0 && !ok:
+		t.Errorf("bucket %s is missing; want %d tokens", key, tokens)
+	case ok && s/l.PeriodMicros() != tokens:
+		t.Errorf("bucket %s holds %d tokens (s=%d); want %d", key, s/l.PeriodMicros(), s, tokens)
+	}
+}
+
+// checkTTL checks the TTL of a bucket written with reset-after reset: exact
+// on miniredis, within the slack on a real server.
+func checkTTL(t *testing.T, b *backend, key string, reset time.Duration) {
+	t.Helper()
+	want := (reset+ms-1)/ms*ms + time.Second
+	got := b.pttl(t, key)
+	if b.exact() {
+		if got != want {
+			t.Errorf("PTTL %s = %v; want %v (reset %v rounded up to a ms, + 1s)", key, got, want, reset)
+		}
+		return
+	}
+	if got <= 0 || got > want || got < want-b.slack()-ms {
+		t.Errorf("PTTL %s = %v; want about %v", key, got, want)
+	}
+}
+
+func suiteRefund(t *testing.T, nb backendFactory) {
+	ctx := context.Background()
+	l := tenPerSec // 10/s, burst 5
+
+	t.Run("adds tokens back", func(t *testing.T) {
+		b := nb(t)
+		r := b.newAuthority(t, "")
+		key := r.Key(l, "k")
+		mustExact(t, r, key, l, 3) // 2 left
+		rem, err := r.RefundOne(ctx, key, l, 2)
+		if err != nil || rem != 4 {
+			t.Fatalf("RefundOne(2) = %d, %v; want 4, nil", rem, err)
+		}
+		checkTokens(t, b, key, l, 4)
+		checkTTL(t, b, key, 100*ms)
+		checkGrant(t, b, "Exact(4) after the refund", mustExact(t, r, key, l, 4), grant(4, 0, 0, 500*ms))
+	})
+
+	t.Run("refills to now first", func(t *testing.T) {
+		b := nb(t)
+		r := b.newAuthority(t, "")
+		key := r.Key(l, "k")
+		mustExact(t, r, key, l, 5)
+		b.setTime(t, t0.Add(200*ms)) // 2 tokens refilled
+		rem, err := r.RefundOne(ctx, key, l, 1)
+		if err != nil || rem != 3 {
+			t.Fatalf("RefundOne(1) after 200ms = %d, %v; want 3, nil", rem, err)
+		}
+		checkTokens(t, b, key, l, 3)
+		checkTTL(t, b, key, 200*ms)
+		if b.exact() {
+			if _, ts, _ := b.state(t, key); ts != micros(t0.Add(200*ms)) {
+				t.Errorf("stored t = %d; want %d (the refund's time)", ts, micros(t0.Add(200*ms)))
+			}
+		}
+	})
+
+	t.Run("filling the bucket deletes the key", func(t *testing.T) {
+		b := nb(t)
+		r := b.newAuthority(t, "")
+		k1, k2 := r.Key(l, "exactly-full"), r.Key(l, "over-full")
+		mustExact(t, r, k1, l, 2)
+		mustExact(t, r, k2, l, 2)
+		if rem, err := r.RefundOne(ctx, k1, l, 2); err != nil || rem != l.Burst {
+			t.Errorf("RefundOne(2) to a bucket missing 2 = %d, %v; want %d, nil", rem, err, l.Burst)
+		}
+		if rem, err := r.RefundOne(ctx, k2, l, 5); err != nil || rem != l.Burst {
+			t.Errorf("RefundOne(5) to a bucket missing 2 = %d, %v; want %d (capped), nil", rem, err, l.Burst)
+		}
+		if ks := b.keys(t); len(ks) != 0 {
+			t.Errorf("keys left: %v; full buckets must be deleted", ks)
+		}
+		// A deleted bucket reads as full.
+		checkGrant(t, b, "Exact(5) after refilling by refund", mustExact(t, r, k2, l, 5), grant(5, 0, 0, 500*ms))
+	})
+
+	t.Run("missing key is a no-op", func(t *testing.T) {
+		b := nb(t)
+		r := b.newAuthority(t, "")
+		key := r.Key(l, "never-used")
+		rem, err := r.RefundOne(ctx, key, l, 3)
+		if err != nil || rem != l.Burst {
+			t.Fatalf("RefundOne to a missing key = %d, %v; want %d, nil", rem, err, l.Burst)
+		}
+		if err := r.Refund(ctx, []Refund{{Key: key, Limit: l, Tokens: 3}}); err != nil {
+			t.Fatalf("Refund to a missing key: %v", err)
+		}
+		if ks := b.keys(t); len(ks) != 0 {
+			t.Errorf("keys written: %v", ks)
+		}
+	})
+
+	t.Run("clock backwards keeps the later time", func(t *testing.T) {
+		b := nb(t)
+		r := b.newAuthority(t, "")
+		key := r.Key(l, "k")
+		b.setTime(t, t0.Add(time.Second))
+		mustExact(t, r, key, l, 5)
+		b.setTime(t, t0)
+		if rem, err := r.RefundOne(ctx, key, l, 1); err != nil || rem != 1 {
+			t.Fatalf("RefundOne(1) with the clock 1s back = %d, %v; want 1, nil", rem, err)
+		}
+		if b.exact() {
+			if _, ts, _ := b.state(t, key); ts != micros(t0.Add(time.Second)) {
+				t.Errorf("stored t = %d; want %d (kept, not moved back)", ts, micros(t0.Add(time.Second)))
+			}
+		}
+		b.setTime(t, t0.Add(1100*ms)) // 1 refilled since the later time: 2 tokens
+		checkGrant(t, b, "Exact(3) at 1.1s", mustExact(t, r, key, l, 3), grant(0, 2, 100*ms, 300*ms))
+		checkGrant(t, b, "Exact(2) at 1.1s", mustExact(t, r, key, l, 2), grant(2, 0, 0, 500*ms))
+	})
+
+	t.Run("invalid n touches nothing", func(t *testing.T) {
+		b := nb(t)
+		r := b.newAuthority(t, "")
+		key := r.Key(l, "k")
+		b.rec.reset()
+		for _, n := range []int64{0, -1, l.Burst + 1, 1 << 62} {
+			if _, err := r.RefundOne(ctx, key, l, n); !errors.Is(err, ErrScript) {
+				t.Errorf("RefundOne(n=%d) err = %v; want ErrScript", n, err)
+			}
+		}
+		if cmds := b.rec.take(); len(cmds) != 0 {
+			t.Errorf("invalid refunds sent %v to Redis", cmds)
+		}
+		if ks := b.keys(t); len(ks) != 0 {
+			t.Errorf("keys written: %v", ks)
+		}
+	})
+
+	t.Run("batch", func(t *testing.T) {
+		b := nb(t)
+		r := b.newAuthority(t, "")
+		hourly := policy.Limit{Name: "hourly", Rate: 1, Period: time.Hour, Burst: 4}
+		kA, kB, kC := r.Key(l, "a"), r.Key(hourly, "b"), r.Key(l, "c")
+		kD, kE, kF := r.Key(l, "d-missing"), r.Key(l, "e"), r.Key(l, "f")
+		mustExact(t, r, kA, l, 5)      // 0 left
+		mustExact(t, r, kB, hourly, 3) // 1 left
+		mustExact(t, r, kC, l, 1)      // 4 left
+		mustExact(t, r, kE, l, 5)      // 0 left
+		mustExact(t, r, kF, l, 5)      // 0 left
+		// Make sure the refund script is cached, so the batch is one
+		// pipeline of EVALSHA.
+		if _, err := r.RefundOne(ctx, kD, l, 1); err != nil {
+			t.Fatal(err)
+		}
+		b.rec.reset()
+		err := r.Refund(ctx, []Refund{
+			{Key: kA, Limit: l, Tokens: 2},
+			{Key: kB, Limit: hourly, Tokens: 2},
+			{Key: kC, Limit: l, Tokens: 10}, // capped at burst: fills, deletes
+			{Key: kD, Limit: l, Tokens: 1},  // missing: no-op
+			{Key: kE, Limit: l, Tokens: 0},  // skipped
+			{Key: kF, Limit: l, Tokens: -3}, // skipped
+		})
+		if err != nil {
+			t.Fatalf("Refund: %v", err)
+		}
+		if got, want := b.rec.take(), []string{"[evalsha evalsha evalsha evalsha]"}; !reflect.DeepEqual(got, want) {
+			t.Errorf("Refund sent %v; want %v (one pipeline, skipped entries left out)", got, want)
+		}
+		checkTokens(t, b, kA, l, 2)
+		checkTokens(t, b, kB, hourly, 3)
+		checkTokens(t, b, kC, l, -1)
+		checkTokens(t, b, kD, l, -1)
+		checkTokens(t, b, kE, l, 0)
+		checkTokens(t, b, kF, l, 0)
+		checkTTL(t, b, kA, 300*ms)
+		checkTTL(t, b, kB, time.Hour)
+	})
+
+	t.Run("batch with nothing to do", func(t *testing.T) {
+		b := nb(t)
+		r := b.newAuthority(t, "")
+		b.rec.reset()
+		if err := r.Refund(ctx, nil); err != nil {
+			t.Errorf("Refund(nil) = %v", err)
+		}
+		if err := r.Refund(ctx, []Refund{{Key: r.Key(l, "x"), Limit: l, Tokens: 0}}); err != nil {
+			t.Errorf("Refund of 0 tokens = %v", err)
+		}
+		if cmds := b.rec.take(); len(cmds) != 0 {
+			t.Errorf("Refund with nothing to refund sent %v", cmds)
+		}
+	})
+
+	t.Run("batch with an invalid entry", func(t *testing.T) {
+		b := nb(t)
+		r := b.newAuthority(t, "")
+		kA, kBad, kC := r.Key(l, "a"), r.Key(l, "bad"), r.Key(l, "c")
+		mustExact(t, r, kA, l, 5)
+		mustExact(t, r, kBad, l, 5)
+		mustExact(t, r, kC, l, 5)
+		bad := l
+		bad.Rate = 0
+		err := r.Refund(ctx, []Refund{
+			{Key: kA, Limit: l, Tokens: 1},
+			{Key: kBad, Limit: bad, Tokens: 1},
+			{Key: kC, Limit: l, Tokens: 2},
+		})
+		if !errors.Is(err, ErrScript) {
+			t.Fatalf("Refund with a rate-0 entry: err = %v; want ErrScript", err)
+		}
+		checkTokens(t, b, kA, l, 1)
+		checkTokens(t, b, kBad, l, 0)
+		checkTokens(t, b, kC, l, 2)
+	})
+
+	t.Run("NOSCRIPT", func(t *testing.T) {
+		b := nb(t)
+		r := b.newAuthority(t, "")
+		k1, k2, k3 := r.Key(l, "1"), r.Key(l, "2"), r.Key(l, "3")
+		for _, k := range []string{k1, k2, k3} {
+			mustExact(t, r, k, l, 5)
+		}
+		b.flushScripts(t)
+		if b.scriptCached(t, refundScript.sha) {
+			t.Fatal("refund script cached after SCRIPT FLUSH")
+		}
+		b.rec.reset()
+		if err := r.Refund(ctx, []Refund{
+			{Key: k1, Limit: l, Tokens: 1},
+			{Key: k2, Limit: l, Tokens: 2},
+		}); err != nil {
+			t.Fatalf("Refund after SCRIPT FLUSH: %v", err)
+		}
+		if got, want := b.rec.take(), []string{"[evalsha evalsha]", "[eval eval]"}; !reflect.DeepEqual(got, want) {
+			t.Errorf("Refund after SCRIPT FLUSH sent %v; want %v", got, want)
+		}
+		checkTokens(t, b, k1, l, 1)
+		checkTokens(t, b, k2, l, 2)
+		if !b.scriptCached(t, refundScript.sha) {
+			t.Error("refund script not cached again after the EVAL fallback")
+		}
+		if err := r.Refund(ctx, []Refund{{Key: k3, Limit: l, Tokens: 3}}); err != nil {
+			t.Fatal(err)
+		}
+		if got, want := b.rec.take(), []string{"[evalsha]"}; !reflect.DeepEqual(got, want) {
+			t.Errorf("second Refund sent %v; want %v", got, want)
+		}
+		checkTokens(t, b, k3, l, 3)
+
+		// RefundOne goes through the same fallback.
+		b.flushScripts(t)
+		b.rec.reset()
+		if rem, err := r.RefundOne(ctx, k3, l, 1); err != nil || rem != 4 {
+			t.Fatalf("RefundOne after SCRIPT FLUSH = %d, %v; want 4, nil", rem, err)
+		}
+		if got, want := b.rec.take(), []string{"evalsha", "eval"}; !reflect.DeepEqual(got, want) {
+			t.Errorf("RefundOne after SCRIPT FLUSH sent %v; want %v", got, want)
+		}
+	})
+}
+
+func TestRefund(t *testing.T) { forEachBackend(t, suiteRefund) }
+
+// TestRefundMatchesModel runs random interleavings of Exact and RefundOne on
+// miniredis and compares replies, stored state and TTL with the model.
+func TestRefundMatchesModel(t *testing.T) {
+	// Covered by TestAcquireMatchesModel, which mixes refunds in; this
+	// one pins the interplay of refund and refill on a slow limit.
+	b := newMiniBackend(t)
+	r := b.newAuthority(t, "")
+	l := policy.Limit{Name: "slow", Rate: 7, Period: 3 * time.Second, Burst: 9}
+	key := r.Key(l, "k")
+	m := newModel(l)
+	now := t0
+	for i, op := range []struct {
+		dt     time.Duration
+		take   int64
+		refund int64
+	}{
+		{0, 9, 0}, {100 * ms, 0, 4}, {0, 3, 0}, {429 * ms, 0, 1}, {1, 0, 1}, {0, 5, 0},
+		{2 * time.Second, 0, 9}, {0, 2, 0}, {-time.Second, 0, 3}, {3 * time.Second, 6, 0},
+	} {
+		now = now.Add(op.dt)
+		b.setTime(t, now)
+		if op.take > 0 {
+			got := mustExact(t, r, key, l, op.take)
+			if want := m.acquire(micros(now), op.take, op.take, 1e6); got != want {
+				t.Errorf("op %d: Exact(%d) = %+v; want %+v", i, op.take, got, want)
+			}
+		} else {
+			got, err := r.RefundOne(context.Background(), key, l, op.refund)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := m.refund(micros(now), op.refund); got != want {
+				t.Errorf("op %d: RefundOne(%d) = %d; want %d", i, op.refund, got, want)
+			}
+		}
+		compareState(t, b, key, m, i)
+	}
+}
+
+// compareState checks the stored bucket and its TTL against the model.
+func compareState(t *testing.T, b *backend, key string, m *model, i int) {
+	t.Helper()
+	s, ts, ok := b.state(t, key)
+	if ok != m.present || (ok && (s != m.s || ts != m.t)) {
+		t.Errorf("op %d: stored (s=%d t=%d present=%v); model (s=%d t=%d present=%v)", i, s, ts, ok, m.s, m.t, m.present)
+		return
+	}
+	if ok {
+		if got, want := b.pttl(t, key), m.ttl(); got != want {
+			t.Errorf("op %d: PTTL = %v; want %v", i, got, want)
+		}
+	}
+}
+
+// TestExpiryReadsAsFull checks, on miniredis, that a bucket's key outlives
+// the time it needs to refill (so expiry never forgets a debt): just before
+// the TTL the bucket is already full by its own arithmetic, and once the key
+// has expired the next call sees the same full bucket.
+func TestExpiryReadsAsFull(t *testing.T) {
+	for _, l := range []policy.Limit{tenPerSec, threePerSec, {Name: "h", Rate: 1, Period: time.Hour, Burst: 3}} {
+		b := newMiniBackend(t)
+		r := b.newAuthority(t, "")
+		key := r.Key(l, "k")
+		g := mustExact(t, r, key, l, l.Burst)
+		ttl := b.pttl(t, key)
+		if ttl < g.ResetAfter+time.Second || ttl > g.ResetAfter+time.Second+ms {
+			t.Errorf("%v: PTTL %v after draining; want ResetAfter %v + 1s (rounded up to a ms)", l, ttl, g.ResetAfter)
+		}
+		// Just before expiry: still there, and full.
+		b.mini.FastForward(ttl - ms)
+		b.setTime(t, t0.Add(ttl-ms))
+		if !b.mini.Exists(key) {
+			t.Fatalf("%v: key expired before its TTL", l)
+		}
+		before := mustExact(t, r, key, l, l.Burst)
+		// After expiry: gone, and full too.
+		b.mini.FastForward(2 * ttl)
+		if b.mini.Exists(key) {
+			t.Fatalf("%v: key still there after its TTL", l)
+		}
+		b.setTime(t, t0.Add(3*ttl))
+		after := mustExact(t, r, key, l, l.Burst)
+		if before.Granted != l.Burst || after.Granted != l.Burst {
+			t.Errorf("%v: full bucket before expiry granted %d, after expiry %d; want %d both", l, before.Granted, after.Granted, l.Burst)
+		}
+	}
+}

@@ -1,0 +1,240 @@
+package authority
+
+import (
+	"context"
+	"crypto/sha1"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/leaselimit/leaselimit/policy"
+)
+
+func TestScriptSHAs(t *testing.T) {
+	for _, s := range []script{acquireScript, refundScript} {
+		h := sha1.Sum([]byte(s.src))
+		if s.sha != hex.EncodeToString(h[:]) || len(s.sha) != 40 {
+			t.Errorf("sha %q does not match the source", s.sha)
+		}
+	}
+	if acquireScript.src == "" || refundScript.src == "" || acquireScript.sha == refundScript.sha {
+		t.Error("embedded scripts missing or identical")
+	}
+}
+
+func suiteScripts(t *testing.T, nb backendFactory) {
+	ctx := context.Background()
+	l := tenPerSec
+
+	t.Run("SCRIPT LOAD gives the embedded SHA", func(t *testing.T) {
+		b := nb(t)
+		for _, s := range []script{acquireScript, refundScript} {
+			sha, err := b.client.ScriptLoad(ctx, s.src).Result()
+			if err != nil {
+				t.Fatalf("SCRIPT LOAD: %v", err)
+			}
+			if sha != s.sha {
+				t.Errorf("SCRIPT LOAD returned %s; embedded sha is %s", sha, s.sha)
+			}
+		}
+	})
+
+	t.Run("NOSCRIPT falls back to EVAL and caches again", func(t *testing.T) {
+		b := nb(t)
+		r := b.newAuthority(t, "")
+		key := r.Key(l, "k")
+		b.flushScripts(t)
+		b.rec.reset()
+		// Cold cache: EVALSHA fails with NOSCRIPT, EVAL runs and caches.
+		checkGrant(t, b, "Exact(2) on a cold cache", mustExact(t, r, key, l, 2), grant(2, 3, 0, 200*ms))
+		if got, want := b.rec.take(), []string{"evalsha", "eval"}; !reflect.DeepEqual(got, want) {
+			t.Errorf("first Acquire sent %v; want %v", got, want)
+		}
+		if !b.scriptCached(t, acquireScript.sha) {
+			t.Fatal("acquire script not cached after the EVAL fallback")
+		}
+		checkGrant(t, b, "Exact(2) cached", mustExact(t, r, key, l, 2), grant(2, 1, 0, 400*ms))
+		if got, want := b.rec.take(), []string{"evalsha"}; !reflect.DeepEqual(got, want) {
+			t.Errorf("second Acquire sent %v; want %v", got, want)
+		}
+		// SCRIPT FLUSH between calls (a restart or failover drops the cache
+		// too): the bucket state is kept and the next call still works.
+		b.flushScripts(t)
+		if b.scriptCached(t, acquireScript.sha) {
+			t.Fatal("acquire script still cached after SCRIPT FLUSH")
+		}
+		b.rec.reset()
+		checkGrant(t, b, "Exact(2) after SCRIPT FLUSH", mustExact(t, r, key, l, 2), grant(0, 1, 100*ms, 400*ms))
+		if got, want := b.rec.take(), []string{"evalsha", "eval"}; !reflect.DeepEqual(got, want) {
+			t.Errorf("Acquire after SCRIPT FLUSH sent %v; want %v", got, want)
+		}
+		if !b.scriptCached(t, acquireScript.sha) {
+			t.Error("acquire script not cached again")
+		}
+		checkGrant(t, b, "Exact(1) after SCRIPT FLUSH", mustExact(t, r, key, l, 1), grant(1, 0, 0, 500*ms))
+	})
+
+	t.Run("invalid Acquire arguments touch nothing", func(t *testing.T) {
+		b := nb(t)
+		r := b.newAuthority(t, "")
+		key := r.Key(l, "k")
+		b.rec.reset()
+		for _, c := range []struct{ want, min int64 }{
+			{1, 0}, {1, -1}, {0, 0}, {-1, -1}, {2, 3}, {6, 1}, {6, 6}, {1 << 62, 1}, {-5, 1},
+		} {
+			g, err := r.Acquire(ctx, key, l, c.want, c.min, 1)
+			if !errors.Is(err, ErrScript) {
+				t.Errorf("Acquire(want=%d,min=%d) burst %d: err = %v; want ErrScript", c.want, c.min, l.Burst, err)
+			}
+			if g != (Grant{}) {
+				t.Errorf("Acquire(want=%d,min=%d) returned %+v with its error", c.want, c.min, g)
+			}
+		}
+		for _, n := range []int64{0, -1, 6} {
+			if _, err := r.Exact(ctx, key, l, n); !errors.Is(err, ErrScript) {
+				t.Errorf("Exact(%d): err = %v; want ErrScript", n, err)
+			}
+		}
+		if cmds := b.rec.take(); len(cmds) != 0 {
+			t.Errorf("invalid arguments reached Redis: %v", cmds)
+		}
+		if ks := b.keys(t); len(ks) != 0 {
+			t.Errorf("keys written: %v", ks)
+		}
+	})
+
+	t.Run("invalid limits are rejected by the script", func(t *testing.T) {
+		b := nb(t)
+		r := b.newAuthority(t, "")
+		// The widest limit Validate accepts must work in the script.
+		edge := edgeLimit("e", 1, time.Microsecond)
+		for _, bad := range []policy.Limit{
+			{Name: "r0", Rate: 0, Period: time.Second, Burst: 5},
+			{Name: "rneg", Rate: -3, Period: time.Second, Burst: 5},
+			{Name: "p0", Rate: 1, Period: 0, Burst: 5},
+			{Name: "pneg", Rate: 1, Period: -time.Second, Burst: 5},
+			{Name: "psub", Rate: 1, Period: 500 * time.Nanosecond, Burst: 5},  // 0 whole µs
+			{Name: "e1", Rate: 2, Period: time.Microsecond, Burst: 1<<53 - 1}, // one past the edge
+			{Name: "e2", Rate: 1, Period: time.Microsecond, Burst: 1 << 53},
+			{Name: "e3", Rate: 1, Period: time.Second, Burst: 1 << 60},
+			{Name: "rbig", Rate: 1 << 53, Period: time.Microsecond, Burst: 5},
+		} {
+			if err := bad.Validate(); err == nil {
+				t.Errorf("%v passes policy Validate; the test expects it invalid", bad)
+			}
+			key := r.Key(bad, "k")
+			if _, err := r.Acquire(ctx, key, bad, 1, 1, 1); !errors.Is(err, ErrScript) {
+				t.Errorf("Acquire under %v: err = %v; want ErrScript", bad, err)
+			}
+			if bad.Burst >= 1 {
+				if _, err := r.RefundOne(ctx, key, bad, 1); !errors.Is(err, ErrScript) {
+					t.Errorf("RefundOne under %v: err = %v; want ErrScript", bad, err)
+				}
+			}
+		}
+		if ks := b.keys(t); len(ks) != 0 {
+			t.Errorf("keys written: %v", ks)
+		}
+		if _, err := r.Acquire(ctx, r.Key(edge, "k"), edge, 1, 1, 1); err != nil {
+			t.Errorf("Acquire under %v (valid): %v", edge, err)
+		}
+	})
+
+	t.Run("garbage ARGV via EVAL", func(t *testing.T) {
+		b := nb(t)
+		r := b.newAuthority(t, "")
+		key := r.Key(l, "existing")
+		mustExact(t, r, key, l, 2) // a bucket whose state must survive
+		before := b.hgetall(t, key)
+		fresh := r.Key(l, "fresh")
+
+		garbage := []string{"abc", "", " ", "1.5", "0.999", "-1", "0", "-0", "9007199254740992",
+			"9007199254740993", "1e300", "-1e300", "nan", "NaN", "inf", "-inf", "1/2", "1,5", "--1", "1 2"}
+		valid := map[*script][]any{
+			&acquireScript: {int64(10), int64(1_000_000), int64(5), int64(1), int64(1), int64(1_000_000)},
+			&refundScript:  {int64(10), int64(1_000_000), int64(5), int64(1)},
+		}
+		type call struct {
+			name string
+			s    *script
+			argv []any
+		}
+		var calls []call
+		for s, argv := range valid {
+			name := "acquire"
+			if s == &refundScript {
+				name = "refund"
+			}
+			for i := range argv {
+				for _, g := range garbage {
+					a := append([]any(nil), argv...)
+					a[i] = g
+					calls = append(calls, call{fmt.Sprintf("%s ARGV[%d]=%q", name, i+1, g), s, a})
+				}
+			}
+			calls = append(calls,
+				call{name + " no ARGV", s, nil},
+				call{name + " one ARGV short", s, argv[:len(argv)-1]},
+			)
+		}
+		calls = append(calls,
+			call{"acquire share 1000001 ppm", &acquireScript, []any{10, 1_000_000, 5, 1, 1, 1_000_001}},
+			call{"acquire min > want", &acquireScript, []any{10, 1_000_000, 5, 2, 3, 1_000_000}},
+			call{"acquire want > burst", &acquireScript, []any{10, 1_000_000, 5, 6, 1, 1_000_000}},
+			call{"acquire burst*period+rate = 2^53+1", &acquireScript, []any{2, 1, int64(1<<53 - 1), 1, 1, 1_000_000}},
+			call{"acquire burst*period > 2^53", &acquireScript, []any{1, 1_000_000, int64(1 << 40), 1, 1, 1_000_000}},
+			call{"refund n > burst", &refundScript, []any{10, 1_000_000, 5, 6}},
+			call{"refund burst*period+rate = 2^53+1", &refundScript, []any{2, 1, int64(1<<53 - 1), 1}},
+		)
+		for _, c := range calls {
+			for _, k := range []string{key, fresh} {
+				err := b.client.Eval(ctx, c.s.src, []string{k}, c.argv...).Err()
+				if err == nil || !strings.Contains(err.Error(), "leaselimit: invalid") {
+					t.Errorf("EVAL %s: err = %v; want one containing %q", c.name, err, "leaselimit: invalid")
+				}
+				if !errors.Is(classify(err), ErrScript) {
+					t.Errorf("EVAL %s: classify(%v) does not wrap ErrScript", c.name, err)
+				}
+			}
+		}
+		if got := b.hgetall(t, key); !reflect.DeepEqual(got, before) {
+			t.Errorf("rejected calls changed the bucket from %v to %v", before, got)
+		}
+		if ks := b.keys(t); !reflect.DeepEqual(ks, []string{key}) {
+			t.Errorf("keys after rejected calls: %v; want only %s", ks, key)
+		}
+	})
+
+	t.Run("no key", func(t *testing.T) {
+		b := nb(t)
+		// The scripts read KEYS[1] only; with no key they must fail, not
+		// write a key named "nil" or similar.
+		for _, s := range []script{acquireScript, refundScript} {
+			_ = b.client.Eval(ctx, s.src, nil, 10, 1_000_000, 5, 1, 1, 1_000_000).Err()
+		}
+		if ks := b.keys(t); len(ks) != 0 {
+			t.Errorf("scripts called without KEYS wrote %v", ks)
+		}
+	})
+}
+
+func TestScripts(t *testing.T) { forEachBackend(t, suiteScripts) }
+
+// TestScriptLenientNumbers documents number spellings the scripts accept
+// although Acquire and Refund never send them (tonumber in Lua parses hex,
+// exponents, a trailing ".0" and surrounding spaces). It only logs.
+func TestScriptLenientNumbers(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, nb backendFactory) {
+		b := nb(t)
+		for _, v := range []string{"0x10", "1e1", "10.0", " 10 ", "+10", "010"} {
+			key := fmt.Sprintf("lenient:{%s}", v)
+			err := b.client.Eval(context.Background(), acquireScript.src, []string{key},
+				v, 1_000_000, 20, 1, 1, 1_000_000).Err()
+			t.Logf("%s: acquire with rate %q: err = %v", b.name, v, err)
+		}
+	})
+}

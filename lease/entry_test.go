@@ -1,0 +1,733 @@
+package lease
+
+import (
+	"math"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/leaselimit/leaselimit/policy"
+)
+
+// step is one operation on an Entry at a fixed timestamp.
+type step struct {
+	at   int64
+	op   string // take, install, deny, expire, drain, tokens, denied
+	n    int64  // take: cost; install: granted; deny: RetryAfter in ns
+	ok   bool   // take, denied: the expected report
+	want int64  // take: left; install: refund; expire, drain: returned; tokens: Tokens(); denied: the wait
+}
+
+func runSteps(t *testing.T, z Sizer, e *Entry, steps []step) {
+	t.Helper()
+	for i, st := range steps {
+		switch st.op {
+		case "take":
+			ok, left := e.Take(st.n, st.at)
+			if ok != st.ok || left != st.want {
+				t.Fatalf("step %d at %v: Take(%d) = %v, %d; want %v, %d", i, time.Duration(st.at), st.n, ok, left, st.ok, st.want)
+			}
+		case "install":
+			req := Request{Want: st.n, Min: 1}
+			if got := z.Install(e, req, Outcome{Granted: st.n, Remaining: bigRemaining, Min: 1}, st.at); got != st.want {
+				t.Fatalf("step %d at %v: Install(granted %d) refund = %d; want %d", i, time.Duration(st.at), st.n, got, st.want)
+			}
+		case "deny":
+			req := Request{Want: 1, Min: 1}
+			if got := z.Install(e, req, Outcome{Granted: 0, RetryAfter: time.Duration(st.n), Min: 1}, st.at); got != 0 {
+				t.Fatalf("step %d at %v: Install(denied) refund = %d; want 0", i, time.Duration(st.at), got)
+			}
+		case "expire":
+			if got := e.Expire(st.at); got != st.want {
+				t.Fatalf("step %d at %v: Expire = %d; want %d", i, time.Duration(st.at), got, st.want)
+			}
+		case "drain":
+			if got := e.Drain(); got != st.want {
+				t.Fatalf("step %d: Drain = %d; want %d", i, got, st.want)
+			}
+		case "tokens":
+			if got := e.Tokens(); got != st.want {
+				t.Fatalf("step %d: Tokens = %d; want %d", i, got, st.want)
+			}
+		case "denied":
+			d, wait := e.Denied(st.at)
+			if d != st.ok || int64(wait) != st.want {
+				t.Fatalf("step %d at %v: Denied = %v, %v; want %v, %v", i, time.Duration(st.at), d, wait, st.ok, time.Duration(st.want))
+			}
+		default:
+			t.Fatalf("step %d: unknown op %q", i, st.op)
+		}
+	}
+}
+
+func TestTakeSteps(t *testing.T) {
+	z := newSizer(policy.PerSecond(1000), policy.Lease{TTL: time.Second})
+	const (
+		t0 = 1 * s
+		t1 = t0 + 1*ms
+		t2 = t0 + 2*ms
+		t3 = t0 + 3*ms
+		t4 = t0 + 500*ms
+		t5 = t4 + 1*s - 1 // last instant of the lease installed at t4
+		t6 = t0 + 1600*ms
+		t7 = t6 + 1*s // the lease installed at t6 has expired
+		t8 = t7 + 1*ms
+		t9 = t8 + 1*s
+	)
+	runSteps(t, z, &Entry{key: "k"}, []step{
+		// A never-filled entry serves nothing, at any time.
+		{at: 0, op: "take", n: 1, ok: false, want: 0},
+		{at: t0, op: "take", n: 1, ok: false, want: 0},
+		{at: math.MaxInt64, op: "take", n: 1, ok: false, want: 0},
+		{op: "tokens", want: 0},
+		{at: t0, op: "expire", want: 0},
+
+		{at: t1, op: "install", n: 10, want: 0},
+		{op: "tokens", want: 10},
+		{at: t1, op: "take", n: 3, ok: true, want: 7},
+		{at: t2, op: "take", n: 8, ok: false, want: 7}, // all or nothing
+		{op: "tokens", want: 7},
+		{at: t2, op: "take", n: 7, ok: true, want: 0}, // exactly the rest
+		{at: t3, op: "take", n: 1, ok: false, want: 0},
+		{at: t3, op: "expire", want: 0}, // not expired, and empty
+
+		{at: t4, op: "install", n: 5, want: 0},
+		{at: t5, op: "take", n: 2, ok: true, want: 3},
+		{at: t5, op: "expire", want: 0}, // one ns before expiry
+		{at: t4 + 1*s, op: "take", n: 1, ok: false, want: 0},
+
+		{at: t6, op: "install", n: 4, want: 0}, // 3 + 4, expiry moved to t6+1s
+		{op: "tokens", want: 7},
+		{at: t6, op: "take", n: 1, ok: true, want: 6},
+		{at: t7, op: "take", n: 1, ok: false, want: 0}, // now == expiry: expired
+		{op: "tokens", want: 6},                        // still held until Expire
+		{at: t7, op: "expire", want: 6},
+		{at: t7, op: "expire", want: 0}, // only once
+		{at: t8, op: "expire", want: 0},
+		{op: "tokens", want: 0},
+
+		{at: t8, op: "install", n: 9, want: 0},
+		{at: t8, op: "take", n: 4, ok: true, want: 5},
+		{op: "drain", want: 5}, // Drain takes a live lease
+		{op: "drain", want: 0},
+		{at: t8, op: "take", n: 1, ok: false, want: 0},
+		{at: t9, op: "expire", want: 0},
+	})
+}
+
+func TestTakeZeroCost(t *testing.T) {
+	z := newSizer(policy.PerSecond(10), policy.Lease{})
+	e := &Entry{key: "k"}
+	z.Install(e, Request{Want: 2, Min: 1}, Outcome{Granted: 2}, 1*s)
+	if ok, left := e.Take(0, 1*s); !ok || left != 2 {
+		t.Errorf("Take(0) = %v, %d; want true, 2", ok, left)
+	}
+}
+
+func TestExpireAndDrainSteps(t *testing.T) {
+	z := newSizer(policy.PerSecond(100), policy.Lease{TTL: 200 * time.Millisecond, IdleTTL: time.Second})
+	const (
+		t0 = 10 * s
+		t1 = t0 + 100*ms
+		t2 = t0 + 200*ms - 1
+		t3 = t0 + 200*ms
+		t4 = t0 + 300*ms
+		t5 = t4 + 50*ms
+	)
+	runSteps(t, z, &Entry{key: "k"}, []step{
+		{at: t0, op: "install", n: 20, want: 0},
+		{at: t1, op: "take", n: 5, ok: true, want: 15},
+		{at: t0, op: "expire", want: 0},
+		{at: t1, op: "expire", want: 0},
+		{at: t2, op: "expire", want: 0},
+		{op: "tokens", want: 15},
+		{at: t3, op: "expire", want: 15},
+		{at: t3, op: "expire", want: 0},
+		{at: t4, op: "expire", want: 0},
+		{op: "tokens", want: 0},
+		// A new grant after expiry serves again, for a new TTL.
+		{at: t4, op: "install", n: 3, want: 0},
+		{at: t5, op: "take", n: 3, ok: true, want: 0},
+		{at: t4 + 200*ms, op: "expire", want: 0}, // spent: nothing to return
+		{op: "drain", want: 0},
+	})
+}
+
+// TestTakeConcurrent: many goroutines spending one lease never spend more
+// than was installed, and every token is spent exactly once.
+func TestTakeConcurrent(t *testing.T) {
+	const installed = 20000
+	z := newSizer(policy.PerSecond(installed), policy.Lease{})
+	e := &Entry{key: "k"}
+	const now = 5 * s
+	z.Install(e, Request{Want: installed, Min: 1}, Outcome{Granted: installed}, now)
+
+	const workers = 64
+	var (
+		spent     atomic.Int64
+		successes atomic.Int64
+		badLeft   atomic.Int64
+		wg        sync.WaitGroup
+	)
+	start := make(chan struct{})
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			n := int64(w%3 + 1) // costs 1, 2 and 3
+			for {
+				ok, left := e.Take(n, now+int64(w))
+				if left < 0 {
+					badLeft.Add(1)
+				}
+				if !ok {
+					if left >= n {
+						badLeft.Add(1) // a denial with enough tokens left
+					}
+					// Spend what is left one by one, then stop.
+					if ok1, _ := e.Take(1, now); ok1 {
+						spent.Add(1)
+						successes.Add(1)
+						continue
+					}
+					return
+				}
+				spent.Add(n)
+				successes.Add(1)
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	if badLeft.Load() != 0 {
+		t.Errorf("%d Take results reported an impossible left", badLeft.Load())
+	}
+	if got := spent.Load(); got != installed {
+		t.Errorf("spent %d tokens in %d successful Takes; want exactly %d installed", got, successes.Load(), installed)
+	}
+	if got := e.Tokens(); got != 0 {
+		t.Errorf("Tokens() = %d after draining by Take, want 0", got)
+	}
+}
+
+// TestTakeConcurrentWithExpireAndInstall: Takes racing Expire, Drain and
+// Install never spend a token that was also returned for refunding.
+func TestTakeConcurrentWithExpireAndInstall(t *testing.T) {
+	z := newSizer(policy.PerSecond(1000), policy.Lease{TTL: time.Millisecond})
+	e := &Entry{key: "k"}
+	const rounds = 200
+	var spent, refunded, installed atomic.Int64
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	for w := 0; w < 8; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				// now 0 is always before the expiry of any install below.
+				if ok, _ := e.Take(1, 0); ok {
+					spent.Add(1)
+				}
+			}
+		}()
+	}
+	for i := int64(1); i <= rounds; i++ {
+		z.Install(e, Request{Want: 50, Min: 1}, Outcome{Granted: 50}, i*s)
+		installed.Add(50)
+		if i%2 == 0 {
+			refunded.Add(e.Expire(i*s + 2*ms))
+		} else {
+			refunded.Add(e.Drain())
+		}
+	}
+	close(stop)
+	wg.Wait()
+	refunded.Add(e.Drain())
+	if got := spent.Load() + refunded.Load(); got != installed.Load() {
+		t.Errorf("spent %d + refunded %d = %d; want installed %d", spent.Load(), refunded.Load(), got, installed.Load())
+	}
+}
+
+func TestPlanColdEntry(t *testing.T) {
+	z := newSizer(policy.PerSecond(100), policy.Lease{})
+	e := &Entry{key: "k"}
+	req := plan(t, z, e, 1*s)
+	if req != (Request{Want: 1, Min: 1}) {
+		t.Errorf("cold Plan with nothing pending = %+v; want {Want:1 Min:1}", req)
+	}
+}
+
+// TestPlanColdEntryAsksForNeedOnly: a cold key uses leases of 1 token
+// (DESIGN.md: "cold keys use leases of 1 (exact)"), so a refill for callers
+// waiting on a never-used key asks for exactly the tokens they need.
+func TestPlanColdEntryAsksForNeedOnly(t *testing.T) {
+	z := newSizer(policy.PerSecond(100), policy.Lease{})
+	for _, tc := range []struct {
+		pending []int64
+		want    Request
+	}{
+		{[]int64{1}, Request{Want: 1, Min: 1}},
+		{[]int64{3}, Request{Want: 3, Min: 3}},
+		{[]int64{5, 2, 9}, Request{Want: 16, Min: 2}},
+	} {
+		e := &Entry{key: "k"}
+		for _, n := range tc.pending {
+			e.AddPending(n)
+		}
+		if got := plan(t, z, e, 1*s); got != tc.want {
+			t.Errorf("cold Plan with pending %v = %+v; want %+v", tc.pending, got, tc.want)
+		}
+	}
+}
+
+func TestPlanPending(t *testing.T) {
+	z := newSizer(policy.PerSecond(100).WithBurst(20), policy.Lease{})
+	tests := []struct {
+		pending []int64
+		minWant int64 // Min
+		need    int64 // Want must cover at least this (capped by Burst)
+	}{
+		{nil, 1, 1},
+		{[]int64{1}, 1, 1},
+		{[]int64{4}, 4, 4},
+		{[]int64{5, 2, 9}, 2, 16},
+		{[]int64{9, 5, 2}, 2, 16},
+		{[]int64{3, 3, 3}, 3, 9},
+		{[]int64{20}, 20, 20},
+		{[]int64{15, 15}, 15, 20},     // the sum is capped by Burst
+		{[]int64{20, 20, 20}, 20, 20}, // Min stays <= Want
+	}
+	for _, tc := range tests {
+		e := &Entry{key: "k"}
+		for _, n := range tc.pending {
+			e.AddPending(n)
+		}
+		req := plan(t, z, e, 1*s)
+		if req.Min != tc.minWant {
+			t.Errorf("pending %v: Plan = %+v; want Min %d", tc.pending, req, tc.minWant)
+		}
+		if req.Want < tc.need {
+			t.Errorf("pending %v: Plan = %+v; want Want >= %d", tc.pending, req, tc.need)
+		}
+		// Plan took the pending wants: the next Plan sees none.
+		if next := plan(t, z, e, 1*s); next.Min != 1 {
+			t.Errorf("pending %v: second Plan = %+v; want Min 1 (pending consumed)", tc.pending, next)
+		}
+	}
+}
+
+func TestAddPendingConcurrent(t *testing.T) {
+	z := newSizer(policy.PerSecond(1_000_000), policy.Lease{})
+	e := &Entry{key: "k"}
+	var wg sync.WaitGroup
+	for w := int64(0); w < 50; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			e.AddPending(w + 3)
+		}()
+	}
+	wg.Wait()
+	req := plan(t, z, e, 1*s)
+	if req.Min != 3 {
+		t.Errorf("Min = %d; want 3, the smallest pending want", req.Min)
+	}
+	// sum of 3..52 = 1375
+	if req.Want < 1375 {
+		t.Errorf("Want = %d; want >= 1375, the sum of pending wants", req.Want)
+	}
+}
+
+// TestPlanGrowsWithDemand: under steady local demand the planned lease
+// grows towards demand × Horizon, capped by MaxTokens and Burst.
+func TestPlanGrowsWithDemand(t *testing.T) {
+	tests := []struct {
+		name     string
+		limit    policy.Limit
+		settings policy.Lease
+		every    int64 // one request per this many ns
+		want     int64 // lease size after convergence
+		slack    int64
+	}{
+		// 2000/s × 50ms = 100 tokens.
+		{"uncapped", policy.PerSecond(10000), policy.Lease{}, 500 * us, 100, 5},
+		// 2000/s × 200ms = 400 tokens.
+		{"longer horizon", policy.PerSecond(10000), policy.Lease{Horizon: 200 * time.Millisecond}, 500 * us, 400, 20},
+		{"MaxTokens cap", policy.PerSecond(10000), policy.Lease{MaxTokens: 40}, 500 * us, 40, 0},
+		{"Burst cap", policy.PerSecond(10000).WithBurst(30), policy.Lease{}, 500 * us, 30, 0},
+		{"no prefetch", policy.PerSecond(10000), policy.Lease{Prefetch: -1}, 500 * us, 100, 5},
+		// 10/s × 50ms = 0.5: cold-ish keys keep leases of 1.
+		{"slow key", policy.PerSecond(10000), policy.Lease{}, 100 * ms, 1, 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			z := newSizer(tc.limit, tc.settings)
+			e := &Entry{key: "k"}
+			now := 1 * s
+			var sizes []int64
+			for sec := 0; sec < 6; sec++ {
+				now = drive(t, z, e, now, tc.every, int(s/tc.every))
+				sizes = append(sizes, e.size.Load())
+			}
+			for i := 1; i < len(sizes); i++ {
+				if sizes[i] < sizes[i-1]-tc.slack {
+					t.Errorf("lease size shrank under steady demand: %v", sizes)
+				}
+			}
+			got := sizes[len(sizes)-1]
+			if got < tc.want-tc.slack || got > tc.want+tc.slack {
+				t.Errorf("lease size after 6s = %d (by second: %v); want %d ± %d", got, sizes, tc.want, tc.slack)
+			}
+			// What the next refill asks for respects the same caps.
+			e.AddPending(1)
+			req := plan(t, z, e, now)
+			if req.Want > z.Settings().MaxTokens+1 || req.Want > tc.limit.Burst {
+				t.Errorf("Plan after warm-up = %+v; caps MaxTokens %d, Burst %d", req, z.Settings().MaxTokens, tc.limit.Burst)
+			}
+		})
+	}
+}
+
+// TestPlanWantNeverExceedsBurst hammers Plan with large pending sums and a
+// hot demand estimate on small-burst limits.
+func TestPlanWantNeverExceedsBurst(t *testing.T) {
+	for _, burst := range []int64{1, 2, 3, 10, 100} {
+		z := newSizer(policy.PerSecond(100000).WithBurst(burst), policy.Lease{})
+		e := &Entry{key: "k"}
+		now := 1 * s
+		for i := 0; i < 2000; i++ {
+			n := int64(i%int(burst)) + 1
+			serve(t, z, e, n, now) // plan() checks Want <= Burst and Min <= Want
+			if i%7 == 0 {
+				for j := 0; j < 5; j++ {
+					e.AddPending(burst)
+				}
+				req := plan(t, z, e, now)
+				if req.Want != burst || req.Min != burst {
+					t.Fatalf("burst %d: Plan with 5 pending wants of %d = %+v; want {Want:%d Min:%d}", burst, burst, req, burst, burst)
+				}
+			}
+			now += 10 * us
+		}
+	}
+}
+
+func TestPlanClockBackwards(t *testing.T) {
+	z := newSizer(policy.PerSecond(10000), policy.Lease{})
+	e := &Entry{key: "k"}
+	now := drive(t, z, e, 1*s, 500*us, 4000)
+	before := e.size.Load()
+	// A Plan at an earlier now leaves the estimate alone and plans sanely.
+	req := plan(t, z, e, now-500*ms)
+	if e.size.Load() != before {
+		t.Errorf("size changed from %d to %d on a Plan in the past", before, e.size.Load())
+	}
+	if req.Want < 1 {
+		t.Errorf("Plan in the past = %+v", req)
+	}
+}
+
+// TestNegativeCacheCold: a denial of a cold key denies it locally for
+// exactly RetryAfter.
+func TestNegativeCacheCold(t *testing.T) {
+	z := newSizer(policy.PerSecond(10), policy.Lease{DenyCap: time.Second})
+	const (
+		t0 = 3 * s
+		t1 = t0 + 1
+		t2 = t0 + 300*ms - 1
+		t3 = t0 + 300*ms
+		t4 = t3 + 1*s
+	)
+	e := &Entry{key: "k"}
+	req := plan(t, z, e, t0)
+	if back := z.Install(e, req, Outcome{Granted: 0, RetryAfter: 300 * time.Millisecond, Min: req.Min}, t0); back != 0 {
+		t.Fatalf("Install(denied) refund = %d", back)
+	}
+	runSteps(t, z, e, []step{
+		{at: t0, op: "denied", ok: true, want: 300 * ms},
+		{at: t1, op: "denied", ok: true, want: 300*ms - 1},
+		{at: t2, op: "denied", ok: true, want: 1},
+		{at: t3, op: "denied", ok: false, want: 0},
+		{at: t4, op: "denied", ok: false, want: 0},
+		{at: t2, op: "take", n: 1, ok: false, want: 0},
+	})
+}
+
+func TestNegativeCacheCapAndClear(t *testing.T) {
+	z := newSizer(policy.PerSecond(10), policy.Lease{DenyCap: 200 * time.Millisecond})
+	const (
+		t0 = 3 * s
+		t1 = t0 + 200*ms - 1
+		t2 = t0 + 200*ms
+		t3 = t2 + 10*ms
+		t4 = t3 + 5*ms
+		t5 = t4 + 1*ms
+	)
+	e := &Entry{key: "k"}
+	runSteps(t, z, e, []step{
+		{at: t0, op: "deny", n: int64(5 * time.Second)}, // capped at 200ms
+		{at: t0, op: "denied", ok: true, want: 200 * ms},
+		{at: t1, op: "denied", ok: true, want: 1},
+		{at: t2, op: "denied", ok: false},
+		{at: t3, op: "deny", n: int64(time.Second)},
+		{at: t4, op: "denied", ok: true, want: 195 * ms},
+		{at: t4, op: "install", n: 2, want: 0}, // a grant clears the cache
+		{at: t4, op: "denied", ok: false},
+		{at: t5, op: "denied", ok: false},
+		{at: t5, op: "take", n: 1, ok: true, want: 1},
+		{at: t5, op: "deny", n: 0}, // RetryAfter 0 on a size-1 key: nothing to cache
+		{at: t5, op: "denied", ok: false},
+		{at: t5, op: "take", n: 1, ok: true, want: 0}, // a denial leaves the lease alone
+	})
+}
+
+// TestNegativeCacheLeaseExtension: a key whose lease size is S is denied
+// until RetryAfter plus the refill time of S - Min tokens, capped by DenyCap.
+func TestNegativeCacheLeaseExtension(t *testing.T) {
+	l := policy.PerSecond(10000)
+	for _, tc := range []struct {
+		name    string
+		denyCap time.Duration
+		retry   time.Duration
+		pending int64
+	}{
+		{"Min 1", 5 * time.Second, time.Millisecond, 1},
+		{"Min 40", 5 * time.Second, 3 * time.Millisecond, 40},
+		{"capped", 5 * time.Millisecond, 3 * time.Millisecond, 1},
+		{"Min above size", 5 * time.Second, 2 * time.Millisecond, 500},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			z := newSizer(l, policy.Lease{DenyCap: tc.denyCap})
+			e := &Entry{key: "k"}
+			now := drive(t, z, e, 1*s, 500*us, 6000) // 2000/s: size about 100
+			e.Drain()
+			size := e.size.Load()
+			if size < 50 {
+				t.Fatalf("warm-up left lease size %d", size)
+			}
+			e.AddPending(tc.pending)
+			req := plan(t, z, e, now)
+			size = e.size.Load()
+			z.Install(e, req, Outcome{Granted: 0, RetryAfter: tc.retry, Min: req.Min}, now)
+
+			want := tc.retry
+			if extra := size - req.Min; extra > 0 {
+				want += l.Interval(extra) // 100µs per token
+			}
+			want = min(want, tc.denyCap)
+			if d, wait := e.Denied(now); !d || wait != want {
+				t.Errorf("size %d, Min %d, RetryAfter %v: Denied = %v, %v; want true, %v", size, req.Min, tc.retry, d, wait, want)
+			}
+			if d, _ := e.Denied(now + int64(want) - 1); !d {
+				t.Errorf("not denied 1ns before %v", want)
+			}
+			if d, _ := e.Denied(now + int64(want)); d {
+				t.Errorf("still denied at %v", want)
+			}
+			if tc.name == "Min 1" && want <= tc.retry {
+				t.Errorf("no extension for a lease of %d tokens", size)
+			}
+		})
+	}
+}
+
+// TestInstallAfterEviction: tokens granted to an entry evicted while its
+// refill ran are returned for refunding, not installed.
+func TestInstallAfterEviction(t *testing.T) {
+	z := newSizer(policy.PerSecond(100), policy.Lease{})
+	tab := NewTable(1) // one entry per shard
+	const (
+		t0 = 1 * s
+		t1 = t0 + 20*ms
+		t2 = t0 + 40*ms
+	)
+	a, _ := tab.GetOrCreate("a", t0)
+	a.AddPending(1)
+	req := plan(t, z, a, t0)
+
+	b := keyInShardOf(t, tab, "a", "b")
+	if _, ev := tab.GetOrCreate(b, t1); ev != a {
+		t.Fatalf("GetOrCreate(%q) evicted %v; want entry a", b, ev)
+	}
+	if !a.removed.Load() {
+		t.Fatalf("evicted entry has removed unset")
+	}
+	if back := z.Install(a, req, Outcome{Granted: 7, Remaining: 50, Min: req.Min}, t2); back != 7 {
+		t.Errorf("Install on an evicted entry refund = %d; want 7", back)
+	}
+	if got := a.Tokens(); got != 0 {
+		t.Errorf("evicted entry holds %d tokens", got)
+	}
+	if ok, _ := a.Take(1, t2); ok {
+		t.Errorf("Take succeeded on an evicted entry")
+	}
+	if got := a.Drain(); got != 0 {
+		t.Errorf("Drain after refunded install = %d; want 0", got)
+	}
+	// A denial on an evicted entry refunds nothing.
+	if back := z.Install(a, req, Outcome{Granted: 0, RetryAfter: time.Millisecond, Min: 1}, t2); back != 0 {
+		t.Errorf("Install(denied) on evicted entry refund = %d; want 0", back)
+	}
+}
+
+func TestNeedsPrefetch(t *testing.T) {
+	z := newSizer(policy.PerSecond(10000), policy.Lease{Prefetch: 0.25})
+	e := &Entry{key: "k"}
+	// Cold: the low-water mark is 0 and nothing prefetches.
+	plan(t, z, e, 1*s)
+	for _, left := range []int64{0, 1, 5} {
+		if e.NeedsPrefetch(left) {
+			t.Fatalf("cold entry: NeedsPrefetch(%d) = true", left)
+		}
+	}
+	e.PrefetchDone()
+
+	drive(t, z, e, 1*s, 500*us, 6000)
+	size := e.size.Load()
+	low := int64(float64(size) * 0.25)
+	if low < 2 {
+		t.Fatalf("warm-up left size %d, low-water %d", size, low)
+	}
+	if e.NeedsPrefetch(low) {
+		t.Errorf("NeedsPrefetch(%d) at the low-water mark = true; want false", low)
+	}
+	if e.NeedsPrefetch(size) {
+		t.Errorf("NeedsPrefetch(%d) = true", size)
+	}
+	if !e.NeedsPrefetch(low - 1) {
+		t.Fatalf("NeedsPrefetch(%d) below the low-water mark %d = false", low-1, low)
+	}
+	// Claimed: no second claim until PrefetchDone.
+	for _, left := range []int64{low - 1, 0} {
+		if e.NeedsPrefetch(left) {
+			t.Errorf("NeedsPrefetch(%d) claimed twice", left)
+		}
+	}
+	e.PrefetchDone()
+	if !e.NeedsPrefetch(0) {
+		t.Errorf("NeedsPrefetch(0) after PrefetchDone = false")
+	}
+	e.PrefetchDone()
+
+	// Many goroutines below the mark: exactly one claim.
+	var claims atomic.Int64
+	var wg sync.WaitGroup
+	for w := 0; w < 64; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if e.NeedsPrefetch(0) {
+				claims.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	if got := claims.Load(); got != 1 {
+		t.Errorf("%d concurrent claims; want exactly 1", got)
+	}
+	e.PrefetchDone()
+}
+
+func TestNeedsPrefetchDisabled(t *testing.T) {
+	z := newSizer(policy.PerSecond(10000), policy.Lease{Prefetch: -1})
+	e := &Entry{key: "k"}
+	drive(t, z, e, 1*s, 500*us, 6000)
+	if e.size.Load() < 50 {
+		t.Fatalf("warm-up left size %d", e.size.Load())
+	}
+	if e.NeedsPrefetch(0) {
+		t.Errorf("NeedsPrefetch(0) with prefetch disabled = true")
+	}
+}
+
+// TestSteadyDemandRarelyMisses: with prefetch, a hot key's requests are
+// served from the lease; refills with a waiting caller are rare.
+func TestSteadyDemandRarelyMisses(t *testing.T) {
+	z := newSizer(policy.PerSecond(10000), policy.Lease{})
+	e := &Entry{key: "k"}
+	now := drive(t, z, e, 1*s, 500*us, 4000) // warm-up
+	misses := 0
+	for i := 0; i < 4000; i++ {
+		if _, hit := serve(t, z, e, 1, now); !hit {
+			misses++
+		}
+		now += 500 * us
+	}
+	if misses > 10 {
+		t.Errorf("%d of 4000 requests missed the lease after warm-up", misses)
+	}
+}
+
+func TestEntryAccessors(t *testing.T) {
+	z := newSizer(policy.PerSecond(10), policy.Lease{})
+	e := &Entry{key: "user:42"}
+	if e.Key() != "user:42" {
+		t.Errorf("Key() = %q", e.Key())
+	}
+	if e.Remote() != 0 || e.Tokens() != 0 {
+		t.Errorf("fresh entry: Remote %d, Tokens %d", e.Remote(), e.Tokens())
+	}
+	z.Install(e, Request{Want: 2, Min: 1}, Outcome{Granted: 2, Remaining: 6}, 1*s)
+	if e.Remote() != 6 {
+		t.Errorf("Remote() = %d after a grant reporting 6", e.Remote())
+	}
+	z.Install(e, Request{Want: 2, Min: 1}, Outcome{Granted: 0, Remaining: 0, RetryAfter: time.Millisecond}, 2*s)
+	if e.Remote() != 0 {
+		t.Errorf("Remote() = %d after a denial reporting 0", e.Remote())
+	}
+	b := e.Local()
+	if b == nil || e.Local() != b {
+		t.Errorf("Local() is not stable")
+	}
+	if got := z.Settings(); got != (policy.Lease{}).WithDefaults() {
+		t.Errorf("Settings() = %+v; want defaults", got)
+	}
+}
+
+func TestLocalCreatedOnce(t *testing.T) {
+	e := &Entry{key: "k"}
+	var wg sync.WaitGroup
+	got := make([]*Local, 32)
+	for i := range got {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			got[i] = e.Local()
+		}()
+	}
+	wg.Wait()
+	for i := range got {
+		if got[i] != got[0] {
+			t.Fatalf("Local() returned different buckets")
+		}
+	}
+}
+
+func TestEntryNoAllocs(t *testing.T) {
+	z := newSizer(policy.PerSecond(10), policy.Lease{})
+	e := &Entry{key: "k"}
+	z.Install(e, Request{Want: 1, Min: 1}, Outcome{Granted: math.MaxInt64 / 2}, 1*s)
+	now := 1 * s
+	if a := testing.AllocsPerRun(1000, func() {
+		now++
+		if ok, _ := e.Take(1, now); !ok {
+			panic("Take failed")
+		}
+	}); a != 0 {
+		t.Errorf("Entry.Take allocates %v times per call", a)
+	}
+	if a := testing.AllocsPerRun(1000, func() {
+		e.Denied(now)
+		e.NeedsPrefetch(1 << 40)
+		e.Touch(now)
+	}); a != 0 {
+		t.Errorf("Denied/NeedsPrefetch/Touch allocate %v times per call", a)
+	}
+}

@@ -1,0 +1,533 @@
+package lease
+
+import (
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/leaselimit/leaselimit/policy"
+)
+
+// keyInShardOf returns a key starting with prefix that lands in the same
+// shard of tab as key.
+func keyInShardOf(t testing.TB, tab *Table, key, prefix string) string {
+	t.Helper()
+	want := tab.shard(key)
+	for i := 0; i < 1_000_000; i++ {
+		k := prefix + strconv.Itoa(i)
+		if k != key && tab.shard(k) == want {
+			return k
+		}
+	}
+	t.Fatalf("no key with prefix %q in the shard of %q", prefix, key)
+	return ""
+}
+
+func TestTableCapacity(t *testing.T) {
+	for _, tc := range []struct{ maxKeys, want int }{
+		{-5, numShards},
+		{0, numShards},
+		{1, numShards},
+		{numShards, numShards},
+		{numShards + 1, 2 * numShards},
+		{1000, 1024},
+		{10000, 10048},
+	} {
+		got := NewTable(tc.maxKeys).Capacity()
+		if got != tc.want {
+			t.Errorf("NewTable(%d).Capacity() = %d; want %d", tc.maxKeys, got, tc.want)
+		}
+		if got < tc.maxKeys || got >= max(tc.maxKeys, 1)+numShards {
+			t.Errorf("NewTable(%d).Capacity() = %d is not about maxKeys", tc.maxKeys, got)
+		}
+	}
+}
+
+func TestTableGetOrCreate(t *testing.T) {
+	tab := NewTable(1000)
+	const t0, t1 = 1 * s, 2 * s
+	if e := tab.Get("a"); e != nil {
+		t.Fatalf("Get on an empty table = %v", e)
+	}
+	if tab.Len() != 0 {
+		t.Fatalf("Len() = %d on an empty table", tab.Len())
+	}
+	a, ev := tab.GetOrCreate("a", t0)
+	if a == nil || ev != nil {
+		t.Fatalf("GetOrCreate(a) = %v, %v", a, ev)
+	}
+	if a.Key() != "a" || a.removed.Load() {
+		t.Errorf("new entry: key %q, removed %v", a.Key(), a.removed.Load())
+	}
+	if got := tab.Get("a"); got != a {
+		t.Errorf("Get(a) = %p; want %p", got, a)
+	}
+	if got, ev := tab.GetOrCreate("a", t1); got != a || ev != nil {
+		t.Errorf("second GetOrCreate(a) = %p, %v; want the same entry", got, ev)
+	}
+	b, _ := tab.GetOrCreate("b", t1)
+	if b == a {
+		t.Errorf("distinct keys share an entry")
+	}
+	if tab.Len() != 2 {
+		t.Errorf("Len() = %d; want 2", tab.Len())
+	}
+	// Keys are compared as bytes: odd keys are distinct entries.
+	for _, k := range []string{"", "{a}", "a\x00", "A", "ä", "a "} {
+		e, _ := tab.GetOrCreate(k, t1)
+		if e == a || tab.Get(k) != e || e.Key() != k {
+			t.Errorf("key %q: entry confused with another key", k)
+		}
+	}
+}
+
+func TestTableConcurrentGetOrCreate(t *testing.T) {
+	tab := NewTable(100000)
+	const keys = 500
+	got := make([][]*Entry, 16)
+	var wg sync.WaitGroup
+	for w := range got {
+		got[w] = make([]*Entry, keys)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < keys; i++ {
+				e, ev := tab.GetOrCreate("k"+strconv.Itoa(i), int64(i))
+				if ev != nil {
+					t.Errorf("eviction in a table far below capacity")
+				}
+				got[w][i] = e
+			}
+		}()
+	}
+	wg.Wait()
+	for i := 0; i < keys; i++ {
+		for w := range got {
+			if got[w][i] != got[0][i] {
+				t.Fatalf("key %d: goroutines got different entries", i)
+			}
+		}
+	}
+	if tab.Len() != keys {
+		t.Errorf("Len() = %d; want %d", tab.Len(), keys)
+	}
+}
+
+// TestTableFlood: a flood of distinct keys never grows the table beyond its
+// capacity, and every eviction hands back a removed entry.
+func TestTableFlood(t *testing.T) {
+	for _, maxKeys := range []int{1, 100, 1000} {
+		tab := NewTable(maxKeys)
+		c := tab.Capacity()
+		evicted := 0
+		const n = 50000
+		for i := 0; i < n; i++ {
+			now := int64(i) * ms
+			key := "flood-" + strconv.Itoa(i)
+			e, ev := tab.GetOrCreate(key, now)
+			if e == nil || e.Key() != key {
+				t.Fatalf("GetOrCreate(%q) = %v", key, e)
+			}
+			if ev != nil {
+				evicted++
+				if !ev.removed.Load() {
+					t.Fatalf("evicted entry %q has removed unset", ev.Key())
+				}
+				if tab.Get(ev.Key()) != nil {
+					t.Fatalf("evicted entry %q still in the table", ev.Key())
+				}
+				if ev == e {
+					t.Fatalf("GetOrCreate evicted the entry it returned")
+				}
+			}
+			if i%997 == 0 {
+				if l := tab.Len(); l > c {
+					t.Fatalf("maxKeys %d: Len() = %d > Capacity() %d after %d keys", maxKeys, l, c, i+1)
+				}
+			}
+		}
+		if l := tab.Len(); l > c || l+evicted != n {
+			t.Errorf("maxKeys %d: Len() = %d, %d evicted, %d inserted (capacity %d)", maxKeys, l, evicted, n, c)
+		}
+	}
+}
+
+// TestTableEvictsLeastRecentlyUsed: a full shard evicts its least recently
+// used entry (use as recorded by Take and Touch, which are coarse to
+// useGrain, so uses here are further apart).
+func TestTableEvictsLeastRecentlyUsed(t *testing.T) {
+	z := newSizer(policy.PerSecond(100), policy.Lease{})
+	tab := NewTable(2 * numShards) // two entries per shard
+	a := "a"
+	b := keyInShardOf(t, tab, a, "b")
+	c := keyInShardOf(t, tab, a, "c")
+	d := keyInShardOf(t, tab, a, "d")
+	other := "zz"
+	for tab.shard(other) == tab.shard(a) {
+		other += "z"
+	}
+	const (
+		t0 = 1 * s
+		t1 = t0 + 100*ms
+		t2 = t0 + 200*ms
+		t3 = t0 + 300*ms
+		t4 = t0 + 400*ms
+		t5 = t0 + 500*ms
+	)
+	ea, _ := tab.GetOrCreate(a, t0)
+	eb, _ := tab.GetOrCreate(b, t1)
+	// A key in another shard does not evict from this one.
+	if _, ev := tab.GetOrCreate(other, t1); ev != nil {
+		t.Fatalf("insert into another shard evicted %q", ev.Key())
+	}
+	// Use a (by Take) after b was created: b is now the least recently used.
+	z.Install(ea, Request{Want: 1, Min: 1}, Outcome{Granted: 1}, t2)
+	if ok, _ := ea.Take(1, t2); !ok {
+		t.Fatal("Take failed")
+	}
+	ec, ev := tab.GetOrCreate(c, t3)
+	if ev != eb {
+		t.Fatalf("inserting %q evicted %v; want %q (least recently used)", c, ev, b)
+	}
+	if !eb.removed.Load() || tab.Get(b) != nil || tab.Get(a) != ea || tab.Get(c) != ec {
+		t.Fatalf("table after eviction: a %v, b %v, c %v", tab.Get(a), tab.Get(b), tab.Get(c))
+	}
+	// Touch c (a denial served from the negative cache counts as a use):
+	// now a is the oldest.
+	ec.Touch(t4)
+	_, ev = tab.GetOrCreate(d, t5)
+	if ev != ea {
+		t.Fatalf("inserting %q evicted %v; want %q", d, ev, a)
+	}
+	if tab.Get(other) == nil {
+		t.Errorf("entry in another shard was evicted")
+	}
+	if !ea.removed.Load() || ec.removed.Load() {
+		t.Errorf("removed flags: a %v (want true), c %v (want false)", ea.removed.Load(), ec.removed.Load())
+	}
+}
+
+// TestTableEvictedLeaseDrains: the caller refunds an evicted entry's lease
+// with Drain, and a refill racing the eviction refunds through Install.
+func TestTableEvictedLeaseDrains(t *testing.T) {
+	z := newSizer(policy.PerSecond(100), policy.Lease{})
+	tab := NewTable(1)
+	const t0, t1 = 1 * s, 1*s + 50*ms
+	ea, _ := tab.GetOrCreate("a", t0)
+	z.Install(ea, Request{Want: 5, Min: 1}, Outcome{Granted: 5}, t0)
+	_, ev := tab.GetOrCreate(keyInShardOf(t, tab, "a", "x"), t1)
+	if ev != ea {
+		t.Fatalf("evicted %v; want a", ev)
+	}
+	if got := ev.Drain(); got != 5 {
+		t.Errorf("Drain of evicted lease = %d; want 5", got)
+	}
+	if ok, _ := ea.Take(1, t1); ok {
+		t.Errorf("Take from a drained, evicted entry succeeded")
+	}
+}
+
+func TestTableSweep(t *testing.T) {
+	z := newSizer(policy.PerSecond(10000), policy.Lease{TTL: time.Second, IdleTTL: 5 * time.Second, DenyCap: 10 * time.Second})
+	tab := NewTable(1000)
+	const idle = 5 * s
+	const (
+		tw = 1 * s  // warm-up of the prefetching key starts
+		t0 = 10 * s // everything else starts
+		t1 = t0 + 500*ms
+		t2 = t0 + 2*s
+		t3 = t0 + 6*s
+		t4 = t0 + 8*s
+		t5 = t4 + 1*ms
+	)
+	type refund struct {
+		key    string
+		tokens int64
+	}
+	var refunds []refund
+	sweep := func(now int64) {
+		refunds = refunds[:0]
+		tab.Sweep(now, idle, func(e *Entry, n int64) {
+			if n <= 0 {
+				t.Errorf("refund callback with %d tokens for %q", n, e.Key())
+			}
+			refunds = append(refunds, refund{e.Key(), n})
+		})
+	}
+	wantRefunds := func(at string, want ...refund) {
+		t.Helper()
+		got := map[string]int64{}
+		for _, r := range refunds {
+			got[r.key] += r.tokens
+		}
+		if len(refunds) != len(want) {
+			t.Errorf("%s: refunds %v; want %v", at, refunds, want)
+			return
+		}
+		for _, w := range want {
+			if got[w.key] != w.tokens {
+				t.Errorf("%s: refunds %v; want %v", at, refunds, want)
+				return
+			}
+		}
+	}
+
+	// prefetching: a hot key whose prefetch is claimed and never finishes.
+	pre, _ := tab.GetOrCreate("prefetching", tw)
+	drive(t, z, pre, tw, 500*us, 6000)
+	pre.Drain()
+	if !pre.NeedsPrefetch(0) {
+		t.Fatal("could not claim a prefetch")
+	}
+	// expired: a lease of 10, 2 spent, expires at t1+1s.
+	exp, _ := tab.GetOrCreate("expired", t0)
+	z.Install(exp, Request{Want: 10, Min: 1}, Outcome{Granted: 10}, t1)
+	exp.Take(2, t1)
+	// idle: never used after creation.
+	idl, _ := tab.GetOrCreate("idle", t0)
+	// denied: negative cache until t0+7s.
+	den, _ := tab.GetOrCreate("denied", t0)
+	z.Install(den, Request{Want: 1, Min: 1}, Outcome{Granted: 0, RetryAfter: 7 * time.Second}, t0)
+	// fresh: created now, with a live lease.
+	var fresh *Entry
+
+	// t1: nothing expired, nothing idle.
+	sweep(t1)
+	wantRefunds("t1")
+	if tab.Len() != 4 {
+		t.Fatalf("t1: Len() = %d; want 4", tab.Len())
+	}
+
+	// t2: expired's lease is refunded; nothing is idle for 5s yet.
+	fresh, _ = tab.GetOrCreate("fresh", t2)
+	z.Install(fresh, Request{Want: 3, Min: 1}, Outcome{Granted: 3}, t2)
+	sweep(t2)
+	wantRefunds("t2", refund{"expired", 8})
+	if exp.Tokens() != 0 || tab.Get("expired") != exp || exp.removed.Load() {
+		t.Errorf("t2: expired entry: tokens %d, present %v, removed %v", exp.Tokens(), tab.Get("expired") != nil, exp.removed.Load())
+	}
+	sweep(t2)
+	wantRefunds("t2 again") // refunded only once
+
+	// t3 (6s after t0): idle and expired are removed (idle > 5s, empty);
+	// denied stays (negative cache until t0+7s); fresh is refunded (its lease
+	// expired at t2+1s) but stays (used 4s ago); prefetching stays
+	// (refill claimed).
+	sweep(t3)
+	wantRefunds("t3", refund{"fresh", 3})
+	for _, gone := range []*Entry{idl, exp} {
+		if tab.Get(gone.Key()) != nil || !gone.removed.Load() {
+			t.Errorf("t3: %q not removed", gone.Key())
+		}
+	}
+	for _, kept := range []*Entry{den, fresh, pre} {
+		if tab.Get(kept.Key()) != kept || kept.removed.Load() {
+			t.Errorf("t3: %q removed", kept.Key())
+		}
+	}
+
+	// t4: denied's negative cache has ended: removed. fresh used at t2,
+	// 6s ago: removed. prefetching still claimed.
+	sweep(t4)
+	wantRefunds("t4")
+	for _, gone := range []*Entry{den, fresh} {
+		if tab.Get(gone.Key()) != nil || !gone.removed.Load() {
+			t.Errorf("t4: %q not removed", gone.Key())
+		}
+	}
+	if tab.Get("prefetching") != pre {
+		t.Errorf("t4: entry with a claimed prefetch removed")
+	}
+	pre.PrefetchDone()
+	sweep(t5)
+	if tab.Get("prefetching") != nil || !pre.removed.Load() {
+		t.Errorf("t5: idle entry not removed after PrefetchDone")
+	}
+	if tab.Len() != 0 {
+		t.Errorf("t5: Len() = %d; want 0", tab.Len())
+	}
+}
+
+// TestTableSweepIdleWithLiveLease: an idle entry still holding a live lease
+// is kept until the lease expires, then refunded and removed together.
+func TestTableSweepIdleWithLiveLease(t *testing.T) {
+	z := newSizer(policy.PerSecond(100), policy.Lease{TTL: 10 * time.Second, IdleTTL: 10 * time.Second})
+	tab := NewTable(64)
+	const (
+		t0 = 1 * s
+		t1 = t0 + 5*s  // idle for 5s (> idle 2s), lease live
+		t2 = t0 + 10*s // lease expired
+	)
+	e, _ := tab.GetOrCreate("k", t0)
+	z.Install(e, Request{Want: 4, Min: 1}, Outcome{Granted: 4}, t0)
+	var got int64
+	refund := func(_ *Entry, n int64) { got += n }
+	tab.Sweep(t1, 2*s, refund)
+	if got != 0 || tab.Get("k") != e {
+		t.Fatalf("t1: refunded %d, present %v; want 0, true", got, tab.Get("k") != nil)
+	}
+	tab.Sweep(t2, 2*s, refund)
+	if got != 4 || tab.Get("k") != nil || !e.removed.Load() {
+		t.Errorf("t2: refunded %d, present %v, removed %v; want 4, false, true", got, tab.Get("k") != nil, e.removed.Load())
+	}
+	// A refill that was running when the entry was swept refunds its grant.
+	if back := z.Install(e, Request{Want: 2, Min: 1}, Outcome{Granted: 2}, t2); back != 2 {
+		t.Errorf("Install after sweep removal refund = %d; want 2", back)
+	}
+}
+
+func TestTableDrain(t *testing.T) {
+	z := newSizer(policy.PerSecond(100), policy.Lease{TTL: time.Second})
+	tab := NewTable(1000)
+	const t0, t1 = 1 * s, 3 * s
+	live, _ := tab.GetOrCreate("live", t0)
+	z.Install(live, Request{Want: 5, Min: 1}, Outcome{Granted: 5}, t1)
+	stale, _ := tab.GetOrCreate("stale", t0)
+	z.Install(stale, Request{Want: 3, Min: 1}, Outcome{Granted: 3}, t0) // expired by t1, not yet swept
+	empty, _ := tab.GetOrCreate("empty", t0)
+	spent, _ := tab.GetOrCreate("spent", t0)
+	z.Install(spent, Request{Want: 2, Min: 1}, Outcome{Granted: 2}, t1)
+	spent.Take(2, t1)
+	for i := 0; i < 100; i++ {
+		tab.GetOrCreate("more"+strconv.Itoa(i), t1)
+	}
+
+	got := map[string]int64{}
+	calls := 0
+	tab.Drain(func(e *Entry, n int64) {
+		calls++
+		got[e.Key()] += n
+	})
+	if calls != 2 || got["live"] != 5 || got["stale"] != 3 {
+		t.Errorf("Drain refunds %v in %d calls; want live 5, stale 3", got, calls)
+	}
+	if tab.Len() != 0 {
+		t.Errorf("Len() = %d after Drain", tab.Len())
+	}
+	for _, e := range []*Entry{live, stale, empty, spent} {
+		if !e.removed.Load() || tab.Get(e.Key()) != nil || e.Tokens() != 0 {
+			t.Errorf("%q after Drain: removed %v, present %v, tokens %d", e.Key(), e.removed.Load(), tab.Get(e.Key()) != nil, e.Tokens())
+		}
+	}
+	// A refill finishing after Drain refunds.
+	if back := z.Install(live, Request{Want: 1, Min: 1}, Outcome{Granted: 1}, t1); back != 1 {
+		t.Errorf("Install after Drain refund = %d; want 1", back)
+	}
+	// The table still works.
+	if e, _ := tab.GetOrCreate("live", t1); e == live || e == nil {
+		t.Errorf("GetOrCreate after Drain returned the drained entry")
+	}
+	tab.Drain(func(e *Entry, n int64) { t.Errorf("second Drain refunded %d for %q", n, e.Key()) })
+}
+
+func TestTableGetNoAllocs(t *testing.T) {
+	tab := NewTable(1000)
+	keys := make([]string, 100)
+	for i := range keys {
+		keys[i] = "user-" + strconv.Itoa(i)
+		tab.GetOrCreate(keys[i], 1*s)
+	}
+	i := 0
+	if a := testing.AllocsPerRun(1000, func() {
+		if tab.Get(keys[i%len(keys)]) == nil {
+			panic("missing key")
+		}
+		i++
+	}); a != 0 {
+		t.Errorf("Table.Get of a present key allocates %v times per call", a)
+	}
+	// A present key through GetOrCreate does not allocate either.
+	if a := testing.AllocsPerRun(1000, func() {
+		tab.GetOrCreate(keys[3], 2*s)
+	}); a != 0 {
+		t.Errorf("GetOrCreate of a present key allocates %v times per call", a)
+	}
+	// A miss does not allocate.
+	if a := testing.AllocsPerRun(1000, func() {
+		if tab.Get("absent") != nil {
+			panic("present")
+		}
+	}); a != 0 {
+		t.Errorf("Table.Get of an absent key allocates %v times per call", a)
+	}
+}
+
+// TestTableConservationConcurrent: workers serving random keys of a small
+// table race eviction, Sweep and a final Drain; every granted token is
+// either spent by a Take or handed back for refunding, exactly once.
+func TestTableConservationConcurrent(t *testing.T) {
+	z := newSizer(policy.PerSecond(100000).WithBurst(50), policy.Lease{TTL: time.Millisecond, IdleTTL: 2 * time.Millisecond})
+	tab := NewTable(numShards) // one entry per shard: constant eviction
+	var clock, granted, spent, refunded atomic.Int64
+	clock.Store(1 * s)
+	tick := func() int64 { return clock.Add(50 * us) }
+
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			tab.Sweep(tick(), 5*ms, func(_ *Entry, n int64) { refunded.Add(n) })
+		}
+	}()
+	const workers, ops = 8, 20000
+	var work sync.WaitGroup
+	for w := 0; w < workers; w++ {
+		work.Add(1)
+		go func() {
+			defer work.Done()
+			r := rand.New(rand.NewPCG(uint64(w), 99))
+			for i := 0; i < ops; i++ {
+				key := "k" + strconv.Itoa(r.IntN(200))
+				now := tick()
+				e := tab.Get(key)
+				if e == nil {
+					var ev *Entry
+					e, ev = tab.GetOrCreate(key, now)
+					if ev != nil {
+						refunded.Add(ev.Drain())
+					}
+				}
+				n := 1 + r.Int64N(3)
+				if ok, _ := e.Take(n, now); ok {
+					spent.Add(n)
+					continue
+				}
+				e.AddPending(n)
+				req := z.Plan(e, now)
+				g := req.Want
+				if r.IntN(5) == 0 {
+					g = 0 // a denial now and then
+				}
+				granted.Add(g)
+				refunded.Add(z.Install(e, req, Outcome{Granted: g, RetryAfter: 100 * time.Microsecond, Min: req.Min}, tick()))
+				if ok, _ := e.Take(n, now); ok {
+					spent.Add(n)
+				}
+			}
+		}()
+	}
+	work.Wait()
+	close(stop)
+	wg.Wait()
+	tab.Drain(func(_ *Entry, n int64) { refunded.Add(n) })
+	if tab.Len() != 0 {
+		t.Errorf("Len() = %d after Drain", tab.Len())
+	}
+	if granted.Load() != spent.Load()+refunded.Load() {
+		t.Errorf("granted %d != spent %d + refunded %d (difference %d)",
+			granted.Load(), spent.Load(), refunded.Load(), granted.Load()-spent.Load()-refunded.Load())
+	}
+	if spent.Load() == 0 || refunded.Load() == 0 {
+		t.Errorf("spent %d, refunded %d: the test did not exercise both", spent.Load(), refunded.Load())
+	}
+}

@@ -1,0 +1,139 @@
+package leaselimit_test
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/leaselimit/leaselimit"
+	"github.com/leaselimit/leaselimit/policy"
+)
+
+// fakeClock is a Clock moved by hand.
+type fakeClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func newFakeClock() *fakeClock { return &fakeClock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)} }
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *fakeClock) Add(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
+// TestCoalescedMiss: concurrent callers of a cold key share script calls,
+// and every one of them gets a decision within the limit.
+func TestCoalescedMiss(t *testing.T) {
+	m, c := newMini(t)
+	lim := mustNew(t, c, policy.PerMinute(1000))
+	ctx := context.Background()
+	const callers = 64
+	var wg sync.WaitGroup
+	var allowed atomic.Int64
+	start := make(chan struct{})
+	for i := 0; i < callers; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			d, err := lim.Allow(ctx, "cold")
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if d.Allowed {
+				allowed.Add(1)
+			}
+		}()
+	}
+	before := m.CommandCount()
+	close(start)
+	wg.Wait()
+	calls := m.CommandCount() - before
+	if allowed.Load() != callers {
+		t.Errorf("allowed %d of %d under a limit of 1000", allowed.Load(), callers)
+	}
+	if calls >= callers {
+		t.Errorf("%d callers made %d Redis commands; misses should be coalesced", callers, calls)
+	}
+	t.Logf("%d concurrent callers of a cold key: %d Redis commands", callers, calls)
+}
+
+// TestNegativeCache: after Redis denies a key, the Limiter denies it locally
+// (SourceCache) without asking Redis until tokens are due.
+func TestNegativeCache(t *testing.T) {
+	m, c := newMini(t)
+	clk := newFakeClock()
+	lim := mustNew(t, c, policy.PerMinute(2), leaselimit.WithClock(clk))
+	ctx := context.Background()
+	for i := 0; i < 2; i++ {
+		if d, err := lim.Allow(ctx, "k"); err != nil || !d.Allowed {
+			t.Fatalf("Allow #%d = %+v, %v", i, d, err)
+		}
+	}
+	d, err := lim.Allow(ctx, "k")
+	if err != nil || d.Allowed || d.Source != leaselimit.SourceAuthority {
+		t.Fatalf("third Allow = %+v, %v; want an authority denial", d, err)
+	}
+	before := m.CommandCount()
+	for i := 0; i < 100; i++ {
+		d, err := lim.Allow(ctx, "k")
+		if err != nil || d.Allowed || d.Source != leaselimit.SourceCache || d.RetryAfter <= 0 {
+			t.Fatalf("cached Allow #%d = %+v, %v; want a cache denial", i, d, err)
+		}
+	}
+	if n := m.CommandCount() - before; n != 0 {
+		t.Errorf("negatively cached key made %d Redis commands", n)
+	}
+	// The cache lasts at most DenyCap (1s by default); then Redis is asked again.
+	clk.Add(1100 * time.Millisecond)
+	if d, _ := lim.Allow(ctx, "k"); d.Source != leaselimit.SourceAuthority {
+		t.Errorf("after the cap: source %v; want authority", d.Source)
+	}
+}
+
+// TestCloseRefunds: tokens leased but not spent go back to Redis on Close.
+func TestCloseRefunds(t *testing.T) {
+	m, c := newMini(t)
+	ctx := context.Background()
+	l := policy.PerHour(1000)
+	lim, err := leaselimit.New(c, l, leaselimit.WithLease(policy.Lease{MaxShare: 1}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Build up demand so the lease grows beyond one token.
+	spent := 0
+	for i := 0; i < 300; i++ {
+		d, err := lim.Allow(ctx, "k")
+		if err != nil || !d.Allowed {
+			t.Fatalf("Allow #%d = %+v, %v", i, d, err)
+		}
+		spent++
+		if i%50 == 0 {
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	if err := lim.Close(); err != nil {
+		t.Fatal(err)
+	}
+	exact := mustNew(t, c, l, leaselimit.WithoutLease())
+	d, err := exact.AllowN(ctx, "k", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Refill in the meantime is at most a few tokens (1000/h).
+	if got, want := d.Remaining+1, int64(1000-spent); got < want || got > want+2 {
+		t.Errorf("after Close the bucket holds %d; want %d (leased tokens refunded)", got, want)
+	}
+	_ = m
+}

@@ -1,0 +1,353 @@
+package leaselimit_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/leaselimit/leaselimit"
+	"github.com/leaselimit/leaselimit/breaker"
+	"github.com/leaselimit/leaselimit/internal/redistest"
+	"github.com/leaselimit/leaselimit/policy"
+	"github.com/redis/go-redis/v9"
+)
+
+// backend is a Redis for the behavioural suite.
+type backend struct {
+	name   string
+	client func(t *testing.T) redis.UniversalClient
+	keys   func(t *testing.T) []string
+}
+
+func backends(t *testing.T) []backend {
+	m, mc := newMini(t)
+	srv := redistest.Start(t)
+	return []backend{
+		{"miniredis", func(*testing.T) redis.UniversalClient { return mc }, func(*testing.T) []string { return m.Keys() }},
+		{"redis-server", func(t *testing.T) redis.UniversalClient { return srv.Client(t) }, func(t *testing.T) []string {
+			return toStrings(srv.Do(t, "KEYS", "*"))
+		}},
+	}
+}
+
+func toStrings(v any) []string {
+	arr, _ := v.([]any)
+	out := make([]string, 0, len(arr))
+	for _, e := range arr {
+		out = append(out, fmt.Sprint(e))
+	}
+	return out
+}
+
+// TestSuite runs one behavioural table on miniredis and a real redis-server,
+// in exact and lease mode.
+func TestSuite(t *testing.T) {
+	ctx := context.Background()
+	for _, be := range backends(t) {
+		for _, mode := range []string{"exact", "lease"} {
+			t.Run(be.name+"/"+mode, func(t *testing.T) {
+				c := be.client(t)
+				var opts []leaselimit.Option
+				if mode == "exact" {
+					opts = append(opts, leaselimit.WithoutLease())
+				}
+				l := policy.Limit{Name: "suite-" + mode, Rate: 5, Period: time.Hour, Burst: 5}
+				lim := mustNew(t, c, l, opts...)
+
+				// Bad input first: nothing may reach Redis.
+				for _, bad := range []struct {
+					key string
+					n   int64
+				}{{"", 1}, {"k", 0}, {"k", 6}, {strings.Repeat("x", leaselimit.MaxKeyLen+1), 1}} {
+					if _, err := lim.AllowN(ctx, bad.key, bad.n); err == nil {
+						t.Fatalf("AllowN(%.8q, %d): no error", bad.key, bad.n)
+					}
+				}
+				for _, k := range be.keys(t) {
+					if strings.HasPrefix(k, "leaselimit:suite-"+mode) {
+						t.Fatalf("bad input wrote %q", k)
+					}
+				}
+
+				steps := []struct {
+					key     string
+					n       int64
+					allowed bool
+				}{
+					{"a", 2, true}, {"a", 2, true}, {"a", 2, false}, {"a", 1, true}, {"a", 1, false},
+					{"b", 5, true}, {"b", 1, false},
+					{"{c}\x00\xff", 1, true},
+				}
+				for i, s := range steps {
+					d, err := lim.AllowN(ctx, s.key, s.n)
+					if err != nil {
+						t.Fatalf("step %d: AllowN(%q, %d): %v", i, s.key, s.n, err)
+					}
+					if d.Allowed != s.allowed {
+						t.Fatalf("step %d: AllowN(%q, %d) = %+v; want allowed=%v", i, s.key, s.n, d, s.allowed)
+					}
+					if d.Source == leaselimit.SourceFallback {
+						t.Fatalf("step %d: fallback decision %+v", i, d)
+					}
+					if !d.Allowed && (d.RetryAfter <= 0 || d.RetryAfter > time.Hour) {
+						t.Errorf("step %d: denied with retry-after %v", i, d.RetryAfter)
+					}
+				}
+				// Every key written has the documented shape.
+				for _, k := range be.keys(t) {
+					if !strings.HasPrefix(k, "leaselimit:suite-"+mode+":{") {
+						continue
+					}
+					if len(k) != len("leaselimit:suite-"+mode+":{}")+32 || strings.ContainsAny(k[len("leaselimit:suite-"+mode+":{"):len(k)-1], "{}\x00") {
+						t.Errorf("unexpected key shape %q", k)
+					}
+				}
+			})
+		}
+	}
+}
+
+// TestHungRedisWithinBudget: with go-redis's default client options (3 s
+// read timeout, context deadlines not honoured on reads), a hung Redis
+// (SIGSTOP) still gets decisions from the failure policy within the budget.
+func TestHungRedisWithinBudget(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	const budget = 150 * time.Millisecond
+	for _, mode := range []string{"exact", "lease"} {
+		t.Run(mode, func(t *testing.T) {
+			c := srv.Client(t)
+			opts := []leaselimit.Option{leaselimit.WithTimeout(budget), leaselimit.WithFailureMode(policy.FailClosed)}
+			if mode == "exact" {
+				opts = append(opts, leaselimit.WithoutLease())
+			}
+			lim, err := leaselimit.New(c, policy.PerSecond(1000).WithName("hung-"+mode), opts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d, err := lim.Allow(ctx, "warm"); err != nil || d.Source != leaselimit.SourceAuthority {
+				t.Fatalf("warm-up Allow = %+v, %v", d, err)
+			}
+			srv.Pause(t)
+			var worst time.Duration
+			for i := 0; i < 10; i++ {
+				start := time.Now()
+				d, err := lim.Allow(ctx, fmt.Sprint("cold-", i))
+				el := time.Since(start)
+				if el > worst {
+					worst = el
+				}
+				if err != nil {
+					t.Errorf("Allow on a hung Redis: %v", err)
+				} else if d.Source != leaselimit.SourceFallback || d.Allowed {
+					t.Errorf("Allow on a hung Redis = %+v; want a FailClosed fallback denial", d)
+				}
+			}
+			// The bound is generous for a noisy machine, and far below the
+			// client's 3 s read timeout that a naive call would wait out.
+			if worst > budget+time.Second {
+				t.Errorf("slowest decision on a hung Redis took %v; budget %v", worst, budget)
+			}
+			t.Logf("slowest decision on a hung Redis: %v (budget %v)", worst, budget)
+			srv.Resume(t)
+			if err := lim.Close(); err != nil && !errors.Is(err, leaselimit.ErrClosed) {
+				t.Logf("Close: %v", err)
+			}
+		})
+	}
+}
+
+// TestRedisRestart: killed and restarted on the same port, Redis comes back
+// and authority decisions resume, with no errors in between.
+func TestRedisRestart(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	ctx := context.Background()
+	lim := mustNew(t, c, policy.PerSecond(1_000_000).WithName("restart"), leaselimit.WithoutLease(),
+		leaselimit.WithBreaker(breaker.Settings{OpenFor: 200 * time.Millisecond}))
+	if d, err := lim.Allow(ctx, "k"); err != nil || d.Source != leaselimit.SourceAuthority {
+		t.Fatalf("Allow = %+v, %v", d, err)
+	}
+	srv.Kill(t)
+	for i := 0; i < 20; i++ {
+		d, err := lim.Allow(ctx, "k")
+		if err != nil || d.Source != leaselimit.SourceFallback || !d.Allowed {
+			t.Fatalf("Allow with Redis down = %+v, %v; want a FailOpen fallback", d, err)
+		}
+	}
+	srv.Restart(t)
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		d, err := lim.Allow(ctx, "k")
+		if err != nil {
+			t.Fatalf("Allow after restart: %v", err)
+		}
+		if d.Source == leaselimit.SourceAuthority {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no authority decision 15s after the restart (breaker %v)", lim.BreakerState())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestScriptFlush: SCRIPT FLUSH between calls costs no fallback decision.
+func TestScriptFlush(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	ctx := context.Background()
+	for _, mode := range []string{"exact", "lease"} {
+		var opts []leaselimit.Option
+		if mode == "exact" {
+			opts = append(opts, leaselimit.WithoutLease())
+		}
+		lim := mustNew(t, c, policy.PerHour(100).WithName("flush-"+mode), opts...)
+		for i := 0; i < 10; i++ {
+			srv.Do(t, "SCRIPT", "FLUSH")
+			d, err := lim.Allow(ctx, fmt.Sprint("k", i))
+			if err != nil || d.Source != leaselimit.SourceAuthority || !d.Allowed {
+				t.Fatalf("%s: Allow after SCRIPT FLUSH = %+v, %v", mode, d, err)
+			}
+		}
+	}
+}
+
+// TestDownAtStartup: New succeeds with no Redis, decisions follow the
+// policy, and the Limiter recovers when Redis appears.
+func TestDownAtStartup(t *testing.T) {
+	srv := redistest.Start(t)
+	srv.Kill(t) // its port is now known and nothing listens on it
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer c.Close()
+	ctx := context.Background()
+	start := time.Now()
+	lim, err := leaselimit.New(c, policy.PerSecond(100).WithName("startup"),
+		leaselimit.WithFailureMode(policy.FailLocal), leaselimit.WithFleetSize(4),
+		leaselimit.WithBreaker(breaker.Settings{OpenFor: 100 * time.Millisecond}))
+	if err != nil {
+		t.Fatalf("New with Redis down: %v", err)
+	}
+	defer lim.Close()
+	allowed := 0
+	for i := 0; i < 100; i++ {
+		d, err := lim.Allow(ctx, "k")
+		if err != nil || d.Source != leaselimit.SourceFallback {
+			t.Fatalf("Allow with Redis down = %+v, %v", d, err)
+		}
+		if d.Allowed {
+			allowed++
+		}
+	}
+	// FailLocal with a fleet of 4: this instance admits its share, a burst
+	// of 25 plus 25/s refill over the time the loop took.
+	el := time.Since(start)
+	if most := 25 + int(25*el.Seconds()) + 1; allowed < 25 || allowed > most {
+		t.Errorf("FailLocal admitted %d of 100 in %v; want 25 to %d (a quarter of the limit)", allowed, el, most)
+	}
+	t.Logf("100 decisions with Redis down took %v; %d admitted", el, allowed)
+	srv.Restart(t)
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		d, err := lim.Allow(ctx, "k2")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Source == leaselimit.SourceAuthority {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no authority decision 15s after Redis appeared")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestFleetAccuracy: 8 Limiters, each with its own client, hammer one key
+// with a limit of 2000/s and burst 200. Over the run the fleet admits no
+// more than Burst + Rate·T, and at least 97% of it.
+func TestFleetAccuracy(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short")
+	}
+	srv := redistest.Start(t)
+	for _, skew := range []bool{false, true} {
+		name := "even"
+		if skew {
+			name = "skewed"
+		}
+		t.Run(name, func(t *testing.T) {
+			l := policy.Limit{Name: "fleet-" + name, Rate: 2000, Period: time.Second, Burst: 200}
+			const instances = 8
+			const run = 4 * time.Second
+			lims := make([]*leaselimit.Limiter, instances)
+			for i := range lims {
+				// A generous budget: this test is about accuracy on a
+				// healthy Redis, and -race on 2 cores is slow.
+				lims[i] = mustNew(t, srv.Client(t), l, leaselimit.WithTimeout(5*time.Second), leaselimit.WithFailureMode(policy.FailClosed))
+			}
+			ctx := context.Background()
+			var admitted, fallback atomic.Int64
+			var wg sync.WaitGroup
+			stop := make(chan struct{})
+			start := time.Now()
+			for i, lim := range lims {
+				workers := 4
+				if skew && i > 0 {
+					workers = 1
+				}
+				for w := 0; w < workers; w++ {
+					wg.Add(1)
+					go func(lim *leaselimit.Limiter, light bool) {
+						defer wg.Done()
+						for {
+							select {
+							case <-stop:
+								return
+							default:
+							}
+							d, err := lim.Allow(ctx, "shared")
+							if err != nil {
+								t.Error(err)
+								return
+							}
+							if d.Source == leaselimit.SourceFallback {
+								fallback.Add(1)
+							}
+							if d.Allowed {
+								admitted.Add(1)
+							}
+							if light {
+								time.Sleep(time.Millisecond)
+							}
+						}
+					}(lim, skew && i > 0)
+				}
+			}
+			time.Sleep(run)
+			close(stop)
+			wg.Wait()
+			elapsed := time.Since(start)
+			if fallback.Load() > 0 {
+				t.Fatalf("%d fallback decisions on a healthy Redis", fallback.Load())
+			}
+			// The bucket's bound over the time the fleet ran; the lower bound
+			// uses the planned run length, which is shorter.
+			upper := float64(l.Burst) + float64(l.Rate)*elapsed.Seconds()
+			lower := 0.97 * (float64(l.Burst) + float64(l.Rate)*run.Seconds())
+			got := float64(admitted.Load())
+			t.Logf("%s: admitted %.0f in %v; bound %.0f (%.1f%%)", name, got, elapsed, upper, 100*got/upper)
+			if got > upper {
+				t.Errorf("admitted %.0f > Burst + Rate·T = %.0f", got, upper)
+			}
+			if got < lower {
+				t.Errorf("admitted %.0f < 97%% of the bound (%.0f)", got, lower)
+			}
+		})
+	}
+}
