@@ -220,3 +220,10 @@ func TestWaitFailsFast(t *testing.T) {
 		t.Errorf("Wait took %v; it should fail without waiting", el)
 	}
 }
+
+func redisClient(t *testing.T, addr string) *redis.Client {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: addr})
+	t.Cleanup(func() { c.Close() })
+	return c
+}

@@ -109,7 +109,8 @@ func WithoutLease() Option {
 	})
 }
 
-// WithMaxKeys bounds the number of keys the Limiter keeps local state for.
+// WithMaxKeys bounds the number of keys the Limiter keeps local state for
+// (at least 64).
 // When the table is full, the least recently used key of a shard is evicted
 // (its unused leased tokens are refunded). Default DefaultMaxKeys (100,000).
 func WithMaxKeys(n int) Option {

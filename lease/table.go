@@ -12,32 +12,44 @@ const numShards = 64
 // not allocate. It holds at most about MaxKeys entries: inserting into a full
 // shard evicts that shard's least recently used entry.
 type Table struct {
-	seed     maphash.Seed
-	perShard int
-	shards   [numShards]shard
+	seed   maphash.Seed
+	shards [numShards]shard
 }
 
 type shard struct {
-	mu sync.RWMutex
-	m  map[string]*Entry
-	_  [40]byte // keep shards on separate cache lines
+	mu  sync.RWMutex
+	m   map[string]*Entry
+	max int      // entries this shard may hold
+	_   [32]byte // keep shards on separate cache lines
 }
 
-// NewTable returns a table bounded at maxKeys entries (at least numShards).
+// MinCapacity is the smallest capacity of a Table: one entry per shard.
+const MinCapacity = numShards
+
+// NewTable returns a table bounded at maxKeys entries, or MinCapacity if
+// that is larger. The bound is split evenly over the shards, so a shard that
+// gets more than its share of keys evicts before the table as a whole is full.
 func NewTable(maxKeys int) *Table {
-	per := (maxKeys + numShards - 1) / numShards
-	if per < 1 {
-		per = 1
-	}
-	t := &Table{seed: maphash.MakeSeed(), perShard: per}
+	maxKeys = max(maxKeys, MinCapacity)
+	t := &Table{seed: maphash.MakeSeed()}
 	for i := range t.shards {
 		t.shards[i].m = make(map[string]*Entry)
+		t.shards[i].max = maxKeys / numShards
+		if i < maxKeys%numShards {
+			t.shards[i].max++
+		}
 	}
 	return t
 }
 
 // Capacity returns the most entries the table holds.
-func (t *Table) Capacity() int { return t.perShard * numShards }
+func (t *Table) Capacity() int {
+	n := 0
+	for i := range t.shards {
+		n += t.shards[i].max
+	}
+	return n
+}
 
 func (t *Table) shard(key string) *shard {
 	return &t.shards[maphash.String(t.seed, key)%numShards]
@@ -62,7 +74,7 @@ func (t *Table) GetOrCreate(key string, now int64) (e, evicted *Entry) {
 	if e := s.m[key]; e != nil {
 		return e, nil
 	}
-	if len(s.m) >= t.perShard {
+	if len(s.m) >= s.max {
 		var oldest *Entry
 		for _, c := range s.m {
 			if oldest == nil || c.lastUse.Load() < oldest.lastUse.Load() {

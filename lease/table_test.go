@@ -32,16 +32,16 @@ func TestTableCapacity(t *testing.T) {
 		{0, numShards},
 		{1, numShards},
 		{numShards, numShards},
-		{numShards + 1, 2 * numShards},
-		{1000, 1024},
-		{10000, 10048},
+		{numShards + 1, numShards + 1},
+		{1000, 1000},
+		{10000, 10000},
 	} {
 		got := NewTable(tc.maxKeys).Capacity()
 		if got != tc.want {
 			t.Errorf("NewTable(%d).Capacity() = %d; want %d", tc.maxKeys, got, tc.want)
 		}
-		if got < tc.maxKeys || got >= max(tc.maxKeys, 1)+numShards {
-			t.Errorf("NewTable(%d).Capacity() = %d is not about maxKeys", tc.maxKeys, got)
+		if got != max(tc.maxKeys, MinCapacity) {
+			t.Errorf("NewTable(%d).Capacity() = %d; want exactly max(maxKeys, MinCapacity)", tc.maxKeys, got)
 		}
 	}
 }

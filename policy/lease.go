@@ -11,8 +11,11 @@ import (
 // run) and spent locally with an atomic operation. The zero value of any
 // field means its default; DefaultLease returns the defaults spelled out.
 type Lease struct {
-	// MaxTokens caps one lease. Larger leases cut Redis calls for very hot
-	// keys but hold more tokens away from other instances. Default 1000.
+	// MaxTokens caps one lease. Lease sizes follow demand (see Horizon), so
+	// this is a safety cap that only very hot keys reach: a key served a
+	// million times a second needs leases of ~10k tokens so that a refill
+	// round trip to Redis never leaves its callers waiting. Larger leases
+	// hold more tokens away from other instances. Default 10000.
 	MaxTokens int64
 
 	// Horizon is how much of a key's observed local demand one lease covers:
@@ -49,7 +52,7 @@ type Lease struct {
 // DefaultLease returns the default lease settings.
 func DefaultLease() Lease {
 	return Lease{
-		MaxTokens: 1000,
+		MaxTokens: 10_000,
 		Horizon:   50 * time.Millisecond,
 		TTL:       time.Second,
 		MaxShare:  0.5,

@@ -362,7 +362,7 @@ func TestFailureMode(t *testing.T) {
 func TestDefaultLease(t *testing.T) {
 	d := policy.DefaultLease()
 	want := policy.Lease{
-		MaxTokens: 1000,
+		MaxTokens: 10_000,
 		Horizon:   50 * time.Millisecond,
 		TTL:       time.Second,
 		MaxShare:  0.5,

@@ -1,0 +1,245 @@
+package leaselimit_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/leaselimit/leaselimit"
+	"github.com/leaselimit/leaselimit/internal/redistest"
+	"github.com/leaselimit/leaselimit/policy"
+)
+
+// hammer runs workers goroutines calling Allow(key) on lim for d and
+// returns the decisions by source and the number admitted.
+func hammer(t *testing.T, lim *leaselimit.Limiter, workers int, d time.Duration, key func(w, i int) string) (bySource [4]int64, admitted int64) {
+	t.Helper()
+	var wg sync.WaitGroup
+	var srcs [4]atomic.Int64
+	var ok atomic.Int64
+	stop := make(chan struct{})
+	ctx := context.Background()
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				dec, err := lim.Allow(ctx, key(w, i))
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				srcs[dec.Source].Add(1)
+				if dec.Allowed {
+					ok.Add(1)
+				}
+			}
+		}(w)
+	}
+	time.Sleep(d)
+	close(stop)
+	wg.Wait()
+	for i := range srcs {
+		bySource[i] = srcs[i].Load()
+	}
+	return bySource, ok.Load()
+}
+
+func total(s [4]int64) int64 { return s[0] + s[1] + s[2] + s[3] }
+
+// TestHotKeyCommandsPerDecision: 64 goroutines on one hot key cost Redis at
+// most 0.01 commands per decision.
+func TestHotKeyCommandsPerDecision(t *testing.T) {
+	srv := redistest.Start(t)
+	lim := mustNew(t, srv.Client(t), policy.Limit{Name: "hot", Rate: 1e9, Period: time.Second, Burst: 1e9})
+	before := srv.Stats(t)
+	srcs, _ := hammer(t, lim, 64, 2*time.Second, func(int, int) string { return "hot" })
+	cmds := srv.Stats(t).Sub(before).TotalCommands
+	n := total(srcs)
+	per := float64(cmds) / float64(n)
+	t.Logf("hot key: %d decisions (lease %d, authority %d), %d Redis commands: %.5f per decision", n, srcs[0], srcs[1], cmds, per)
+	if srcs[leaselimit.SourceFallback] > 0 {
+		t.Errorf("%d fallback decisions", srcs[leaselimit.SourceFallback])
+	}
+	if per > 0.01 {
+		t.Errorf("%.4f Redis commands per decision on a hot key; want <= 0.01", per)
+	}
+}
+
+// TestOverLimitCommandsPerDecision: a key far over its limit costs Redis at
+// most 0.01 commands per decision, and still admits no more than its limit.
+func TestOverLimitCommandsPerDecision(t *testing.T) {
+	srv := redistest.Start(t)
+	l := policy.Limit{Name: "over", Rate: 200, Period: time.Second, Burst: 20}
+	lim := mustNew(t, srv.Client(t), l)
+	before := srv.Stats(t)
+	start := time.Now()
+	srcs, admitted := hammer(t, lim, 8, 2*time.Second, func(int, int) string { return "abuser" })
+	el := time.Since(start)
+	cmds := srv.Stats(t).Sub(before).TotalCommands
+	n := total(srcs)
+	per := float64(cmds) / float64(n)
+	bound := float64(l.Burst) + float64(l.Rate)*el.Seconds()
+	t.Logf("over-limit key: %d decisions (%.0fx its limit), %d admitted (bound %.0f), %d Redis commands: %.5f per decision; sources %v",
+		n, float64(n)/bound, admitted, bound, cmds, per, srcs)
+	if float64(admitted) > bound {
+		t.Errorf("admitted %d > Burst + Rate·T = %.0f", admitted, bound)
+	}
+	if float64(n) < 100*bound {
+		t.Skipf("only %.0fx over the limit on this machine; the bound needs 100x", float64(n)/bound)
+	}
+	if per > 0.01 {
+		t.Errorf("%.4f Redis commands per decision for a key 100x over its limit; want <= 0.01", per)
+	}
+}
+
+// TestKeyFlood: a flood of distinct keys keeps the local table within
+// WithMaxKeys and the heap bounded; every Redis key written has a TTL.
+func TestKeyFlood(t *testing.T) {
+	srv := redistest.Start(t)
+	lim := mustNew(t, srv.Client(t), policy.PerMinute(5).WithName("flood"), leaselimit.WithMaxKeys(10_000))
+	ctx := context.Background()
+	var ms runtime.MemStats
+	heapAt := func() uint64 {
+		runtime.GC()
+		runtime.ReadMemStats(&ms)
+		return ms.HeapAlloc
+	}
+	const total = 60_000
+	var mid uint64
+	for i := 0; i < total; i++ {
+		if _, err := lim.Allow(ctx, fmt.Sprintf("flood-%d-%s", i, strings.Repeat("x", 64))); err != nil {
+			t.Fatal(err)
+		}
+		if i == 20_000 {
+			mid = heapAt()
+		}
+	}
+	end := heapAt()
+	if n := lim.LocalKeys(); n > 10_000 {
+		t.Errorf("local table holds %d keys; WithMaxKeys(10000)", n)
+	}
+	// From 20k keys to 60k keys the heap must not grow with the keys: allow
+	// 25% slack for the allocator and the GC's timing.
+	if end > mid+mid/4 {
+		t.Errorf("heap grew from %d (20k keys) to %d (60k keys); want bounded", mid, end)
+	}
+	t.Logf("heap after 20k keys %d B, after 60k %d B; local keys %d", mid, end, lim.LocalKeys())
+	keys := toStrings(srv.Do(t, "KEYS", "leaselimit:flood:*"))
+	if len(keys) == 0 {
+		t.Fatal("no keys written")
+	}
+	for i, k := range keys {
+		if i%50 != 0 {
+			continue
+		}
+		if ttl, _ := srv.Do(t, "PTTL", k).(int64); ttl <= 0 {
+			t.Errorf("key %s has PTTL %d; every key needs a TTL", k, ttl)
+		}
+	}
+}
+
+// TestCancelMidRefill: callers whose contexts end while a refill is in
+// flight get ctx.Err(); the others still get decisions, and nothing leaks.
+func TestCancelMidRefill(t *testing.T) {
+	srv := redistest.Start(t)
+	proxy := redistest.NewProxy(t, srv.Addr)
+	c := redisClient(t, proxy.Addr)
+	lim := mustNew(t, c, policy.PerSecond(1000).WithName("cancel"))
+	proxy.SetLatency(100 * time.Millisecond)
+	var wg sync.WaitGroup
+	var cancelled, decided atomic.Int64
+	for i := 0; i < 32; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			ctx := context.Background()
+			if i%2 == 0 {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithTimeout(ctx, 20*time.Millisecond)
+				defer cancel()
+			}
+			d, err := lim.Allow(ctx, "k")
+			switch {
+			case errors.Is(err, context.DeadlineExceeded):
+				cancelled.Add(1)
+			case err != nil:
+				t.Errorf("Allow: %v", err)
+			default:
+				if d.Source == leaselimit.SourceFallback {
+					t.Errorf("fallback decision %+v", d)
+				}
+				decided.Add(1)
+			}
+		}(i)
+	}
+	wg.Wait()
+	if decided.Load() < 16 {
+		t.Errorf("only %d of the 16 patient callers got a decision", decided.Load())
+	}
+	if cancelled.Load() == 0 {
+		t.Errorf("no caller saw its context end while Redis took 100ms")
+	}
+	t.Logf("cancelled %d, decided %d", cancelled.Load(), decided.Load())
+}
+
+// TestCloseDuringLoad: Close while decisions are in flight returns, later
+// calls get ErrClosed, and no goroutine is left (goleak in TestMain).
+func TestCloseDuringLoad(t *testing.T) {
+	srv := redistest.Start(t)
+	for _, mode := range []string{"exact", "lease"} {
+		opts := []leaselimit.Option{leaselimit.WithTimeout(5 * time.Second)}
+		if mode == "exact" {
+			opts = append(opts, leaselimit.WithoutLease())
+		}
+		lim, err := leaselimit.New(srv.Client(t), policy.PerSecond(5000).WithName("close-"+mode), opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		stop := make(chan struct{})
+		var afterClose atomic.Int64
+		for w := 0; w < 16; w++ {
+			wg.Add(1)
+			go func(w int) {
+				defer wg.Done()
+				for i := 0; ; i++ {
+					_, err := lim.Allow(context.Background(), fmt.Sprint("k", (w*7+i)%50))
+					if errors.Is(err, leaselimit.ErrClosed) {
+						afterClose.Add(1)
+						return
+					}
+					if err != nil {
+						t.Errorf("%s: Allow: %v", mode, err)
+						return
+					}
+					select {
+					case <-stop:
+						return
+					default:
+					}
+				}
+			}(w)
+		}
+		time.Sleep(300 * time.Millisecond)
+		if err := lim.Close(); err != nil {
+			t.Errorf("%s: Close under load: %v", mode, err)
+		}
+		close(stop)
+		wg.Wait()
+		if afterClose.Load() == 0 {
+			t.Errorf("%s: no caller saw ErrClosed", mode)
+		}
+	}
+}
