@@ -9,6 +9,7 @@ package authority
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/sha1"
 	"crypto/sha256"
 	_ "embed"
@@ -17,6 +18,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/leaselimit/leaselimit/policy"
@@ -76,6 +78,8 @@ type Refund struct {
 type Redis struct {
 	client redis.UniversalClient
 	prefix string
+	idBase string        // random per Redis value, so ids differ across instances
+	seq    atomic.Uint64 // request ids
 }
 
 type script struct {
@@ -104,7 +108,11 @@ func New(client redis.UniversalClient, prefix string) (*Redis, error) {
 	if err := ValidatePrefix(prefix); err != nil {
 		return nil, err
 	}
-	return &Redis{client: client, prefix: prefix}, nil
+	var rnd [8]byte
+	if _, err := rand.Read(rnd[:]); err != nil {
+		return nil, fmt.Errorf("authority: request id seed: %w", err)
+	}
+	return &Redis{client: client, prefix: prefix, idBase: hex.EncodeToString(rnd[:]) + "-"}, nil
 }
 
 // ValidatePrefix reports whether p can prefix Redis keys: 1 to MaxPrefixLen
@@ -159,8 +167,12 @@ func (r *Redis) Acquire(ctx context.Context, key string, l policy.Limit, want, m
 	if share < 1 { // NaN and values above 1 mean "no cap"
 		ppm = max(int64(share*1e6), 1)
 	}
+	// The request id makes a resent call (go-redis retries a command whose
+	// connection broke) return the first call's grant instead of taking
+	// tokens twice.
+	id := r.idBase + strconv.FormatUint(r.seq.Add(1), 36)
 	v, err := r.run(ctx, acquireScript, key,
-		l.Rate, l.PeriodMicros(), l.Burst, want, min, ppm)
+		l.Rate, l.PeriodMicros(), l.Burst, want, min, ppm, id)
 	if err != nil {
 		return Grant{}, err
 	}

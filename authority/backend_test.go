@@ -181,8 +181,15 @@ func (b *backend) state(t testing.TB, key string) (s, ts int64, ok bool) {
 	if ts, err = strconv.ParseInt(h["t"], 10, 64); err != nil {
 		t.Fatalf("bucket %s: field t = %q is not an integer: %v", key, h["t"], err)
 	}
-	if len(h) != 2 {
-		t.Fatalf("bucket %s has fields %v, want exactly s and t", key, h)
+	// Besides s and t, a bucket written by Acquire holds the request id of
+	// its last grant (r) and that grant's reply (p).
+	for f := range h {
+		if f != "s" && f != "t" && f != "r" && f != "p" {
+			t.Fatalf("bucket %s has fields %v, want s, t and optionally r, p", key, h)
+		}
+	}
+	if _, hasR := h["r"]; hasR != (h["p"] != "") {
+		t.Fatalf("bucket %s has fields %v: r and p go together", key, h)
 	}
 	return s, ts, true
 }
