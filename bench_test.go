@@ -9,6 +9,9 @@ import (
 
 	"github.com/leaselimit/leaselimit"
 	"github.com/leaselimit/leaselimit/policy"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 )
 
 // hotLimit admits everything the benchmarks can send, so they measure the
@@ -69,4 +72,43 @@ func BenchmarkAllowManyKeys(b *testing.B) {
 			}
 		}
 	})
+}
+
+// BenchmarkAllowLeaseHitTelemetry compares a lease hit with no provider (the
+// global no-op), with an SDK provider that samples nothing, and with one
+// that samples everything (spans go to an in-memory recorder).
+func BenchmarkAllowLeaseHitTelemetry(b *testing.B) {
+	for _, tc := range []struct {
+		name    string
+		sampler sdktrace.Sampler
+	}{{"none", nil}, {"sdk-never", sdktrace.NeverSample()}, {"sdk-always", sdktrace.AlwaysSample()}} {
+		b.Run(tc.name, func(b *testing.B) {
+			_, c := newMiniTB(b)
+			var opts []leaselimit.Option
+			if tc.sampler != nil {
+				tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(tc.sampler),
+					sdktrace.WithSpanProcessor(tracetest.NewSpanRecorder()))
+				mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
+				defer tp.Shutdown(context.Background())
+				defer mp.Shutdown(context.Background())
+				opts = append(opts, leaselimit.WithTracerProvider(tp), leaselimit.WithMeterProvider(mp))
+			}
+			lim, err := leaselimit.New(c, hotLimit, opts...)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer lim.Close()
+			ctx := context.Background()
+			for i := 0; i < 20000; i++ { // warm the lease up
+				_, _ = lim.Allow(ctx, "hot")
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				if _, err := lim.Allow(ctx, "hot"); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
 }

@@ -12,7 +12,10 @@ import (
 	"github.com/leaselimit/leaselimit/breaker"
 	"github.com/leaselimit/leaselimit/lease"
 	"github.com/leaselimit/leaselimit/policy"
+	"github.com/leaselimit/leaselimit/telemetry"
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/sync/singleflight"
 )
 
@@ -42,6 +45,7 @@ type Limiter struct {
 	local policy.Limit // FailLocal's per-instance share
 	share float64
 	sf    singleflight.Group
+	tel   *telemetry.Recorder
 
 	origin time.Time
 
@@ -89,12 +93,36 @@ func New(client redis.UniversalClient, limit policy.Limit, opts ...Option) (*Lim
 	if err := cfg.breaker.Validate(); err != nil {
 		return nil, fmt.Errorf("leaselimit: %w", err)
 	}
+	table := lease.NewTable(cfg.maxKeys)
+	var brk *breaker.Breaker
+	tel, err := telemetry.New(telemetry.Config{
+		TracerProvider: cfg.tracerProvider,
+		MeterProvider:  cfg.meterProvider,
+		LimitName:      limit.Name,
+		Events:         cfg.events,
+		Redact:         cfg.redact,
+		State:          func() int64 { return int64(brk.State()) },
+		Keys:           func() int64 { return int64(table.Len()) },
+	})
+	if err != nil {
+		return nil, fmt.Errorf("leaselimit: telemetry: %w", err)
+	}
+	bs := cfg.breaker
+	user := bs.OnStateChange
+	bs.OnStateChange = func(from, to breaker.State) {
+		tel.CountTransition(stateIndex(to))
+		if user != nil {
+			user(from, to)
+		}
+	}
+	brk = breaker.New("leaselimit:"+limit.Name, bs)
 	l := &Limiter{
 		limit:  limit,
 		cfg:    cfg,
 		auth:   auth,
-		brk:    breaker.New("leaselimit:"+limit.Name, cfg.breaker),
-		table:  lease.NewTable(cfg.maxKeys),
+		brk:    brk,
+		tel:    tel,
+		table:  table,
 		sizer:  lease.NewSizer(limit, cfg.lease),
 		local:  lease.Share(limit, cfg.fleetSize),
 		share:  cfg.lease.MaxShare,
@@ -146,6 +174,47 @@ func (l *Limiter) Allow(ctx context.Context, key string) (Decision, error) {
 // unavailable the failure policy decides (SourceFallback, nil error), within
 // the time budget of WithTimeout.
 func (l *Limiter) AllowN(ctx context.Context, key string, n int64) (Decision, error) {
+	if !l.tel.Tracing() {
+		d, err := l.allowN(ctx, key, n)
+		if err == nil {
+			l.tel.CountDecision(ctx, d.Allowed, int(d.Source))
+		}
+		return d, err
+	}
+	ctx, span := l.tel.StartDecision(ctx)
+	d, err := l.allowN(ctx, key, n)
+	if err == nil {
+		l.tel.CountDecision(ctx, d.Allowed, int(d.Source))
+	}
+	l.tel.EndDecision(span, outcome(d, err, key, n))
+	return d, err
+}
+
+func outcome(d Decision, err error, key string, n int64) telemetry.Outcome {
+	return telemetry.Outcome{Allowed: d.Allowed, Source: int(d.Source), Cost: n,
+		Remaining: d.Remaining, RetryAfter: d.RetryAfter, Key: key, Err: err}
+}
+
+// stateIndex maps a breaker state to telemetry's 0 closed, 1 half-open, 2 open.
+func stateIndex(s breaker.State) int {
+	switch s {
+	case breaker.HalfOpen:
+		return 1
+	case breaker.Open:
+		return 2
+	}
+	return 0
+}
+
+// note adds attributes to the decision span in ctx, if it is recording. Only
+// slow paths call it.
+func note(ctx context.Context, kv ...attribute.KeyValue) {
+	if sp := trace.SpanFromContext(ctx); sp.IsRecording() {
+		sp.SetAttributes(kv...)
+	}
+}
+
+func (l *Limiter) allowN(ctx context.Context, key string, n int64) (Decision, error) {
 	if l.closed.Load() {
 		return Decision{}, ErrClosed
 	}
@@ -160,7 +229,7 @@ func (l *Limiter) AllowN(ctx context.Context, key string, n int64) (Decision, er
 	if e != nil {
 		if ok, left := e.Take(n, now); ok {
 			if e.NeedsPrefetch(left) {
-				l.prefetch(e)
+				l.prefetch(ctx, e)
 			}
 			return l.leaseDecision(e, left), nil
 		}
@@ -227,7 +296,7 @@ func (l *Limiter) fromGrant(g authority.Grant, src Source) Decision {
 // allowExact asks Redis for exactly n tokens.
 func (l *Limiter) allowExact(ctx context.Context, key string, n int64) (Decision, error) {
 	if l.brk.Rejects(l.cfg.clock.Now()) {
-		return l.fallback(key, nil, n, l.now()), nil
+		return l.fallback(ctx, key, nil, n, l.now(), telemetry.ReasonBreakerOpen), nil
 	}
 	rkey := l.auth.Key(l.limit, key)
 	g, err := l.authorize(ctx, rkey, n, n, 1, func(late authority.Grant) {
@@ -252,7 +321,14 @@ func (l *Limiter) onError(ctx context.Context, key string, e *lease.Entry, n int
 	case ctx.Err() != nil && !errors.Is(err, breaker.ErrBudget) && !errors.Is(err, breaker.ErrOpen):
 		return Decision{}, ctx.Err()
 	}
-	return l.fallback(key, e, n, l.now()), nil
+	reason := telemetry.ReasonError
+	switch {
+	case errors.Is(err, breaker.ErrOpen):
+		reason = telemetry.ReasonBreakerOpen
+	case errors.Is(err, breaker.ErrBudget), errors.Is(err, context.DeadlineExceeded):
+		reason = telemetry.ReasonTimeout
+	}
+	return l.fallback(ctx, key, e, n, l.now(), reason), nil
 }
 
 // allowMiss handles a key with no usable lease: one coalesced refill per key
@@ -262,11 +338,11 @@ func (l *Limiter) allowMiss(ctx context.Context, key string, e *lease.Entry, n, 
 		e = l.getOrCreate(key, now)
 	}
 	if l.brk.Rejects(l.cfg.clock.Now()) {
-		return l.fallback(key, e, n, now), nil
+		return l.fallback(ctx, key, e, n, now, telemetry.ReasonBreakerOpen), nil
 	}
 	for attempt := 0; attempt < 3; attempt++ {
 		e.AddPending(n)
-		ch := l.sf.DoChan(key, func() (any, error) { return l.refill(e) })
+		ch := l.sf.DoChan(key, func() (any, error) { return l.refill(ctx, e) })
 		var r singleflight.Result
 		select {
 		case r = <-ch:
@@ -274,6 +350,7 @@ func (l *Limiter) allowMiss(ctx context.Context, key string, e *lease.Entry, n, 
 			// The refill goes on; what it brings for us stays in the lease.
 			return Decision{}, ctx.Err()
 		}
+		note(ctx, telemetry.AttrCoalesced.Bool(r.Shared), telemetry.AttrBreaker.String(l.brk.State().String()))
 		if r.Err != nil {
 			return l.onError(ctx, key, e, n, r.Err)
 		}
@@ -315,7 +392,9 @@ func (l *Limiter) getOrCreate(key string, now int64) *lease.Entry {
 }
 
 // refill is the shared work of one coalesced miss or prefetch of e.
-func (l *Limiter) refill(e *lease.Entry) (any, error) {
+// ctx is the context of the caller that started it, used only for its
+// values (the trace); the call itself is bounded by the time budget.
+func (l *Limiter) refill(ctx context.Context, e *lease.Entry) (any, error) {
 	req := l.sizer.Plan(e, l.now())
 	rkey := l.auth.Key(l.limit, e.Key())
 	install := func(g authority.Grant) lease.Outcome {
@@ -325,7 +404,7 @@ func (l *Limiter) refill(e *lease.Entry) (any, error) {
 		}
 		return o
 	}
-	g, err := l.authorize(context.Background(), rkey, req.Want, req.Min, l.share, func(late authority.Grant) {
+	g, err := l.authorize(context.WithoutCancel(ctx), rkey, req.Want, req.Min, l.share, func(late authority.Grant) {
 		install(late)
 	})
 	if err != nil {
@@ -335,7 +414,7 @@ func (l *Limiter) refill(e *lease.Entry) (any, error) {
 }
 
 // prefetch refills e in the background before its lease runs dry.
-func (l *Limiter) prefetch(e *lease.Entry) {
+func (l *Limiter) prefetch(ctx context.Context, e *lease.Entry) {
 	if l.brk.Rejects(l.cfg.clock.Now()) || !l.enter() {
 		e.PrefetchDone()
 		return
@@ -343,7 +422,7 @@ func (l *Limiter) prefetch(e *lease.Entry) {
 	go func() {
 		defer l.wg.Done()
 		defer e.PrefetchDone()
-		_, _, _ = l.sf.Do(e.Key(), func() (any, error) { return l.refill(e) })
+		_, _, _ = l.sf.Do(e.Key(), func() (any, error) { return l.refill(ctx, e) })
 	}()
 }
 
@@ -374,7 +453,10 @@ func (l *Limiter) authorize(ctx context.Context, rkey string, want, min int64, s
 	go func() {
 		defer l.wg.Done()
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.cfg.timeout)
+		cctx, span := l.tel.StartAuthority(cctx, want, min)
+		start := time.Now()
 		g, err := l.auth.Acquire(cctx, rkey, l.limit, want, min, share)
+		l.tel.EndAuthority(cctx, span, time.Since(start), g.Granted, err)
 		cancel()
 		if err != nil && errors.Is(err, context.DeadlineExceeded) {
 			err = fmt.Errorf("%w: %w", breaker.ErrBudget, err)
@@ -411,7 +493,9 @@ func (l *Limiter) authorize(ctx context.Context, rkey string, want, min int64, s
 
 // fallback is the failure policy's decision for key. Leases already held
 // keep serving until they expire.
-func (l *Limiter) fallback(key string, e *lease.Entry, n, now int64) Decision {
+func (l *Limiter) fallback(ctx context.Context, key string, e *lease.Entry, n, now int64, reason string) Decision {
+	l.tel.CountFallback(ctx, reason)
+	note(ctx, telemetry.AttrReason.String(reason), telemetry.AttrBreaker.String(l.brk.State().String()))
 	if e == nil && (!l.cfg.noLease || l.cfg.mode == policy.FailLocal) {
 		e = l.table.Get(key)
 	}
@@ -464,7 +548,13 @@ func (l *Limiter) Wait(ctx context.Context, key string) error {
 // is closed. It fails fast, without waiting, for invalid input (n above the
 // burst can never be admitted) and with ErrWouldExceedDeadline when a denial's
 // RetryAfter reaches past ctx's deadline.
-func (l *Limiter) WaitN(ctx context.Context, key string, n int64) error {
+func (l *Limiter) WaitN(ctx context.Context, key string, n int64) (err error) {
+	var d Decision
+	if l.tel.Tracing() {
+		var span trace.Span
+		ctx, span = l.tel.StartDecision(ctx)
+		defer func() { l.tel.EndDecision(span, outcome(d, err, key, n)) }()
+	}
 	var timer *time.Timer
 	defer func() {
 		if timer != nil {
@@ -472,10 +562,11 @@ func (l *Limiter) WaitN(ctx context.Context, key string, n int64) error {
 		}
 	}()
 	for {
-		d, err := l.AllowN(ctx, key, n)
+		d, err = l.allowN(ctx, key, n)
 		if err != nil {
 			return err
 		}
+		l.tel.CountDecision(ctx, d.Allowed, int(d.Source))
 		if d.Allowed {
 			return nil
 		}
@@ -570,8 +661,18 @@ func (l *Limiter) flushRefunds() error {
 	done(err)
 	if err != nil && breaker.Counts(err) {
 		l.requeue(rq)
+		return err
 	}
+	l.countRefunds(rq)
 	return err
+}
+
+func (l *Limiter) countRefunds(rq []authority.Refund) {
+	var n int64
+	for _, r := range rq {
+		n += r.Tokens
+	}
+	l.tel.CountRefund(context.Background(), n)
 }
 
 func (l *Limiter) requeue(rq []authority.Refund) {
@@ -603,6 +704,7 @@ func (l *Limiter) Close() error {
 	l.table.Drain(func(e *lease.Entry, n int64) {
 		l.queueRefund(l.auth.Key(l.limit, e.Key()), n)
 	})
+	defer l.tel.Close()
 	rq := l.takeRefunds()
 	if len(rq) == 0 {
 		return nil
@@ -612,5 +714,6 @@ func (l *Limiter) Close() error {
 	if err := l.auth.Refund(ctx, rq); err != nil {
 		return fmt.Errorf("leaselimit: refund on close: %w", err)
 	}
+	l.countRefunds(rq)
 	return nil
 }

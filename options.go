@@ -6,6 +6,8 @@ import (
 
 	"github.com/leaselimit/leaselimit/breaker"
 	"github.com/leaselimit/leaselimit/policy"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Option configures a Limiter. Options are applied in order by New.
@@ -48,6 +50,11 @@ type config struct {
 	fleetSize int
 	clock     Clock
 	breaker   breaker.Settings
+
+	tracerProvider trace.TracerProvider
+	meterProvider  metric.MeterProvider
+	events         bool
+	redact         func(string) string
 }
 
 func defaultConfig() config {
@@ -167,6 +174,55 @@ func WithBreaker(s breaker.Settings) Option {
 			return err
 		}
 		c.breaker = s
+		return nil
+	})
+}
+
+// WithTracerProvider sets the tracer provider for decision spans. Default:
+// the global provider (otel.GetTracerProvider); while no SDK is installed
+// there, nothing is traced and decisions do not allocate.
+func WithTracerProvider(tp trace.TracerProvider) Option {
+	return optionFunc(func(c *config) error {
+		if tp == nil {
+			return fmt.Errorf("leaselimit: nil tracer provider")
+		}
+		c.tracerProvider = tp
+		return nil
+	})
+}
+
+// WithMeterProvider sets the meter provider for leaselimit's metrics.
+// Default: the global provider (otel.GetMeterProvider).
+func WithMeterProvider(mp metric.MeterProvider) Option {
+	return optionFunc(func(c *config) error {
+		if mp == nil {
+			return fmt.Errorf("leaselimit: nil meter provider")
+		}
+		c.meterProvider = mp
+		return nil
+	})
+}
+
+// WithDecisionEvents records each decision as an event named
+// "ratelimit.decision" on the caller's current span, instead of a child span
+// per decision. Default: a child span.
+func WithDecisionEvents() Option {
+	return optionFunc(func(c *config) error {
+		c.events = true
+		return nil
+	})
+}
+
+// WithKeyRedactor records redact(key) as the ratelimit.key attribute of
+// decision spans and events. By default no form of the key is recorded.
+// telemetry.KeyDigest(secret) gives a keyed digest. The key never appears in
+// metrics.
+func WithKeyRedactor(redact func(key string) string) Option {
+	return optionFunc(func(c *config) error {
+		if redact == nil {
+			return fmt.Errorf("leaselimit: nil key redactor")
+		}
+		c.redact = redact
 		return nil
 	})
 }

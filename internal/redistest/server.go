@@ -137,7 +137,8 @@ func (p *process) wait(d time.Duration) bool {
 // Start launches redis-server on a free port of 127.0.0.1, in its own
 // t.TempDir and without persistence (--save "" --appendonly no). Extra args
 // are appended to the command line, so they can override those defaults,
-// e.g. Start(t, "--maxmemory", "10mb").
+// e.g. Start(t, "--maxmemory", "10mb"); they must not change --port or
+// --bind.
 //
 // Start waits (for at most a few seconds) until the server answers PING, and
 // registers a cleanup that stops it (SIGCONT if paused, SIGTERM, then SIGKILL
@@ -485,10 +486,11 @@ type Stats struct {
 	seq int64 // 1-based number of the Server.Stats call that took this snapshot
 }
 
-// Stats reads the server's counters (INFO stats and INFO commandstats) over
-// its own short-lived connection. See Stats.Sub for how the counters account
-// for the INFO commands Stats itself sends. Stats calls tb.Fatal on error, so
-// it must not be called while the server is paused.
+// Stats reads the server's counters from the sections "stats" and
+// "commandstats" of INFO, with a single INFO command sent over its own
+// short-lived connection. See Stats.Sub for how to discount the INFO commands
+// Stats itself sends. Stats calls tb.Fatal on error; it must not be called
+// while the server is paused.
 func (s *Server) Stats(tb testing.TB) Stats {
 	tb.Helper()
 	st, err := s.readStats()
@@ -561,26 +563,27 @@ func parseStats(info string) (Stats, error) {
 // Sub returns the counters accumulated between the snapshot earlier and s,
 // both taken from the same Server (and the same run of it: counters restart
 // from zero after Restart). Commands whose count did not change are absent
-// from the result's Calls.
+// from the result's Calls. The result is a difference, not a snapshot, and
+// should not itself be passed to Sub.
 //
-// Redis counts the INFO commands that Stats sends like any others. Sub removes
-// them, so the result counts only the commands sent by everything else
-// (clients, including their connection handshakes such as HELLO and CLIENT
-// SETINFO, and Do, which counts as exactly its one command). Exactly: each
-// Stats call sends one INFO command, on a connection with no handshake, and
-// Redis updates its counters only after a command completes, so a snapshot
-// includes the INFO of every earlier Stats call on the Server but not its own.
-// The snapshots taken from earlier (inclusive) up to s (exclusive) therefore
-// added n = (number of Stats calls between them) INFO commands, and Sub
-// subtracts n from TotalCommands and from Calls["info"]. This is exact as
-// long as Stats calls on a Server do not overlap; INFO commands sent by other
-// connections are kept.
+// Redis counts the INFO commands that Stats sends like any other command, and
+// Sub removes them, so the result counts only the commands sent by others:
+// clients (including their connection handshakes, such as HELLO and CLIENT
+// SETINFO) and Do (which adds exactly its one command). Precisely: each Stats
+// call sends exactly one command, INFO, on a fresh connection with no
+// handshake, and Redis updates its counters only after a command has
+// completed, so a snapshot includes the INFO of every earlier Stats call on
+// the Server but not its own. Between earlier and s, Redis therefore counted n
+// INFO commands from Stats, n being the number of Stats calls from the one
+// that took earlier (inclusive) to the one that took s (exclusive); every
+// snapshot records its call's sequence number, and Sub subtracts n from both
+// TotalCommands and Calls["info"]. This is exact as long as Stats calls on a
+// Server do not overlap. INFO commands sent by other connections are kept.
 func (s Stats) Sub(earlier Stats) Stats {
 	own := s.seq - earlier.seq
 	d := Stats{
 		TotalCommands: s.TotalCommands - earlier.TotalCommands - own,
 		Calls:         make(map[string]int64),
-		seq:           s.seq,
 	}
 	for name, n := range s.Calls {
 		d.Calls[name] = n

@@ -1,0 +1,403 @@
+// Package telemetry records leaselimit's decisions with OpenTelemetry: a span
+// (or an event on the caller's span) per decision, a client span per Redis
+// call, and metrics for decisions, Redis calls, leases, refunds, the circuit
+// breaker and the local key table.
+//
+// The raw rate-limit key never appears in spans, events or metrics unless
+// the user opts in with a redactor (KeyDigest makes a keyed digest). Metric
+// attributes are prebuilt per Limiter and never hold anything per key.
+//
+// With no provider configured (the OpenTelemetry global no-op), recording a
+// decision does not allocate: no span is started, and metric calls go to
+// no-op instruments with prebuilt options.
+package telemetry
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"reflect"
+	"time"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+	tracenoop "go.opentelemetry.io/otel/trace/noop"
+)
+
+// ScopeName is the instrumentation scope of every tracer and meter: the
+// module's import path.
+const ScopeName = "github.com/leaselimit/leaselimit"
+
+// Version is the instrumentation version recorded with the scope.
+const Version = "0.1.0"
+
+// Span and event names.
+const (
+	DecisionSpan  = "ratelimit.decision"  // one per Allow/AllowN/Wait call
+	AuthoritySpan = "ratelimit.authority" // one per Redis script call, SpanKindClient
+)
+
+// Attribute keys.
+const (
+	AttrLimitName  = attribute.Key("ratelimit.limit.name")
+	AttrAllowed    = attribute.Key("ratelimit.allowed")
+	AttrSource     = attribute.Key("ratelimit.source")
+	AttrCost       = attribute.Key("ratelimit.cost")
+	AttrRemaining  = attribute.Key("ratelimit.remaining")
+	AttrRetryAfter = attribute.Key("ratelimit.retry_after") // seconds, when denied
+	AttrBreaker    = attribute.Key("ratelimit.breaker.state")
+	AttrCoalesced  = attribute.Key("ratelimit.coalesced")
+	AttrKey        = attribute.Key("ratelimit.key") // only with a redactor: its output
+	AttrWant       = attribute.Key("ratelimit.want")
+	AttrMin        = attribute.Key("ratelimit.min")
+	AttrGranted    = attribute.Key("ratelimit.granted")
+	AttrOutcome    = attribute.Key("ratelimit.outcome")
+	AttrReason     = attribute.Key("ratelimit.reason")
+	AttrState      = attribute.Key("ratelimit.breaker.to")
+	AttrErrorType  = attribute.Key("error.type")
+	AttrDBSystem   = attribute.Key("db.system.name")
+	AttrDBOp       = attribute.Key("db.operation.name")
+)
+
+// Metric names.
+const (
+	MetricDecisions   = "ratelimit.decisions"           // counter {decision}: allowed, source, limit name
+	MetricAuthority   = "ratelimit.authority.duration"  // histogram s: limit name, outcome
+	MetricGrantSize   = "ratelimit.lease.grant.size"    // histogram {token}: limit name
+	MetricRefunds     = "ratelimit.lease.refunds"       // counter {token}: limit name
+	MetricBreaker     = "ratelimit.breaker.state"       // gauge: 0 closed, 1 half-open, 2 open
+	MetricTransitions = "ratelimit.breaker.transitions" // counter: limit name, to-state
+	MetricKeys        = "ratelimit.keys"                // gauge {key}: local key-table size
+	MetricFallbacks   = "ratelimit.fallbacks"           // counter {decision}: limit name, reason
+)
+
+// Fallback reasons.
+const (
+	ReasonBreakerOpen = "breaker_open"
+	ReasonTimeout     = "timeout"
+	ReasonError       = "error"
+)
+
+// sources and their names, indexed like leaselimit.Source.
+var sourceNames = [4]string{"lease", "authority", "cache", "fallback"}
+
+// Config configures a Recorder.
+type Config struct {
+	TracerProvider trace.TracerProvider // nil: the global provider
+	MeterProvider  metric.MeterProvider // nil: the global provider
+	LimitName      string
+	// Events records each decision as an event on the caller's span
+	// instead of a child span.
+	Events bool
+	// Redact, if set, turns a key into the value of the ratelimit.key
+	// attribute on spans and events. Never used for metrics.
+	Redact func(key string) string
+	// State and Keys are read by the observable gauges.
+	State func() int64
+	Keys  func() int64
+}
+
+// Recorder records decisions. It is safe for concurrent use.
+type Recorder struct {
+	tracer     trace.Tracer
+	tp         trace.TracerProvider
+	globalIdle trace.TracerProvider // the untouched global provider, if we use it
+	noTrace    bool
+	events     bool
+	redact     func(string) string
+	limitAttr  attribute.KeyValue
+
+	decisions   metric.Int64Counter
+	authority   metric.Float64Histogram
+	grantSize   metric.Int64Histogram
+	refunds     metric.Int64Counter
+	transitions metric.Int64Counter
+	fallbacks   metric.Int64Counter
+	reg         metric.Registration
+
+	decisionOpts [2][4][]metric.AddOption
+	limitAdd     []metric.AddOption
+	limitRecord  []metric.RecordOption
+	outcomeOpts  map[string][]metric.RecordOption
+	reasonOpts   map[string][]metric.AddOption
+	stateOpts    [3][]metric.AddOption
+}
+
+// New returns a Recorder. It fails only if the meter rejects an instrument.
+func New(c Config) (*Recorder, error) {
+	r := &Recorder{events: c.Events, redact: c.Redact, limitAttr: AttrLimitName.String(c.LimitName)}
+	tp := c.TracerProvider
+	if tp == nil {
+		tp = otel.GetTracerProvider()
+		if isGlobalDelegate(tp) {
+			r.globalIdle = tp
+		}
+	}
+	if _, ok := tp.(tracenoop.TracerProvider); ok {
+		r.noTrace = true
+	}
+	r.tp = tp
+	r.tracer = tp.Tracer(ScopeName, trace.WithInstrumentationVersion(Version))
+
+	mp := c.MeterProvider
+	if mp == nil {
+		mp = otel.GetMeterProvider()
+	}
+	m := mp.Meter(ScopeName, metric.WithInstrumentationVersion(Version))
+	var err error
+	if r.decisions, err = m.Int64Counter(MetricDecisions, metric.WithUnit("{decision}"),
+		metric.WithDescription("Rate-limit decisions, by allowed, source and limit.")); err != nil {
+		return nil, err
+	}
+	if r.authority, err = m.Float64Histogram(MetricAuthority, metric.WithUnit("s"),
+		metric.WithDescription("Duration of Redis script calls, by outcome."),
+		metric.WithExplicitBucketBoundaries(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1)); err != nil {
+		return nil, err
+	}
+	if r.grantSize, err = m.Int64Histogram(MetricGrantSize, metric.WithUnit("{token}"),
+		metric.WithDescription("Tokens granted per lease refill."),
+		metric.WithExplicitBucketBoundaries(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)); err != nil {
+		return nil, err
+	}
+	if r.refunds, err = m.Int64Counter(MetricRefunds, metric.WithUnit("{token}"),
+		metric.WithDescription("Unused leased tokens given back to Redis.")); err != nil {
+		return nil, err
+	}
+	if r.transitions, err = m.Int64Counter(MetricTransitions, metric.WithUnit("{transition}"),
+		metric.WithDescription("Circuit breaker state changes, by new state.")); err != nil {
+		return nil, err
+	}
+	if r.fallbacks, err = m.Int64Counter(MetricFallbacks, metric.WithUnit("{decision}"),
+		metric.WithDescription("Decisions made by the failure policy, by reason.")); err != nil {
+		return nil, err
+	}
+	state, err := m.Int64ObservableGauge(MetricBreaker,
+		metric.WithDescription("Circuit breaker state: 0 closed, 1 half-open, 2 open."))
+	if err != nil {
+		return nil, err
+	}
+	keys, err := m.Int64ObservableGauge(MetricKeys, metric.WithUnit("{key}"),
+		metric.WithDescription("Keys with local state (leases, negative cache, fallback buckets)."))
+	if err != nil {
+		return nil, err
+	}
+	obs := metric.WithAttributeSet(attribute.NewSet(r.limitAttr))
+	if c.State != nil || c.Keys != nil {
+		r.reg, err = m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+			if c.State != nil {
+				o.ObserveInt64(state, c.State(), obs)
+			}
+			if c.Keys != nil {
+				o.ObserveInt64(keys, c.Keys(), obs)
+			}
+			return nil
+		}, state, keys)
+		if err != nil {
+			return nil, err
+		}
+	}
+
+	for a := 0; a < 2; a++ {
+		for s := 0; s < 4; s++ {
+			set := attribute.NewSet(r.limitAttr, AttrAllowed.Bool(a == 1), AttrSource.String(sourceNames[s]))
+			r.decisionOpts[a][s] = []metric.AddOption{metric.WithAttributeSet(set)}
+		}
+	}
+	lim := attribute.NewSet(r.limitAttr)
+	r.limitAdd = []metric.AddOption{metric.WithAttributeSet(lim)}
+	r.limitRecord = []metric.RecordOption{metric.WithAttributeSet(lim)}
+	r.outcomeOpts = map[string][]metric.RecordOption{}
+	for _, o := range []string{"granted", "denied", ReasonTimeout, ReasonError} {
+		r.outcomeOpts[o] = []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(r.limitAttr, AttrOutcome.String(o)))}
+	}
+	r.reasonOpts = map[string][]metric.AddOption{}
+	for _, o := range []string{ReasonBreakerOpen, ReasonTimeout, ReasonError} {
+		r.reasonOpts[o] = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(r.limitAttr, AttrReason.String(o)))}
+	}
+	for i, s := range []string{"closed", "half-open", "open"} {
+		r.stateOpts[i] = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(r.limitAttr, AttrState.String(s)))}
+	}
+	return r, nil
+}
+
+// isGlobalDelegate reports whether tp is OpenTelemetry's global provider
+// before any SDK was installed: a delegating no-op. Its tracers forward to
+// an SDK installed later, which Tracing notices.
+func isGlobalDelegate(tp trace.TracerProvider) bool {
+	t := reflect.TypeOf(tp)
+	return t != nil && t.String() == "*global.tracerProvider"
+}
+
+// Close unregisters the metric callbacks.
+func (r *Recorder) Close() error {
+	if r.reg != nil {
+		return r.reg.Unregister()
+	}
+	return nil
+}
+
+// Tracing reports whether decisions should be traced: a provider was given,
+// or an SDK has been installed as the global provider.
+func (r *Recorder) Tracing() bool {
+	if r.noTrace {
+		return false
+	}
+	if r.globalIdle != nil {
+		return otel.GetTracerProvider() != r.globalIdle
+	}
+	return true
+}
+
+// Events reports whether decisions are recorded as events on the caller's span.
+func (r *Recorder) Events() bool { return r.events }
+
+// StartDecision starts the decision span (span mode) or returns the caller's
+// span (event mode). Call only when Tracing is true.
+func (r *Recorder) StartDecision(ctx context.Context) (context.Context, trace.Span) {
+	if r.events {
+		return ctx, trace.SpanFromContext(ctx)
+	}
+	return r.tracer.Start(ctx, DecisionSpan)
+}
+
+// Outcome describes a finished decision for EndDecision.
+type Outcome struct {
+	Allowed    bool
+	Source     int // index into the source names: lease, authority, cache, fallback
+	Cost       int64
+	Remaining  int64
+	RetryAfter time.Duration
+	Key        string
+	Err        error
+}
+
+// EndDecision records o on span (and ends it in span mode).
+func (r *Recorder) EndDecision(span trace.Span, o Outcome) {
+	if span.IsRecording() {
+		attrs := make([]attribute.KeyValue, 0, 8)
+		attrs = append(attrs, r.limitAttr, AttrCost.Int64(o.Cost))
+		if o.Err == nil {
+			attrs = append(attrs, AttrAllowed.Bool(o.Allowed), AttrSource.String(sourceName(o.Source)),
+				AttrRemaining.Int64(o.Remaining))
+			if !o.Allowed {
+				attrs = append(attrs, AttrRetryAfter.Float64(o.RetryAfter.Seconds()))
+			}
+		}
+		if r.redact != nil {
+			attrs = append(attrs, AttrKey.String(r.redact(o.Key)))
+		}
+		if r.events {
+			span.AddEvent(DecisionSpan, trace.WithAttributes(attrs...))
+		} else {
+			span.SetAttributes(attrs...)
+			if o.Err != nil && !isCallerError(o.Err) {
+				span.SetStatus(codes.Error, o.Err.Error())
+				span.SetAttributes(AttrErrorType.String(errorType(o.Err)))
+			}
+		}
+	}
+	if !r.events {
+		span.End()
+	}
+}
+
+// CountDecision adds one decision to ratelimit.decisions.
+func (r *Recorder) CountDecision(ctx context.Context, allowed bool, source int) {
+	a := 0
+	if allowed {
+		a = 1
+	}
+	if source < 0 || source > 3 {
+		return
+	}
+	r.decisions.Add(ctx, 1, r.decisionOpts[a][source]...)
+}
+
+// CountFallback adds one decision to ratelimit.fallbacks with a reason.
+func (r *Recorder) CountFallback(ctx context.Context, reason string) {
+	if o, ok := r.reasonOpts[reason]; ok {
+		r.fallbacks.Add(ctx, 1, o...)
+	}
+}
+
+// StartAuthority starts the client span of one Redis script call.
+func (r *Recorder) StartAuthority(ctx context.Context, want, min int64) (context.Context, trace.Span) {
+	if !r.Tracing() {
+		return ctx, trace.SpanFromContext(context.Background())
+	}
+	parent := trace.SpanFromContext(ctx)
+	if !parent.IsRecording() && !r.events {
+		// A decision span that is not sampled: keep its children out too.
+		if parent.SpanContext().IsValid() {
+			return ctx, trace.SpanFromContext(context.Background())
+		}
+	}
+	ctx, span := r.tracer.Start(ctx, AuthoritySpan, trace.WithSpanKind(trace.SpanKindClient))
+	if span.IsRecording() {
+		span.SetAttributes(AttrDBSystem.String("redis"), AttrDBOp.String("EVALSHA"), r.limitAttr,
+			AttrWant.Int64(want), AttrMin.Int64(min))
+	}
+	return ctx, span
+}
+
+// EndAuthority records one Redis call: its duration and outcome on the
+// histogram, the grant size, and the span's status.
+func (r *Recorder) EndAuthority(ctx context.Context, span trace.Span, d time.Duration, granted int64, err error) {
+	outcome := "granted"
+	switch {
+	case err != nil && isTimeout(err):
+		outcome = ReasonTimeout
+	case err != nil:
+		outcome = ReasonError
+	case granted == 0:
+		outcome = "denied"
+	}
+	r.authority.Record(ctx, d.Seconds(), r.outcomeOpts[outcome]...)
+	if err == nil && granted > 0 {
+		r.grantSize.Record(ctx, granted, r.limitRecord...)
+	}
+	if span.IsRecording() {
+		span.SetAttributes(AttrGranted.Int64(granted), AttrOutcome.String(outcome))
+		if err != nil {
+			span.SetStatus(codes.Error, err.Error())
+			span.SetAttributes(AttrErrorType.String(errorType(err)))
+		}
+	}
+	span.End()
+}
+
+// CountRefund adds tokens to ratelimit.lease.refunds.
+func (r *Recorder) CountRefund(ctx context.Context, tokens int64) {
+	r.refunds.Add(ctx, tokens, r.limitAdd...)
+}
+
+// CountTransition adds one breaker transition to state (0 closed, 1
+// half-open, 2 open). It only records, so it is safe under the breaker's lock.
+func (r *Recorder) CountTransition(state int) {
+	if state >= 0 && state < 3 {
+		r.transitions.Add(context.Background(), 1, r.stateOpts[state]...)
+	}
+}
+
+// KeyDigest returns a redactor that records the first 64 bits of
+// HMAC-SHA256(secret, key) in hex: stable across instances that share the
+// secret, so a dashboard can group by key without ever seeing one.
+func KeyDigest(secret []byte) func(string) string {
+	s := append([]byte(nil), secret...)
+	return func(key string) string {
+		h := hmac.New(sha256.New, s)
+		h.Write([]byte(key))
+		return hex.EncodeToString(h.Sum(nil)[:8])
+	}
+}
+
+func sourceName(s int) string {
+	if s >= 0 && s < len(sourceNames) {
+		return sourceNames[s]
+	}
+	return "unknown"
+}

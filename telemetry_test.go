@@ -1,0 +1,281 @@
+package leaselimit_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/leaselimit/leaselimit"
+	"github.com/leaselimit/leaselimit/breaker"
+	"github.com/leaselimit/leaselimit/policy"
+	"github.com/leaselimit/leaselimit/telemetry"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+)
+
+type telemetryRig struct {
+	spans  *tracetest.SpanRecorder
+	reader *sdkmetric.ManualReader
+	tp     *sdktrace.TracerProvider
+	mp     *sdkmetric.MeterProvider
+}
+
+func newTelemetryRig(t testing.TB) *telemetryRig {
+	r := &telemetryRig{spans: tracetest.NewSpanRecorder(), reader: sdkmetric.NewManualReader()}
+	r.tp = sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(r.spans))
+	r.mp = sdkmetric.NewMeterProvider(sdkmetric.WithReader(r.reader))
+	t.Cleanup(func() {
+		_ = r.tp.Shutdown(context.Background())
+		_ = r.mp.Shutdown(context.Background())
+	})
+	return r
+}
+
+func (r *telemetryRig) opts() []leaselimit.Option {
+	return []leaselimit.Option{leaselimit.WithTracerProvider(r.tp), leaselimit.WithMeterProvider(r.mp)}
+}
+
+// decisions sums ratelimit.decisions by "allowed/source".
+func (r *telemetryRig) decisions(t *testing.T) map[string]int64 {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	if err := r.reader.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]int64{}
+	for _, sm := range rm.ScopeMetrics {
+		if sm.Scope.Name != telemetry.ScopeName {
+			t.Errorf("scope %q; want %q", sm.Scope.Name, telemetry.ScopeName)
+		}
+		for _, m := range sm.Metrics {
+			if m.Name != telemetry.MetricDecisions {
+				continue
+			}
+			for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
+				a, _ := dp.Attributes.Value(telemetry.AttrAllowed)
+				s, _ := dp.Attributes.Value(telemetry.AttrSource)
+				out[fmt.Sprintf("%v/%v", a.AsBool(), s.AsString())] += dp.Value
+			}
+		}
+	}
+	return out
+}
+
+func (r *telemetryRig) metricNames(t *testing.T) map[string]bool {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	if err := r.reader.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	names := map[string]bool{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			names[m.Name] = true
+			checkNoKey(t, "metric "+m.Name, fmt.Sprintf("%+v", m.Data))
+		}
+	}
+	return names
+}
+
+const secretKey = "user-SECRET-42"
+
+func checkNoKey(t *testing.T, where, s string) {
+	t.Helper()
+	if strings.Contains(s, "SECRET") {
+		t.Errorf("%s contains the raw key: %s", where, s)
+	}
+}
+
+func attrMap(kvs []attribute.KeyValue) map[attribute.Key]attribute.Value {
+	m := map[attribute.Key]attribute.Value{}
+	for _, kv := range kvs {
+		m[kv.Key] = kv.Value
+	}
+	return m
+}
+
+// TestTelemetryAllPaths: N decisions give N decision spans with the
+// documented attributes and ratelimit.decisions summing to N, on the lease,
+// authority, cache and fallback paths; the raw key appears nowhere.
+func TestTelemetryAllPaths(t *testing.T) {
+	rig := newTelemetryRig(t)
+	m, c := newMini(t)
+	ctx := context.Background()
+	lim := mustNew(t, c, policy.PerHour(3).WithName("tel"), append(rig.opts(),
+		leaselimit.WithBreaker(breaker.Settings{Failures: 1, OpenFor: time.Hour}))...)
+	calls := 0
+	sources := map[leaselimit.Source]int{}
+	allow := func(key string) leaselimit.Decision {
+		t.Helper()
+		d, err := lim.Allow(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		calls++
+		sources[d.Source]++
+		return d
+	}
+	for i := 0; i < 5; i++ { // authority, then lease or authority, then denials and cache
+		allow(secretKey)
+	}
+	m.Close() // Redis goes away: the next miss trips the breaker
+	for i := 0; i < 3; i++ {
+		allow(secretKey + "-other")
+	}
+	t.Logf("sources: %v", sources)
+	for _, s := range []leaselimit.Source{leaselimit.SourceAuthority, leaselimit.SourceCache, leaselimit.SourceFallback} {
+		if sources[s] == 0 {
+			t.Errorf("no %v decision in the scenario; sources %v", s, sources)
+		}
+	}
+
+	var decisionSpans int
+	var authoritySpans int
+	for _, sp := range rig.spans.Ended() {
+		checkNoKey(t, "span "+sp.Name(), fmt.Sprintf("%v %v %v", sp.Name(), sp.Attributes(), sp.Events()))
+		a := attrMap(sp.Attributes())
+		switch sp.Name() {
+		case telemetry.DecisionSpan:
+			decisionSpans++
+			for _, k := range []attribute.Key{telemetry.AttrLimitName, telemetry.AttrAllowed, telemetry.AttrSource, telemetry.AttrCost, telemetry.AttrRemaining} {
+				if _, ok := a[k]; !ok {
+					t.Errorf("decision span lacks %s: %v", k, sp.Attributes())
+				}
+			}
+			if a[telemetry.AttrLimitName].AsString() != "tel" {
+				t.Errorf("limit name %v", a[telemetry.AttrLimitName])
+			}
+			if !a[telemetry.AttrAllowed].AsBool() {
+				if _, ok := a[telemetry.AttrRetryAfter]; !ok {
+					t.Errorf("denied decision span lacks retry_after: %v", sp.Attributes())
+				}
+			}
+			if src := a[telemetry.AttrSource].AsString(); src == "fallback" || src == "authority" {
+				if _, ok := a[telemetry.AttrBreaker]; !ok {
+					t.Errorf("%s decision span lacks the breaker state: %v", src, sp.Attributes())
+				}
+			}
+			if sp.Status().Code == codes.Error {
+				t.Errorf("a decision (denial or fallback) has an error status: %v", sp.Status())
+			}
+		case telemetry.AuthoritySpan:
+			authoritySpans++
+			if sp.SpanKind() != trace.SpanKindClient {
+				t.Errorf("authority span kind %v", sp.SpanKind())
+			}
+			if !sp.Parent().IsValid() {
+				t.Errorf("authority span has no parent")
+			}
+			if a[telemetry.AttrOutcome].AsString() == telemetry.ReasonError && sp.Status().Code != codes.Error {
+				t.Errorf("failed Redis call without error status")
+			}
+			if a[telemetry.AttrOutcome].AsString() == telemetry.ReasonError {
+				if _, ok := a[telemetry.AttrErrorType]; !ok {
+					t.Errorf("failed Redis call without error.type: %v", sp.Attributes())
+				}
+			}
+		}
+	}
+	if decisionSpans != calls {
+		t.Errorf("%d decision spans for %d calls", decisionSpans, calls)
+	}
+	if authoritySpans == 0 {
+		t.Error("no authority spans")
+	}
+	got := rig.decisions(t)
+	var sum int64
+	for _, v := range got {
+		sum += v
+	}
+	if sum != int64(calls) {
+		t.Errorf("ratelimit.decisions sums to %d for %d calls: %v", sum, calls, got)
+	}
+	if got["false/fallback"]+got["true/fallback"] != int64(sources[leaselimit.SourceFallback]) {
+		t.Errorf("fallback decisions counted %v; made %d", got, sources[leaselimit.SourceFallback])
+	}
+	names := rig.metricNames(t)
+	for _, n := range []string{telemetry.MetricDecisions, telemetry.MetricAuthority, telemetry.MetricGrantSize,
+		telemetry.MetricBreaker, telemetry.MetricTransitions, telemetry.MetricKeys, telemetry.MetricFallbacks} {
+		if !names[n] {
+			t.Errorf("metric %s not reported; have %v", n, names)
+		}
+	}
+}
+
+// TestTelemetryLeaseHits: lease-served decisions are traced and counted too.
+func TestTelemetryLeaseHits(t *testing.T) {
+	rig := newTelemetryRig(t)
+	_, c := newMini(t)
+	ctx := context.Background()
+	lim := mustNew(t, c, hotLimit, rig.opts()...)
+	const n = 3000
+	for i := 0; i < n; i++ {
+		if _, err := lim.Allow(ctx, secretKey); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := rig.decisions(t)
+	if got["true/lease"] == 0 || got["true/lease"]+got["true/authority"] != n {
+		t.Errorf("decisions %v; want %d allowed, mostly from the lease", got, n)
+	}
+	spans := 0
+	for _, sp := range rig.spans.Ended() {
+		if sp.Name() == telemetry.DecisionSpan {
+			spans++
+		}
+	}
+	if spans != n {
+		t.Errorf("%d decision spans for %d calls", spans, n)
+	}
+}
+
+// TestTelemetryEventsAndRedaction: with WithDecisionEvents, decisions are
+// events on the caller's span; with a redactor, its digest (and never the
+// key) is recorded.
+func TestTelemetryEventsAndRedaction(t *testing.T) {
+	rig := newTelemetryRig(t)
+	_, c := newMini(t)
+	redact := telemetry.KeyDigest([]byte("s3cret"))
+	lim := mustNew(t, c, policy.PerMinute(10).WithName("ev"), append(rig.opts(),
+		leaselimit.WithDecisionEvents(), leaselimit.WithKeyRedactor(redact))...)
+	ctx, parent := rig.tp.Tracer("test").Start(context.Background(), "handler")
+	for i := 0; i < 4; i++ {
+		if _, err := lim.Allow(ctx, secretKey); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := lim.Wait(ctx, secretKey); err != nil {
+		t.Fatal(err)
+	}
+	parent.End()
+	var events int
+	for _, sp := range rig.spans.Ended() {
+		if sp.Name() == telemetry.DecisionSpan {
+			t.Errorf("a decision span in event mode")
+		}
+		checkNoKey(t, "span "+sp.Name(), fmt.Sprintf("%v %v", sp.Attributes(), sp.Events()))
+		if sp.Name() != "handler" {
+			continue
+		}
+		for _, ev := range sp.Events() {
+			if ev.Name != telemetry.DecisionSpan {
+				continue
+			}
+			events++
+			a := attrMap(ev.Attributes)
+			if a[telemetry.AttrKey].AsString() != redact(secretKey) {
+				t.Errorf("event key attribute %v; want the digest %s", a[telemetry.AttrKey], redact(secretKey))
+			}
+		}
+	}
+	if events != 5 {
+		t.Errorf("%d decision events on the caller's span; want 5", events)
+	}
+}
