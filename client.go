@@ -531,7 +531,7 @@ func (l *Limiter) fallback(ctx context.Context, key string, e *lease.Entry, n, n
 func (l *Limiter) untilProbe() time.Duration {
 	retry := time.Duration(0)
 	if u := l.brk.OpenUntil(); !u.IsZero() {
-		retry = u.Sub(time.Now())
+		retry = time.Until(u)
 	}
 	if retry < l.cfg.timeout {
 		retry = l.cfg.timeout

@@ -26,11 +26,6 @@ func newModel(l policy.Limit) *model {
 
 func (m *model) cap() int64 { return m.burst * m.period }
 
-// setLimit changes the limit the next call uses (the stored state stays).
-func (m *model) setLimit(l policy.Limit) {
-	m.rate, m.period, m.burst = l.Rate, l.PeriodMicros(), l.Burst
-}
-
 // refilled returns the units and timestamp the bucket holds at now, without
 // changing the model. A clock that went backwards refills nothing and keeps
 // the later timestamp.
