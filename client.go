@@ -39,7 +39,7 @@ type Limiter struct {
 	limit policy.Limit
 	cfg   config
 	auth  *authority.Redis
-	brk   *breaker.Breaker
+	brk   *breakers
 	table *lease.Table
 	sizer lease.Sizer
 	local policy.Limit // FailLocal's per-instance share
@@ -94,14 +94,21 @@ func New(client redis.UniversalClient, limit policy.Limit, opts ...Option) (*Lim
 		return nil, fmt.Errorf("leaselimit: %w", err)
 	}
 	table := lease.NewTable(cfg.maxKeys)
-	var brk *breaker.Breaker
+	local := lease.Share(limit, cfg.fleetSize)
+	table.SetKeep(func(e *lease.Entry, now int64) bool {
+		// A FailLocal bucket is kept until it has refilled, so an idle key
+		// does not get a fresh burst in the middle of an outage.
+		b := e.LocalBucket()
+		return b != nil && !b.Full(local, now)
+	})
+	var brk *breakers
 	tel, err := telemetry.New(telemetry.Config{
 		TracerProvider: cfg.tracerProvider,
 		MeterProvider:  cfg.meterProvider,
 		LimitName:      limit.Name,
 		Events:         cfg.events,
 		Redact:         cfg.redact,
-		State:          func() int64 { return int64(brk.State()) },
+		State:          func() int64 { return int64(stateIndex(brk.worst())) },
 		Keys:           func() int64 { return int64(table.Len()) },
 	})
 	if err != nil {
@@ -115,7 +122,7 @@ func New(client redis.UniversalClient, limit policy.Limit, opts ...Option) (*Lim
 			user(from, to)
 		}
 	}
-	brk = breaker.New("leaselimit:"+limit.Name, bs)
+	brk = newBreakers(client, "leaselimit:"+limit.Name, bs)
 	l := &Limiter{
 		limit:  limit,
 		cfg:    cfg,
@@ -124,7 +131,7 @@ func New(client redis.UniversalClient, limit policy.Limit, opts ...Option) (*Lim
 		tel:    tel,
 		table:  table,
 		sizer:  lease.NewSizer(limit, cfg.lease),
-		local:  lease.Share(limit, cfg.fleetSize),
+		local:  local,
 		share:  cfg.lease.MaxShare,
 		origin: cfg.clock.Now(),
 		stop:   make(chan struct{}),
@@ -138,7 +145,9 @@ func New(client redis.UniversalClient, limit policy.Limit, opts ...Option) (*Lim
 func (l *Limiter) Limit() policy.Limit { return l.limit }
 
 // BreakerState returns the state of the circuit breaker around Redis calls.
-func (l *Limiter) BreakerState() breaker.State { return l.brk.State() }
+// On a Redis Cluster, each master node has its own breaker; this is the most
+// severe of their states.
+func (l *Limiter) BreakerState() breaker.State { return l.brk.worst() }
 
 // LocalKeys returns how many keys the Limiter holds local state for.
 func (l *Limiter) LocalKeys() int { return l.table.Len() }
@@ -295,16 +304,17 @@ func (l *Limiter) fromGrant(g authority.Grant, src Source) Decision {
 
 // allowExact asks Redis for exactly n tokens.
 func (l *Limiter) allowExact(ctx context.Context, key string, n int64) (Decision, error) {
-	if l.brk.Rejects(l.cfg.clock.Now()) {
-		return l.fallback(ctx, key, nil, n, l.now(), telemetry.ReasonBreakerOpen), nil
-	}
 	rkey := l.auth.Key(l.limit, key)
-	g, err := l.authorize(ctx, rkey, n, n, 1, func(late authority.Grant) {
+	brk := l.brk.forKey(rkey, l.cfg.timeout)
+	if brk.Rejects(l.cfg.clock.Now()) {
+		return l.fallback(ctx, brk, key, nil, n, l.now(), telemetry.ReasonBreakerOpen), nil
+	}
+	g, err := l.authorize(ctx, brk, rkey, n, n, 1, func(late authority.Grant) {
 		// The caller left before the grant arrived: give the tokens back.
 		l.queueRefund(rkey, late.Granted)
 	})
 	if err != nil {
-		return l.onError(ctx, key, nil, n, err)
+		return l.onError(ctx, brk, key, nil, n, err)
 	}
 	return l.fromGrant(g, SourceAuthority), nil
 }
@@ -312,7 +322,7 @@ func (l *Limiter) allowExact(ctx context.Context, key string, n int64) (Decision
 // onError turns an authority error into the caller's result: an error for
 // ctx ending, Close and our own bugs; the failure policy's decision for an
 // unavailable Redis.
-func (l *Limiter) onError(ctx context.Context, key string, e *lease.Entry, n int64, err error) (Decision, error) {
+func (l *Limiter) onError(ctx context.Context, brk *breaker.Breaker, key string, e *lease.Entry, n int64, err error) (Decision, error) {
 	switch {
 	case errors.Is(err, ErrClosed):
 		return Decision{}, ErrClosed
@@ -328,7 +338,7 @@ func (l *Limiter) onError(ctx context.Context, key string, e *lease.Entry, n int
 	case errors.Is(err, breaker.ErrBudget), errors.Is(err, context.DeadlineExceeded):
 		reason = telemetry.ReasonTimeout
 	}
-	return l.fallback(ctx, key, e, n, l.now(), reason), nil
+	return l.fallback(ctx, brk, key, e, n, l.now(), reason), nil
 }
 
 // allowMiss handles a key with no usable lease: one coalesced refill per key
@@ -337,12 +347,14 @@ func (l *Limiter) allowMiss(ctx context.Context, key string, e *lease.Entry, n, 
 	if e == nil || e.Removed() {
 		e = l.getOrCreate(key, now)
 	}
-	if l.brk.Rejects(l.cfg.clock.Now()) {
-		return l.fallback(ctx, key, e, n, now, telemetry.ReasonBreakerOpen), nil
+	rkey := l.auth.Key(l.limit, key)
+	brk := l.brk.forKey(rkey, l.cfg.timeout)
+	if brk.Rejects(l.cfg.clock.Now()) {
+		return l.fallback(ctx, brk, key, e, n, now, telemetry.ReasonBreakerOpen), nil
 	}
 	for attempt := 0; attempt < 3; attempt++ {
 		e.AddPending(n)
-		ch := l.sf.DoChan(key, func() (any, error) { return l.refill(ctx, e) })
+		ch := l.sf.DoChan(key, func() (any, error) { return l.refill(ctx, brk, rkey, e) })
 		var r singleflight.Result
 		select {
 		case r = <-ch:
@@ -350,9 +362,9 @@ func (l *Limiter) allowMiss(ctx context.Context, key string, e *lease.Entry, n, 
 			// The refill goes on; what it brings for us stays in the lease.
 			return Decision{}, ctx.Err()
 		}
-		note(ctx, telemetry.AttrCoalesced.Bool(r.Shared), telemetry.AttrBreaker.String(l.brk.State().String()))
+		note(ctx, telemetry.AttrCoalesced.Bool(r.Shared), telemetry.AttrBreaker.String(brk.State().String()))
 		if r.Err != nil {
-			return l.onError(ctx, key, e, n, r.Err)
+			return l.onError(ctx, brk, key, e, n, r.Err)
 		}
 		out := r.Val.(lease.Outcome)
 		now = l.now()
@@ -394,9 +406,8 @@ func (l *Limiter) getOrCreate(key string, now int64) *lease.Entry {
 // refill is the shared work of one coalesced miss or prefetch of e.
 // ctx is the context of the caller that started it, used only for its
 // values (the trace); the call itself is bounded by the time budget.
-func (l *Limiter) refill(ctx context.Context, e *lease.Entry) (any, error) {
+func (l *Limiter) refill(ctx context.Context, brk *breaker.Breaker, rkey string, e *lease.Entry) (any, error) {
 	req := l.sizer.Plan(e, l.now())
-	rkey := l.auth.Key(l.limit, e.Key())
 	install := func(g authority.Grant) lease.Outcome {
 		o := lease.Outcome{Granted: g.Granted, Remaining: g.Remaining, RetryAfter: g.RetryAfter, Min: req.Min}
 		if back := l.sizer.Install(e, req, o, l.now()); back > 0 {
@@ -404,7 +415,7 @@ func (l *Limiter) refill(ctx context.Context, e *lease.Entry) (any, error) {
 		}
 		return o
 	}
-	g, err := l.authorize(context.WithoutCancel(ctx), rkey, req.Want, req.Min, l.share, func(late authority.Grant) {
+	g, err := l.authorize(context.WithoutCancel(ctx), brk, rkey, req.Want, req.Min, l.share, func(late authority.Grant) {
 		install(late)
 	})
 	if err != nil {
@@ -415,14 +426,19 @@ func (l *Limiter) refill(ctx context.Context, e *lease.Entry) (any, error) {
 
 // prefetch refills e in the background before its lease runs dry.
 func (l *Limiter) prefetch(ctx context.Context, e *lease.Entry) {
-	if l.brk.Rejects(l.cfg.clock.Now()) || !l.enter() {
+	if !l.enter() {
 		e.PrefetchDone()
 		return
 	}
 	go func() {
 		defer l.wg.Done()
 		defer e.PrefetchDone()
-		_, _, _ = l.sf.Do(e.Key(), func() (any, error) { return l.refill(ctx, e) })
+		rkey := l.auth.Key(l.limit, e.Key())
+		brk := l.brk.forKey(rkey, l.cfg.timeout)
+		if brk.Rejects(l.cfg.clock.Now()) {
+			return
+		}
+		_, _, _ = l.sf.Do(e.Key(), func() (any, error) { return l.refill(ctx, brk, rkey, e) })
 	}()
 }
 
@@ -437,8 +453,8 @@ type callResult struct {
 // the caller stops waiting when ctx ends or the budget runs out. A grant
 // that arrives after the caller stopped waiting is passed to late, so its
 // tokens are never lost silently.
-func (l *Limiter) authorize(ctx context.Context, rkey string, want, min int64, share float64, late func(authority.Grant)) (authority.Grant, error) {
-	done, err := l.brk.Allow()
+func (l *Limiter) authorize(ctx context.Context, brk *breaker.Breaker, rkey string, want, min int64, share float64, late func(authority.Grant)) (authority.Grant, error) {
+	done, err := brk.Allow()
 	if err != nil {
 		return authority.Grant{}, err
 	}
@@ -493,9 +509,9 @@ func (l *Limiter) authorize(ctx context.Context, rkey string, want, min int64, s
 
 // fallback is the failure policy's decision for key. Leases already held
 // keep serving until they expire.
-func (l *Limiter) fallback(ctx context.Context, key string, e *lease.Entry, n, now int64, reason string) Decision {
+func (l *Limiter) fallback(ctx context.Context, brk *breaker.Breaker, key string, e *lease.Entry, n, now int64, reason string) Decision {
 	l.tel.CountFallback(ctx, reason)
-	note(ctx, telemetry.AttrReason.String(reason), telemetry.AttrBreaker.String(l.brk.State().String()))
+	note(ctx, telemetry.AttrReason.String(reason), telemetry.AttrBreaker.String(brk.State().String()))
 	if e == nil && (!l.cfg.noLease || l.cfg.mode == policy.FailLocal) {
 		e = l.table.Get(key)
 	}
@@ -506,7 +522,7 @@ func (l *Limiter) fallback(ctx context.Context, key string, e *lease.Entry, n, n
 	}
 	switch l.cfg.mode {
 	case policy.FailClosed:
-		return l.denial(0, l.untilProbe(), SourceFallback)
+		return l.denial(0, l.untilProbe(brk), SourceFallback)
 	case policy.FailLocal:
 		if e == nil {
 			e = l.getOrCreate(key, now)
@@ -515,7 +531,7 @@ func (l *Limiter) fallback(ctx context.Context, key string, e *lease.Entry, n, n
 		ok, rem, retry := e.Local().Allow(l.local, n, now)
 		if retry == lease.Never {
 			// Above this instance's share: wait for Redis to come back.
-			retry = l.untilProbe()
+			retry = l.untilProbe(brk)
 		}
 		if !ok {
 			return l.denial(rem, retry, SourceFallback)
@@ -528,9 +544,9 @@ func (l *Limiter) fallback(ctx context.Context, key string, e *lease.Entry, n, n
 
 // untilProbe is the RetryAfter of a fallback denial: until the breaker lets
 // a probe through, at least the time budget.
-func (l *Limiter) untilProbe() time.Duration {
+func (l *Limiter) untilProbe(brk *breaker.Breaker) time.Duration {
 	retry := time.Duration(0)
-	if u := l.brk.OpenUntil(); !u.IsZero() {
+	if u := brk.OpenUntil(); !u.IsZero() {
 		retry = time.Until(u)
 	}
 	if retry < l.cfg.timeout {
@@ -633,38 +649,47 @@ func (l *Limiter) janitor() {
 		l.table.Sweep(l.now(), idle, func(e *lease.Entry, n int64) {
 			l.queueRefund(l.auth.Key(l.limit, e.Key()), n)
 		})
-		if l.brk.Rejects(l.cfg.clock.Now()) {
-			continue // keep them queued until Redis is back
-		}
 		l.flushRefunds()
 	}
 }
 
-// flushRefunds sends the queued refunds in one pipeline through the breaker.
-// Refunds that fail are put back for the next round.
-func (l *Limiter) flushRefunds() error {
+// flushRefunds sends the queued refunds in one pipeline per breaker (per
+// master node on a Cluster; go-redis splits a pipeline by node anyway).
+// Refunds whose node is unavailable are kept for the next round.
+func (l *Limiter) flushRefunds() {
 	rq := l.takeRefunds()
 	if len(rq) == 0 {
-		return nil
+		return
 	}
-	done, err := l.brk.Allow()
-	if err != nil {
-		l.requeue(rq)
-		return err
+	groups := map[*breaker.Breaker][]authority.Refund{}
+	for _, r := range rq {
+		brk := l.brk.forKey(r.Key, l.cfg.timeout)
+		groups[brk] = append(groups[brk], r)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), l.cfg.timeout)
-	err = l.auth.Refund(ctx, rq)
-	cancel()
-	if err != nil && errors.Is(err, context.DeadlineExceeded) {
-		err = fmt.Errorf("%w: %w", breaker.ErrBudget, err)
+	now := l.cfg.clock.Now()
+	for brk, g := range groups {
+		if brk.Rejects(now) {
+			l.requeue(g) // keep them until Redis is back
+			continue
+		}
+		done, err := brk.Allow()
+		if err != nil {
+			l.requeue(g)
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), l.cfg.timeout)
+		err = l.auth.Refund(ctx, g)
+		cancel()
+		if err != nil && errors.Is(err, context.DeadlineExceeded) {
+			err = fmt.Errorf("%w: %w", breaker.ErrBudget, err)
+		}
+		done(err)
+		if err != nil && breaker.Counts(err) {
+			l.requeue(g)
+			continue
+		}
+		l.countRefunds(g)
 	}
-	done(err)
-	if err != nil && breaker.Counts(err) {
-		l.requeue(rq)
-		return err
-	}
-	l.countRefunds(rq)
-	return err
 }
 
 func (l *Limiter) countRefunds(rq []authority.Refund) {

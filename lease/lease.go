@@ -64,6 +64,9 @@ func (e *Entry) Local() *Local {
 	return e.local.Load()
 }
 
+// LocalBucket returns e's local fallback bucket, or nil if it has none.
+func (e *Entry) LocalBucket() *Local { return e.local.Load() }
+
 // Remote returns how many tokens the bucket held at the last grant.
 func (e *Entry) Remote() int64 { return e.remote.Load() }
 

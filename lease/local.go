@@ -67,3 +67,19 @@ func Share(l policy.Limit, fleet int) policy.Limit {
 	l.Burst = (l.Burst + f - 1) / f
 	return l
 }
+
+// Full reports whether b, under limit l, has refilled to its burst by now:
+// its state then says nothing a fresh bucket would not.
+func (b *Local) Full(l policy.Limit, now int64) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.inited {
+		return true
+	}
+	capU := l.Burst * l.PeriodMicros()
+	nowUs := now / int64(time.Microsecond)
+	if nowUs <= b.last {
+		return b.s >= capU
+	}
+	return nowUs-b.last >= (capU-b.s+l.Rate-1)/l.Rate
+}

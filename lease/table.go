@@ -14,7 +14,13 @@ const numShards = 64
 type Table struct {
 	seed   maphash.Seed
 	shards [numShards]shard
+	keep   func(e *Entry, now int64) bool // Sweep never removes an entry it approves
 }
+
+// SetKeep sets a rule that stops Sweep from removing idle entries that still
+// hold state worth keeping (for example a fallback bucket that has not
+// refilled). Call it before the table is shared.
+func (t *Table) SetKeep(keep func(e *Entry, now int64) bool) { t.keep = keep }
 
 type shard struct {
 	mu  sync.RWMutex
@@ -122,7 +128,8 @@ func (t *Table) Sweep(now, idle int64, refund func(e *Entry, tokens int64)) {
 			if n := e.Expire(now); n > 0 {
 				refund(e, n)
 			}
-			if now-e.lastUse.Load() > idle && e.tokens.Load() == 0 && now >= e.denyUntil.Load() && !e.refilling.Load() {
+			if now-e.lastUse.Load() > idle && e.tokens.Load() == 0 && now >= e.denyUntil.Load() && !e.refilling.Load() &&
+				(t.keep == nil || !t.keep(e, now)) {
 				stale = append(stale, e)
 			}
 		}
