@@ -352,7 +352,7 @@ func (l *Limiter) allowMiss(ctx context.Context, key string, e *lease.Entry, n, 
 	if brk.Rejects(l.cfg.clock.Now()) {
 		return l.fallback(ctx, brk, key, e, n, now, telemetry.ReasonBreakerOpen), nil
 	}
-	for attempt := 0; attempt < 3; attempt++ {
+	for attempt := 0; attempt < 4; attempt++ {
 		e.AddPending(n)
 		ch := l.sf.DoChan(key, func() (any, error) { return l.refill(ctx, brk, rkey, e) })
 		var r singleflight.Result
@@ -368,6 +368,11 @@ func (l *Limiter) allowMiss(ctx context.Context, key string, e *lease.Entry, n, 
 		}
 		out := r.Val.(lease.Outcome)
 		now = l.now()
+		if e.TakeReserved(n) {
+			d := l.leaseDecision(e, e.Tokens())
+			d.Source = SourceAuthority
+			return d, nil
+		}
 		if ok, left := e.Take(n, now); ok {
 			d := l.leaseDecision(e, left)
 			d.Source = SourceAuthority
@@ -388,7 +393,16 @@ func (l *Limiter) allowMiss(ctx context.Context, key string, e *lease.Entry, n, 
 			e = l.getOrCreate(key, now)
 		}
 	}
-	return l.denial(e.Remote(), l.limit.Interval(n), SourceAuthority), nil
+	// Four times the shared refill's tokens went to others first: ask Redis for
+	// exactly our n, outside the lease, so a busy key never denies a request
+	// the bucket can serve.
+	g, err := l.authorize(ctx, brk, rkey, n, n, 1, func(late authority.Grant) {
+		l.queueRefund(rkey, late.Granted)
+	})
+	if err != nil {
+		return l.onError(ctx, brk, key, e, n, err)
+	}
+	return l.fromGrant(g, SourceAuthority), nil
 }
 
 // getOrCreate returns key's entry, refunding the tokens of any entry evicted

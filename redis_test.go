@@ -284,7 +284,7 @@ func TestFleetAccuracy(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			l := policy.Limit{Name: "fleet-" + name, Rate: 2000, Period: time.Second, Burst: 200}
 			const instances = 8
-			const run = 4 * time.Second
+			const run = 6 * time.Second
 			lims := make([]*leaselimit.Limiter, instances)
 			for i := range lims {
 				// A generous budget: this test is about accuracy on a

@@ -273,9 +273,9 @@ func TestPlanColdEntryAsksForNeedOnly(t *testing.T) {
 		pending []int64
 		want    Request
 	}{
-		{[]int64{1}, Request{Want: 1, Min: 1}},
-		{[]int64{3}, Request{Want: 3, Min: 3}},
-		{[]int64{5, 2, 9}, Request{Want: 16, Min: 2}},
+		{[]int64{1}, Request{Want: 1, Min: 1, Need: 1}},
+		{[]int64{3}, Request{Want: 3, Min: 3, Need: 3}},
+		{[]int64{5, 2, 9}, Request{Want: 16, Min: 2, Need: 16}},
 	} {
 		e := &Entry{key: "k"}
 		for _, n := range tc.pending {
@@ -356,15 +356,15 @@ func TestPlanGrowsWithDemand(t *testing.T) {
 		want     int64 // lease size after convergence
 		slack    int64
 	}{
-		// 2000/s × 50ms = 100 tokens.
-		{"uncapped", policy.PerSecond(10000), policy.Lease{}, 500 * us, 100, 5},
+		// 2000/s × 250ms (the default Horizon) = 500 tokens.
+		{"uncapped", policy.PerSecond(10000), policy.Lease{}, 500 * us, 500, 25},
 		// 2000/s × 200ms = 400 tokens.
 		{"longer horizon", policy.PerSecond(10000), policy.Lease{Horizon: 200 * time.Millisecond}, 500 * us, 400, 20},
 		{"MaxTokens cap", policy.PerSecond(10000), policy.Lease{MaxTokens: 40}, 500 * us, 40, 0},
 		{"Burst cap", policy.PerSecond(10000).WithBurst(30), policy.Lease{}, 500 * us, 30, 0},
-		{"no prefetch", policy.PerSecond(10000), policy.Lease{Prefetch: -1}, 500 * us, 100, 5},
-		// 10/s × 50ms = 0.5: cold-ish keys keep leases of 1.
-		{"slow key", policy.PerSecond(10000), policy.Lease{}, 100 * ms, 1, 0},
+		{"no prefetch", policy.PerSecond(10000), policy.Lease{Prefetch: -1}, 500 * us, 500, 25},
+		// 2/s × 250ms = 0.5: cold-ish keys keep leases of 1.
+		{"slow key", policy.PerSecond(10000), policy.Lease{}, 500 * ms, 1, 0},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

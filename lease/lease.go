@@ -24,6 +24,7 @@ type Entry struct {
 	key string
 
 	tokens    atomic.Int64          // leased tokens not yet spent
+	reserved  atomic.Int64          // tokens the last refill set aside for the callers that waited on it
 	expires   atomic.Int64          // now at which the lease stops serving
 	denyUntil atomic.Int64          // negative cache: deny until this now
 	denyMin   atomic.Int64          // the request size the negative cache was set for
@@ -43,6 +44,7 @@ type Entry struct {
 	lastRefill int64   // now of the last refill
 	refilled   bool    // lastRefill is set
 	level      int64   // tokens right after the last install
+	lastNeed   int64   // tokens the last install reserved for waiting callers
 }
 
 // useGrain is how stale Entry.lastUse may be; it keeps hot keys from writing
@@ -90,6 +92,21 @@ func (e *Entry) Take(n, now int64) (ok bool, left int64) {
 		}
 		if e.tokens.CompareAndSwap(t, t-n) {
 			return true, t - n
+		}
+	}
+}
+
+// TakeReserved spends n of the tokens the last refill set aside for the
+// callers that waited on it (see Install), so that callers on the fast path
+// cannot take them first. It reports whether it did.
+func (e *Entry) TakeReserved(n int64) bool {
+	for {
+		r := e.reserved.Load()
+		if r < n {
+			return false
+		}
+		if e.reserved.CompareAndSwap(r, r-n) {
+			return true
 		}
 	}
 }
@@ -161,6 +178,7 @@ func (e *Entry) AddPending(n int64) {
 type Request struct {
 	Want int64 // tokens to ask for
 	Min  int64 // fewest tokens worth taking (all-or-nothing below it)
+	Need int64 // tokens the waiting callers asked for, reserved for them on a grant
 }
 
 // Sizer turns a key's observed demand into a lease size. It is immutable and
@@ -191,9 +209,14 @@ const ewmaTau = float64(time.Second)
 func (z Sizer) Plan(e *Entry, now int64) Request {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	// Reserved tokens not claimed by now (a waiter gave up) join the lease.
+	if r := e.reserved.Swap(0); r > 0 {
+		e.tokens.Add(r)
+		e.level += r
+	}
 	cur := e.tokens.Load()
 	if e.refilled && now > e.lastRefill {
-		served := e.level - cur
+		served := e.level - cur + e.lastNeed
 		if served < 0 {
 			served = 0
 		}
@@ -234,7 +257,7 @@ func (z Sizer) Plan(e *Entry, now int64) Request {
 	if m > want {
 		m = want
 	}
-	return Request{Want: want, Min: m}
+	return Request{Want: want, Min: m, Need: min(need, want)}
 }
 
 // Outcome is the authority's answer to a Request.
@@ -245,13 +268,20 @@ type Outcome struct {
 	Min        int64         // the Request's Min
 }
 
+// maxBatchWait caps how much longer than RetryAfter a denied key waits to
+// gather a lease's worth of tokens: long enough that a key far over its
+// limit asks Redis a few dozen times a second, short enough that tokens do
+// not sit unclaimed in Redis for long (what is left there when demand stops
+// is under-admission).
+const maxBatchWait = 50 * time.Millisecond
+
 // Install puts granted tokens into e's lease at now, or, on a denial, starts
 // the negative cache. It returns the tokens e must refund because it was
 // evicted while the refill ran.
 //
 // On a denial the key is denied locally until enough tokens for one lease of
-// e's size are available (RetryAfter plus the refill time of the rest),
-// capped by DenyCap: a key far over its limit then costs one Redis call per
+// e's size are available (RetryAfter plus the refill time of the rest, the
+// latter at most maxBatchWait), capped by DenyCap: a key far over its limit then costs one Redis call per
 // lease, not one per token. For a cold key the size is 1 and this is exactly
 // RetryAfter.
 func (z Sizer) Install(e *Entry, req Request, o Outcome, now int64) (refund int64) {
@@ -262,7 +292,7 @@ func (z Sizer) Install(e *Entry, req Request, o Outcome, now int64) (refund int6
 	if o.Granted <= 0 {
 		wait := o.RetryAfter
 		if extra := e.size.Load() - req.Min; extra > 0 {
-			wait += z.limit.Interval(extra)
+			wait += min(z.limit.Interval(extra), maxBatchWait)
 		}
 		if wait > z.settings.DenyCap {
 			wait = z.settings.DenyCap
@@ -279,7 +309,14 @@ func (z Sizer) Install(e *Entry, req Request, o Outcome, now int64) (refund int6
 		e.level = 0
 		return o.Granted
 	}
-	e.level = e.tokens.Add(o.Granted)
+	// Reserve for the callers counted in the plan and for those that joined
+	// the refill after it was planned.
+	late := e.pendSum.Swap(0)
+	e.pendMin.Store(0)
+	part := min(req.Need+late, o.Granted)
+	e.lastNeed = part
+	e.reserved.Add(part)
+	e.level = e.tokens.Add(o.Granted - part)
 	e.expires.Store(now + int64(z.settings.TTL))
 	return 0
 }
@@ -287,7 +324,7 @@ func (z Sizer) Install(e *Entry, req Request, o Outcome, now int64) (refund int6
 // Expire takes back the tokens of e's lease when it has expired at now and
 // returns them for refunding.
 func (e *Entry) Expire(now int64) int64 {
-	if now < e.expires.Load() || e.tokens.Load() <= 0 {
+	if now < e.expires.Load() || e.tokens.Load()+e.reserved.Load() <= 0 {
 		return 0
 	}
 	e.mu.Lock()
@@ -295,7 +332,7 @@ func (e *Entry) Expire(now int64) int64 {
 	if now < e.expires.Load() {
 		return 0
 	}
-	t := e.tokens.Swap(0)
+	t := e.tokens.Swap(0) + e.reserved.Swap(0)
 	e.level = 0
 	if t < 0 {
 		return 0
@@ -308,7 +345,7 @@ func (e *Entry) Expire(now int64) int64 {
 func (e *Entry) Drain() int64 {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	t := e.tokens.Swap(0)
+	t := e.tokens.Swap(0) + e.reserved.Swap(0)
 	e.level = 0
 	if t < 0 {
 		return 0

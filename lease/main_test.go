@@ -66,6 +66,9 @@ func serve(t testing.TB, z Sizer, e *Entry, n, now int64) (ok, hit bool) {
 	if back := z.Install(e, req, grantAll(req), now); back != 0 {
 		t.Fatalf("Install refunded %d on a live entry", back)
 	}
+	if e.TakeReserved(n) {
+		return true, false
+	}
 	ok, _ = e.Take(n, now)
 	return ok, false
 }

@@ -21,7 +21,10 @@ type Lease struct {
 	// Horizon is how much of a key's observed local demand one lease covers:
 	// the lease size is demand rate × Horizon (capped), so a key seen once a
 	// minute gets leases of 1 token (exact behaviour) and a key seen 100k
-	// times a second gets leases that last about Horizon. Default 50ms.
+	// times a second gets leases that last about Horizon. It must exceed the
+	// interval between a key's Redis calls when Redis is the bottleneck, or
+	// leases never grow past one token; 250ms does for keys seen more than
+	// 4 times a second. Default 250ms.
 	Horizon time.Duration
 
 	// TTL is how long a lease may be spent after its grant. Unused tokens are
@@ -52,8 +55,8 @@ type Lease struct {
 // DefaultLease returns the default lease settings.
 func DefaultLease() Lease {
 	return Lease{
-		MaxTokens: 10_000,
-		Horizon:   50 * time.Millisecond,
+		MaxTokens: 100_000,
+		Horizon:   250 * time.Millisecond,
 		TTL:       time.Second,
 		MaxShare:  0.5,
 		Prefetch:  0.25,

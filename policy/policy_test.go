@@ -362,8 +362,8 @@ func TestFailureMode(t *testing.T) {
 func TestDefaultLease(t *testing.T) {
 	d := policy.DefaultLease()
 	want := policy.Lease{
-		MaxTokens: 10_000,
-		Horizon:   50 * time.Millisecond,
+		MaxTokens: 100_000,
+		Horizon:   250 * time.Millisecond,
 		TTL:       time.Second,
 		MaxShare:  0.5,
 		Prefetch:  0.25,
