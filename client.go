@@ -553,7 +553,14 @@ func (l *Limiter) fallback(ctx context.Context, brk *breaker.Breaker, key string
 		return Decision{Allowed: true, Limit: l.limit, Remaining: rem,
 			ResetAfter: l.local.Interval(l.local.Burst - rem), Source: SourceFallback}
 	}
-	return Decision{Allowed: true, Limit: l.limit, Remaining: l.limit.Burst, Source: SourceFallback}
+	// FailOpen. Remaining is the best knowledge: what Redis last said for a
+	// key seen before, else a full bucket.
+	rem := l.limit.Burst
+	if e != nil && e.Remote() > 0 {
+		rem = min(e.Remote()+e.Tokens(), l.limit.Burst)
+	}
+	return Decision{Allowed: true, Limit: l.limit, Remaining: rem,
+		ResetAfter: l.limit.Interval(l.limit.Burst - rem), Source: SourceFallback}
 }
 
 // untilProbe is the RetryAfter of a fallback denial: until the breaker lets

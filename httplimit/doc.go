@@ -1,0 +1,64 @@
+// Package httplimit puts a leaselimit.Limiter in front of an http.Handler and
+// tells clients how to back off, with the response header fields of
+// draft-ietf-httpapi-ratelimit-headers-10.
+//
+//	burst, _ := leaselimit.New(rdb, policy.PerMinute(60).WithName("burst"))
+//	daily, _ := leaselimit.New(rdb, policy.Limit{Name: "daily", Rate: 10000, Period: 24 * time.Hour, Burst: 10000})
+//	key := httplimit.ClientIP() // r.RemoteAddr; pass your proxies' prefixes to honour X-Forwarded-For
+//	h := httplimit.Middleware(burst, key)(httplimit.Middleware(daily, key)(app))
+//
+// # Response header fields
+//
+// Every response that passed through a Middleware carries its policy, and
+// every response for which it made a decision carries the service limit:
+//
+//	RateLimit-Policy: "burst";q=60;w=60, "daily";q=10000;w=86400
+//	RateLimit: "burst";r=59;t=1, "daily";r=9999;t=9
+//
+// Both are Structured Field Lists (RFC 9651/8941). Each Middleware appends its
+// own member to the list already in the response header, joined into one field
+// line (", "-separated), so the outermost Middleware's member comes first. The
+// member is the policy name (policy.Limit.Name, a quoted sf-string) with:
+//
+//   - q: the limit's Burst — the most the bucket holds;
+//   - w: the limit's Period in whole seconds, rounded up (at least 1). The
+//     bucket refills continuously at Rate per Period, so q requests per w
+//     seconds is exact only when Rate == Burst; otherwise read it as a hint;
+//   - r: Decision.Remaining, the tokens left for this key (best knowledge:
+//     with leases it counts the local lease plus what Redis last reported;
+//     during a Redis outage it is what the failure policy says);
+//   - t: the seconds, rounded up, until more quota is available: on an allowed
+//     request, until the next token arrives (0 when the bucket is full); on a
+//     denied request, until enough tokens for the request arrive — the same
+//     value as Retry-After.
+//
+// A denied request gets 429 Too Many Requests, Retry-After (whole seconds,
+// rounded up, at least 1, never earlier than t) and an RFC 9457
+// application/problem+json body of type
+// "https://iana.org/assignments/http-problem-types#quota-exceeded" listing the
+// violated policy in "violated-policies". WithDeniedHandler replaces the body;
+// the header fields are already set when it runs. WithLegacyHeaders adds
+// X-RateLimit-Limit, X-RateLimit-Remaining and X-RateLimit-Reset.
+//
+// # Several limiters on one route
+//
+// Middlewares compose by nesting; the outer one decides first. A request the
+// outer one denies never reaches the inner one, so it takes nothing from the
+// inner limit. A request the outer one admits has taken the outer's tokens
+// even if the inner one then denies it: tokens are not given back. Put the
+// limit whose tokens are cheapest to lose outermost — a short burst limit
+// outside a daily quota — so that requests refused by the burst limit do not
+// spend the daily quota. The 429 lists only the policy that denied it; the
+// response carries the RateLimit members of the limiters that decided.
+//
+// # Errors
+//
+// A KeyFunc error gets WithKeyErrorHandler's response, by default 400 Bad
+// Request with a problem+json body (never a silent pass). A Limiter error
+// (a closed Limiter, the request's context ending, an invalid cost, a
+// leaselimit bug — never a Redis outage, which the failure policy decides)
+// gets WithErrorHandler's response, by default 503 Service Unavailable
+// (500 for an invalid cost, which is a server bug) with a generic
+// problem+json body: the error text never reaches the client. The default
+// error handler logs the error, without the key, to WithLogger's logger.
+package httplimit

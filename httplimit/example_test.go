@@ -1,0 +1,67 @@
+package httplimit_test
+
+import (
+	"fmt"
+	"io"
+	"log"
+	"net/http"
+	"net/http/httptest"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/leaselimit/leaselimit"
+	"github.com/leaselimit/leaselimit/httplimit"
+	"github.com/leaselimit/leaselimit/policy"
+	"github.com/redis/go-redis/v9"
+)
+
+// Two limits on one route: a burst limit of 2 per minute outside a daily
+// quota of 100, both per client address.
+func Example() {
+	mr, _ := miniredis.Run() // an embedded Redis for the example; use your own
+	defer mr.Close()
+	mr.SetTime(time.Date(2025, 6, 1, 12, 0, 0, 0, time.UTC)) // a still clock, for stable output
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	defer rdb.Close()
+
+	burst, err := leaselimit.New(rdb, policy.PerMinute(2).WithName("burst"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer burst.Close()
+	daily, err := leaselimit.New(rdb, policy.Limit{Name: "daily", Rate: 100, Period: 24 * time.Hour, Burst: 100})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer daily.Close()
+
+	app := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "hello\n")
+	})
+	key := httplimit.ClientIP() // r.RemoteAddr; list your proxies to honour X-Forwarded-For
+	h := httplimit.Middleware(burst, key)(httplimit.Middleware(daily, key)(app))
+
+	for i := 0; i < 3; i++ {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest("GET", "/", nil))
+		fmt.Println(rec.Code)
+		fmt.Println("  RateLimit-Policy:", rec.Header().Get("RateLimit-Policy"))
+		fmt.Println("  RateLimit:", rec.Header().Get("RateLimit"))
+		if rec.Code == http.StatusTooManyRequests {
+			fmt.Println("  Retry-After:", rec.Header().Get("Retry-After"))
+			fmt.Print("  ", rec.Body.String())
+		}
+	}
+	// Output:
+	// 200
+	//   RateLimit-Policy: "burst";q=2;w=60, "daily";q=100;w=86400
+	//   RateLimit: "burst";r=1;t=30, "daily";r=99;t=864
+	// 200
+	//   RateLimit-Policy: "burst";q=2;w=60, "daily";q=100;w=86400
+	//   RateLimit: "burst";r=0;t=30, "daily";r=98;t=864
+	// 429
+	//   RateLimit-Policy: "burst";q=2;w=60
+	//   RateLimit: "burst";r=0;t=30
+	//   Retry-After: 30
+	//   {"type":"https://iana.org/assignments/http-problem-types#quota-exceeded","title":"Request cannot be satisfied as assigned quota has been exceeded","status":429,"detail":"The quota of policy \"burst\" is exhausted; retry after 30 s.","violated-policies":["burst"]}
+}

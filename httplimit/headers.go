@@ -1,0 +1,91 @@
+package httplimit
+
+import (
+	"encoding/json"
+	"net/http"
+	"strings"
+	"time"
+)
+
+// maxSFInt is the largest Integer a Structured Field may carry (RFC 9651,
+// Section 3.3.1: at most 15 digits).
+const maxSFInt = 999_999_999_999_999
+
+// appendMember adds member to the Structured Field List in h[name], keeping
+// the whole list in one field line. Field lines that are already there (from
+// an outer Middleware, or added by someone else with Header.Add) are joined
+// first, as RFC 9651 Section 3.1 allows.
+func appendMember(h http.Header, name, member string) {
+	switch old := h[name]; len(old) {
+	case 0:
+		h[name] = []string{member}
+	case 1:
+		if old[0] == "" {
+			h[name] = []string{member}
+		} else {
+			h[name] = []string{old[0] + ", " + member}
+		}
+	default:
+		var parts []string
+		for _, v := range old {
+			if v = strings.TrimSpace(v); v != "" {
+				parts = append(parts, v)
+			}
+		}
+		h[name] = []string{strings.Join(append(parts, member), ", ")}
+	}
+}
+
+// appendSFString appends s as a Structured Field String (RFC 9651, Section
+// 3.3.3): quoted, with '\' and '"' escaped. Bytes outside printable ASCII,
+// which an sf-string cannot hold, become '?'; policy.ValidateName admits none.
+func appendSFString(b []byte, s string) []byte {
+	b = append(b, '"')
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == '\\' || c == '"':
+			b = append(b, '\\', c)
+		case c < 0x20 || c > 0x7e:
+			b = append(b, '?')
+		default:
+			b = append(b, c)
+		}
+	}
+	return append(b, '"')
+}
+
+// ceilSeconds returns d in whole seconds, rounded up; 0 for d <= 0.
+func ceilSeconds(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	s := int64(d / time.Second)
+	if d%time.Second != 0 {
+		s++
+	}
+	return s
+}
+
+// problem is an RFC 9457 problem details object.
+type problem struct {
+	Type     string   `json:"type"`
+	Title    string   `json:"title"`
+	Status   int      `json:"status"`
+	Detail   string   `json:"detail,omitempty"`
+	Violated []string `json:"violated-policies,omitempty"`
+}
+
+// writeProblem writes p as the application/problem+json response.
+func writeProblem(w http.ResponseWriter, p problem) {
+	body, err := json.Marshal(p)
+	if err != nil { // cannot happen: strings and ints only
+		body = []byte(`{"type":"about:blank","status":500}`)
+		p.Status = http.StatusInternalServerError
+	}
+	h := w.Header()
+	h["Content-Type"] = []string{"application/problem+json"}
+	h["X-Content-Type-Options"] = []string{"nosniff"}
+	h["Cache-Control"] = []string{"no-store"}
+	w.WriteHeader(p.Status)
+	_, _ = w.Write(body)
+}

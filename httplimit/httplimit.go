@@ -1,0 +1,319 @@
+package httplimit
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/leaselimit/leaselimit"
+	"github.com/leaselimit/leaselimit/policy"
+)
+
+// Limiter is what Middleware needs from a limiter; *leaselimit.Limiter
+// implements it.
+type Limiter interface {
+	// AllowN decides whether n tokens may be taken for key now, and takes
+	// them if so.
+	AllowN(ctx context.Context, key string, n int64) (leaselimit.Decision, error)
+	// Limit returns the enforced limit; its Name, Burst and Period fill
+	// RateLimit-Policy. Middleware calls it once.
+	Limit() policy.Limit
+}
+
+var _ Limiter = (*leaselimit.Limiter)(nil)
+
+// KeyFunc returns the rate-limit key of a request: requests with the same key
+// share one bucket. An error rejects the request (see WithKeyErrorHandler).
+type KeyFunc func(*http.Request) (string, error)
+
+// ProblemTypeQuotaExceeded is the RFC 9457 problem type of a denied request,
+// defined by draft-ietf-httpapi-ratelimit-headers-10, Section 5.1.
+const ProblemTypeQuotaExceeded = "https://iana.org/assignments/http-problem-types#quota-exceeded"
+
+// Header field names, in Go's canonical form (HTTP field names are
+// case-insensitive; HTTP/2 and HTTP/3 send them in lower case).
+const (
+	HeaderRateLimit       = "Ratelimit"        // RateLimit
+	HeaderRateLimitPolicy = "Ratelimit-Policy" // RateLimit-Policy
+	HeaderRetryAfter      = "Retry-After"
+	HeaderLegacyLimit     = "X-Ratelimit-Limit"     // X-RateLimit-Limit
+	HeaderLegacyRemaining = "X-Ratelimit-Remaining" // X-RateLimit-Remaining
+	HeaderLegacyReset     = "X-Ratelimit-Reset"     // X-RateLimit-Reset
+)
+
+// Option configures a Middleware.
+type Option func(*config)
+
+type config struct {
+	cost     func(*http.Request) int64
+	denied   func(http.ResponseWriter, *http.Request, leaselimit.Decision)
+	keyError func(http.ResponseWriter, *http.Request, error)
+	limError func(http.ResponseWriter, *http.Request, error)
+	logger   *slog.Logger
+	legacy   bool
+}
+
+// WithCost sets the number of tokens a request takes (default 1). A cost of
+// 0 lets the request through uncharged, with no RateLimit member from this
+// Middleware (nothing was decided). A cost below 0 or above the limit's
+// Burst can never be admitted: the Limiter returns leaselimit.ErrInvalidCost
+// and the request gets the error handler's response (by default 500), so
+// bound the cost in cost itself if clients can influence it.
+func WithCost(cost func(*http.Request) int64) Option {
+	return func(c *config) { c.cost = cost }
+}
+
+// WithDeniedHandler replaces the response to a denied request. When h runs,
+// RateLimit-Policy, RateLimit, Retry-After (and the legacy fields, if
+// enabled) are already set on w.Header(); h writes the status and body, and
+// may change the header fields. The default writes 429 with an RFC 9457
+// problem+json body of type ProblemTypeQuotaExceeded.
+func WithDeniedHandler(h func(w http.ResponseWriter, r *http.Request, d leaselimit.Decision)) Option {
+	return func(c *config) { c.denied = h }
+}
+
+// WithKeyErrorHandler replaces the response to a request whose KeyFunc
+// failed, or returned an empty key or one longer than
+// leaselimit.MaxKeyLen. The default writes 400 Bad Request with a
+// problem+json body; its detail is the KeyError's Detail when err holds a
+// *KeyError, and a generic text otherwise (so a KeyFunc's internal errors are
+// not shown to clients).
+func WithKeyErrorHandler(h func(w http.ResponseWriter, r *http.Request, err error)) Option {
+	return func(c *config) { c.keyError = h }
+}
+
+// WithErrorHandler replaces the response to a request for which the Limiter
+// returned an error (see the package documentation). The default logs the
+// error to the logger (WithLogger), except for the request's own context
+// ending, and writes a problem+json body that does not include the error
+// text: 500 Internal Server Error for leaselimit.ErrInvalidCost (the cost
+// function returned a cost the limit can never admit), otherwise
+// 503 Service Unavailable with Retry-After: 1.
+func WithErrorHandler(h func(w http.ResponseWriter, r *http.Request, err error)) Option {
+	return func(c *config) { c.limError = h }
+}
+
+// WithLogger sets the logger of the default error handler. Default
+// slog.Default(); slog.New(slog.DiscardHandler) silences it. It logs the
+// policy name and the error, never the key, the path or the client address.
+func WithLogger(l *slog.Logger) Option {
+	return func(c *config) { c.logger = l }
+}
+
+// WithLegacyHeaders adds X-RateLimit-Limit (Burst), X-RateLimit-Remaining
+// (Remaining) and X-RateLimit-Reset (seconds until the bucket is full again,
+// rounded up) to responses. They hold one policy only: with several
+// Middlewares, the most restrictive decision — the denying one, or else the
+// one with the fewest tokens remaining (on a tie, the later reset).
+func WithLegacyHeaders() Option {
+	return func(c *config) { c.legacy = true }
+}
+
+type middleware struct {
+	lim    Limiter
+	key    KeyFunc
+	cfg    config
+	limit  policy.Limit
+	name   string // the policy name, as given
+	policy string // this Middleware's RateLimit-Policy member
+	prefix string // `"name";r=`
+}
+
+// Middleware returns a middleware that takes tokens from lim for every
+// request, keyed by key, before passing the request on; see the package
+// documentation for the response header fields, denials, errors and
+// composition. It panics if lim or key is nil. It calls lim.Limit() once.
+func Middleware(lim Limiter, key KeyFunc, opts ...Option) func(http.Handler) http.Handler {
+	if lim == nil {
+		panic("httplimit: Middleware with a nil Limiter")
+	}
+	if key == nil {
+		panic("httplimit: Middleware with a nil KeyFunc")
+	}
+	m := &middleware{lim: lim, key: key, limit: lim.Limit()}
+	for _, o := range opts {
+		if o != nil {
+			o(&m.cfg)
+		}
+	}
+	if m.cfg.logger == nil {
+		m.cfg.logger = slog.Default()
+	}
+	if m.cfg.denied == nil {
+		m.cfg.denied = m.quotaExceeded
+	}
+	if m.cfg.keyError == nil {
+		m.cfg.keyError = badKey
+	}
+	if m.cfg.limError == nil {
+		m.cfg.limError = m.limiterError
+	}
+	m.name = m.limit.Name
+	quoted := string(appendSFString(nil, m.name))
+	m.policy = quoted + ";q=" + strconv.FormatInt(max(m.limit.Burst, 0), 10) +
+		";w=" + strconv.FormatInt(max(ceilSeconds(m.limit.Period), 1), 10)
+	m.prefix = quoted + ";r="
+	return func(next http.Handler) http.Handler {
+		if next == nil {
+			panic("httplimit: Middleware wrapping a nil http.Handler")
+		}
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			m.serve(w, r, next)
+		})
+	}
+}
+
+func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
+	h := w.Header()
+	appendMember(h, HeaderRateLimitPolicy, m.policy)
+	key, err := m.key(r)
+	if err == nil && (len(key) == 0 || len(key) > leaselimit.MaxKeyLen) {
+		err = &KeyError{Detail: "The request's rate-limit key is empty or longer than " +
+			strconv.Itoa(leaselimit.MaxKeyLen) + " bytes."}
+	}
+	if err != nil {
+		m.cfg.keyError(w, r, err)
+		return
+	}
+	n := int64(1)
+	if m.cfg.cost != nil {
+		if n = m.cfg.cost(r); n == 0 {
+			next.ServeHTTP(w, r)
+			return
+		}
+	}
+	d, err := m.lim.AllowN(r.Context(), key, n)
+	if err != nil {
+		if errors.Is(err, leaselimit.ErrInvalidKey) {
+			m.cfg.keyError(w, r, &KeyError{Detail: "The request's rate-limit key is not valid.", Err: err})
+			return
+		}
+		m.cfg.limError(w, r, err)
+		return
+	}
+	if d.Limit == (policy.Limit{}) {
+		d.Limit = m.limit
+	}
+	remaining := min(max(d.Remaining, 0), maxSFInt)
+	var t int64
+	if d.Allowed {
+		t = ceilSeconds(m.untilMore(d))
+	} else {
+		t = max(ceilSeconds(d.RetryAfter), 1)
+	}
+	var buf [96]byte
+	b := append(buf[:0], m.prefix...)
+	b = strconv.AppendInt(b, remaining, 10)
+	b = append(b, ";t="...)
+	b = strconv.AppendInt(b, min(t, maxSFInt), 10)
+	appendMember(h, HeaderRateLimit, string(b))
+	if m.cfg.legacy {
+		reset := ceilSeconds(d.ResetAfter)
+		if !d.Allowed {
+			reset = max(reset, t)
+		}
+		m.setLegacy(h, d.Allowed, remaining, reset)
+	}
+	if d.Allowed {
+		next.ServeHTTP(w, r)
+		return
+	}
+	h[HeaderRetryAfter] = []string{strconv.FormatInt(t, 10)}
+	m.cfg.denied(w, r, d)
+}
+
+// untilMore is the time until the bucket of an allowed decision holds one
+// more token: the time until it is full minus the time the tokens after the
+// next one take to arrive.
+func (m *middleware) untilMore(d leaselimit.Decision) time.Duration {
+	l := m.limit
+	if d.Remaining >= l.Burst || d.ResetAfter <= 0 || l.Rate <= 0 {
+		return 0
+	}
+	next := d.ResetAfter - l.Interval(l.Burst-d.Remaining-1)
+	if next <= 0 || next > d.ResetAfter {
+		// The decision's numbers do not come from this limit's bucket (a
+		// FailLocal share, a fake): one token's interval is the worst case.
+		next = min(d.ResetAfter, l.Interval(1))
+	}
+	return next
+}
+
+// setLegacy sets the X-RateLimit fields unless an outer Middleware already
+// set them from a more restrictive decision.
+func (m *middleware) setLegacy(h http.Header, allowed bool, remaining, reset int64) {
+	if allowed {
+		if v := h[HeaderLegacyRemaining]; len(v) == 1 {
+			if old, err := strconv.ParseInt(v[0], 10, 64); err == nil {
+				oldReset := int64(-1)
+				if rv := h[HeaderLegacyReset]; len(rv) == 1 {
+					oldReset, _ = strconv.ParseInt(rv[0], 10, 64)
+				}
+				if old < remaining || old == remaining && oldReset >= reset {
+					return
+				}
+			}
+		}
+	}
+	h[HeaderLegacyLimit] = []string{strconv.FormatInt(max(m.limit.Burst, 0), 10)}
+	h[HeaderLegacyRemaining] = []string{strconv.FormatInt(remaining, 10)}
+	h[HeaderLegacyReset] = []string{strconv.FormatInt(reset, 10)}
+}
+
+// quotaExceeded is the default denied handler.
+func (m *middleware) quotaExceeded(w http.ResponseWriter, _ *http.Request, d leaselimit.Decision) {
+	name := d.Limit.Name
+	if name == "" {
+		name = m.name
+	}
+	retry := w.Header().Get(HeaderRetryAfter)
+	writeProblem(w, problem{
+		Type:     ProblemTypeQuotaExceeded,
+		Title:    "Request cannot be satisfied as assigned quota has been exceeded",
+		Status:   http.StatusTooManyRequests,
+		Detail:   "The quota of policy \"" + name + "\" is exhausted; retry after " + retry + " s.",
+		Violated: []string{name},
+	})
+}
+
+// badKey is the default key error handler.
+func badKey(w http.ResponseWriter, _ *http.Request, err error) {
+	detail := "The request does not identify its client as this endpoint's rate limit requires."
+	var ke *KeyError
+	if errors.As(err, &ke) && ke.Detail != "" {
+		detail = ke.Detail
+	}
+	writeProblem(w, problem{
+		Type:   "about:blank",
+		Title:  http.StatusText(http.StatusBadRequest),
+		Status: http.StatusBadRequest,
+		Detail: detail,
+	})
+}
+
+// limiterError is the default error handler.
+func (m *middleware) limiterError(w http.ResponseWriter, r *http.Request, err error) {
+	if r.Context().Err() == nil || !errors.Is(err, r.Context().Err()) {
+		m.cfg.logger.LogAttrs(r.Context(), slog.LevelError, "httplimit: limiter error",
+			slog.String("policy", m.name), slog.String("error", err.Error()))
+	}
+	if errors.Is(err, leaselimit.ErrInvalidCost) {
+		writeProblem(w, problem{
+			Type:   "about:blank",
+			Title:  http.StatusText(http.StatusInternalServerError),
+			Status: http.StatusInternalServerError,
+			Detail: "The request could not be rate limited.",
+		})
+		return
+	}
+	w.Header()[HeaderRetryAfter] = []string{"1"}
+	writeProblem(w, problem{
+		Type:   "about:blank",
+		Title:  http.StatusText(http.StatusServiceUnavailable),
+		Status: http.StatusServiceUnavailable,
+		Detail: "The request's rate limit could not be checked; try again later.",
+	})
+}

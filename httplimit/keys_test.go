@@ -1,0 +1,208 @@
+package httplimit_test
+
+import (
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"testing"
+
+	"github.com/leaselimit/leaselimit/httplimit"
+	"github.com/leaselimit/leaselimit/policy"
+)
+
+// Addresses: 203.0.113.0/24 and 2001:db8:c::/48 are "the internet",
+// 10.0.0.0/8 and fd00::/8 the trusted proxies.
+var proxies = []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("fd00::/8")}
+
+func keyOf(t *testing.T, f httplimit.KeyFunc, remote string, hdr http.Header) string {
+	t.Helper()
+	r := httptest.NewRequest("GET", "/", nil)
+	r.RemoteAddr = remote
+	for k, v := range hdr {
+		r.Header[k] = v
+	}
+	k, err := f(r)
+	if err != nil {
+		t.Fatalf("remote %s, header %v: %v", remote, hdr, err)
+	}
+	return k
+}
+
+func xff(v ...string) http.Header { return http.Header{"X-Forwarded-For": v} }
+func fwd(v ...string) http.Header { return http.Header{"Forwarded": v} }
+
+func TestClientIP(t *testing.T) {
+	trusting := httplimit.ClientIP(proxies...)
+	for _, tc := range []struct {
+		name   string
+		f      httplimit.KeyFunc
+		remote string
+		hdr    http.Header
+		want   string
+	}{
+		{"peer", httplimit.ClientIP(), "203.0.113.7:5555", nil, "203.0.113.7"},
+		{"peer without port", httplimit.ClientIP(), "203.0.113.7", nil, "203.0.113.7"},
+		{"peer v6", httplimit.ClientIP(), "[2001:db8:c::1]:443", nil, "2001:db8:c::1"},
+		{"peer v6 zone", httplimit.ClientIP(), "[fe80::1%eth0]:443", nil, "fe80::1"},
+		{"peer 4in6", httplimit.ClientIP(), "[::ffff:203.0.113.7]:1", nil, "203.0.113.7"},
+
+		// Not trusted by default: a spoofed X-Forwarded-For is ignored.
+		{"spoof, nothing trusted", httplimit.ClientIP(), "203.0.113.7:1", xff("198.51.100.1"), "203.0.113.7"},
+		{"spoof from a proxy address, nothing trusted", httplimit.ClientIP(), "10.0.0.1:1", xff("198.51.100.1"), "10.0.0.1"},
+		// From an untrusted peer, even with proxies configured.
+		{"spoof, untrusted peer", trusting, "203.0.113.7:1", xff("198.51.100.1"), "203.0.113.7"},
+		{"spoof naming a proxy, untrusted peer", trusting, "203.0.113.7:1", xff("198.51.100.1, 10.0.0.1"), "203.0.113.7"},
+
+		// From a trusted peer: honoured.
+		{"one proxy", trusting, "10.0.0.1:1", xff("203.0.113.7"), "203.0.113.7"},
+		{"one proxy, port in entry", trusting, "10.0.0.1:1", xff("203.0.113.7:4711"), "203.0.113.7"},
+		{"one proxy, v6 entry", trusting, "10.0.0.1:1", xff("2001:db8:c::9"), "2001:db8:c::9"},
+		{"one proxy, bracketed v6 entry", trusting, "10.0.0.1:1", xff("[2001:db8:c::9]:80"), "2001:db8:c::9"},
+		{"v6 proxy", trusting, "[fd00::5]:1", xff("203.0.113.7"), "203.0.113.7"},
+		{"4in6 proxy", trusting, "[::ffff:10.1.2.3]:1", xff("203.0.113.7"), "203.0.113.7"},
+		{"trusted peer, no header", trusting, "10.0.0.1:1", nil, "10.0.0.1"},
+		// Client-written entries to the left of the first untrusted one are never read.
+		{"client prepends", trusting, "10.0.0.1:1", xff("1.1.1.1, 10.9.9.9, 203.0.113.7"), "203.0.113.7"},
+		// Multiple hops: walk past every trusted one.
+		{"two proxies", trusting, "10.0.0.1:1", xff("203.0.113.7, 10.0.0.2"), "203.0.113.7"},
+		{"three proxies, spoof", trusting, "10.0.0.1:1", xff("6.6.6.6, 203.0.113.7, fd00::3, 10.0.0.2"), "203.0.113.7"},
+		{"hops in several field lines", trusting, "10.0.0.1:1", xff("6.6.6.6, 203.0.113.7", "10.0.0.3", "10.0.0.2"), "203.0.113.7"},
+		{"empty members", trusting, "10.0.0.1:1", xff("203.0.113.7,, ,10.0.0.2,"), "203.0.113.7"},
+		{"all trusted: leftmost", trusting, "10.0.0.1:1", xff("10.0.0.4, 10.0.0.3, 10.0.0.2"), "10.0.0.4"},
+		// A trusted hop that wrote garbage: its own address, not anything further left.
+		{"unknown entry", trusting, "10.0.0.1:1", xff("203.0.113.7, unknown"), "10.0.0.1"},
+		{"garbage behind a second hop", trusting, "10.0.0.1:1", xff("203.0.113.7, evil.example, 10.0.0.2"), "10.0.0.2"},
+		{"bracketed v4 is garbage", trusting, "10.0.0.1:1", xff("[203.0.113.7]"), "10.0.0.1"},
+
+		// ClientIP ignores Forwarded, and ClientIPForwarded ignores X-Forwarded-For.
+		{"ClientIP ignores Forwarded", trusting, "10.0.0.1:1", fwd("for=203.0.113.7"), "10.0.0.1"},
+		{"Forwarded ignores XFF", httplimit.ClientIPForwarded(proxies...), "10.0.0.1:1", xff("203.0.113.7"), "10.0.0.1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := keyOf(t, tc.f, tc.remote, tc.hdr); got != tc.want {
+				t.Errorf("key %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestClientIPForwarded(t *testing.T) {
+	trusting := httplimit.ClientIPForwarded(proxies...)
+	for _, tc := range []struct {
+		name   string
+		f      httplimit.KeyFunc
+		remote string
+		hdr    http.Header
+		want   string
+	}{
+		{"untrusted by default", httplimit.ClientIPForwarded(), "10.0.0.1:1", fwd("for=203.0.113.7"), "10.0.0.1"},
+		{"spoof, untrusted peer", trusting, "203.0.113.7:1", fwd("for=198.51.100.1"), "203.0.113.7"},
+		{"one proxy", trusting, "10.0.0.1:1", fwd("for=203.0.113.7;proto=https;by=10.0.0.1"), "203.0.113.7"},
+		{"case-insensitive name", trusting, "10.0.0.1:1", fwd("For=203.0.113.7"), "203.0.113.7"},
+		{"quoted v4 with port", trusting, "10.0.0.1:1", fwd(`for="203.0.113.7:4711"`), "203.0.113.7"},
+		{"quoted v6", trusting, "10.0.0.1:1", fwd(`for="[2001:db8:c::17]"`), "2001:db8:c::17"},
+		{"quoted v6 with port", trusting, "10.0.0.1:1", fwd(`for="[2001:db8:c::17]:4711"`), "2001:db8:c::17"},
+		{"quoted-pair", trusting, "10.0.0.1:1", fwd(`for="203.0.113.\7"`), "203.0.113.7"},
+		{"two hops", trusting, "10.0.0.1:1", fwd("for=6.6.6.6, for=203.0.113.7, for=10.0.0.2;by=10.0.0.1"), "203.0.113.7"},
+		{"hops in field lines", trusting, "10.0.0.1:1", fwd("for=6.6.6.6", `for=203.0.113.7;host="a,b"`, "for=10.0.0.2"), "203.0.113.7"},
+		{"all trusted", trusting, "10.0.0.1:1", fwd("for=10.0.0.3, for=10.0.0.2"), "10.0.0.3"},
+		{"unknown", trusting, "10.0.0.1:1", fwd("for=unknown"), "10.0.0.1"},
+		{"obfuscated behind a hop", trusting, "10.0.0.1:1", fwd("for=_hidden, for=10.0.0.2"), "10.0.0.2"},
+		{"element without for", trusting, "10.0.0.1:1", fwd("for=203.0.113.7, proto=http"), "10.0.0.1"},
+		{"syntax error in the client's line", trusting, "10.0.0.1:1", fwd(`for="6.6.6.6`, "for=203.0.113.7"), "203.0.113.7"},
+		{"syntax error in the proxy's line", trusting, "10.0.0.1:1", fwd(`for="6.6.6.6, for=203.0.113.7`), "10.0.0.1"},
+		{"for twice in one element", trusting, "10.0.0.1:1", fwd("for=6.6.6.6;for=203.0.113.7"), "10.0.0.1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := keyOf(t, tc.f, tc.remote, tc.hdr); got != tc.want {
+				t.Errorf("key %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestClientIPThroughMiddleware: a spoofing client behind no trusted proxy
+// cannot get a fresh bucket per request.
+func TestClientIPThroughMiddleware(t *testing.T) {
+	f := allowAll(policy.PerSecond(10))
+	h := httplimit.Middleware(f, httplimit.ClientIP(proxies...))(&okHandler{})
+	for _, spoof := range []string{"1.1.1.1", "2.2.2.2", "10.0.0.1, 3.3.3.3"} {
+		r := httptest.NewRequest("GET", "/", nil)
+		r.RemoteAddr = "203.0.113.7:1234"
+		r.Header.Set("X-Forwarded-For", spoof)
+		serve(h, r)
+	}
+	r := httptest.NewRequest("GET", "/", nil)
+	r.RemoteAddr = "10.0.0.1:1234"
+	r.Header.Set("X-Forwarded-For", "1.1.1.1, 198.51.100.4")
+	serve(h, r)
+	want := []string{"203.0.113.7", "203.0.113.7", "203.0.113.7", "198.51.100.4"}
+	for i := range want {
+		if f.keys[i] != want[i] {
+			t.Errorf("keys %q, want %q", f.keys, want)
+			break
+		}
+	}
+}
+
+func TestInvalidTrustedPrefix(t *testing.T) {
+	defer func() {
+		if recover() == nil {
+			t.Error("no panic for an invalid prefix")
+		}
+	}()
+	httplimit.ClientIP(netip.Prefix{})
+}
+
+func TestHeaderKey(t *testing.T) {
+	f := httplimit.Header("x-api-key")
+	r := httptest.NewRequest("GET", "/", nil)
+	r.Header.Set("X-Api-Key", " abc ")
+	if k, err := f(r); err != nil || k != "abc" {
+		t.Errorf("key %q, %v", k, err)
+	}
+	r.Header.Del("X-Api-Key")
+	_, err := f(r)
+	var ke *httplimit.KeyError
+	if !errors.As(err, &ke) || ke.Detail == "" {
+		t.Errorf("missing header: %v, want a *KeyError", err)
+	}
+}
+
+func TestComposite(t *testing.T) {
+	hk := httplimit.Composite(httplimit.Header("A"), httplimit.Header("B"))
+	key := func(a, b string) string {
+		r := httptest.NewRequest("GET", "/", nil)
+		r.Header.Set("A", a)
+		r.Header.Set("B", b)
+		k, err := hk(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return k
+	}
+	// Parts that concatenate alike give different keys.
+	pairs := [][2]string{{"a:b", "c"}, {"a", "b:c"}, {"ab", "c"}, {"a", "bc"}, {"1:a", "b"}, {"1", "a1:b"}}
+	seen := map[string][2]string{}
+	for _, p := range pairs {
+		k := key(p[0], p[1])
+		if q, dup := seen[k]; dup {
+			t.Errorf("%q and %q both give key %q", p, q, k)
+		}
+		seen[k] = p
+	}
+	if k := key("ab", "c"); k != "2:ab1:c" {
+		t.Errorf("key %q", k)
+	}
+	r := httptest.NewRequest("GET", "/", nil)
+	r.Header.Set("A", "x")
+	if _, err := hk(r); err == nil {
+		t.Error("missing part gave no error")
+	}
+	ip := httplimit.Composite(httplimit.ClientIP(), httplimit.Header("A"))
+	r.RemoteAddr = "203.0.113.7:1"
+	if k, err := ip(r); err != nil || k != "11:203.0.113.71:x" {
+		t.Errorf("key %q, %v", k, err)
+	}
+}
