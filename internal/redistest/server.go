@@ -7,6 +7,11 @@
 // goroutine the package starts has exited once the cleanups have run, so
 // tests may use go.uber.org/goleak.
 //
+// For Redis Cluster and Redis Sentinel, StartCluster and StartSentinel start
+// several such servers (and redis-cli, for the cluster) and return a Cluster
+// or a Sentinel describing them, with helpers to find the current master and
+// to wait for failovers.
+//
 // Tests that need Redis call Start. When the redis-server binary is not on
 // PATH, Start skips the test, unless the environment variable
 // LEASELIMIT_REQUIRE_REDIS is set to 1 (as in CI), in which case it fails
@@ -96,6 +101,7 @@ type Server struct {
 	Dir string
 
 	bin     string
+	conf    string   // config file passed as the first argument, or ""
 	args    []string // extra command-line arguments from Start
 	logPath string
 
@@ -150,23 +156,39 @@ func (p *process) wait(d time.Duration) bool {
 // environment variable LEASELIMIT_REQUIRE_REDIS is "1".
 func Start(tb testing.TB, args ...string) *Server {
 	tb.Helper()
-	bin, err := exec.LookPath(Binary)
-	if err != nil {
-		msg := fmt.Sprintf("redistest: %s not on PATH; install the redis-server package "+
-			"(Redis 7 or later) or add the directory holding %s to PATH "+
-			"(set %s=1 to make this a failure instead of a skip)", Binary, Binary, RequireEnv)
-		if os.Getenv(RequireEnv) == "1" {
-			tb.Fatal(msg)
-		}
-		tb.Skip(msg)
-	}
+	return startServer(tb, serverConfig{args: args})
+}
 
+// serverConfig describes a server for startServer. Start uses only args;
+// StartCluster and StartSentinel need the other fields.
+type serverConfig struct {
+	// conf, if not empty, is written to the file redis.conf in the server's
+	// directory before each start attempt, and that file is passed to
+	// redis-server as its first argument (Sentinel needs a writable config
+	// file to save its state). Restart reuses the file as the server left it.
+	conf string
+	// args are extra command-line arguments, as for Start.
+	args []string
+	// portArgs, if not nil, is called on each start attempt with the port
+	// chosen for it and returns more arguments to append to args (e.g. a
+	// cluster bus port picked at the same time, so that a clash on it is
+	// retried like one on the port). The arguments of the successful attempt
+	// are kept for Restart.
+	portArgs func(port int) ([]string, error)
+}
+
+// startServer is Start with a serverConfig.
+func startServer(tb testing.TB, cfg serverConfig) *Server {
+	tb.Helper()
+	bin := lookBinary(tb, Binary)
 	dir := tb.TempDir() // registered before our cleanup, so removed after it
 	s := &Server{
 		Dir:     dir,
 		bin:     bin,
-		args:    append([]string(nil), args...),
 		logPath: filepath.Join(dir, "redis-server.log"),
+	}
+	if cfg.conf != "" {
+		s.conf = filepath.Join(dir, "redis.conf")
 	}
 	tb.Cleanup(func() { s.cleanup(tb) })
 
@@ -176,6 +198,19 @@ func Start(tb testing.TB, args ...string) *Server {
 			tb.Fatalf("redistest: %v", err)
 		}
 		s.setPort(port)
+		s.args = append([]string(nil), cfg.args...)
+		if cfg.portArgs != nil {
+			more, err := cfg.portArgs(port)
+			if err != nil {
+				tb.Fatalf("redistest: %v", err)
+			}
+			s.args = append(s.args, more...)
+		}
+		if s.conf != "" {
+			if err := os.WriteFile(s.conf, []byte(cfg.conf), 0o644); err != nil {
+				tb.Fatalf("redistest: write %s: %v", s.conf, err)
+			}
+		}
 		err = s.launch()
 		if err == nil {
 			return s
@@ -186,6 +221,23 @@ func Start(tb testing.TB, args ...string) *Server {
 			tb.Fatalf("redistest: start redis-server: %v (its log follows)", err)
 		}
 	}
+}
+
+// lookBinary returns the path of the executable name found on PATH. If there
+// is none, it skips the test, or fails it when RequireEnv is "1".
+func lookBinary(tb testing.TB, name string) string {
+	tb.Helper()
+	bin, err := exec.LookPath(name)
+	if err != nil {
+		msg := fmt.Sprintf("redistest: %s not on PATH; install the redis-server package "+
+			"(Redis 7 or later) or add the directory holding %s to PATH "+
+			"(set %s=1 to make this a failure instead of a skip)", name, name, RequireEnv)
+		if os.Getenv(RequireEnv) == "1" {
+			tb.Fatal(msg)
+		}
+		tb.Skip(msg)
+	}
+	return bin
 }
 
 // errPortInUse reports that redis-server could not have the port to itself.
@@ -200,7 +252,11 @@ func (s *Server) setPort(port int) {
 // failure the process is gone when launch returns, and the error wraps
 // errPortInUse if the port was taken by another process.
 func (s *Server) launch() error {
-	args := []string{
+	var args []string
+	if s.conf != "" {
+		args = append(args, s.conf)
+	}
+	args = append(args,
 		"--port", strconv.Itoa(s.Port),
 		"--bind", "127.0.0.1",
 		"--dir", s.Dir,
@@ -208,7 +264,7 @@ func (s *Server) launch() error {
 		"--save", "",
 		"--appendonly", "no",
 		"--logfile", "", // log to stdout, which is the log file
-	}
+	)
 	args = append(args, s.args...)
 
 	logf, err := os.OpenFile(s.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
