@@ -3,6 +3,7 @@ package leaselimit
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/leaselimit/leaselimit/breaker"
@@ -20,6 +21,8 @@ type breakers struct {
 
 	mu     sync.RWMutex
 	byNode map[string]*breaker.Breaker // master address → breaker
+
+	lastReload atomic.Int64 // unix ns of the last slot-map reload we asked for
 }
 
 // maxNodeBreakers bounds the per-node breakers kept (failovers add
@@ -65,6 +68,23 @@ func (b *breakers) forKey(rkey string, budget time.Duration) *breaker.Breaker {
 	br = breaker.New(b.name+"@"+addr, b.settings)
 	b.byNode[addr] = br
 	return br
+}
+
+// failed tells the breakers that a call to rkey's node failed. On a
+// Cluster it asks go-redis to reload its slot map (at most once a second):
+// go-redis refreshes it on MOVED replies, but not when a master dies, and
+// would otherwise keep sending a failed-over shard's keys to the dead node
+// for up to a minute.
+func (b *breakers) failed() {
+	if b.cluster == nil {
+		return
+	}
+	now := time.Now().UnixNano()
+	last := b.lastReload.Load()
+	if now-last < int64(time.Second) || !b.lastReload.CompareAndSwap(last, now) {
+		return
+	}
+	b.cluster.ReloadState(context.Background()) // asynchronous in go-redis
 }
 
 // worst returns the most severe state of any breaker: open, then half-open.

@@ -491,6 +491,9 @@ func (l *Limiter) authorize(ctx context.Context, brk *breaker.Breaker, rkey stri
 		if err != nil && errors.Is(err, context.DeadlineExceeded) {
 			err = fmt.Errorf("%w: %w", breaker.ErrBudget, err)
 		}
+		if err != nil && breaker.Counts(err) {
+			l.brk.failed()
+		}
 		report(err)
 		if state.CompareAndSwap(0, 1) {
 			ch <- callResult{g, err}
