@@ -1,0 +1,323 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/xml"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// shortArgs run the whole demo in a few seconds. The limit is small so that
+// the burst does not hide the per-instance over-admission in a short run:
+// each of the 3 instances sees 200 hot-key requests/s, twice the rate needed
+// to exhaust its own bucket. -timeout is generous because the race detector
+// makes the embedded Redis many times slower, and a decision that misses the
+// budget falls back to FailOpen, which admits (the bound holds while Redis is
+// healthy).
+var shortArgs = []string{"-duration", "500ms", "-outage", "1s", "-instances", "3", "-limit", "20", "-load", "1500", "-timeout", "2s"}
+
+// row is one key's row of a design's accuracy table.
+type row struct {
+	requests, admitted, ideal int64
+}
+
+// parseDesigns returns the hot-key and abusive rows of each design in the
+// act 1 report, by design label prefix ("(a)", "(b)", "(c)").
+func parseDesigns(t *testing.T, out string) map[string]map[string]row {
+	t.Helper()
+	res := map[string]map[string]row{}
+	cur := ""
+	sc := bufio.NewScanner(strings.NewReader(out))
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.HasPrefix(line, "Summary") {
+			break
+		}
+		for _, id := range []string{"(a)", "(b)", "(c)"} {
+			if strings.HasPrefix(line, id) {
+				cur = id
+				res[cur] = map[string]row{}
+			}
+		}
+		if cur == "" {
+			continue
+		}
+		f := strings.Fields(line)
+		// "hot key  8,007  7,171  900  7.97×  ..." / "abusive  10,387  ..."
+		var key string
+		var nums []string
+		switch {
+		case len(f) >= 5 && f[0] == "hot" && f[1] == "key":
+			key, nums = "hot", f[2:5]
+		case len(f) >= 4 && f[0] == "abusive":
+			key, nums = "abusive", f[1:4]
+		default:
+			continue
+		}
+		var r row
+		for i, p := range []*int64{&r.requests, &r.admitted, &r.ideal} {
+			v, err := strconv.ParseInt(strings.ReplaceAll(nums[i], ",", ""), 10, 64)
+			if err != nil {
+				t.Fatalf("cannot parse %q in %q: %v", nums[i], line, err)
+			}
+			*p = v
+		}
+		res[cur][key] = r
+	}
+	return res
+}
+
+func runDemo(t *testing.T, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	code = run(ctx, args, &out, &errOut)
+	return code, out.String(), errOut.String()
+}
+
+func TestRunShort(t *testing.T) {
+	chart := filepath.Join(t.TempDir(), "demo.svg")
+	code, out, errOut := runDemo(t, append(shortArgs, "-chart", chart)...)
+	t.Logf("stdout:\n%s", out)
+	if code != exitOK {
+		t.Fatalf("exit code %d, want 0; stderr:\n%s", code, errOut)
+	}
+
+	for _, want := range []string{"(a) per-instance", "(b) per-request Redis", "(c) leaselimit (leases)",
+		"WithoutLease()", "Summary", "FailOpen", "FailClosed", "FailLocal", "authority decisions resumed"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q", want)
+		}
+	}
+	if !strings.Contains(errOut, "act 1 ") || !strings.Contains(errOut, "act 2 ") {
+		t.Errorf("no progress lines on stderr:\n%s", errOut)
+	}
+
+	designs := parseDesigns(t, out)
+	for _, id := range []string{"(a)", "(b)", "(c)"} {
+		for _, key := range []string{"hot", "abusive"} {
+			if _, ok := designs[id][key]; !ok {
+				t.Fatalf("no %s row for design %s in the output", key, id)
+			}
+		}
+	}
+	// Leases are debited from the Redis bucket when granted, so leaselimit
+	// never admits more than one central bucket: Burst + Rate·T. Exact mode
+	// is one central bucket.
+	for _, id := range []string{"(b)", "(c)"} {
+		for _, key := range []string{"hot", "abusive"} {
+			r := designs[id][key]
+			if r.admitted > r.ideal {
+				t.Errorf("design %s, %s key: admitted %d > Burst + Rate·T = %d", id, key, r.admitted, r.ideal)
+			}
+			if r.admitted == 0 {
+				t.Errorf("design %s, %s key: admitted nothing", id, key)
+			}
+		}
+	}
+	// Per-instance buckets each give out the whole limit: with 3 instances
+	// and enough demand, close to 3× the bound. Ask for clearly more.
+	if r := designs["(a)"]["hot"]; float64(r.admitted) < 1.5*float64(r.ideal) {
+		t.Errorf("per-instance design admitted %d for the hot key, want clearly more than the bound %d", r.admitted, r.ideal)
+	}
+
+	// An outage is not an error.
+	if strings.Contains(out, "ERROR") {
+		t.Errorf("the output reports errors")
+	}
+
+	checkSVG(t, chart)
+}
+
+// checkSVG decodes the whole chart as XML and checks it is an SVG with data.
+func checkSVG(t *testing.T, path string) {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("chart: %v", err)
+	}
+	dec := xml.NewDecoder(bytes.NewReader(data))
+	root := ""
+	polylines, texts := 0, 0
+	for {
+		tok, err := dec.Token()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatalf("chart %s is not well-formed XML: %v", path, err)
+		}
+		if se, ok := tok.(xml.StartElement); ok {
+			if root == "" {
+				root = se.Name.Local
+				if se.Name.Space != "http://www.w3.org/2000/svg" {
+					t.Errorf("root namespace %q, want the SVG namespace", se.Name.Space)
+				}
+			}
+			switch se.Name.Local {
+			case "polyline":
+				polylines++
+			case "text":
+				texts++
+			}
+		}
+	}
+	if root != "svg" {
+		t.Errorf("root element %q, want svg", root)
+	}
+	// Three designs and three failure policies.
+	if polylines != 6 {
+		t.Errorf("%d series in the chart, want 6", polylines)
+	}
+	if texts < 10 {
+		t.Errorf("only %d text elements: axes or legend missing", texts)
+	}
+	for _, want := range []string{"per-instance", "per-request", "FailLocal", "Redis down", "limit"} {
+		if !bytes.Contains(data, []byte(want)) {
+			t.Errorf("chart lacks %q", want)
+		}
+	}
+}
+
+func TestBadFlags(t *testing.T) {
+	tests := []struct {
+		args    []string
+		mention string
+	}{
+		{[]string{"-instances", "0"}, "-instances"},
+		{[]string{"-instances", "-3"}, "-instances"},
+		{[]string{"-duration", "-1s"}, "-duration"},
+		{[]string{"-duration", "0"}, "-duration"},
+		{[]string{"-duration", "soon"}, "invalid value"},
+		{[]string{"-outage", "-1s"}, "-outage"},
+		{[]string{"-load", "0"}, "-load"},
+		{[]string{"-load", "NaN"}, "-load"},
+		{[]string{"-limit", "0"}, "-limit"},
+		{[]string{"-workers", "0"}, "-workers"},
+		{[]string{"-tail-keys", "0"}, "-tail-keys"},
+		{[]string{"-timeout", "-1s"}, "-timeout"},
+		{[]string{"-chart", "out.png"}, ".svg"},
+		{[]string{"-redis", "a:1", "-redis-cluster", "b:1,c:1"}, "cannot both"},
+		{[]string{"-redis", "redis://:pw@host:notaport/x"}, "-redis"},
+		{[]string{"-no-such-flag"}, "flag provided but not defined"},
+		{[]string{"extra"}, "unexpected argument"},
+	}
+	for _, tc := range tests {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			code, out, errOut := runDemo(t, tc.args...)
+			if code != exitUsage {
+				t.Errorf("exit code %d, want %d", code, exitUsage)
+			}
+			if out != "" {
+				t.Errorf("wrote to stdout: %q", out)
+			}
+			if !strings.Contains(errOut, tc.mention) {
+				t.Errorf("stderr does not mention %q:\n%s", tc.mention, errOut)
+			}
+		})
+	}
+}
+
+func TestHelp(t *testing.T) {
+	for _, h := range []string{"-h", "-help", "--help"} {
+		code, out, errOut := runDemo(t, h)
+		if code != exitOK {
+			t.Errorf("%s: exit code %d, want 0", h, code)
+		}
+		if out != "" {
+			t.Errorf("%s: wrote to stdout: %q", h, out)
+		}
+		for _, flag := range []string{"-redis ADDR", "-redis-cluster ADDRS", "-instances N", "-duration", "-outage", "-chart FILE.svg",
+			"-seed", "-limit N", "-load", "-workers", "-tail-keys", "-timeout",
+			"(default 8)", "(default 8s)", "(default 3s)", "(default 1)", "(default 2500)", "(default 100)"} {
+			if !strings.Contains(errOut, flag) {
+				t.Errorf("%s: help lacks %q:\n%s", h, flag, errOut)
+			}
+		}
+	}
+}
+
+// TestRealRedis runs the demo against a redis-server when one is on PATH:
+// commands are counted with INFO, and the outage act is skipped.
+func TestRealRedis(t *testing.T) {
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		t.Skip("redis-server is not on PATH")
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	cmd := exec.Command(bin, "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+	})
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	for i := 0; ; i++ {
+		c, err := net.Dial("tcp", addr)
+		if err == nil {
+			c.Close()
+			break
+		}
+		if i == 100 {
+			t.Fatalf("redis-server did not start: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+
+	code, out, errOut := runDemo(t, "-redis", addr, "-duration", "500ms", "-instances", "2", "-limit", "20", "-load", "600", "-timeout", "1s")
+	t.Logf("stdout:\n%s", out)
+	if code != exitOK {
+		t.Fatalf("exit code %d, want 0; stderr:\n%s", code, errOut)
+	}
+	if !strings.Contains(out, "processed by the server") {
+		t.Errorf("no server command counts from INFO")
+	}
+	if !strings.Contains(out, "outage act needs the embedded Redis") {
+		t.Errorf("the outage act was not skipped")
+	}
+	designs := parseDesigns(t, out)
+	if r, ok := designs["(c)"]["hot"]; !ok || r.admitted > r.ideal {
+		t.Errorf("leaselimit hot key: %+v, want admitted <= ideal", r)
+	}
+}
+
+func TestRedisUnreachable(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close() // nothing listens there now
+	code, _, errOut := runDemo(t, "-redis", addr, "-duration", "200ms")
+	if code != exitFailed {
+		t.Errorf("exit code %d, want %d", code, exitFailed)
+	}
+	if !strings.Contains(errOut, "cannot reach Redis") {
+		t.Errorf("stderr: %s", errOut)
+	}
+}
