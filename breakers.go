@@ -20,7 +20,7 @@ type breakers struct {
 	cluster  *redis.ClusterClient // nil unless the client is a cluster
 
 	mu     sync.RWMutex
-	byNode map[string]*breaker.Breaker // master address → breaker
+	byNode map[string]*nodeBreaker // master address → breaker
 
 	lastReload atomic.Int64 // unix ns of the last slot-map reload we asked for
 }
@@ -29,8 +29,16 @@ type breakers struct {
 // addresses); past it, unknown nodes share the common breaker.
 const maxNodeBreakers = 1024
 
+// nodeBreaker is the breaker of one cluster node, with when keys were last
+// routed to it: a node that no longer serves any slot (a failed master
+// replaced by its replica) stops counting towards the Limiter's state.
+type nodeBreaker struct {
+	*breaker.Breaker
+	routed atomic.Int64 // unix ns, coarse
+}
+
 func newBreakers(client redis.UniversalClient, name string, s breaker.Settings) *breakers {
-	b := &breakers{name: name, settings: s, one: breaker.New(name, s), byNode: map[string]*breaker.Breaker{}}
+	b := &breakers{name: name, settings: s, one: breaker.New(name, s), byNode: map[string]*nodeBreaker{}}
 	if cc, ok := client.(*redis.ClusterClient); ok {
 		b.cluster = cc
 	}
@@ -51,23 +59,26 @@ func (b *breakers) forKey(rkey string, budget time.Duration) *breaker.Breaker {
 		return b.one
 	}
 	addr := node.Options().Addr
+	now := time.Now().UnixNano()
 	b.mu.RLock()
-	br := b.byNode[addr]
+	nb := b.byNode[addr]
 	b.mu.RUnlock()
-	if br != nil {
-		return br
+	if nb == nil {
+		b.mu.Lock()
+		if nb = b.byNode[addr]; nb == nil {
+			if len(b.byNode) >= maxNodeBreakers {
+				b.mu.Unlock()
+				return b.one
+			}
+			nb = &nodeBreaker{Breaker: breaker.New(b.name+"@"+addr, b.settings)}
+			b.byNode[addr] = nb
+		}
+		b.mu.Unlock()
 	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if br = b.byNode[addr]; br != nil {
-		return br
+	if now-nb.routed.Load() > int64(10*time.Millisecond) {
+		nb.routed.Store(now)
 	}
-	if len(b.byNode) >= maxNodeBreakers {
-		return b.one
-	}
-	br = breaker.New(b.name+"@"+addr, b.settings)
-	b.byNode[addr] = br
-	return br
+	return nb.Breaker
 }
 
 // failed tells the breakers that a call to rkey's node failed. On a
@@ -87,13 +98,21 @@ func (b *breakers) failed() {
 	b.cluster.ReloadState(context.Background()) // asynchronous in go-redis
 }
 
-// worst returns the most severe state of any breaker: open, then half-open.
+// worst returns the most severe state of the breakers in use: open, then
+// half-open. A node breaker that no key was routed to for a while (twice
+// the open interval, at least 1s) is out of use: its node no longer serves
+// any slot.
 func (b *breakers) worst() breaker.State {
 	w := b.one.State()
+	stale := max(2*b.settings.WithDefaults().OpenFor, time.Second)
+	since := time.Now().Add(-stale).UnixNano()
 	b.mu.RLock()
 	defer b.mu.RUnlock()
-	for _, br := range b.byNode {
-		if s := br.State(); rank(s) > rank(w) {
+	for _, nb := range b.byNode {
+		if nb.routed.Load() < since {
+			continue
+		}
+		if s := nb.State(); rank(s) > rank(w) {
 			w = s
 		}
 	}

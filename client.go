@@ -14,7 +14,6 @@ import (
 	"github.com/leaselimit/leaselimit/policy"
 	"github.com/leaselimit/leaselimit/telemetry"
 	"github.com/redis/go-redis/v9"
-	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/sync/singleflight"
 )
@@ -215,12 +214,22 @@ func stateIndex(s breaker.State) int {
 	return 0
 }
 
-// note adds attributes to the decision span in ctx, if it is recording. Only
-// slow paths call it.
-func note(ctx context.Context, kv ...attribute.KeyValue) {
-	if sp := trace.SpanFromContext(ctx); sp.IsRecording() {
-		sp.SetAttributes(kv...)
+// recording returns the decision span in ctx if it is recording, so that
+// attributes are built only when someone will see them.
+func recording(ctx context.Context) (trace.Span, bool) {
+	sp := trace.SpanFromContext(ctx)
+	return sp, sp.IsRecording()
+}
+
+// route returns the breaker for key and, on a Cluster (where finding the
+// breaker needs it), key's Redis key; elsewhere rkey is "" and is built only
+// when a Redis call is to be made, so breaker-open decisions stay cheap.
+func (l *Limiter) route(key string) (brk *breaker.Breaker, rkey string) {
+	if l.brk.cluster == nil {
+		return l.brk.one, ""
 	}
+	rkey = l.auth.Key(l.limit, key)
+	return l.brk.forKey(rkey, l.cfg.timeout), rkey
 }
 
 func (l *Limiter) allowN(ctx context.Context, key string, n int64) (Decision, error) {
@@ -304,10 +313,16 @@ func (l *Limiter) fromGrant(g authority.Grant, src Source) Decision {
 
 // allowExact asks Redis for exactly n tokens.
 func (l *Limiter) allowExact(ctx context.Context, key string, n int64) (Decision, error) {
-	rkey := l.auth.Key(l.limit, key)
-	brk := l.brk.forKey(rkey, l.cfg.timeout)
+	brk, rkey := l.route(key)
 	if brk.Rejects(l.cfg.clock.Now()) {
 		return l.fallback(ctx, brk, key, nil, n, l.now(), telemetry.ReasonBreakerOpen), nil
+	}
+	return l.callExact(ctx, brk, rkey, key, n)
+}
+
+func (l *Limiter) callExact(ctx context.Context, brk *breaker.Breaker, rkey, key string, n int64) (Decision, error) {
+	if rkey == "" {
+		rkey = l.auth.Key(l.limit, key)
 	}
 	g, err := l.authorize(ctx, brk, rkey, n, n, 1, func(late authority.Grant) {
 		// The caller left before the grant arrived: give the tokens back.
@@ -347,11 +362,19 @@ func (l *Limiter) allowMiss(ctx context.Context, key string, e *lease.Entry, n, 
 	if e == nil || e.Removed() {
 		e = l.getOrCreate(key, now)
 	}
-	rkey := l.auth.Key(l.limit, key)
-	brk := l.brk.forKey(rkey, l.cfg.timeout)
+	brk, rkey := l.route(key)
 	if brk.Rejects(l.cfg.clock.Now()) {
 		return l.fallback(ctx, brk, key, e, n, now, telemetry.ReasonBreakerOpen), nil
 	}
+	return l.missRefill(ctx, brk, rkey, key, e, n)
+}
+
+// missRefill waits for a coalesced refill of e and takes n from it.
+func (l *Limiter) missRefill(ctx context.Context, brk *breaker.Breaker, rkey, key string, e *lease.Entry, n int64) (Decision, error) {
+	if rkey == "" {
+		rkey = l.auth.Key(l.limit, key)
+	}
+	var now int64
 	for attempt := 0; attempt < 4; attempt++ {
 		e.AddPending(n)
 		ch := l.sf.DoChan(key, func() (any, error) { return l.refill(ctx, brk, rkey, e) })
@@ -362,7 +385,9 @@ func (l *Limiter) allowMiss(ctx context.Context, key string, e *lease.Entry, n, 
 			// The refill goes on; what it brings for us stays in the lease.
 			return Decision{}, ctx.Err()
 		}
-		note(ctx, telemetry.AttrCoalesced.Bool(r.Shared), telemetry.AttrBreaker.String(brk.State().String()))
+		if sp, ok := recording(ctx); ok {
+			sp.SetAttributes(telemetry.AttrCoalesced.Bool(r.Shared), telemetry.AttrBreaker.String(brk.State().String()))
+		}
 		if r.Err != nil {
 			return l.onError(ctx, brk, key, e, n, r.Err)
 		}
@@ -528,7 +553,9 @@ func (l *Limiter) authorize(ctx context.Context, brk *breaker.Breaker, rkey stri
 // keep serving until they expire.
 func (l *Limiter) fallback(ctx context.Context, brk *breaker.Breaker, key string, e *lease.Entry, n, now int64, reason string) Decision {
 	l.tel.CountFallback(ctx, reason)
-	note(ctx, telemetry.AttrReason.String(reason), telemetry.AttrBreaker.String(brk.State().String()))
+	if sp, ok := recording(ctx); ok {
+		sp.SetAttributes(telemetry.AttrReason.String(reason), telemetry.AttrBreaker.String(brk.State().String()))
+	}
 	if e == nil && (!l.cfg.noLease || l.cfg.mode == policy.FailLocal) {
 		e = l.table.Get(key)
 	}

@@ -309,11 +309,8 @@ func (z Sizer) Install(e *Entry, req Request, o Outcome, now int64) (refund int6
 		e.level = 0
 		return o.Granted
 	}
-	// Reserve for the callers counted in the plan and for those that joined
-	// the refill after it was planned.
-	late := e.pendSum.Swap(0)
-	e.pendMin.Store(0)
-	part := min(req.Need+late, o.Granted)
+	// Reserve for the callers counted in the plan.
+	part := min(req.Need, o.Granted)
 	e.lastNeed = part
 	e.reserved.Add(part)
 	e.level = e.tokens.Add(o.Granted - part)
