@@ -1,0 +1,370 @@
+package breaker_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/leaselimit/leaselimit/authority"
+	"github.com/leaselimit/leaselimit/breaker"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+var errInfra = &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}
+
+// TestClassification: which errors count against Redis, which are excluded
+// (they say nothing about Redis's health), and which are neither (our own
+// bugs, ordinary replies).
+func TestClassification(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		err      error
+		counts   bool
+		excluded bool
+	}{
+		{"nil", nil, false, false},
+
+		// A caller's cancellation is not Redis's fault.
+		{"context.Canceled", context.Canceled, false, true},
+		{"wrapped context.Canceled", fmt.Errorf("acquire: %w", context.Canceled), false, true},
+
+		// Timeouts, including the Limiter's own budget, count.
+		{"context.DeadlineExceeded", context.DeadlineExceeded, true, false},
+		{"wrapped context.DeadlineExceeded", fmt.Errorf("acquire: %w", context.DeadlineExceeded), true, false},
+		{"ErrBudget", breaker.ErrBudget, true, false},
+		{"ErrBudget wrapping DeadlineExceeded", fmt.Errorf("%w: %w", breaker.ErrBudget, context.DeadlineExceeded), true, false},
+		{"ErrBudget message", fmt.Errorf("%w: no reply within 100ms", breaker.ErrBudget), true, false},
+		{"os.ErrDeadlineExceeded (i/o timeout)", os.ErrDeadlineExceeded, true, false},
+
+		// Network errors count.
+		{"dial refused", &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}, true, false},
+		{"read reset", errInfra, true, false},
+		{"wrapped net error", fmt.Errorf("evalsha: %w", errInfra), true, false},
+		{"net.ErrClosed", net.ErrClosed, true, false},
+		{"io.EOF", io.EOF, true, false},
+		{"io.ErrUnexpectedEOF", io.ErrUnexpectedEOF, true, false},
+		{"connection refused text", errors.New("dial tcp 127.0.0.1:1: connect: connection refused"), true, false},
+		{"broken pipe text", errors.New("write tcp 127.0.0.1:2->127.0.0.1:1: write: broken pipe"), true, false},
+		{"redis client closed", redis.ErrClosed, true, false},
+		{"pool timeout text", errors.New("redis: connection pool timeout"), true, false},
+
+		// Redis replies meaning "cannot serve now" count.
+		{"LOADING", errors.New("LOADING Redis is loading the dataset in memory"), true, false},
+		{"BUSY", errors.New("BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSAVE."), true, false},
+		{"READONLY", errors.New("READONLY You can't write against a read only replica."), true, false},
+		{"MASTERDOWN", errors.New("MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'."), true, false},
+		{"CLUSTERDOWN", errors.New("CLUSTERDOWN The cluster is down"), true, false},
+		{"TRYAGAIN", errors.New("TRYAGAIN Multiple keys request during rehashing of slot"), true, false},
+		{"OOM", errors.New("OOM command not allowed when used memory > 'maxmemory'."), true, false},
+
+		// NOSCRIPT: the authority reloads the script and retries.
+		{"NOSCRIPT", errors.New("NOSCRIPT No matching script. Please use EVAL."), false, true},
+
+		// Our own bugs are neither counted nor hidden as exclusions of
+		// Redis's health: they are surfaced to the caller.
+		{"script argument error", errors.New("ERR leaselimit: invalid acquire arguments script: 1234, on @user_script:21."), false, false},
+		{"authority.ErrScript", fmt.Errorf("%w: %w", authority.ErrScript, errors.New("ERR leaselimit: invalid acquire arguments")), false, false},
+		{"authority.ErrReply", fmt.Errorf("%w: 3 elements, want 4", authority.ErrReply), false, false},
+		{"WRONGTYPE", errors.New("WRONGTYPE Operation against a key holding the wrong kind of value"), false, false},
+		{"generic ERR", errors.New("ERR wrong number of arguments for 'evalsha' command"), false, false},
+		{"redis.Nil", redis.Nil, false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := breaker.Counts(tc.err); got != tc.counts {
+				t.Errorf("Counts(%v) = %v; want %v", tc.err, got, tc.counts)
+			}
+			if got := breaker.Excluded(tc.err); got != tc.excluded {
+				t.Errorf("Excluded(%v) = %v; want %v", tc.err, got, tc.excluded)
+			}
+			if tc.counts && tc.excluded {
+				t.Fatal("bad table row: an error cannot both count and be excluded")
+			}
+		})
+	}
+}
+
+// TestClassificationRealErrors: the errors a go-redis client actually
+// returns are classified like their textual forms above.
+func TestClassificationRealErrors(t *testing.T) {
+	ctx := context.Background()
+
+	// NOSCRIPT, as replied by a server.
+	m := miniredis.RunT(t)
+	c := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	defer c.Close()
+	err := c.EvalSha(ctx, "0123456789012345678901234567890123456789", []string{"k"}).Err()
+	if err == nil {
+		t.Fatal("EVALSHA of an unknown script: no error")
+	}
+	if breaker.Counts(err) || !breaker.Excluded(err) {
+		t.Errorf("real NOSCRIPT %q: Counts %v, Excluded %v; want false, true", err, breaker.Counts(err), breaker.Excluded(err))
+	}
+
+	// A script error reply is not a failure of Redis.
+	err = c.Eval(ctx, "return redis.error_reply('ERR leaselimit: invalid acquire arguments')", []string{"k"}).Err()
+	if err == nil {
+		t.Fatal("EVAL of a failing script: no error")
+	}
+	if breaker.Counts(err) {
+		t.Errorf("real script error %q counts as a Redis failure", err)
+	}
+
+	// Connection refused, as returned by a client whose server is gone.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	dead := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialerRetries: 1})
+	defer dead.Close()
+	err = dead.Ping(ctx).Err()
+	if err == nil {
+		t.Fatalf("PING %s: no error with nothing listening", addr)
+	}
+	if !breaker.Counts(err) || breaker.Excluded(err) {
+		t.Errorf("real dial error %q: Counts %v, Excluded %v; want true, false", err, breaker.Counts(err), breaker.Excluded(err))
+	}
+
+	// A caller's cancelled context.
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	err = c.Ping(cctx).Err()
+	if err == nil {
+		t.Fatal("PING with a cancelled context: no error")
+	}
+	if breaker.Counts(err) || !breaker.Excluded(err) {
+		t.Errorf("cancelled PING %q: Counts %v, Excluded %v; want false, true", err, breaker.Counts(err), breaker.Excluded(err))
+	}
+}
+
+func TestDefaultsAndValidate(t *testing.T) {
+	d := breaker.Settings{}.WithDefaults()
+	if d.Failures != 5 || d.OpenFor != 2*time.Second || d.Probes != 3 || d.Interval != 10*time.Second {
+		t.Errorf("defaults = %+v; want Failures 5, OpenFor 2s, Probes 3, Interval 10s", d)
+	}
+	s := breaker.Settings{Failures: 1, OpenFor: time.Millisecond, Probes: 7, Interval: time.Minute}.WithDefaults()
+	if s.Failures != 1 || s.OpenFor != time.Millisecond || s.Probes != 7 || s.Interval != time.Minute {
+		t.Errorf("WithDefaults changed set fields: %+v", s)
+	}
+	if err := (breaker.Settings{}).Validate(); err != nil {
+		t.Errorf("zero Settings: %v", err)
+	}
+	for _, bad := range []breaker.Settings{{OpenFor: -time.Second}, {Interval: -1}} {
+		if err := bad.Validate(); err == nil {
+			t.Errorf("Validate(%+v): no error", bad)
+		}
+	}
+}
+
+// transitions records the OnStateChange calls of a breaker.
+type transitions struct {
+	mu  sync.Mutex
+	got []string
+}
+
+func (tr *transitions) record(from, to breaker.State) {
+	tr.mu.Lock()
+	tr.got = append(tr.got, from.String()+"->"+to.String())
+	tr.mu.Unlock()
+}
+
+func (tr *transitions) list() []string {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	return append([]string(nil), tr.got...)
+}
+
+func call(t *testing.T, b *breaker.Breaker, err error) {
+	t.Helper()
+	done, aerr := b.Allow()
+	if aerr != nil {
+		t.Fatalf("Allow in state %v: %v", b.State(), aerr)
+	}
+	done(err)
+}
+
+// TestStateMachine: closed → open after Failures consecutive failures;
+// Rejects while open; half-open after OpenFor; closed after Probes
+// successes; the hook sees every transition.
+func TestStateMachine(t *testing.T) {
+	const openFor = 150 * time.Millisecond
+	var tr transitions
+	b := breaker.New("test", breaker.Settings{Failures: 3, OpenFor: openFor, Probes: 2, OnStateChange: tr.record})
+
+	if b.State() != breaker.Closed || b.Rejects(time.Now()) || !b.OpenUntil().IsZero() {
+		t.Fatalf("new breaker: state %v, rejects %v, open until %v", b.State(), b.Rejects(time.Now()), b.OpenUntil())
+	}
+	for _, s := range []struct {
+		st   breaker.State
+		want string
+	}{{breaker.Closed, "closed"}, {breaker.HalfOpen, "half-open"}, {breaker.Open, "open"}} {
+		if s.st.String() != s.want {
+			t.Errorf("State(%d).String() = %q; want %q", int(s.st), s.st.String(), s.want)
+		}
+	}
+
+	// Failures that are not consecutive do not trip it.
+	call(t, b, errInfra)
+	call(t, b, errInfra)
+	call(t, b, nil)
+	call(t, b, errInfra)
+	call(t, b, errInfra)
+	if b.State() != breaker.Closed {
+		t.Fatalf("state %v after non-consecutive failures", b.State())
+	}
+	// Exclusions and our own bugs neither trip it nor reset the streak.
+	for i := 0; i < 10; i++ {
+		call(t, b, context.Canceled)
+		call(t, b, errors.New("NOSCRIPT No matching script. Please use EVAL."))
+		call(t, b, errors.New("ERR leaselimit: invalid acquire arguments"))
+	}
+	if b.State() != breaker.Closed {
+		t.Fatalf("state %v after excluded errors", b.State())
+	}
+
+	// The third consecutive failure opens it.
+	before := time.Now()
+	call(t, b, breaker.ErrBudget)
+	after := time.Now()
+	if b.State() != breaker.Open {
+		t.Fatalf("state %v after 3 consecutive failures; want open", b.State())
+	}
+	if b.Trips() != 1 {
+		t.Errorf("Trips = %d; want 1", b.Trips())
+	}
+	if u := b.OpenUntil(); u.Before(before.Add(openFor)) || u.After(after.Add(openFor)) {
+		t.Errorf("OpenUntil = %v; want %v after the trip (between %v and %v)", u, openFor, before.Add(openFor), after.Add(openFor))
+	}
+	if !b.Rejects(time.Now()) {
+		t.Error("Rejects = false while open")
+	}
+	if b.Rejects(b.OpenUntil().Add(time.Nanosecond)) {
+		t.Error("Rejects = true after OpenUntil")
+	}
+	if _, err := b.Allow(); !errors.Is(err, breaker.ErrOpen) {
+		t.Errorf("Allow while open = %v; want ErrOpen", err)
+	}
+
+	// After OpenFor, probes are let through: half-open.
+	time.Sleep(time.Until(b.OpenUntil()) + 20*time.Millisecond)
+	if b.Rejects(time.Now()) {
+		t.Error("Rejects = true after OpenFor")
+	}
+	p1, err := b.Allow()
+	if err != nil {
+		t.Fatalf("first probe: %v", err)
+	}
+	if b.State() != breaker.HalfOpen {
+		t.Fatalf("state %v after OpenFor and a probe; want half-open", b.State())
+	}
+	if !b.OpenUntil().IsZero() {
+		t.Errorf("OpenUntil = %v while half-open; want zero", b.OpenUntil())
+	}
+	p2, err := b.Allow()
+	if err != nil {
+		t.Fatalf("second probe: %v", err)
+	}
+	// Probes = 2: a third concurrent call is refused.
+	if _, err := b.Allow(); !errors.Is(err, breaker.ErrOpen) {
+		t.Errorf("third call while 2 probes are in flight = %v; want ErrOpen", err)
+	}
+	p1(nil)
+	if b.State() != breaker.HalfOpen {
+		t.Fatalf("state %v after 1 of 2 probe successes", b.State())
+	}
+	p2(nil)
+	if b.State() != breaker.Closed {
+		t.Fatalf("state %v after 2 probe successes; want closed", b.State())
+	}
+	if b.Rejects(time.Now()) || !b.OpenUntil().IsZero() {
+		t.Error("closed breaker rejects or has an OpenUntil")
+	}
+
+	// A failed probe opens it again.
+	for i := 0; i < 3; i++ {
+		call(t, b, errInfra)
+	}
+	if b.State() != breaker.Open {
+		t.Fatalf("state %v; want open again", b.State())
+	}
+	time.Sleep(time.Until(b.OpenUntil()) + 20*time.Millisecond)
+	call(t, b, errInfra)
+	if b.State() != breaker.Open || !b.Rejects(time.Now()) {
+		t.Fatalf("state %v after a failed probe; want open", b.State())
+	}
+	if b.Trips() != 3 {
+		t.Errorf("Trips = %d; want 3", b.Trips())
+	}
+
+	want := []string{
+		"closed->open", "open->half-open", "half-open->closed",
+		"closed->open", "open->half-open", "half-open->open",
+	}
+	if got := tr.list(); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("OnStateChange calls %v; want %v", got, want)
+	}
+}
+
+// TestExcludedProbeDoesNotCount: a probe that ends with an excluded error
+// leaves the breaker half-open and frees its slot for another probe.
+func TestExcludedProbeDoesNotCount(t *testing.T) {
+	b := breaker.New("test", breaker.Settings{Failures: 1, OpenFor: 50 * time.Millisecond, Probes: 1})
+	call(t, b, errInfra)
+	if b.State() != breaker.Open {
+		t.Fatalf("state %v; want open", b.State())
+	}
+	time.Sleep(time.Until(b.OpenUntil()) + 20*time.Millisecond)
+	call(t, b, context.Canceled)
+	if b.State() != breaker.HalfOpen {
+		t.Fatalf("state %v after a cancelled probe; want half-open", b.State())
+	}
+	call(t, b, nil)
+	if b.State() != breaker.Closed {
+		t.Fatalf("state %v after a successful probe; want closed", b.State())
+	}
+}
+
+// TestConcurrent: many goroutines using one breaker, under -race.
+func TestConcurrent(t *testing.T) {
+	var tr transitions
+	b := breaker.New("test", breaker.Settings{Failures: 5, OpenFor: 5 * time.Millisecond, Probes: 2, OnStateChange: tr.record})
+	var wg sync.WaitGroup
+	for g := 0; g < 8; g++ {
+		wg.Add(1)
+		go func(g int) {
+			defer wg.Done()
+			for i := 0; i < 2000; i++ {
+				_ = b.Rejects(time.Now())
+				_ = b.State()
+				done, err := b.Allow()
+				if err != nil {
+					continue
+				}
+				if (i+g)%10 == 0 {
+					done(nil)
+				} else {
+					done(errInfra)
+				}
+			}
+		}(g)
+	}
+	wg.Wait()
+	if b.Trips() == 0 {
+		t.Error("never tripped under 90% failures")
+	}
+	t.Logf("%d trips, %d transitions", b.Trips(), len(tr.list()))
+}
