@@ -1,0 +1,480 @@
+// Command compare runs leaselimit and the designs it replaces side by side,
+// in one process, on one real redis-server, and prints a Markdown table.
+//
+//	go run ./cmd/compare [-redis ADDR] [-duration 5s] [-goroutines 64] [-short]
+//
+// Without -redis it starts redis-server (from PATH) on a free loopback port
+// and stops it on exit. Each cell (workload × design) runs for -duration
+// after a short warm-up; -short runs 1s cells for CI. See README.md for the
+// columns.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/leaselimit/leaselimit/benchmarks/internal/design"
+	"github.com/leaselimit/leaselimit/benchmarks/internal/latency"
+	"github.com/leaselimit/leaselimit/policy"
+	"github.com/redis/go-redis/v9"
+)
+
+// workload is one row group of the table.
+type workload struct {
+	name      string
+	limit     policy.Limit
+	keys      int     // distinct keys
+	instances int     // separate clients and limiters sharing the keys
+	limited   bool    // demand exceeds the limit: report admitted / ideal
+	overload  float64 // > 0: open loop, demand paced at overload × the limit's rate
+}
+
+var (
+	unlimited = policy.Limit{Name: "cmp", Rate: 1_000_000_000, Period: time.Second, Burst: 1_000_000_000}
+
+	workloads = []workload{
+		{name: "hot key", limit: unlimited, keys: 1, instances: 1},
+		{name: "10k keys", limit: unlimited, keys: 10_000, instances: 1},
+		{name: "1 key, 100× over limit", limit: policy.Limit{Name: "cmp-over", Rate: 100, Period: time.Second, Burst: 100},
+			keys: 1, instances: 1, limited: true, overload: 100},
+		{name: "8 instances, 1 key", limit: policy.Limit{Name: "cmp-fleet", Rate: 2000, Period: time.Second, Burst: 200},
+			keys: 1, instances: 8, limited: true},
+	}
+)
+
+type config struct {
+	addr       string
+	duration   time.Duration
+	warmup     time.Duration
+	goroutines int
+	runID      string
+	out        io.Writer
+}
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "compare:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	var (
+		addr       = flag.String("redis", "", "address of a Redis to use (default: start redis-server on a free loopback port)")
+		duration   = flag.Duration("duration", 5*time.Second, "measured time of each cell (workload × design)")
+		goroutines = flag.Int("goroutines", 64, "concurrent callers per cell")
+		short      = flag.Bool("short", false, "1s cells and a shorter warm-up, for CI")
+		only       = flag.String("designs", strings.Join(design.Names, ","), "comma-separated designs to run")
+	)
+	flag.Parse()
+	if flag.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", flag.Args())
+	}
+	if *short {
+		*duration = time.Second
+	}
+	if *duration <= 0 || *duration > time.Hour {
+		return fmt.Errorf("-duration %v must be in (0, 1h]", *duration)
+	}
+	if *goroutines < 1 || *goroutines > 10_000 {
+		return fmt.Errorf("-goroutines %d must be in [1, 10000]", *goroutines)
+	}
+	designs, err := pickDesigns(*only)
+	if err != nil {
+		return err
+	}
+
+	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer cancel()
+
+	cfg := config{
+		addr:       *addr,
+		duration:   *duration,
+		warmup:     min(max(*duration/10, 100*time.Millisecond), time.Second),
+		goroutines: *goroutines,
+		runID:      strconv.FormatInt(time.Now().UnixNano(), 36),
+		out:        os.Stdout,
+	}
+	version := ""
+	if cfg.addr == "" {
+		srv, err := startServer()
+		if err != nil {
+			return err
+		}
+		defer srv.stop()
+		cfg.addr = srv.Addr
+	}
+	ic, err := dialInfo(cfg.addr)
+	if err != nil {
+		return fmt.Errorf("connect to Redis at %s: %w", cfg.addr, err)
+	}
+	defer ic.Close()
+	if info, err := ic.do("INFO", "server"); err != nil {
+		return fmt.Errorf("Redis at %s: %w", cfg.addr, err)
+	} else {
+		version = infoField(info, "redis_version")
+	}
+
+	fmt.Fprintf(os.Stderr, "compare: Redis %s at %s, %d goroutines, %v per cell (+%v warm-up), GOMAXPROCS %d, %s\n",
+		version, cfg.addr, cfg.goroutines, cfg.duration, cfg.warmup, runtime.GOMAXPROCS(0), runtime.Version())
+
+	var results []cellResult
+	for _, wl := range workloads {
+		for _, d := range designs {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			fmt.Fprintf(os.Stderr, "compare: %-24s %-18s ", wl.name, d)
+			r, err := runCell(ctx, cfg, ic, wl, d)
+			if err != nil {
+				fmt.Fprintln(os.Stderr, "error")
+				return fmt.Errorf("%s / %s: %w", wl.name, d, err)
+			}
+			fmt.Fprintf(os.Stderr, "%.0f decisions/s\n", r.rate())
+			results = append(results, r)
+		}
+	}
+	printTable(cfg, version, results)
+	for _, r := range results {
+		if r.fallbacks > 0 {
+			fmt.Fprintf(os.Stderr, "compare: warning: %s / %s: %d decisions were made by leaselimit's failure policy (Redis over its time budget)\n",
+				r.workload.name, r.design, r.fallbacks)
+		}
+	}
+	return nil
+}
+
+func pickDesigns(list string) ([]string, error) {
+	var out []string
+	for _, name := range strings.Split(list, ",") {
+		name = strings.TrimSpace(name)
+		found := false
+		for _, d := range design.Names {
+			if d == name {
+				found = true
+			}
+		}
+		if !found {
+			return nil, fmt.Errorf("unknown design %q (want some of %s)", name, strings.Join(design.Names, ","))
+		}
+		out = append(out, name)
+	}
+	return out, nil
+}
+
+// cellResult is what one workload × design run measured.
+type cellResult struct {
+	workload  workload
+	design    string
+	decisions int64 // demand: decisions made in the measured interval
+	admitted  int64
+	fallbacks int64
+	elapsed   time.Duration
+	hist      latency.Hist
+	cmds      int64 // Redis total_commands_processed, minus our INFO calls
+	reqs      int64 // commands sent by the clients
+}
+
+func (r *cellResult) rate() float64 { return float64(r.decisions) / r.elapsed.Seconds() }
+
+// ideal is the most a single central token bucket could admit for the
+// demand over the run: min(demand, Burst + Rate·T).
+func (r *cellResult) ideal() float64 {
+	l := r.workload.limit
+	capacity := float64(l.Burst) + float64(l.Rate)*r.elapsed.Seconds()/l.Period.Seconds()
+	return min(float64(r.decisions), capacity)
+}
+
+// runCell measures one design on one workload with fresh Redis keys (so
+// limited workloads start from a full bucket), and closes everything it
+// made before it returns.
+func runCell(ctx context.Context, cfg config, ic *infoConn, wl workload, name string) (res cellResult, err error) {
+	res = cellResult{workload: wl, design: name}
+	prefix := "cmp-" + cfg.runID + ":" + strings.ReplaceAll(wl.name, " ", "_") + ":" + name + ":"
+	keys := make([]string, wl.keys)
+	for i := range keys {
+		keys[i] = prefix + "k" + strconv.Itoa(i)
+	}
+
+	var reqs design.Counter
+	clients := make([]*redis.Client, wl.instances)
+	decs := make([]design.Decider, wl.instances)
+	defer func() {
+		for _, d := range decs {
+			if d != nil {
+				if cerr := d.Close(); cerr != nil && err == nil {
+					err = fmt.Errorf("close: %w", cerr)
+				}
+			}
+		}
+		for _, c := range clients {
+			if c != nil {
+				if cerr := c.Close(); cerr != nil && err == nil {
+					err = fmt.Errorf("close client: %w", cerr)
+				}
+			}
+		}
+	}()
+	for i := range clients {
+		clients[i] = design.NewClient(cfg.addr, &reqs)
+		if decs[i], err = design.New(name, clients[i], wl.limit); err != nil {
+			return res, err
+		}
+	}
+
+	// Warm up connections and script caches with throwaway deciders on
+	// another key; a limited workload's own key must start with a full
+	// bucket, so only unlimited workloads also warm up on their real keys
+	// (which brings leases to their steady-state size).
+	for i, c := range clients {
+		w, err := design.New(name, c, wl.limit)
+		if err != nil {
+			return res, err
+		}
+		_, werr := drive(ctx, cfg, wl, []design.Decider{w}, []string{prefix + "warm" + strconv.Itoa(i)}, 50*time.Millisecond, false)
+		if cerr := w.Close(); werr == nil {
+			werr = cerr
+		}
+		if werr != nil {
+			return res, fmt.Errorf("warm-up: %w", werr)
+		}
+	}
+	if !wl.limited {
+		if _, err := drive(ctx, cfg, wl, decs, keys, cfg.warmup, false); err != nil {
+			return res, fmt.Errorf("warm-up: %w", err)
+		}
+	}
+
+	c0, err := ic.totalCommands()
+	if err != nil {
+		return res, err
+	}
+	r0 := reqs.Load()
+	m, err := drive(ctx, cfg, wl, decs, keys, cfg.duration, true)
+	if err != nil {
+		return res, err
+	}
+	c1, err := ic.totalCommands()
+	if err != nil {
+		return res, err
+	}
+	res.reqs = reqs.Load() - r0
+	res.cmds = c1 - c0 - 1 // the first INFO is counted in the second reading
+	res.decisions, res.admitted, res.fallbacks = m.decisions, m.admitted, m.fallbacks
+	res.elapsed, res.hist = m.elapsed, m.hist
+	return res, nil
+}
+
+type measured struct {
+	decisions, admitted, fallbacks int64
+	elapsed                        time.Duration
+	hist                           latency.Hist
+}
+
+// drive runs cfg.goroutines callers for d against the deciders (goroutine
+// i uses decider i mod len(decs)), each walking keys in its own order. A
+// paced workload (wl.overload > 0) spreads wl.overload × the limit's rate
+// evenly over the goroutines; otherwise each calls as fast as it can. With
+// record set, one decision in latency.Sample per goroutine is timed (every
+// one when paced).
+func drive(ctx context.Context, cfg config, wl workload, decs []design.Decider, keys []string, d time.Duration, record bool) (measured, error) {
+	var (
+		stop     atomic.Bool
+		mu       sync.Mutex
+		m        measured
+		firstErr error
+		wg       sync.WaitGroup
+	)
+	g := cfg.goroutines
+	var interval time.Duration // per goroutine, when paced
+	if wl.overload > 0 {
+		perSec := wl.overload * float64(wl.limit.Rate) / wl.limit.Period.Seconds()
+		interval = time.Duration(float64(g) / perSec * float64(time.Second))
+	}
+	sample := latency.Sample
+	if interval > 0 {
+		sample = 1
+	}
+	start := time.Now()
+	timer := time.AfterFunc(d, func() { stop.Store(true) })
+	defer timer.Stop()
+	for id := range g {
+		wg.Go(func() {
+			dec := decs[id%len(decs)]
+			var h *latency.Hist
+			if record {
+				h = new(latency.Hist)
+			}
+			n := len(keys)
+			stride := strides[id%len(strides)]
+			k := (id * 613) % n
+			next := start.Add(time.Duration(id) * interval / time.Duration(g))
+			var calls, ok, fb int64
+			var err error
+			for i := 0; !stop.Load() && ctx.Err() == nil; i++ {
+				if interval > 0 {
+					if wait := time.Until(next); wait > 0 {
+						time.Sleep(wait)
+						if stop.Load() {
+							break
+						}
+					}
+					next = next.Add(interval)
+				}
+				k += stride
+				if k >= n {
+					k %= n
+				}
+				var t0 time.Time
+				timed := h != nil && i%sample == 0
+				if timed {
+					t0 = time.Now()
+				}
+				var r design.Result
+				r, err = dec.Allow(ctx, keys[k])
+				if timed {
+					h.Record(time.Since(t0))
+				}
+				if err != nil {
+					break
+				}
+				calls++
+				if r.Allowed {
+					ok++
+				}
+				if r.Fallback {
+					fb++
+				}
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			m.decisions += calls
+			m.admitted += ok
+			m.fallbacks += fb
+			if h != nil {
+				m.hist.Merge(h)
+			}
+			if err != nil && firstErr == nil {
+				firstErr = err
+				stop.Store(true)
+			}
+		})
+	}
+	wg.Wait()
+	m.elapsed = time.Since(start)
+	if firstErr == nil && ctx.Err() != nil {
+		firstErr = ctx.Err()
+	}
+	return m, firstErr
+}
+
+// strides are step sizes coprime to 10,000, so a goroutine stepping through
+// the keys with one visits each of them; goroutines use different strides
+// and start points, hence different orders.
+var strides = []int{1, 7919, 3, 4999, 7, 6007, 9, 1237, 11, 8191, 13, 2749, 17, 9973, 19, 5281}
+
+func printTable(cfg config, version string, results []cellResult) {
+	w := cfg.out
+	fmt.Fprintf(w, "Redis %s, %d goroutines, %v per cell, GOMAXPROCS %d (NumCPU %d), %s/%s, %s%s\n\n",
+		version, cfg.goroutines, cfg.duration, runtime.GOMAXPROCS(0), runtime.NumCPU(), runtime.GOOS, runtime.GOARCH, runtime.Version(), loadAvg())
+	fmt.Fprintln(w, "| workload | design | decisions/s | vs redis_rate | p50 | p99 | p99.9 | Redis cmds/decision | requests/decision | admitted / ideal | fallbacks |")
+	fmt.Fprintln(w, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+	base := map[string]float64{}
+	for _, r := range results {
+		if r.design == design.RedisRate {
+			base[r.workload.name] = r.rate()
+		}
+	}
+	for _, r := range results {
+		ratio := "—"
+		if b := base[r.workload.name]; b > 0 {
+			ratio = fmt.Sprintf("%.2f×", r.rate()/b)
+		}
+		adm := "—"
+		if r.workload.limited {
+			ideal := r.ideal()
+			adm = fmt.Sprintf("%.3f (%d / %.0f)", float64(r.admitted)/ideal, r.admitted, ideal)
+		} else if r.admitted != r.decisions {
+			adm = fmt.Sprintf("%d of %d denied", r.decisions-r.admitted, r.decisions)
+		}
+		n := float64(r.decisions)
+		fb := "0"
+		if r.fallbacks > 0 {
+			fb = fmt.Sprintf("**%.3g%%**", 100*float64(r.fallbacks)/n)
+		}
+		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
+			r.workload.name, r.design, count(r.rate()), ratio,
+			dur(r.hist.Quantile(0.5)), dur(r.hist.Quantile(0.99)), dur(r.hist.Quantile(0.999)),
+			perDecision(float64(r.cmds)/n), perDecision(float64(r.reqs)/n), adm, fb)
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "Workloads: hot key and 10k keys use a limit of 1e9/s (burst 1e9), so every decision should be admitted;")
+	fmt.Fprintln(w, "\"100× over\" is 100/s burst 100 with demand paced at 10,000/s across the goroutines (open loop);")
+	fmt.Fprintln(w, "\"8 instances\" is 8 clients and limiters sharing one key at 2000/s burst 200, callers as fast as they can.")
+	fmt.Fprintln(w, "lua_per_request is a minimal classic token-bucket script of our own (design.tokenBucket), one EVALSHA per decision.")
+	for _, r := range results {
+		if r.fallbacks > 0 {
+			fmt.Fprintln(w, "\nfallbacks: decisions made by leaselimit's failure policy (FailOpen: admit) because Redis did not answer")
+			fmt.Fprintln(w, "within its 100ms budget or its breaker was open; they never reached Redis, so a cell with many of them")
+			fmt.Fprintln(w, "did not measure the design (its decisions/s, latency and commands are those of FailOpen).")
+			break
+		}
+	}
+}
+
+func count(v float64) string {
+	switch {
+	case v >= 1e6:
+		return fmt.Sprintf("%.2fM", v/1e6)
+	case v >= 1e3:
+		return fmt.Sprintf("%.1fk", v/1e3)
+	}
+	return fmt.Sprintf("%.0f", v)
+}
+
+func perDecision(v float64) string {
+	switch {
+	case v == 0:
+		return "0"
+	case v >= 0.1:
+		return fmt.Sprintf("%.2f", v)
+	}
+	return fmt.Sprintf("%.5f", v)
+}
+
+func dur(d time.Duration) string {
+	switch {
+	case d >= time.Second:
+		return fmt.Sprintf("%.2fs", d.Seconds())
+	case d >= time.Millisecond:
+		return fmt.Sprintf("%.2fms", float64(d)/1e6)
+	case d >= time.Microsecond:
+		return fmt.Sprintf("%.1fµs", float64(d)/1e3)
+	}
+	return fmt.Sprintf("%dns", d.Nanoseconds())
+}
+
+// loadAvg returns ", load average X Y Z" from /proc/loadavg, or "": numbers
+// from a machine busy with other work are not comparable with others.
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return ""
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return ""
+	}
+	return ", load average at the end " + strings.Join(f[:3], " ")
+}
