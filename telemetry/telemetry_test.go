@@ -1,0 +1,60 @@
+package telemetry
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+
+	"go.opentelemetry.io/otel/trace/noop"
+)
+
+func TestKeyDigest(t *testing.T) {
+	a, b := KeyDigest([]byte("s1")), KeyDigest([]byte("s2"))
+	if a("user-1") != a("user-1") {
+		t.Error("digest is not stable")
+	}
+	if a("user-1") == a("user-2") || a("user-1") == b("user-1") {
+		t.Error("digest does not depend on key and secret")
+	}
+	if d := a("user-1"); len(d) != 16 || strings.Contains(d, "user") {
+		t.Errorf("digest %q: want 16 hex digits and no trace of the key", d)
+	}
+}
+
+func TestErrorType(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want string
+	}{
+		{context.DeadlineExceeded, "timeout"},
+		{fmt.Errorf("breaker: time budget exceeded: no reply"), "timeout"},
+		{errors.New("LOADING Redis is loading the dataset in memory"), "LOADING"},
+		{errors.New("NOSCRIPT No matching script"), "NOSCRIPT"},
+		{errors.New("something else"), "*errors.errorString"},
+	} {
+		if got := errorType(tc.err); got != tc.want {
+			t.Errorf("errorType(%v) = %q; want %q", tc.err, got, tc.want)
+		}
+	}
+	if !isCallerError(context.Canceled) || isCallerError(errors.New("dial tcp: connection refused")) {
+		t.Error("isCallerError misclassifies")
+	}
+}
+
+// TestNoopProviderIsNotTraced: an explicit no-op provider turns tracing off,
+// so a decision starts no span and allocates nothing for tracing.
+func TestNoopProviderIsNotTraced(t *testing.T) {
+	r, err := New(Config{TracerProvider: noop.NewTracerProvider(), LimitName: "x"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if r.Tracing() {
+		t.Error("Tracing() with a no-op provider")
+	}
+	if n := testing.AllocsPerRun(100, func() { r.CountDecision(context.Background(), true, 0) }); n != 0 {
+		t.Errorf("CountDecision allocates %v times", n)
+	}
+}
