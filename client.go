@@ -44,7 +44,10 @@ type Limiter struct {
 	local policy.Limit // FailLocal's per-instance share
 	share float64
 	sf    singleflight.Group
-	tel   *telemetry.Recorder
+	// direct: the client honours context deadlines (ContextTimeoutEnabled),
+	// so Redis calls run in the caller's goroutine bounded by a context.
+	direct bool
+	tel    *telemetry.Recorder
 
 	origin time.Time
 
@@ -132,12 +135,30 @@ func New(client redis.UniversalClient, limit policy.Limit, opts ...Option) (*Lim
 		sizer:  lease.NewSizer(limit, cfg.lease),
 		local:  local,
 		share:  cfg.lease.MaxShare,
+		direct: honoursDeadlines(client),
 		origin: cfg.clock.Now(),
 		stop:   make(chan struct{}),
 		done:   make(chan struct{}),
 	}
 	go l.janitor()
 	return l, nil
+}
+
+// honoursDeadlines reports whether client applies context deadlines to its
+// network reads and writes (go-redis's ContextTimeoutEnabled option). Only
+// then can a call be bounded by its context alone; otherwise a hung Redis
+// holds a read for the client's ReadTimeout (3s by default) and the Limiter
+// waits for each call in a separate goroutine instead.
+func honoursDeadlines(client redis.UniversalClient) bool {
+	switch c := client.(type) {
+	case *redis.Client:
+		return c.Options().ContextTimeoutEnabled
+	case *redis.ClusterClient:
+		return c.Options().ContextTimeoutEnabled
+	case *redis.Ring:
+		return c.Options().ContextTimeoutEnabled
+	}
+	return false
 }
 
 // Limit returns the limit the Limiter enforces.
@@ -501,28 +522,27 @@ func (l *Limiter) authorize(ctx context.Context, brk *breaker.Breaker, rkey stri
 		done(nil)
 		return authority.Grant{}, ErrClosed
 	}
-	var once sync.Once
-	report := func(err error) { once.Do(func() { done(err) }) }
-	var state atomic.Int32 // 0 pending, 1 delivered, 2 abandoned
+	if l.direct {
+		// The client enforces context deadlines itself: call in place.
+		defer l.wg.Done()
+		g, err := l.acquire(ctx, rkey, want, min, share)
+		done(err)
+		return g, err
+	}
+	// 0 pending, 1 delivered, 2 the waiter gave up at the budget (and told
+	// the breaker), 3 the waiter's ctx ended (the call reports its outcome).
+	var state atomic.Int32
 	ch := make(chan callResult, 1)
 	go func() {
 		defer l.wg.Done()
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.cfg.timeout)
-		cctx, span := l.tel.StartAuthority(cctx, want, min)
-		start := time.Now()
-		g, err := l.auth.Acquire(cctx, rkey, l.limit, want, min, share)
-		l.tel.EndAuthority(cctx, span, time.Since(start), g.Granted, err)
-		cancel()
-		if err != nil && errors.Is(err, context.DeadlineExceeded) {
-			err = fmt.Errorf("%w: %w", breaker.ErrBudget, err)
-		}
-		if err != nil && breaker.Counts(err) {
-			l.brk.failed()
-		}
-		report(err)
+		g, err := l.acquire(context.WithoutCancel(ctx), rkey, want, min, share)
 		if state.CompareAndSwap(0, 1) {
+			done(err)
 			ch <- callResult{g, err}
 			return
+		}
+		if state.Load() == 3 {
+			done(err)
 		}
 		if err == nil && g.Granted > 0 && late != nil {
 			late(g)
@@ -535,18 +555,36 @@ func (l *Limiter) authorize(ctx context.Context, brk *breaker.Breaker, rkey stri
 		return r.g, r.err
 	case <-timer.C:
 		if state.CompareAndSwap(0, 2) {
-			report(breaker.ErrBudget)
+			done(breaker.ErrBudget)
 			return authority.Grant{}, fmt.Errorf("%w: no reply within %v", breaker.ErrBudget, l.cfg.timeout)
 		}
 		r := <-ch
 		return r.g, r.err
 	case <-ctx.Done():
-		if state.CompareAndSwap(0, 2) {
+		if state.CompareAndSwap(0, 3) {
 			return authority.Grant{}, ctx.Err()
 		}
 		r := <-ch
 		return r.g, r.err
 	}
+}
+
+// acquire makes one script call bounded by the budget, with its span and
+// metrics; a budget overrun is marked with breaker.ErrBudget.
+func (l *Limiter) acquire(ctx context.Context, rkey string, want, min int64, share float64) (authority.Grant, error) {
+	cctx, cancel := context.WithTimeout(ctx, l.cfg.timeout)
+	defer cancel()
+	cctx, span := l.tel.StartAuthority(cctx, want, min)
+	start := time.Now()
+	g, err := l.auth.Acquire(cctx, rkey, l.limit, want, min, share)
+	l.tel.EndAuthority(cctx, span, time.Since(start), g.Granted, err)
+	if err != nil && errors.Is(err, context.DeadlineExceeded) {
+		err = fmt.Errorf("%w: %w", breaker.ErrBudget, err)
+	}
+	if err != nil && breaker.Counts(err) {
+		l.brk.failed()
+	}
+	return g, err
 }
 
 // fallback is the failure policy's decision for key. Leases already held

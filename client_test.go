@@ -227,3 +227,10 @@ func redisClient(t *testing.T, addr string) *redis.Client {
 	t.Cleanup(func() { c.Close() })
 	return c
 }
+
+func redisClientOpts(t *testing.T, o *redis.Options) *redis.Client {
+	t.Helper()
+	c := redis.NewClient(o)
+	t.Cleanup(func() { c.Close() })
+	return c
+}

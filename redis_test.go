@@ -119,11 +119,16 @@ func TestHungRedisWithinBudget(t *testing.T) {
 	srv := redistest.Start(t)
 	ctx := context.Background()
 	const budget = 150 * time.Millisecond
-	for _, mode := range []string{"exact", "lease"} {
+	// "direct": a client with ContextTimeoutEnabled, whose calls the Limiter
+	// makes in the caller's goroutine, bounded by the context alone.
+	for _, mode := range []string{"exact", "lease", "exact-direct", "lease-direct"} {
 		t.Run(mode, func(t *testing.T) {
-			c := srv.Client(t)
+			var c redis.UniversalClient = srv.Client(t)
+			if strings.HasSuffix(mode, "-direct") {
+				c = redisClientOpts(t, &redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
+			}
 			opts := []leaselimit.Option{leaselimit.WithTimeout(budget), leaselimit.WithFailureMode(policy.FailClosed)}
-			if mode == "exact" {
+			if strings.HasPrefix(mode, "exact") {
 				opts = append(opts, leaselimit.WithoutLease())
 			}
 			lim, err := leaselimit.New(c, policy.PerSecond(1000).WithName("hung-"+mode), opts...)
