@@ -34,7 +34,9 @@ const breakerOpenFor = 500 * time.Millisecond
 type demo struct {
 	cfg      *config
 	out      io.Writer
+	errOut   io.Writer
 	progress *progress
+	tel      *tracing
 
 	be      *backend
 	tr      *traffic
@@ -93,6 +95,8 @@ func (d *demo) run(ctx context.Context) error {
 		}
 	}
 	d.tr = newTraffic(cfg)
+	d.tel = newTracing(ctx, cfg)
+	defer d.tel.close()
 	// Every run and design gets buckets of its own, also on a shared Redis.
 	d.prefix = fmt.Sprintf("lldemo-%x", time.Now().UnixNano())
 
@@ -115,6 +119,7 @@ func (d *demo) run(ctx context.Context) error {
 		}
 		fmt.Fprintf(d.out, "\nChart of the hot key's admitted requests per second written to %s\n", cfg.chart)
 	}
+	d.tel.report(d.out, d.errOut)
 	d.verdict()
 	return nil
 }
@@ -129,6 +134,7 @@ func (d *demo) header() {
 	fmt.Fprintf(w, "  abusive    %-20s %6s/s  (%s× its limit)\n", abusiveKey, num(d.tr.demand(classAbusive)), ratio(d.tr.demand(classAbusive)/float64(cfg.limit)))
 	fmt.Fprintf(w, "  long tail  %-20s %6s/s  (%d keys, ~%s/s each)\n", "tenant:00000…", num(d.tr.demand(classTail)), cfg.tailKeys,
 		strconv.FormatFloat(d.tr.demand(classTail)/float64(cfg.tailKeys), 'g', 2, 64))
+	fmt.Fprintf(w, "%s\n", d.tel.describe())
 	fmt.Fprintf(w, "\nAct 1: the same traffic through three designs, one after another, %v each.\n", cfg.duration)
 	if d.be.embedded() {
 		fmt.Fprintf(w, "miniredis runs Lua scripts far slower than redis-server (use -redis ADDR for real-server numbers),\n")
@@ -172,6 +178,7 @@ func (d *demo) runDesign(ctx context.Context, ds *designResult) error {
 		if ds.id == "b" {
 			opts = append(opts, leaselimit.WithoutLease())
 		}
+		opts = append(opts, d.tel.options(ds.id == "c" && i == 0)...)
 		lim, err := leaselimit.New(d.be.newClient(), d.limit, opts...)
 		if err != nil {
 			closeAll(limiters)
@@ -209,7 +216,9 @@ func (d *demo) runDesign(ctx context.Context, ds *designResult) error {
 		last = cur
 		d.progress.line(line)
 	}
+	d.tel.record(true)
 	ds.elapsed = runFleet(ctx, d.tr, []*series{s}, cfg.duration, binWidth, tick, nil)
+	d.tel.record(false)
 	end := snap(s.stats)
 	d.progress.line(fmt.Sprintf("act 1 %s  done in %.2fs: %s decisions, hot key admitted %s (ideal %s), errors %d",
 		ds.label, ds.elapsed.Seconds(), num(float64(end.total)), num(float64(end.hot)), num(d.ideal(ds.elapsed)), end.errors))
@@ -272,11 +281,14 @@ func (d *demo) act2(ctx context.Context) error {
 	for k, m := range o.modes {
 		s := &series{label: names[m]}
 		for i := 0; i < cfg.instances; i++ {
-			lim, err := leaselimit.New(d.be.newClient(), d.limit,
+			opts := []leaselimit.Option{
 				leaselimit.WithPrefix(fmt.Sprintf("%s-outage-%s", d.prefix, m)),
 				leaselimit.WithFailureMode(m),
 				leaselimit.WithFleetSize(cfg.instances),
-				leaselimit.WithBreaker(breaker.Settings{OpenFor: breakerOpenFor}))
+				leaselimit.WithBreaker(breaker.Settings{OpenFor: breakerOpenFor}),
+			}
+			opts = append(opts, d.tel.options(m == policy.FailLocal && i == 0)...)
+			lim, err := leaselimit.New(d.be.newClient(), d.limit, opts...)
 			if err != nil {
 				for _, ls := range limiters {
 					closeAll(ls)
@@ -341,7 +353,9 @@ func (d *demo) act2(ctx context.Context) error {
 		d.progress.line(line)
 	}
 	total := o.warmup + o.down + o.back
+	d.tel.record(true)
 	o.elapsed = runFleet(ctx, o.tr, o.series, total, binWidth, tick, ctl)
+	d.tel.record(false)
 	line := fmt.Sprintf("act 2  done in %.2fs: errors", o.elapsed.Seconds())
 	for _, s := range o.series {
 		line += fmt.Sprintf(" %s %d", s.label, snap(s.stats).errors)

@@ -20,8 +20,16 @@
 // -redis-cluster ADDR1,ADDR2,... use a real one. -chart FILE.svg writes a chart
 // of the hot key's admitted requests per second over the whole run.
 //
+// Decisions are traced with OpenTelemetry. -otlp ENDPOINT, or the standard
+// OTEL_EXPORTER_OTLP_ENDPOINT / OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, exports the
+// spans of every Limiter over OTLP/HTTP, sampling -trace-ratio of the
+// decisions (default 1%). Without an endpoint, one instance of design (c) and
+// one of the outage act record every decision in memory, and a few of those
+// spans are printed at the end.
+//
 //	go run ./cmd/leaselimit-demo
 //	go run ./cmd/leaselimit-demo -chart demo.svg
+//	go run ./cmd/leaselimit-demo -otlp http://localhost:4318 -trace-ratio 0.1
 //	go run ./cmd/leaselimit-demo -redis localhost:6379 -instances 16
 package main
 
@@ -70,6 +78,8 @@ type config struct {
 	timeout   time.Duration // act 1; 0: automatic
 	// Lengths of the outage act before Redis stops and after it is back.
 	warmup, recovery time.Duration
+	otlp             string  // -otlp: base URL of an OTLP/HTTP collector
+	traceRatio       float64 // -trace-ratio
 }
 
 const usageText = `leaselimit-demo: a simulated fleet of service instances behind a load balancer,
@@ -85,6 +95,9 @@ and the tables compare what each admitted against the ideal Burst + Rate·T,
 its decisions per second, Redis commands per decision and latency.
 Then Redis stops for -outage and comes back while leaselimit runs under each
 failure policy (FailOpen, FailClosed, FailLocal) side by side.
+Decisions are traced with OpenTelemetry: -otlp ENDPOINT (or the standard
+OTEL_EXPORTER_OTLP_ENDPOINT) exports them over OTLP/HTTP; without an endpoint a
+few sample decision spans are printed at the end.
 
 Usage:
   go run ./cmd/leaselimit-demo [flags]
@@ -114,6 +127,11 @@ func parseFlags(args []string, stderr io.Writer) (*config, int) {
 	fs.Int64Var(&cfg.limit, "limit", 100, "the limit of every key: `N` requests per second, burst N")
 	fs.Float64Var(&cfg.load, "load", 2500, "offered requests per second across the fleet: 40% hot key, 52% abusive client, 8% long tail")
 	fs.IntVar(&cfg.tailKeys, "tail-keys", 2000, "number of keys in the long tail")
+	fs.StringVar(&cfg.otlp, "otlp", "", "export the decision spans of every leaselimit Limiter over OTLP/HTTP to the collector at `ENDPOINT`: "+
+		"http://HOST:4318, https://..., or HOST:PORT for plain HTTP; /v1/traces is appended, as for "+envEndpoint+". "+
+		"Default: "+envTracesEndpoint+" or "+envEndpoint+" if set; with neither, a few sample decision spans are printed instead. "+
+		"An unreachable collector does not fail the demo: export errors are reported at the end")
+	fs.Float64Var(&cfg.traceRatio, "trace-ratio", 0.01, "fraction of decisions traced when exporting: `R` between 0 and 1, for ParentBased(TraceIDRatioBased(R))")
 	fs.DurationVar(&cfg.timeout, "timeout", 0, "leaselimit's budget for one Redis call in act 1 (leaselimit.WithTimeout). Default 0: "+
 		embeddedTimeout.String()+" on the embedded Redis, whose Lua is slow, and leaselimit's default "+leaselimit.DefaultTimeout.String()+
 		" on a real one. The outage act always uses leaselimit's default")
@@ -162,6 +180,13 @@ func (c *config) validate(rest []string) error {
 		return fmt.Errorf("-timeout must be between 0 (automatic) and 1m, got %v", c.timeout)
 	case c.chart != "" && !strings.HasSuffix(strings.ToLower(c.chart), ".svg"):
 		return fmt.Errorf("-chart %q: the chart is SVG, give a file name ending in .svg", c.chart)
+	case !(c.traceRatio >= 0 && c.traceRatio <= 1): // also rejects NaN
+		return fmt.Errorf("-trace-ratio must be between 0 and 1, got %v", c.traceRatio)
+	}
+	if c.otlp != "" {
+		if _, err := otlpURL(c.otlp); err != nil {
+			return err
+		}
 	}
 	if c.redisAddr != "" {
 		if _, err := redisOptions(c.redisAddr); err != nil {
@@ -178,7 +203,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if cfg == nil {
 		return code
 	}
-	d := &demo{cfg: cfg, out: stdout, progress: newProgress(stderr)}
+	d := &demo{cfg: cfg, out: stdout, errOut: stderr, progress: newProgress(stderr)}
 	logs.mu.Lock()
 	logs.p = d.progress
 	logs.mu.Unlock()

@@ -9,11 +9,15 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -93,7 +97,15 @@ func runDemo(t *testing.T, args ...string) (code int, stdout, stderr string) {
 	return code, out.String(), errOut.String()
 }
 
+// noOTLPEnv unsets the variables that would make the demo export traces.
+func noOTLPEnv(t *testing.T) {
+	t.Helper()
+	t.Setenv(envEndpoint, "")
+	t.Setenv(envTracesEndpoint, "")
+}
+
 func TestRunShort(t *testing.T) {
+	noOTLPEnv(t)
 	chart := filepath.Join(t.TempDir(), "demo.svg")
 	code, out, errOut := runDemo(t, append(shortArgs, "-chart", chart)...)
 	t.Logf("stdout:\n%s", out)
@@ -145,6 +157,142 @@ func TestRunShort(t *testing.T) {
 	}
 
 	checkSVG(t, chart)
+	checkSampleSpans(t, out)
+}
+
+// checkSampleSpans checks the sample decision spans printed without an
+// OTLP endpoint: decision spans with their sources, and no raw key.
+func checkSampleSpans(t *testing.T, out string) {
+	t.Helper()
+	start := strings.Index(out, "Sample decision spans")
+	if start < 0 {
+		t.Fatalf("no sample decision spans in the output")
+	}
+	end := strings.Index(out[start:], "In short:")
+	if end < 0 {
+		t.Fatalf("the sample spans are not followed by the verdict")
+	}
+	section := out[start : start+end]
+	t.Logf("sample spans:\n%s", section)
+	if n := strings.Count(section, "ratelimit.decision"); n < 3 {
+		t.Errorf("%d decision spans in the sample, want at least 3", n)
+	}
+	srcs := map[string]bool{}
+	for _, m := range regexp.MustCompile(`ratelimit\.source=(\w+)`).FindAllStringSubmatch(section, -1) {
+		srcs[m[1]] = true
+	}
+	if !srcs["lease"] && !srcs["authority"] && !srcs["cache"] {
+		t.Errorf("no ratelimit.source of lease, authority or cache in the sample (got %v)", srcs)
+	}
+	if !srcs["fallback"] {
+		t.Errorf("no fallback decision from the outage act in the sample (got %v)", srcs)
+	}
+	if !strings.Contains(section, "ratelimit.authority") || !strings.Contains(section, "db.system.name=redis") {
+		t.Errorf("no authority child span in the sample")
+	}
+	if !regexp.MustCompile(`ratelimit\.key=[0-9a-f]{16}\b`).MatchString(section) {
+		t.Errorf("no keyed digest in ratelimit.key")
+	}
+	for _, raw := range []string{hotKey, abusiveKey, "tenant:"} {
+		if strings.Contains(section, raw) {
+			t.Errorf("the sample spans contain the raw key %q", raw)
+		}
+	}
+}
+
+// collector is an OTLP/HTTP trace receiver: it counts the export requests.
+type collector struct {
+	*httptest.Server
+	requests atomic.Int64 // POST /v1/traces
+	protobuf atomic.Int64 // of which with Content-Type application/x-protobuf
+	other    atomic.Int64 // anything else
+}
+
+func newCollector(t *testing.T) *collector {
+	c := &collector{}
+	c.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		if r.Method != http.MethodPost || r.URL.Path != "/v1/traces" {
+			c.other.Add(1)
+			http.NotFound(w, r)
+			return
+		}
+		c.requests.Add(1)
+		if r.Header.Get("Content-Type") == "application/x-protobuf" {
+			c.protobuf.Add(1)
+		}
+		w.Header().Set("Content-Type", "application/x-protobuf")
+		w.WriteHeader(http.StatusOK) // an empty ExportTraceServiceResponse
+	}))
+	t.Cleanup(c.Close)
+	return c
+}
+
+// otlpArgs are shortArgs without the outage act, tracing every decision.
+var otlpArgs = append(append([]string(nil), shortArgs...), "-outage", "0", "-trace-ratio", "1")
+
+func TestOTLPExport(t *testing.T) {
+	for _, viaEnv := range []bool{false, true} {
+		name := "flag"
+		if viaEnv {
+			name = "env"
+		}
+		t.Run(name, func(t *testing.T) {
+			noOTLPEnv(t)
+			c := newCollector(t)
+			args := otlpArgs
+			if viaEnv {
+				t.Setenv(envEndpoint, c.URL)
+			} else {
+				args = append(append([]string(nil), otlpArgs...), "-otlp", c.URL)
+			}
+			code, out, errOut := runDemo(t, args...)
+			if code != exitOK {
+				t.Fatalf("exit code %d, want 0; stderr:\n%s", code, errOut)
+			}
+			if n := c.requests.Load(); n < 1 {
+				t.Errorf("the collector received no export request")
+			}
+			if p, n := c.protobuf.Load(), c.requests.Load(); p != n {
+				t.Errorf("%d of %d export requests had Content-Type application/x-protobuf", p, n)
+			}
+			if n := c.other.Load(); n > 0 {
+				t.Errorf("%d requests to another path or method", n)
+			}
+			want := "exported over OTLP/HTTP to " + c.URL + "/v1/traces"
+			if !strings.Contains(out, want) {
+				t.Errorf("output lacks %q:\n%s", want, out)
+			}
+			if strings.Contains(out, "Sample decision spans") {
+				t.Errorf("sample spans printed while exporting")
+			}
+			if strings.Contains(errOut, "trace export") {
+				t.Errorf("export errors reported:\n%s", errOut)
+			}
+		})
+	}
+}
+
+// TestOTLPUnreachable: a collector that is not there does not fail the
+// demo; the export errors are reported once, at the end.
+func TestOTLPUnreachable(t *testing.T) {
+	noOTLPEnv(t)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close() // nothing listens there now
+	code, out, errOut := runDemo(t, append(append([]string(nil), otlpArgs...), "-otlp", addr)...)
+	if code != exitOK {
+		t.Fatalf("exit code %d, want 0; stderr:\n%s", code, errOut)
+	}
+	if n := strings.Count(errOut, "trace export to http://"+addr+"/v1/traces failed"); n != 1 {
+		t.Errorf("export failure reported %d times on stderr, want once:\n%s", n, errOut)
+	}
+	if !strings.Contains(out, "Traces: export over OTLP/HTTP to http://"+addr+"/v1/traces failed") {
+		t.Errorf("output does not say the export failed:\n%s", out)
+	}
 }
 
 // checkSVG decodes the whole chart as XML and checks it is an SVG with data.
@@ -215,6 +363,11 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"-tail-keys", "0"}, "-tail-keys"},
 		{[]string{"-timeout", "-1s"}, "-timeout"},
 		{[]string{"-chart", "out.png"}, ".svg"},
+		{[]string{"-trace-ratio", "2"}, "-trace-ratio"},
+		{[]string{"-trace-ratio", "-0.1"}, "-trace-ratio"},
+		{[]string{"-trace-ratio", "NaN"}, "-trace-ratio"},
+		{[]string{"-otlp", "ftp://collector:4318"}, "-otlp"},
+		{[]string{"-otlp", "http://"}, "-otlp"},
 		{[]string{"-redis", "a:1", "-redis-cluster", "b:1,c:1"}, "cannot both"},
 		{[]string{"-redis", "redis://:pw@host:notaport/x"}, "-redis"},
 		{[]string{"-no-such-flag"}, "flag provided but not defined"},
@@ -247,7 +400,8 @@ func TestHelp(t *testing.T) {
 		}
 		for _, flag := range []string{"-redis ADDR", "-redis-cluster ADDRS", "-instances N", "-duration", "-outage", "-chart FILE.svg",
 			"-seed", "-limit N", "-load", "-workers", "-tail-keys", "-timeout",
-			"(default 8)", "(default 8s)", "(default 3s)", "(default 1)", "(default 2500)", "(default 100)"} {
+			"-otlp ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT", "-trace-ratio R",
+			"(default 8)", "(default 8s)", "(default 3s)", "(default 1)", "(default 2500)", "(default 100)", "(default 0.01)"} {
 			if !strings.Contains(errOut, flag) {
 				t.Errorf("%s: help lacks %q:\n%s", h, flag, errOut)
 			}
@@ -289,6 +443,7 @@ func TestRealRedis(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 
+	noOTLPEnv(t)
 	code, out, errOut := runDemo(t, "-redis", addr, "-duration", "500ms", "-instances", "2", "-limit", "20", "-load", "600", "-timeout", "1s")
 	t.Logf("stdout:\n%s", out)
 	if code != exitOK {
