@@ -23,6 +23,14 @@ type breakers struct {
 	byNode map[string]*nodeBreaker // master address → breaker
 
 	lastReload atomic.Int64 // unix ns of the last slot-map reload we asked for
+
+	// go-redis loads a ClusterClient's slot map on first use, in the
+	// caller's goroutine and without honouring context deadlines. Until it
+	// has one, keys use the shared breaker and the map loads in the
+	// background (spawn runs a goroutine that Close waits for).
+	mapReady   atomic.Bool
+	mapLoading atomic.Bool
+	spawn      func(func()) bool
 }
 
 // maxNodeBreakers bounds the per-node breakers kept (failovers add
@@ -46,15 +54,18 @@ func newBreakers(client redis.UniversalClient, name string, s breaker.Settings) 
 }
 
 // forKey returns the breaker of the node that serves rkey. Finding the node
-// reads go-redis's cached slot map; only when it has none (a cluster that
-// has never answered) does it ask Redis, within budget.
+// reads go-redis's cached slot map and never waits on the network: before
+// the map has loaded, the shared breaker is used and the map is loaded in
+// the background.
 func (b *breakers) forKey(rkey string, budget time.Duration) *breaker.Breaker {
 	if b.cluster == nil {
 		return b.one
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), budget)
-	defer cancel()
-	node, err := b.cluster.MasterForKey(ctx, rkey)
+	if !b.mapReady.Load() {
+		b.loadMap(budget)
+		return b.one
+	}
+	node, err := b.cluster.MasterForKey(context.Background(), rkey)
 	if err != nil {
 		return b.one
 	}
@@ -79,6 +90,24 @@ func (b *breakers) forKey(rkey string, budget time.Duration) *breaker.Breaker {
 		nb.routed.Store(now)
 	}
 	return nb.Breaker
+}
+
+// loadMap starts one background load of the cluster's slot map.
+func (b *breakers) loadMap(budget time.Duration) {
+	if !b.mapLoading.CompareAndSwap(false, true) {
+		return
+	}
+	ok := b.spawn != nil && b.spawn(func() {
+		defer b.mapLoading.Store(false)
+		ctx, cancel := context.WithTimeout(context.Background(), budget)
+		defer cancel()
+		if _, err := b.cluster.MasterForKey(ctx, "leaselimit"); err == nil {
+			b.mapReady.Store(true)
+		}
+	})
+	if !ok {
+		b.mapLoading.Store(false)
+	}
 }
 
 // failed tells the breakers that a call to rkey's node failed. On a

@@ -140,6 +140,16 @@ func New(client redis.UniversalClient, limit policy.Limit, opts ...Option) (*Lim
 		stop:   make(chan struct{}),
 		done:   make(chan struct{}),
 	}
+	brk.spawn = func(f func()) bool {
+		if !l.enter() {
+			return false
+		}
+		go func() {
+			defer l.wg.Done()
+			f()
+		}()
+		return true
+	}
 	go l.janitor()
 	return l, nil
 }
@@ -366,6 +376,12 @@ func (l *Limiter) onError(ctx context.Context, brk *breaker.Breaker, key string,
 		return Decision{}, fmt.Errorf("leaselimit: %w", err)
 	case ctx.Err() != nil && !errors.Is(err, breaker.ErrBudget) && !errors.Is(err, breaker.ErrOpen):
 		return Decision{}, ctx.Err()
+	case !breaker.Counts(err) && !errors.Is(err, breaker.ErrOpen) && !breaker.Excluded(err):
+		// Redis answered, but not with a decision: NOPERM (an ACL that is
+		// too narrow), WRONGTYPE (another program's key under our prefix)
+		// and the like. That is misconfiguration, not an outage: say so
+		// rather than let the failure policy hide it.
+		return Decision{}, fmt.Errorf("leaselimit: redis: %w", err)
 	}
 	reason := telemetry.ReasonError
 	switch {

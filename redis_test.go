@@ -356,3 +356,25 @@ func TestFleetAccuracy(t *testing.T) {
 		})
 	}
 }
+
+// TestMisconfigurationIsAnError: a reply that is neither a decision nor an
+// outage (here NOPERM from an ACL without TIME) is returned as an error,
+// not hidden behind the failure policy.
+func TestMisconfigurationIsAnError(t *testing.T) {
+	srv := redistest.Start(t)
+	srv.Do(t, "ACL", "SETUSER", "narrow", "reset", "on", ">pw", "~leaselimit:*", "resetchannels", "-@all", "+evalsha", "+eval")
+	c := redisClientOpts(t, &redis.Options{Addr: srv.Addr, Username: "narrow", Password: "pw"})
+	for _, mode := range []string{"exact", "lease"} {
+		opts := []leaselimit.Option{leaselimit.WithFailureMode(policy.FailOpen)}
+		if mode == "exact" {
+			opts = append(opts, leaselimit.WithoutLease())
+		}
+		lim := mustNew(t, c, policy.PerSecond(10).WithName("narrow-"+mode), opts...)
+		d, err := lim.Allow(context.Background(), "k")
+		// Redis 7.0 answers a script's forbidden call with "ERR The user
+		// executing the script can't run this command"; a direct call gets NOPERM.
+		if err == nil || !(strings.Contains(err.Error(), "NOPERM") || strings.Contains(err.Error(), "can't run this command")) {
+			t.Errorf("%s: Allow with an ACL lacking TIME = %+v, %v; want an error from the ACL", mode, d, err)
+		}
+	}
+}

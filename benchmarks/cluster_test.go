@@ -1,0 +1,227 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"runtime"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-redis/redis_rate/v10"
+	"github.com/leaselimit/leaselimit"
+	"github.com/leaselimit/leaselimit/benchmarks/internal/design"
+	"github.com/leaselimit/leaselimit/benchmarks/internal/latency"
+	"github.com/leaselimit/leaselimit/internal/redistest"
+	"github.com/leaselimit/leaselimit/policy"
+	"github.com/redis/go-redis/v9"
+)
+
+// topology is a Redis deployment the cluster benchmark runs on.
+type topology struct {
+	name string
+	// client returns a new client with default options, its commands
+	// counted by c.
+	client func(c *design.Counter) redis.UniversalClient
+	// servers are the processes whose command counters make cmds/op.
+	servers []*redistest.Server
+}
+
+// BenchmarkManyKeysCluster: the ManyKeys workload (10,000 keys, limit 1e9/s,
+// every decision admitted) on one standalone redis-server and on a 3-master
+// Redis Cluster (no replicas; every process on this machine), side by side in
+// one run: sub-benchmarks <design>/standalone and <design>/cluster3. The
+// designs are those that take any go-redis client (a ClusterClient too):
+// redis_rate (its limiter takes an interface that *redis.ClusterClient
+// satisfies) and leaselimit in exact and lease mode. cmds/op is summed over
+// the cluster's masters; reqs/op counts the commands the ClusterClient sent
+// (not its own CLUSTER SLOTS and COMMAND calls).
+func BenchmarkManyKeysCluster(b *testing.B) {
+	srv := redistest.Start(b)
+	cl := redistest.StartCluster(b, 3, 0)
+	topos := []topology{
+		{"standalone", func(c *design.Counter) redis.UniversalClient { return design.NewClient(srv.Addr, c) }, []*redistest.Server{srv}},
+		{"cluster3", func(c *design.Counter) redis.UniversalClient {
+			cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs()})
+			cc.AddHook(c)
+			return cc
+		}, cl.Nodes},
+	}
+	for _, name := range []string{design.RedisRate, design.LeaselimitExact, design.LeaselimitLease} {
+		for _, tp := range topos {
+			b.Run(name+"/"+tp.name, func(b *testing.B) { benchTopology(b, tp, name, unlimited, 10_000) })
+		}
+	}
+}
+
+// newUniversal returns the named design on any go-redis client, built as
+// design.New builds it on a *redis.Client (same key prefixes and options).
+func newUniversal(name string, client redis.UniversalClient, limit policy.Limit) (design.Decider, error) {
+	switch name {
+	case design.RedisRate:
+		rl := redis_rate.Limit{Rate: int(limit.Rate), Burst: int(limit.Burst), Period: limit.Period}
+		return rateDecider{redis_rate.NewLimiter(client), rl}, nil
+	case design.LeaselimitExact:
+		l, err := leaselimit.New(client, limit, leaselimit.WithoutLease(), leaselimit.WithPrefix("ll-exact"))
+		return limiterDecider{l}, err
+	case design.LeaselimitLease:
+		l, err := leaselimit.New(client, limit, leaselimit.WithPrefix("ll-lease"))
+		return limiterDecider{l}, err
+	}
+	return nil, errors.New("bench: design " + name + " needs a *redis.Client")
+}
+
+type rateDecider struct {
+	l     *redis_rate.Limiter
+	limit redis_rate.Limit
+}
+
+func (d rateDecider) Allow(ctx context.Context, key string) (design.Result, error) {
+	res, err := d.l.Allow(ctx, key, d.limit)
+	if err != nil {
+		return design.Result{}, err
+	}
+	return design.Result{Allowed: res.Allowed > 0}, nil
+}
+
+func (d rateDecider) Close() error { return nil }
+
+type limiterDecider struct{ l *leaselimit.Limiter }
+
+func (d limiterDecider) Allow(ctx context.Context, key string) (design.Result, error) {
+	dec, err := d.l.Allow(ctx, key)
+	if err != nil {
+		return design.Result{}, err
+	}
+	return design.Result{Allowed: dec.Allowed, Fallback: dec.Source == leaselimit.SourceFallback}, nil
+}
+
+func (d limiterDecider) Close() error { return d.l.Close() }
+
+// totalCommands sums total_commands_processed over servers.
+func totalCommands(b *testing.B, servers []*redistest.Server) []redistest.Stats {
+	st := make([]redistest.Stats, len(servers))
+	for i, s := range servers {
+		st[i] = s.Stats(b)
+	}
+	return st
+}
+
+// benchTopology is benchDesign on any topology: the same warm-up, key walk,
+// latency sampling and metrics.
+func benchTopology(b *testing.B, tp topology, name string, limit policy.Limit, nkeys int) {
+	ctx := context.Background()
+	r := round.Add(1)
+	keys := make([]string, nkeys)
+	for i := range keys {
+		keys[i] = "r" + strconv.FormatInt(r, 10) + ":k" + strconv.Itoa(i)
+	}
+
+	var reqs design.Counter
+	rdb := tp.client(&reqs)
+	defer rdb.Close()
+
+	// Warm up on another key: connections, script caches (on the master
+	// serving that key; the others load the script on their first NOSCRIPT).
+	warm, err := newUniversal(name, rdb, limit)
+	if err != nil {
+		b.Fatal(err)
+	}
+	warmKey := "r" + strconv.FormatInt(r, 10) + ":warm"
+	var wg sync.WaitGroup
+	for range goroutines {
+		wg.Go(func() {
+			for range 4 {
+				if _, err := warm.Allow(ctx, warmKey); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if err := warm.Close(); err != nil {
+		b.Fatal(err)
+	}
+
+	dec, err := newUniversal(name, rdb, limit)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer func() {
+		if err := dec.Close(); err != nil {
+			b.Error(err)
+		}
+	}()
+
+	par := parallelism()
+	hists := make([]latency.Hist, par*runtime.GOMAXPROCS(0))
+	var (
+		next      atomic.Int64
+		admitted  atomic.Int64
+		fallbacks atomic.Int64
+	)
+
+	before := totalCommands(b, tp.servers)
+	reqs0 := reqs.Load()
+	b.SetParallelism(par)
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		id := int(next.Add(1) - 1)
+		h := &hists[id%len(hists)]
+		stride := strides[id%len(strides)]
+		k := (id * 613) % nkeys
+		var ok, fb int64
+		for i := 0; pb.Next(); i++ {
+			k += stride
+			if k >= nkeys {
+				k %= nkeys
+			}
+			var t0 time.Time
+			timed := i%latency.Sample == 0
+			if timed {
+				t0 = time.Now()
+			}
+			res, err := dec.Allow(ctx, keys[k])
+			if timed {
+				h.Record(time.Since(t0))
+			}
+			if err != nil {
+				b.Error(err)
+				return
+			}
+			if res.Allowed {
+				ok++
+			}
+			if res.Fallback {
+				fb++
+			}
+		}
+		admitted.Add(ok)
+		fallbacks.Add(fb)
+	})
+	b.StopTimer()
+	after := totalCommands(b, tp.servers)
+	reqs1 := reqs.Load()
+
+	var cmds int64
+	for i := range after {
+		cmds += after[i].Sub(before[i]).TotalCommands
+	}
+	var all latency.Hist
+	for i := range hists {
+		all.Merge(&hists[i])
+	}
+	n := float64(b.N)
+	b.ReportMetric(float64(cmds)/n, "cmds/op")
+	b.ReportMetric(float64(reqs1-reqs0)/n, "reqs/op")
+	b.ReportMetric(float64(all.Quantile(0.99).Nanoseconds()), "p99-ns")
+	b.ReportMetric(float64(admitted.Load())/n, "admit/op")
+	if f := fallbacks.Load(); f > 0 {
+		b.Logf("%s/%s: %d of %d decisions were fallbacks (Redis over budget)", name, tp.name, f, b.N)
+		b.ReportMetric(float64(f)/n, "fallback/op")
+	}
+}
