@@ -183,7 +183,10 @@ func (l *Limiter) BreakerState() breaker.State { return l.brk.worst() }
 func (l *Limiter) LocalKeys() int { return l.table.Len() }
 
 // now returns the local monotonic time in nanoseconds since the Limiter was made.
-func (l *Limiter) now() int64 { return int64(l.cfg.clock.Now().Sub(l.origin)) }
+func (l *Limiter) now() int64 { return l.mono(l.cfg.clock.Now()) }
+
+// mono converts a clock reading to the Limiter's local monotonic time.
+func (l *Limiter) mono(t time.Time) int64 { return int64(t.Sub(l.origin)) }
 
 // enter registers a goroutine or call that Close must wait for. It fails
 // once Close has begun.
@@ -345,8 +348,8 @@ func (l *Limiter) fromGrant(g authority.Grant, src Source) Decision {
 // allowExact asks Redis for exactly n tokens.
 func (l *Limiter) allowExact(ctx context.Context, key string, n int64) (Decision, error) {
 	brk, rkey := l.route(key)
-	if brk.Rejects(l.cfg.clock.Now()) {
-		return l.fallback(ctx, brk, key, nil, n, l.now(), telemetry.ReasonBreakerOpen), nil
+	if wall := l.cfg.clock.Now(); brk.Rejects(wall) {
+		return l.fallback(ctx, brk, key, nil, n, l.mono(wall), wall, telemetry.ReasonBreakerOpen), nil
 	}
 	return l.callExact(ctx, brk, rkey, key, n)
 }
@@ -390,7 +393,8 @@ func (l *Limiter) onError(ctx context.Context, brk *breaker.Breaker, key string,
 	case errors.Is(err, breaker.ErrBudget), errors.Is(err, context.DeadlineExceeded):
 		reason = telemetry.ReasonTimeout
 	}
-	return l.fallback(ctx, brk, key, e, n, l.now(), reason), nil
+	wall := l.cfg.clock.Now()
+	return l.fallback(ctx, brk, key, e, n, l.mono(wall), wall, reason), nil
 }
 
 // allowMiss handles a key with no usable lease: one coalesced refill per key
@@ -400,8 +404,8 @@ func (l *Limiter) allowMiss(ctx context.Context, key string, e *lease.Entry, n, 
 		e = l.getOrCreate(key, now)
 	}
 	brk, rkey := l.route(key)
-	if brk.Rejects(l.cfg.clock.Now()) {
-		return l.fallback(ctx, brk, key, e, n, now, telemetry.ReasonBreakerOpen), nil
+	if wall := l.cfg.clock.Now(); brk.Rejects(wall) {
+		return l.fallback(ctx, brk, key, e, n, now, wall, telemetry.ReasonBreakerOpen), nil
 	}
 	return l.missRefill(ctx, brk, rkey, key, e, n)
 }
@@ -605,7 +609,9 @@ func (l *Limiter) acquire(ctx context.Context, rkey string, want, min int64, sha
 
 // fallback is the failure policy's decision for key. Leases already held
 // keep serving until they expire.
-func (l *Limiter) fallback(ctx context.Context, brk *breaker.Breaker, key string, e *lease.Entry, n, now int64, reason string) Decision {
+// now is the local monotonic time (see Limiter.now) and wall the clock
+// reading it came from, read once by the caller.
+func (l *Limiter) fallback(ctx context.Context, brk *breaker.Breaker, key string, e *lease.Entry, n, now int64, wall time.Time, reason string) Decision {
 	l.tel.CountFallback(ctx, reason)
 	if sp, ok := recording(ctx); ok {
 		sp.SetAttributes(telemetry.AttrReason.String(reason), telemetry.AttrBreaker.String(brk.State().String()))
@@ -620,7 +626,7 @@ func (l *Limiter) fallback(ctx context.Context, brk *breaker.Breaker, key string
 	}
 	switch l.cfg.mode {
 	case policy.FailClosed:
-		return l.denial(0, l.untilProbe(brk), SourceFallback)
+		return l.denial(0, l.untilProbe(brk, wall), SourceFallback)
 	case policy.FailLocal:
 		if e == nil {
 			e = l.getOrCreate(key, now)
@@ -629,7 +635,7 @@ func (l *Limiter) fallback(ctx context.Context, brk *breaker.Breaker, key string
 		ok, rem, retry := e.Local().Allow(l.local, n, now)
 		if retry == lease.Never {
 			// Above this instance's share: wait for Redis to come back.
-			retry = l.untilProbe(brk)
+			retry = l.untilProbe(brk, wall)
 		}
 		if !ok {
 			return l.denial(rem, retry, SourceFallback)
@@ -649,10 +655,10 @@ func (l *Limiter) fallback(ctx context.Context, brk *breaker.Breaker, key string
 
 // untilProbe is the RetryAfter of a fallback denial: until the breaker lets
 // a probe through, at least the time budget.
-func (l *Limiter) untilProbe(brk *breaker.Breaker) time.Duration {
+func (l *Limiter) untilProbe(brk *breaker.Breaker, wall time.Time) time.Duration {
 	retry := time.Duration(0)
 	if u := brk.OpenUntil(); !u.IsZero() {
-		retry = time.Until(u)
+		retry = u.Sub(wall)
 	}
 	if retry < l.cfg.timeout {
 		retry = l.cfg.timeout
