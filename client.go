@@ -304,7 +304,7 @@ func (l *Limiter) check(key string, n int64) error {
 }
 
 func (l *Limiter) leaseDecision(e *lease.Entry, left int64) Decision {
-	rem := left + e.Remote()
+	rem := left + e.Reserved() + e.Remote()
 	if rem > l.limit.Burst {
 		rem = l.limit.Burst
 	}

@@ -69,6 +69,9 @@ func (e *Entry) Local() *Local {
 // LocalBucket returns e's local fallback bucket, or nil if it has none.
 func (e *Entry) LocalBucket() *Local { return e.local.Load() }
 
+// Reserved returns the tokens set aside for callers waiting on a refill.
+func (e *Entry) Reserved() int64 { return e.reserved.Load() }
+
 // Remote returns how many tokens the bucket held at the last grant.
 func (e *Entry) Remote() int64 { return e.remote.Load() }
 
@@ -288,8 +291,8 @@ func (z Sizer) Install(e *Entry, req Request, o Outcome, now int64) (refund int6
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.lastRefill, e.refilled = now, true
-	e.remote.Store(o.Remaining)
 	if o.Granted <= 0 {
+		e.remote.Store(o.Remaining)
 		wait := o.RetryAfter
 		if extra := e.size.Load() - req.Min; extra > 0 {
 			wait += min(z.limit.Interval(extra), maxBatchWait)
@@ -314,6 +317,8 @@ func (z Sizer) Install(e *Entry, req Request, o Outcome, now int64) (refund int6
 	e.lastNeed = part
 	e.reserved.Add(part)
 	e.level = e.tokens.Add(o.Granted - part)
+	// After the tokens are in, so that lease + remote never reads low.
+	e.remote.Store(o.Remaining)
 	e.expires.Store(now + int64(z.settings.TTL))
 	return 0
 }
