@@ -12,8 +12,8 @@ import (
 
 func TestKeyDigest(t *testing.T) {
 	a, b := KeyDigest([]byte("s1")), KeyDigest([]byte("s2"))
-	if a("user-1") != a("user-1") {
-		t.Error("digest is not stable")
+	if x, y := a("user-1"), a("user-1"); x != y {
+		t.Errorf("digest is not stable: %s, %s", x, y)
 	}
 	if a("user-1") == a("user-2") || a("user-1") == b("user-1") {
 		t.Error("digest does not depend on key and secret")

@@ -610,5 +610,5 @@ func attrValue(v attribute.Value) string {
 	if v.Type() == attribute.FLOAT64 {
 		return strconv.FormatFloat(v.AsFloat64(), 'g', 4, 64)
 	}
-	return v.Emit()
+	return v.String()
 }

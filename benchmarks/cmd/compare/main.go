@@ -121,7 +121,7 @@ func run() error {
 	}
 	defer ic.Close()
 	if info, err := ic.do("INFO", "server"); err != nil {
-		return fmt.Errorf("Redis at %s: %w", cfg.addr, err)
+		return fmt.Errorf("query the Redis at %s: %w", cfg.addr, err)
 	} else {
 		version = infoField(info, "redis_version")
 	}
