@@ -3,17 +3,13 @@ package bench
 import (
 	"context"
 	"errors"
-	"runtime"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/go-redis/redis_rate/v10"
 	"github.com/leaselimit/leaselimit"
 	"github.com/leaselimit/leaselimit/benchmarks/internal/design"
-	"github.com/leaselimit/leaselimit/benchmarks/internal/latency"
 	"github.com/leaselimit/leaselimit/internal/redistest"
 	"github.com/leaselimit/leaselimit/policy"
 	"github.com/redis/go-redis/v9"
@@ -156,72 +152,13 @@ func benchTopology(b *testing.B, tp topology, name string, limit policy.Limit, n
 		}
 	}()
 
-	par := parallelism()
-	hists := make([]latency.Hist, par*runtime.GOMAXPROCS(0))
-	var (
-		next      atomic.Int64
-		admitted  atomic.Int64
-		fallbacks atomic.Int64
-	)
-
 	before := totalCommands(b, tp.servers)
 	reqs0 := reqs.Load()
-	b.SetParallelism(par)
-	b.ReportAllocs()
-	b.ResetTimer()
-	b.RunParallel(func(pb *testing.PB) {
-		id := int(next.Add(1) - 1)
-		h := &hists[id%len(hists)]
-		stride := strides[id%len(strides)]
-		k := (id * 613) % nkeys
-		var ok, fb int64
-		for i := 0; pb.Next(); i++ {
-			k += stride
-			if k >= nkeys {
-				k %= nkeys
-			}
-			var t0 time.Time
-			timed := i%latency.Sample == 0
-			if timed {
-				t0 = time.Now()
-			}
-			res, err := dec.Allow(ctx, keys[k])
-			if timed {
-				h.Record(time.Since(t0))
-			}
-			if err != nil {
-				b.Error(err)
-				return
-			}
-			if res.Allowed {
-				ok++
-			}
-			if res.Fallback {
-				fb++
-			}
-		}
-		admitted.Add(ok)
-		fallbacks.Add(fb)
-	})
-	b.StopTimer()
+	run := runDecisions(b, ctx, dec, keys)
 	after := totalCommands(b, tp.servers)
-	reqs1 := reqs.Load()
-
 	var cmds int64
 	for i := range after {
 		cmds += after[i].Sub(before[i]).TotalCommands
 	}
-	var all latency.Hist
-	for i := range hists {
-		all.Merge(&hists[i])
-	}
-	n := float64(b.N)
-	b.ReportMetric(float64(cmds)/n, "cmds/op")
-	b.ReportMetric(float64(reqs1-reqs0)/n, "reqs/op")
-	b.ReportMetric(float64(all.Quantile(0.99).Nanoseconds()), "p99-ns")
-	b.ReportMetric(float64(admitted.Load())/n, "admit/op")
-	if f := fallbacks.Load(); f > 0 {
-		b.Logf("%s/%s: %d of %d decisions were fallbacks (Redis over budget)", name, tp.name, f, b.N)
-		b.ReportMetric(float64(f)/n, "fallback/op")
-	}
+	run.report(b, name+"/"+tp.name, cmds, reqs.Load()-reqs0)
 }

@@ -127,16 +127,28 @@ func benchDesign(b *testing.B, srv *redistest.Server, name string, limit policy.
 		}
 	}()
 
-	par := parallelism()
-	hists := make([]latency.Hist, par*runtime.GOMAXPROCS(0))
-	var (
-		next      atomic.Int64
-		admitted  atomic.Int64
-		fallbacks atomic.Int64
-	)
-
 	before := srv.Stats(b)
 	reqs0 := reqs.Load()
+	run := runDecisions(b, ctx, dec, keys)
+	after := srv.Stats(b)
+	run.report(b, name, after.Sub(before).TotalCommands, reqs.Load()-reqs0)
+}
+
+// decisionRun is what runDecisions measured.
+type decisionRun struct {
+	admitted, fallbacks int64
+	hist                latency.Hist
+}
+
+// runDecisions drives dec over keys from b.RunParallel goroutines (about 64
+// in all, see parallelism), each walking the keys in its own order and
+// timing one decision in latency.Sample. The timer runs only around the
+// decisions, so callers measure Redis before and after it.
+func runDecisions(b *testing.B, ctx context.Context, dec design.Decider, keys []string) decisionRun {
+	par := parallelism()
+	nkeys := len(keys)
+	hists := make([]latency.Hist, par*runtime.GOMAXPROCS(0))
+	var next, admitted, fallbacks atomic.Int64
 	b.SetParallelism(par)
 	b.ReportAllocs()
 	b.ResetTimer()
@@ -175,22 +187,25 @@ func benchDesign(b *testing.B, srv *redistest.Server, name string, limit policy.
 		fallbacks.Add(fb)
 	})
 	b.StopTimer()
-	after := srv.Stats(b)
-	reqs1 := reqs.Load()
-
-	var all latency.Hist
+	r := decisionRun{admitted: admitted.Load(), fallbacks: fallbacks.Load()}
 	for i := range hists {
-		all.Merge(&hists[i])
+		r.hist.Merge(&hists[i])
 	}
+	return r
+}
+
+// report adds the per-decision metrics: Redis commands executed (cmds),
+// requests sent (reqs), p99 latency, admissions and fallbacks.
+func (r *decisionRun) report(b *testing.B, label string, cmds, reqs int64) {
 	n := float64(b.N)
-	b.ReportMetric(float64(after.Sub(before).TotalCommands)/n, "cmds/op")
-	b.ReportMetric(float64(reqs1-reqs0)/n, "reqs/op")
-	b.ReportMetric(float64(all.Quantile(0.99).Nanoseconds()), "p99-ns")
-	b.ReportMetric(float64(admitted.Load())/n, "admit/op")
-	if f := fallbacks.Load(); f > 0 {
+	b.ReportMetric(float64(cmds)/n, "cmds/op")
+	b.ReportMetric(float64(reqs)/n, "reqs/op")
+	b.ReportMetric(float64(r.hist.Quantile(0.99).Nanoseconds()), "p99-ns")
+	b.ReportMetric(float64(r.admitted)/n, "admit/op")
+	if r.fallbacks > 0 {
 		// Redis did not answer within leaselimit's budget: these decisions
 		// were made by the failure policy, not by the bucket.
-		b.Logf("%s: %d of %d decisions were fallbacks (Redis over budget)", name, f, b.N)
-		b.ReportMetric(float64(f)/n, "fallback/op")
+		b.Logf("%s: %d of %d decisions were fallbacks (Redis over budget)", label, r.fallbacks, b.N)
+		b.ReportMetric(float64(r.fallbacks)/n, "fallback/op")
 	}
 }
