@@ -212,7 +212,8 @@ func (l *Limiter) Allow(ctx context.Context, key string) (Decision, error) {
 //
 // A denial is a Decision with Allowed false, not an error. Errors are
 // ErrClosed, the ctx's error when ctx ends before a decision, invalid input,
-// and leaselimit's own bugs (an unexpected script reply). While Redis is
+// leaselimit's own bugs (an unexpected script reply), and Redis replies that
+// mean misconfiguration rather than an outage (NOPERM, WRONGTYPE). While Redis is
 // unavailable the failure policy decides (SourceFallback, nil error), within
 // the time budget of WithTimeout.
 func (l *Limiter) AllowN(ctx context.Context, key string, n int64) (Decision, error) {
