@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"strconv"
-	"sync"
 	"testing"
 
 	"github.com/go-redis/redis_rate/v10"
@@ -125,22 +124,7 @@ func benchTopology(b *testing.B, tp topology, name string, limit policy.Limit, n
 	if err != nil {
 		b.Fatal(err)
 	}
-	warmKey := "r" + strconv.FormatInt(r, 10) + ":warm"
-	var wg sync.WaitGroup
-	for range goroutines {
-		wg.Go(func() {
-			for range 4 {
-				if _, err := warm.Allow(ctx, warmKey); err != nil {
-					b.Error(err)
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	if err := warm.Close(); err != nil {
-		b.Fatal(err)
-	}
+	warmUp(b, ctx, warm, "r"+strconv.FormatInt(r, 10)+":warm")
 
 	dec, err := newUniversal(name, rdb, limit)
 	if err != nil {

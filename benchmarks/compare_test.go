@@ -100,22 +100,7 @@ func benchDesign(b *testing.B, srv *redistest.Server, name string, limit policy.
 	if err != nil {
 		b.Fatal(err)
 	}
-	warmKey := "r" + strconv.FormatInt(r, 10) + ":warm"
-	var wg sync.WaitGroup
-	for range goroutines {
-		wg.Go(func() {
-			for range 4 {
-				if _, err := warm.Allow(ctx, warmKey); err != nil {
-					b.Error(err)
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	if err := warm.Close(); err != nil {
-		b.Fatal(err)
-	}
+	warmUp(b, ctx, warm, "r"+strconv.FormatInt(r, 10)+":warm")
 
 	dec, err := design.New(name, rdb, limit)
 	if err != nil {
@@ -207,5 +192,25 @@ func (r *decisionRun) report(b *testing.B, label string, cmds, reqs int64) {
 		// were made by the failure policy, not by the bucket.
 		b.Logf("%s: %d of %d decisions were fallbacks (Redis over budget)", label, r.fallbacks, b.N)
 		b.ReportMetric(float64(r.fallbacks)/n, "fallback/op")
+	}
+}
+
+// warmUp makes a few decisions on key from every goroutine (connections,
+// script caches), then closes warm.
+func warmUp(b *testing.B, ctx context.Context, warm design.Decider, key string) {
+	var wg sync.WaitGroup
+	for range goroutines {
+		wg.Go(func() {
+			for range 4 {
+				if _, err := warm.Allow(ctx, key); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if err := warm.Close(); err != nil {
+		b.Fatal(err)
 	}
 }
