@@ -284,7 +284,7 @@ func (l *Limiter) allowN(ctx context.Context, key string, n int64) (Decision, er
 			if e.NeedsPrefetch(left) {
 				l.prefetch(ctx, e)
 			}
-			return l.leaseDecision(e, left), nil
+			return l.leaseDecision(e, left, SourceLease), nil
 		}
 		if denied, wait := l.sizer.Denied(e, n, now); denied {
 			e.Touch(now)
@@ -304,7 +304,7 @@ func (l *Limiter) check(key string, n int64) error {
 	return nil
 }
 
-func (l *Limiter) leaseDecision(e *lease.Entry, left int64) Decision {
+func (l *Limiter) leaseDecision(e *lease.Entry, left int64, src Source) Decision {
 	rem := left + e.Reserved() + e.Remote()
 	if rem > l.limit.Burst {
 		rem = l.limit.Burst
@@ -314,7 +314,7 @@ func (l *Limiter) leaseDecision(e *lease.Entry, left int64) Decision {
 		Limit:      l.limit,
 		Remaining:  rem,
 		ResetAfter: l.limit.Interval(l.limit.Burst - rem),
-		Source:     SourceLease,
+		Source:     src,
 	}
 }
 
@@ -436,14 +436,10 @@ func (l *Limiter) missRefill(ctx context.Context, brk *breaker.Breaker, rkey, ke
 		out := r.Val.(lease.Outcome)
 		now = l.now()
 		if e.TakeReserved(n) {
-			d := l.leaseDecision(e, e.Tokens())
-			d.Source = SourceAuthority
-			return d, nil
+			return l.leaseDecision(e, e.Tokens(), SourceAuthority), nil
 		}
 		if ok, left := e.Take(n, now); ok {
-			d := l.leaseDecision(e, left)
-			d.Source = SourceAuthority
-			return d, nil
+			return l.leaseDecision(e, left, SourceAuthority), nil
 		}
 		if out.Granted == 0 {
 			retry := out.RetryAfter
@@ -478,7 +474,7 @@ func (l *Limiter) getOrCreate(key string, now int64) *lease.Entry {
 	e, ev := l.table.GetOrCreate(key, now)
 	if ev != nil {
 		if t := ev.Drain(); t > 0 {
-			l.queueRefund(l.auth.Key(l.limit, ev.Key()), t)
+			l.refundEntry(ev, t)
 		}
 	}
 	return e
@@ -622,7 +618,7 @@ func (l *Limiter) fallback(ctx context.Context, brk *breaker.Breaker, key string
 	}
 	if e != nil && !l.cfg.noLease {
 		if ok, left := e.Take(n, now); ok {
-			return l.leaseDecision(e, left)
+			return l.leaseDecision(e, left, SourceLease)
 		}
 	}
 	switch l.cfg.mode {
@@ -715,6 +711,11 @@ func (l *Limiter) WaitN(ctx context.Context, key string, n int64) (err error) {
 	}
 }
 
+// refundEntry queues n unused tokens of e's lease for refunding.
+func (l *Limiter) refundEntry(e *lease.Entry, n int64) {
+	l.queueRefund(l.auth.Key(l.limit, e.Key()), n)
+}
+
 // queueRefund records n unused tokens of rkey's bucket for the janitor to
 // give back in its next batch.
 func (l *Limiter) queueRefund(rkey string, n int64) {
@@ -759,7 +760,7 @@ func (l *Limiter) janitor() {
 		case <-t.C:
 		}
 		l.table.Sweep(l.now(), idle, func(e *lease.Entry, n int64) {
-			l.queueRefund(l.auth.Key(l.limit, e.Key()), n)
+			l.refundEntry(e, n)
 		})
 		l.flushRefunds()
 	}
@@ -839,7 +840,7 @@ func (l *Limiter) Close() error {
 	<-l.done
 	l.wg.Wait()
 	l.table.Drain(func(e *lease.Entry, n int64) {
-		l.queueRefund(l.auth.Key(l.limit, e.Key()), n)
+		l.refundEntry(e, n)
 	})
 	defer l.tel.Close()
 	rq := l.takeRefunds()

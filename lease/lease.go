@@ -334,12 +334,7 @@ func (e *Entry) Expire(now int64) int64 {
 	if now < e.expires.Load() {
 		return 0
 	}
-	t := e.tokens.Swap(0) + e.reserved.Swap(0)
-	e.level = 0
-	if t < 0 {
-		return 0
-	}
-	return t
+	return e.takeAll()
 }
 
 // Drain takes back every leased token of e, expired or not (for Close and
@@ -347,12 +342,14 @@ func (e *Entry) Expire(now int64) int64 {
 func (e *Entry) Drain() int64 {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	return e.takeAll()
+}
+
+// takeAll empties the lease and its reservation; e.mu must be held.
+func (e *Entry) takeAll() int64 {
 	t := e.tokens.Swap(0) + e.reserved.Swap(0)
 	e.level = 0
-	if t < 0 {
-		return 0
-	}
-	return t
+	return max(t, 0)
 }
 
 func clamp(v, lo, hi int64) int64 {
