@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -47,7 +48,9 @@ type Limiter struct {
 	// direct: the client honours context deadlines (ContextTimeoutEnabled),
 	// so Redis calls run in the caller's goroutine bounded by a context.
 	direct bool
-	tel    *telemetry.Recorder
+	// bg holds a slot per background refill in flight (see prefetch).
+	bg  chan struct{}
+	tel *telemetry.Recorder
 
 	origin time.Time
 
@@ -136,6 +139,7 @@ func New(client redis.UniversalClient, limit policy.Limit, opts ...Option) (*Lim
 		local:  local,
 		share:  cfg.lease.MaxShare,
 		direct: honoursDeadlines(client),
+		bg:     make(chan struct{}, prefetchSlots(client)),
 		origin: cfg.clock.Now(),
 		stop:   make(chan struct{}),
 		done:   make(chan struct{}),
@@ -169,6 +173,27 @@ func honoursDeadlines(client redis.UniversalClient) bool {
 		return c.Options().ContextTimeoutEnabled
 	}
 	return false
+}
+
+// prefetchSlots is how many background refills may run at once: half the
+// client's connection pool (per node on a Cluster), so that prefetches of
+// many keys coming due together never queue on the pool ahead of callers
+// that wait for a refill. A prefetch finding no slot is skipped; the key
+// refills on a later hit or a miss.
+func prefetchSlots(client redis.UniversalClient) int {
+	pool := 0
+	switch c := client.(type) {
+	case *redis.Client:
+		pool = c.Options().PoolSize
+	case *redis.ClusterClient:
+		pool = c.Options().PoolSize
+	case *redis.Ring:
+		pool = c.Options().PoolSize
+	}
+	if pool <= 0 {
+		pool = 10 * runtime.GOMAXPROCS(0) // go-redis's default
+	}
+	return max(pool/2, 1)
 }
 
 // Limit returns the limit the Limiter enforces.
@@ -503,12 +528,20 @@ func (l *Limiter) refill(ctx context.Context, brk *breaker.Breaker, rkey string,
 
 // prefetch refills e in the background before its lease runs dry.
 func (l *Limiter) prefetch(ctx context.Context, e *lease.Entry) {
+	select {
+	case l.bg <- struct{}{}:
+	default:
+		e.PrefetchDone()
+		return
+	}
 	if !l.enter() {
+		<-l.bg
 		e.PrefetchDone()
 		return
 	}
 	go func() {
 		defer l.wg.Done()
+		defer func() { <-l.bg }()
 		defer e.PrefetchDone()
 		rkey := l.auth.Key(l.limit, e.Key())
 		brk := l.brk.forKey(rkey, l.cfg.timeout)

@@ -2,6 +2,7 @@ package lease
 
 import (
 	"math"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -346,7 +347,8 @@ func TestAddPendingConcurrent(t *testing.T) {
 }
 
 // TestPlanGrowsWithDemand: under steady local demand the planned lease
-// grows towards demand × Horizon, capped by MaxTokens and Burst.
+// grows towards demand × Horizon, capped by MaxTokens and Burst. The
+// authority reports an almost empty bucket, so slow start stays off.
 func TestPlanGrowsWithDemand(t *testing.T) {
 	tests := []struct {
 		name     string
@@ -373,7 +375,7 @@ func TestPlanGrowsWithDemand(t *testing.T) {
 			now := 1 * s
 			var sizes []int64
 			for sec := 0; sec < 6; sec++ {
-				now = drive(t, z, e, now, tc.every, int(s/tc.every))
+				now = driveR(t, z, e, now, tc.every, int(s/tc.every), nearEmpty)
 				sizes = append(sizes, e.size.Load())
 			}
 			for i := 1; i < len(sizes); i++ {
@@ -392,6 +394,118 @@ func TestPlanGrowsWithDemand(t *testing.T) {
 				t.Errorf("Plan after warm-up = %+v; caps MaxTokens %d, Burst %d", req, z.Settings().MaxTokens, tc.limit.Burst)
 			}
 		})
+	}
+}
+
+// TestSlowStart: far from its limit, a key whose leases last under half
+// their TTL doubles them, so steady demand settles on leases lasting between
+// TTL/2 and TTL; the size never exceeds 1/16 of what the bucket reports, a
+// denial resets it, and expiry halves it.
+func TestSlowStart(t *testing.T) {
+	// 2000/s, TTL 1s, prefetch at 25% left: a lease of S is replanned after
+	// 0.75·S/2000 s, so doubling stops at S >= 1333 and never passes 2667.
+	for _, tc := range []struct {
+		name      string
+		settings  policy.Lease
+		remaining int64
+		lo, hi    int64
+	}{
+		{"prefetch", policy.Lease{TTL: time.Second}, bigRemaining, 1333, 2667},
+		{"no prefetch", policy.Lease{TTL: time.Second, Prefetch: -1}, bigRemaining, 1000, 2000},
+		{"MaxTokens", policy.Lease{TTL: time.Second, MaxTokens: 700}, bigRemaining, 700, 700},
+		// 16 × 40 = 640 < 2000 × 250ms: the demand estimate wins.
+		{"headroom", policy.Lease{TTL: time.Second}, 640, 475, 525},
+		{"headroom caps slow start", policy.Lease{TTL: time.Second}, 16 * 900, 900, 900},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			z := newSizer(policy.PerSecond(100000), tc.settings)
+			e := &Entry{key: "k"}
+			driveR(t, z, e, 1*s, 500*us, 8000, tc.remaining)
+			if got := e.size.Load(); got < tc.lo || got > tc.hi {
+				t.Errorf("lease size after 4s of 2000/s = %d; want [%d, %d]", got, tc.lo, tc.hi)
+			}
+		})
+	}
+
+	z := newSizer(policy.PerSecond(100000), policy.Lease{TTL: time.Second})
+	e := &Entry{key: "k"}
+	now := drive(t, z, e, 1*s, 500*us, 8000)
+	if e.grow < 1333 {
+		t.Fatalf("slow-start size after warm-up = %d", e.grow)
+	}
+	// A lease that expired halves the size once per TTL that passed.
+	before, exp := e.grow, e.expires.Load()
+	e.AddPending(1)
+	now = exp + 2500*ms
+	z.Install(e, plan(t, z, e, now), Outcome{Granted: 1, Remaining: bigRemaining, Min: 1}, now)
+	if want := before >> 3; e.grow != want {
+		t.Errorf("2.5 TTLs after the lease expired: slow-start size %d; want %d (from %d)", e.grow, want, before)
+	}
+	// A denial means the key is at its limit: slow start starts over.
+	e.AddPending(1)
+	req := plan(t, z, e, now+ms)
+	z.Install(e, req, Outcome{Granted: 0, RetryAfter: time.Millisecond, Min: req.Min}, now+ms)
+	e.AddPending(1)
+	plan(t, z, e, now+10*ms)
+	if e.grow != 0 {
+		t.Errorf("slow-start size after a denial = %d; want 0", e.grow)
+	}
+}
+
+// TestSlowStartEscapesClosedLoop models many keys whose callers wait for
+// each refill, with Redis capacity shared: every refill costs 350µs of the
+// callers' time and a hit 1µs. A lease then lasts at least 1000 × 350µs =
+// 350ms whatever its size (each key waits its turn for Redis), longer than
+// the Horizon, so leases sized from served demand stay a few tokens; slow
+// start doubles them (350ms is under TTL/2) until refills are rare.
+func TestSlowStartEscapesClosedLoop(t *testing.T) {
+	run := func(remaining int64) float64 {
+		z := newSizer(policy.PerSecond(1_000_000_000), policy.Lease{})
+		entries := make([]*Entry, 1000)
+		for i := range entries {
+			entries[i] = &Entry{key: "k" + strconv.Itoa(i)}
+		}
+		now := 1 * s
+		refill := func(e *Entry) {
+			req := plan(t, z, e, now)
+			z.Install(e, req, grantAll(req, remaining), now)
+			now += 350 * us
+		}
+		var decisions, refills int
+		for now < 11*s {
+			measure := now >= 6*s
+			for _, e := range entries {
+				now += us
+				if measure {
+					decisions++
+				}
+				ok, left := e.Take(1, now)
+				if !ok {
+					e.AddPending(1)
+					refill(e)
+					if !e.TakeReserved(1) {
+						t.Fatalf("refill of %s did not serve its caller", e.key)
+					}
+				} else if e.NeedsPrefetch(left) {
+					refill(e)
+					e.PrefetchDone()
+				} else {
+					continue
+				}
+				if measure {
+					refills++
+				}
+			}
+		}
+		return float64(refills) / float64(decisions)
+	}
+	trapped, grown := run(nearEmpty), run(bigRemaining)
+	t.Logf("refills per decision: %.4f demand-sized, %.4f with slow start", trapped, grown)
+	if got := trapped; got < 0.2 {
+		t.Errorf("demand-sized leases: %.4f refills per decision; the model should show the closed-loop trap (>= 0.2)", got)
+	}
+	if got := grown; got > 0.01 {
+		t.Errorf("with slow start: %.4f refills per decision; want <= 0.01", got)
 	}
 }
 
@@ -506,7 +620,8 @@ func TestNegativeCacheLeaseExtension(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			z := newSizer(l, policy.Lease{DenyCap: tc.denyCap})
 			e := &Entry{key: "k"}
-			now := drive(t, z, e, 1*s, 500*us, 6000) // 2000/s: size about 100
+			// 2000/s near the limit: size about 500.
+			now := driveR(t, z, e, 1*s, 500*us, 6000, nearEmpty)
 			e.Drain()
 			size := e.size.Load()
 			if size < 50 {
@@ -518,7 +633,7 @@ func TestNegativeCacheLeaseExtension(t *testing.T) {
 			z.Install(e, req, Outcome{Granted: 0, RetryAfter: tc.retry, Min: req.Min}, now)
 
 			want := tc.retry
-			if extra := size - req.Min; extra > 0 {
+			if extra := z.batchFor(size) - req.Min; extra > 0 {
 				want += l.Interval(extra) // 100µs per token
 			}
 			want = min(want, tc.denyCap)
@@ -535,6 +650,87 @@ func TestNegativeCacheLeaseExtension(t *testing.T) {
 				t.Errorf("no extension for a lease of %d tokens", size)
 			}
 		})
+	}
+}
+
+// TestBatchesAtLimit: a key at its limit is refilled in whole batches: the
+// refill after a denial asks for at least the batch its negative cache
+// waited for; a grant that leaves the bucket short of a batch sets the cache
+// again, to deny once the lease is spent until the next batch accrues; a
+// grant that leaves a batch or more ends batching.
+func TestBatchesAtLimit(t *testing.T) {
+	l := policy.PerSecond(1000) // 1ms per token, burst 1000
+	z := newSizer(l, policy.Lease{DenyCap: 5 * time.Second})
+	e := &Entry{key: "k"}
+	now := driveR(t, z, e, 1*s, ms/4, 4000, nearEmpty) // 4000/s: size about 1000
+	e.Drain()
+	size := e.size.Load()
+	batch := z.batchFor(size)
+	if want := min(size, l.Burst/batchDiv, 250); batch != want {
+		t.Fatalf("batchFor(%d) = %d; want %d (size, Burst/%d, 250ms of refill)", size, batch, want, batchDiv)
+	}
+
+	// Denied for one token with 2ms to wait: the cache waits for the batch.
+	e.AddPending(1)
+	req := plan(t, z, e, now)
+	z.Install(e, req, Outcome{Granted: 0, RetryAfter: 2 * time.Millisecond, Min: req.Min}, now)
+	wait := 2*time.Millisecond + l.Interval(batch-1)
+	if d, got := e.Denied(now); !d || got != wait {
+		t.Fatalf("after the denial: Denied = %v, %v; want true, %v", d, got, wait)
+	}
+	// The next refill, when the cache ends, takes the batch whole.
+	now += int64(wait)
+	e.AddPending(1)
+	req = plan(t, z, e, now)
+	if req.Min != batch || req.Want < batch {
+		t.Fatalf("refill after the cache = %+v; want Min %d", req, batch)
+	}
+
+	// A grant that leaves the bucket 30 tokens: short of a batch, so the
+	// cache is set to when the rest accrues, and denies once the lease is
+	// spent.
+	z.Install(e, req, Outcome{Granted: batch, Remaining: 30, Min: req.Min}, now)
+	if d, _ := e.Denied(now); !d {
+		t.Fatalf("batch grant leaving 30 tokens: not denied once spent")
+	}
+	next := now + int64(l.Interval(batch-30))
+	if d, _ := e.Denied(next - 1); !d {
+		t.Errorf("not denied 1ns before the next batch accrues")
+	}
+	if d, _ := e.Denied(next); d {
+		t.Errorf("still denied when the next batch has accrued")
+	}
+	if ok, _ := e.Take(1, now); !ok {
+		t.Fatalf("the batch is not in the lease")
+	}
+	e.Drain()
+
+	// Asking 10ms before the cache ends: 10 tokens less.
+	e.AddPending(1)
+	req = plan(t, z, e, next-10*ms)
+	if req.Min != batch-10 {
+		t.Errorf("refill 10ms early = %+v; want Min %d", req, batch-10)
+	}
+	// A grant leaving a batch or more ends batching.
+	z.Install(e, req, Outcome{Granted: req.Want, Remaining: batch, Min: req.Min}, next)
+	e.Drain()
+	if d, _ := e.Denied(next); d {
+		t.Errorf("denied after a grant that left a whole batch")
+	}
+	e.AddPending(1)
+	if req = plan(t, z, e, next+ms); req.Min != 1 {
+		t.Errorf("refill after batching ended = %+v; want Min 1", req)
+	}
+}
+
+// TestBatchCappedByBurst: on a small burst the batch is at most a quarter
+// of it, whatever the lease size and refill rate.
+func TestBatchCappedByBurst(t *testing.T) {
+	for _, burst := range []int64{1, 3, 4, 8, 100} {
+		z := newSizer(policy.PerSecond(100000).WithBurst(burst), policy.Lease{})
+		if got, want := z.batchFor(1_000_000), max(burst/batchDiv, 1); got != want {
+			t.Errorf("burst %d: batchFor = %d; want %d", burst, got, want)
+		}
 	}
 }
 

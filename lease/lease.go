@@ -45,6 +45,9 @@ type Entry struct {
 	refilled   bool    // lastRefill is set
 	level      int64   // tokens right after the last install
 	lastNeed   int64   // tokens the last install reserved for waiting callers
+	granted    bool    // the last refill was a grant (not a denial)
+	grow       int64   // slow-start lease size (see Plan)
+	batch      int64   // at its limit: the fewest tokens the next refill takes (see Install)
 }
 
 // useGrain is how stale Entry.lastUse may be; it keeps hot keys from writing
@@ -218,23 +221,22 @@ func (z Sizer) Plan(e *Entry, now int64) Request {
 		e.level += r
 	}
 	cur := e.tokens.Load()
+	served := max(e.level-cur+e.lastNeed, 0)
 	if e.refilled && now > e.lastRefill {
-		served := e.level - cur + e.lastNeed
-		if served < 0 {
-			served = 0
-		}
 		dt := float64(now - e.lastRefill)
 		inst := float64(served) / (dt / float64(time.Second))
 		alpha := 1 - math.Exp(-dt/ewmaTau)
 		e.rate += alpha * (inst - e.rate)
 	}
+	z.slowStart(e, now, served)
 	need := e.pendSum.Swap(0)
 	minWant := e.pendMin.Swap(0)
 
 	// spare is the lease to keep beyond what the waiting callers need:
-	// demand × Horizon, capped. A cold key (spare 0) asks for exactly what
-	// its callers need, which is exact mode.
-	spare := int64(math.Ceil(e.rate * z.horizon))
+	// demand × Horizon or the slow-start size, whichever is larger, capped.
+	// A cold key (spare 0) asks for exactly what its callers need, which is
+	// exact mode.
+	spare := max(int64(math.Ceil(e.rate*z.horizon)), e.grow)
 	spare = clamp(spare, 0, z.settings.MaxTokens)
 	spare = clamp(spare, 0, z.limit.Burst)
 	size := clamp(spare, 1, z.limit.Burst)
@@ -252,15 +254,56 @@ func (z Sizer) Plan(e *Entry, now int64) Request {
 	if extra := spare - cur; extra > 0 {
 		want += extra
 	}
+	// A key at its limit takes the batch its negative cache waited for in
+	// one call (less what has not accrued yet if it asks early), not half
+	// of what the bucket holds and then half of the rest.
+	if b := e.batch; b > 1 {
+		if d := e.denyUntil.Load(); now < d {
+			b -= int64(float64(d-now) / z.perToken)
+		}
+		minWant = max(minWant, b)
+		want = max(want, b)
+	}
 	want = clamp(want, 1, z.limit.Burst)
-	m := minWant
-	if m < 1 {
-		m = 1
-	}
-	if m > want {
-		m = want
-	}
+	m := clamp(minWant, 1, want)
 	return Request{Want: want, Min: m, Need: min(need, want)}
+}
+
+// growHeadroom is how many leases of the slow-start size the bucket must
+// still hold after a grant for the size to keep growing: slow start only
+// runs while a key is far from its limit, so near the limit (where what
+// instances hold back is what a fleet under-admits) leases follow measured
+// demand alone and shrink towards one token with the bucket.
+const growHeadroom = 16
+
+// slowStart updates e.grow, the lease size that measured demand cannot see.
+// Served demand underestimates a key whose callers wait on every refill: a
+// caller blocked on Redis makes no requests, so a key whose lease is one
+// token shows the rate Redis round trips allow, and a lease sized from that
+// rate stays one token. Like TCP slow start, a lease used up to its refill
+// point in under half its TTL, most of it spent, doubles the next one; a lease that reached its
+// TTL halves it, once per TTL that passed. The size never exceeds
+// 1/growHeadroom of what the bucket held at the last grant, so it is zero
+// for a key near its limit. e.mu must be held.
+func (z Sizer) slowStart(e *Entry, now, served int64) {
+	if !e.refilled {
+		return
+	}
+	ttl := int64(z.settings.TTL)
+	switch exp := e.expires.Load(); {
+	case !e.granted:
+		// After a denial the key is at its limit: no growth.
+		e.grow = 0
+		return
+	case now >= exp:
+		e.grow >>= min(1+(now-exp)/ttl, 62)
+	case now > e.lastRefill && now-e.lastRefill < ttl/2 && 2*served >= e.level+e.lastNeed:
+		// Most of the last grant was used: a refill asked for again at
+		// once (a prefetch that found the lease still low, or callers
+		// that lost a refill's tokens to others) is no sign of demand.
+		e.grow = 2 * max(e.grow, e.size.Load(), 1)
+	}
+	e.grow = min(e.grow, e.remote.Load()/growHeadroom, z.settings.MaxTokens, z.limit.Burst)
 }
 
 // Outcome is the authority's answer to a Request.
@@ -271,34 +314,51 @@ type Outcome struct {
 	Min        int64         // the Request's Min
 }
 
-// maxBatchWait caps how much longer than RetryAfter a denied key waits to
-// gather a lease's worth of tokens: long enough that a key far over its
-// limit asks Redis a few dozen times a second, short enough that tokens do
-// not sit unclaimed in Redis for long (what is left there when demand stops
-// is under-admission).
-const maxBatchWait = 50 * time.Millisecond
+// maxBatchWait caps how long a key at its limit waits to gather a batch
+// (beyond RetryAfter): long enough that a key far over its limit asks Redis
+// a few times a second, short enough that tokens do not sit unclaimed in
+// Redis for long (what is left there when demand stops is under-admission).
+const maxBatchWait = 250 * time.Millisecond
+
+// batchDiv keeps a batch at most 1/batchDiv of the burst, so that while
+// every instance of a fleet waits for its batch the bucket cannot fill up
+// and lose refill: the first instance to ask claims the tokens long before.
+const batchDiv = 4
+
+// batchFor returns the tokens a key at its limit with lease size size waits
+// to gather: the size, capped by what accrues in maxBatchWait and by
+// Burst/batchDiv.
+func (z Sizer) batchFor(size int64) int64 {
+	return max(min(size, int64(float64(maxBatchWait)/z.perToken), z.limit.Burst/batchDiv), 1)
+}
 
 // Install puts granted tokens into e's lease at now, or, on a denial, starts
 // the negative cache. It returns the tokens e must refund because it was
 // evicted while the refill ran.
 //
-// On a denial the key is denied locally until enough tokens for one lease of
-// e's size are available (RetryAfter plus the refill time of the rest, the
-// latter at most maxBatchWait), capped by DenyCap: a key far over its limit then costs one Redis call per
-// lease, not one per token. For a cold key the size is 1 and this is exactly
+// A key at its limit is refilled in batches. On a denial the key is denied
+// locally until a batch is available: RetryAfter plus the refill time of
+// up to a lease of e's size more (see batchFor), capped by DenyCap; the next refill then asks for at least that batch, so it takes it
+// whole. While the key stays at its limit (a grant leaves the bucket less
+// than a batch), the negative cache is set again at the grant, to when the
+// next batch will have accrued; it only denies once the lease is spent. A
+// key far over its limit so costs one Redis call per batch, not one per
+// token. For a cold key the size is 1 and the cache lasts exactly
 // RetryAfter.
 func (z Sizer) Install(e *Entry, req Request, o Outcome, now int64) (refund int64) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.lastRefill, e.refilled = now, true
+	e.granted = o.Granted > 0
 	if o.Granted <= 0 {
 		e.remote.Store(o.Remaining)
-		wait := o.RetryAfter
-		if extra := e.size.Load() - req.Min; extra > 0 {
-			wait += min(z.limit.Interval(extra), maxBatchWait)
-		}
+		extra := z.batchFor(e.size.Load()) - req.Min
+		extra = max(extra, 0)
+		wait := o.RetryAfter + z.limit.Interval(extra)
+		e.batch = req.Min + extra
 		if wait > z.settings.DenyCap {
 			wait = z.settings.DenyCap
+			e.batch = req.Min
 		}
 		if wait > 0 {
 			e.denyMin.Store(req.Min)
@@ -308,6 +368,18 @@ func (z Sizer) Install(e *Entry, req Request, o Outcome, now int64) (refund int6
 		return 0
 	}
 	e.denyUntil.Store(0)
+	if e.batch > 0 {
+		// At its limit: stay in batches while the bucket holds less than
+		// one.
+		b := z.batchFor(e.size.Load())
+		if short := b - o.Remaining; short > 0 && b > 1 {
+			e.batch = b
+			e.denyMin.Store(1)
+			e.denyUntil.Store(now + int64(min(z.limit.Interval(short), z.settings.DenyCap)))
+		} else {
+			e.batch = 0
+		}
+	}
 	if e.removed.Load() {
 		e.level = 0
 		return o.Granted

@@ -23,9 +23,14 @@ const (
 // bigRemaining is what a healthy, nearly full authority bucket reports.
 const bigRemaining = 1 << 40
 
-// grantAll is an authority with unlimited tokens: it grants every Want.
-func grantAll(req Request) Outcome {
-	return Outcome{Granted: req.Want, Remaining: bigRemaining, Min: req.Min}
+// nearEmpty is what a bucket near its limit reports: too little for slow
+// start, so leases follow measured demand alone.
+const nearEmpty = 0
+
+// grantAll is an authority with unlimited tokens: it grants every Want and
+// reports remaining tokens left in the bucket.
+func grantAll(req Request, remaining int64) Outcome {
+	return Outcome{Granted: req.Want, Remaining: remaining, Min: req.Min}
 }
 
 // plan calls z.Plan and checks the invariants every Request must keep.
@@ -48,10 +53,17 @@ func plan(t testing.TB, z Sizer, e *Entry, now int64) Request {
 // from the existing lease.
 func serve(t testing.TB, z Sizer, e *Entry, n, now int64) (ok, hit bool) {
 	t.Helper()
+	return serveR(t, z, e, n, now, bigRemaining)
+}
+
+// serveR is serve against an authority that reports remaining tokens left
+// after each grant (slow start only grows leases when that is large).
+func serveR(t testing.TB, z Sizer, e *Entry, n, now, remaining int64) (ok, hit bool) {
+	t.Helper()
 	if ok, left := e.Take(n, now); ok {
 		if e.NeedsPrefetch(left) {
 			req := plan(t, z, e, now)
-			if back := z.Install(e, req, grantAll(req), now); back != 0 {
+			if back := z.Install(e, req, grantAll(req, remaining), now); back != 0 {
 				t.Fatalf("Install refunded %d on a live entry", back)
 			}
 			e.PrefetchDone()
@@ -63,7 +75,7 @@ func serve(t testing.TB, z Sizer, e *Entry, n, now int64) (ok, hit bool) {
 	}
 	e.AddPending(n)
 	req := plan(t, z, e, now)
-	if back := z.Install(e, req, grantAll(req), now); back != 0 {
+	if back := z.Install(e, req, grantAll(req, remaining), now); back != 0 {
 		t.Fatalf("Install refunded %d on a live entry", back)
 	}
 	if e.TakeReserved(n) {
@@ -77,9 +89,15 @@ func serve(t testing.TB, z Sizer, e *Entry, n, now int64) (ok, hit bool) {
 // requests and returns the time after the last one.
 func drive(t testing.TB, z Sizer, e *Entry, start, step int64, count int) int64 {
 	t.Helper()
+	return driveR(t, z, e, start, step, count, bigRemaining)
+}
+
+// driveR is drive against an authority that reports remaining tokens left.
+func driveR(t testing.TB, z Sizer, e *Entry, start, step int64, count int, remaining int64) int64 {
+	t.Helper()
 	now := start
 	for i := 0; i < count; i++ {
-		if ok, _ := serve(t, z, e, 1, now); !ok {
+		if ok, _ := serveR(t, z, e, 1, now, remaining); !ok {
 			t.Fatalf("request %d at %d denied by an authority that grants everything", i, now)
 		}
 		now += step

@@ -13,23 +13,29 @@ import (
 type Lease struct {
 	// MaxTokens caps one lease. Lease sizes follow demand (see Horizon), so
 	// this is a safety cap that only very hot keys reach: a key served a
-	// million times a second needs leases of ~10k tokens so that a refill
-	// round trip to Redis never leaves its callers waiting. Larger leases
-	// hold more tokens away from other instances. Default 10000.
+	// million times a second needs leases of ~250k tokens to refill four
+	// times a second. Larger leases hold more tokens away from other
+	// instances. Default 100000.
 	MaxTokens int64
 
 	// Horizon is how much of a key's observed local demand one lease covers:
 	// the lease size is demand rate × Horizon (capped), so a key seen once a
 	// minute gets leases of 1 token (exact behaviour) and a key seen 100k
-	// times a second gets leases that last about Horizon. It must exceed the
-	// interval between a key's Redis calls when Redis is the bottleneck, or
-	// leases never grow past one token; 250ms does for keys seen more than
-	// 4 times a second. Default 250ms.
+	// times a second gets leases that last about Horizon. Near a key's limit
+	// this is the whole rule, and a short Horizon keeps what each instance
+	// holds back small. Far from the limit (the bucket holds at least 16
+	// times the lease), slow start may grow leases further: a lease used up
+	// in under TTL/2 doubles the next one, because when many keys share
+	// Redis, callers waiting on refills hide their own demand. Default 250ms.
 	Horizon time.Duration
 
 	// TTL is how long a lease may be spent after its grant. Unused tokens are
 	// refunded to Redis when it expires. It bounds how long leased tokens can
-	// be held back from the rest of the fleet. Default 1s.
+	// be held back from the rest of the fleet, and slow start grows leases
+	// only while they are used within TTL/2, so it also bounds how many busy
+	// keys an instance can lease at once: each must be refilled within TTL/2,
+	// so a key count above TTL/2 × the Redis calls per second the instance
+	// can make keeps leases small. Default 2s.
 	TTL time.Duration
 
 	// MaxShare caps one grant at this fraction of the tokens the bucket holds
@@ -57,7 +63,7 @@ func DefaultLease() Lease {
 	return Lease{
 		MaxTokens: 100_000,
 		Horizon:   250 * time.Millisecond,
-		TTL:       time.Second,
+		TTL:       2 * time.Second,
 		MaxShare:  0.5,
 		Prefetch:  0.25,
 		DenyCap:   time.Second,

@@ -364,7 +364,7 @@ func TestDefaultLease(t *testing.T) {
 	want := policy.Lease{
 		MaxTokens: 100_000,
 		Horizon:   250 * time.Millisecond,
-		TTL:       time.Second,
+		TTL:       2 * time.Second,
 		MaxShare:  0.5,
 		Prefetch:  0.25,
 		DenyCap:   time.Second,

@@ -74,7 +74,8 @@ func run() error {
 		addr       = flag.String("redis", "", "address of a Redis to use (default: start redis-server on a free loopback port)")
 		duration   = flag.Duration("duration", 5*time.Second, "measured time of each cell (workload × design)")
 		goroutines = flag.Int("goroutines", 64, "concurrent callers per cell")
-		short      = flag.Bool("short", false, "1s cells and a shorter warm-up, for CI")
+		short      = flag.Bool("short", false, "1s cells and a 100ms warm-up, for CI")
+		warmup     = flag.Duration("warmup", 5*time.Second, "time the unlimited workloads run on their own keys before each measurement (leases grow to their steady size)")
 		only       = flag.String("designs", strings.Join(design.Names, ","), "comma-separated designs to run")
 	)
 	flag.Parse()
@@ -83,9 +84,13 @@ func run() error {
 	}
 	if *short {
 		*duration = time.Second
+		*warmup = 100 * time.Millisecond
 	}
 	if *duration <= 0 || *duration > time.Hour {
 		return fmt.Errorf("-duration %v must be in (0, 1h]", *duration)
+	}
+	if *warmup < 0 || *warmup > time.Hour {
+		return fmt.Errorf("-warmup %v must be in [0, 1h]", *warmup)
 	}
 	if *goroutines < 1 || *goroutines > 10_000 {
 		return fmt.Errorf("-goroutines %d must be in [1, 10000]", *goroutines)
@@ -101,7 +106,7 @@ func run() error {
 	cfg := config{
 		addr:       *addr,
 		duration:   *duration,
-		warmup:     min(max(*duration/10, 100*time.Millisecond), time.Second),
+		warmup:     *warmup,
 		goroutines: *goroutines,
 		runID:      strconv.FormatInt(time.Now().UnixNano(), 36),
 		out:        os.Stdout,
@@ -250,7 +255,7 @@ func runCell(ctx context.Context, cfg config, ic *infoConn, wl workload, name st
 			return res, fmt.Errorf("warm-up: %w", werr)
 		}
 	}
-	if !wl.limited {
+	if !wl.limited && cfg.warmup > 0 {
 		if _, err := drive(ctx, cfg, wl, decs, keys, cfg.warmup, false); err != nil {
 			return res, fmt.Errorf("warm-up: %w", err)
 		}
