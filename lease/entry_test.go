@@ -723,6 +723,27 @@ func TestBatchesAtLimit(t *testing.T) {
 	}
 }
 
+// TestBatchSmallerRequest: after a denial of 2 tokens on a cold key, a
+// request for 1 token, let through by the negative cache at the time its own
+// token is due, plans Min 1, not the 2 that were denied.
+func TestBatchSmallerRequest(t *testing.T) {
+	l := policy.Limit{Name: "t", Rate: 5, Period: time.Hour, Burst: 5} // 12 min per token
+	z := newSizer(l, policy.Lease{DenyCap: time.Hour})
+	e := &Entry{key: "a"}
+	now := 1 * s
+	e.AddPending(2)
+	req := plan(t, z, e, now)
+	retry := 12 * time.Minute // one token short
+	z.Install(e, req, Outcome{Granted: 0, Remaining: 1, RetryAfter: retry, Min: req.Min}, now)
+	if d, _ := z.Denied(e, 1, now+1); d {
+		t.Fatalf("1 token denied although the bucket holds one")
+	}
+	e.AddPending(1)
+	if req = plan(t, z, e, now+1); req.Min != 1 {
+		t.Errorf("Plan for 1 token after a denial of 2 = %+v; want Min 1", req)
+	}
+}
+
 // TestBatchCappedByBurst: on a small burst the batch is at most a quarter
 // of it, whatever the lease size and refill rate.
 func TestBatchCappedByBurst(t *testing.T) {

@@ -259,7 +259,7 @@ func (z Sizer) Plan(e *Entry, now int64) Request {
 	// of what the bucket holds and then half of the rest.
 	if b := e.batch; b > 1 {
 		if d := e.denyUntil.Load(); now < d {
-			b -= int64(float64(d-now) / z.perToken)
+			b -= int64(math.Ceil(float64(d-now) / z.perToken))
 		}
 		minWant = max(minWant, b)
 		want = max(want, b)
