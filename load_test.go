@@ -104,6 +104,85 @@ func TestOverLimitCommandsPerDecision(t *testing.T) {
 	}
 }
 
+// TestManyKeysLeasesGrow: 2000 keys shared by 32 callers that each wait
+// for their refills. While its lease is one token, every key is seen only as
+// often as Redis round trips allow, so leases sized from served demand stay
+// at a token or two when that is less than once per Horizon (10k keys on a
+// 2-core machine; here a 1ms Horizon stands in for that on any machine).
+// Slow start must grow them until Redis is asked rarely.
+func TestManyKeysLeasesGrow(t *testing.T) {
+	srv := redistest.Start(t)
+	lim := mustNew(t, srv.Client(t), policy.Limit{Name: "many", Rate: 1e9, Period: time.Second, Burst: 1e9},
+		leaselimit.WithLease(policy.Lease{Horizon: time.Millisecond}))
+	const keys = 2000
+	key := func(w, i int) string { return fmt.Sprintf("k%d", (w*61+i*7)%keys) }
+	hammer(t, lim, 32, 4*time.Second, key) // slow start: ~10 doublings
+	before := srv.Stats(t)
+	srcs, _ := hammer(t, lim, 32, 2*time.Second, key)
+	cmds := srv.Stats(t).Sub(before).TotalCommands
+	n := total(srcs)
+	per := float64(cmds) / float64(n)
+	t.Logf("%d keys: %d decisions (lease %d, authority %d), %d Redis commands: %.4f per decision", keys, n, srcs[0], srcs[1], cmds, per)
+	if srcs[leaselimit.SourceFallback] > 0 {
+		t.Errorf("%d fallback decisions", srcs[leaselimit.SourceFallback])
+	}
+	// A grant is 5 commands: 0.25 is one Redis call per 20 decisions.
+	if per > 0.25 {
+		t.Errorf("%.3f Redis commands per decision over %d busy keys; want <= 0.25", per, keys)
+	}
+}
+
+// TestPacedOverLimitCommandsPerDecision: a key asked 100 times its limit by
+// callers at a steady pace (open loop, like clients that do not back off)
+// costs Redis at most 0.01 commands per decision, and admits at most its
+// limit.
+func TestPacedOverLimitCommandsPerDecision(t *testing.T) {
+	srv := redistest.Start(t)
+	l := policy.Limit{Name: "paced", Rate: 100, Period: time.Second, Burst: 100}
+	lim := mustNew(t, srv.Client(t), l)
+	const workers, every = 10, time.Millisecond // 10,000/s: 100x the rate
+	before := srv.Stats(t)
+	start := time.Now()
+	var n, admitted atomic.Int64
+	var wg sync.WaitGroup
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			tick := time.NewTicker(every)
+			defer tick.Stop()
+			for time.Since(start) < 4*time.Second {
+				<-tick.C
+				d, err := lim.Allow(context.Background(), "abuser")
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				n.Add(1)
+				if d.Allowed {
+					admitted.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	el := time.Since(start)
+	cmds := srv.Stats(t).Sub(before).TotalCommands
+	bound := float64(l.Burst) + float64(l.Rate)*el.Seconds()
+	per := float64(cmds) / float64(n.Load())
+	t.Logf("paced over-limit key: %d decisions (%.0fx its limit), %d admitted (bound %.0f), %d Redis commands: %.4f per decision",
+		n.Load(), float64(n.Load())/bound, admitted.Load(), bound, cmds, per)
+	if float64(admitted.Load()) > bound {
+		t.Errorf("admitted %d > Burst + Rate·T = %.0f", admitted.Load(), bound)
+	}
+	if float64(n.Load()) < 50*bound {
+		t.Skipf("the callers reached only %.0fx the limit on this machine; the bound is for 100x", float64(n.Load())/bound)
+	}
+	if per > 0.01 {
+		t.Errorf("%.4f Redis commands per decision; want <= 0.01", per)
+	}
+}
+
 // TestKeyFlood: a flood of distinct keys keeps the local table within
 // WithMaxKeys and the heap bounded; every Redis key written has a TTL.
 func TestKeyFlood(t *testing.T) {

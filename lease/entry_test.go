@@ -693,6 +693,9 @@ func TestBatchesAtLimit(t *testing.T) {
 	if d, _ := e.Denied(now); !d {
 		t.Fatalf("batch grant leaving 30 tokens: not denied once spent")
 	}
+	if e.NeedsPrefetch(0) {
+		t.Errorf("batch grant leaving 30 tokens: prefetch wanted before the next batch is due")
+	}
 	next := now + int64(l.Interval(batch-30))
 	if d, _ := e.Denied(next - 1); !d {
 		t.Errorf("not denied 1ns before the next batch accrues")

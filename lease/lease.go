@@ -376,6 +376,8 @@ func (z Sizer) Install(e *Entry, req Request, o Outcome, now int64) (refund int6
 			e.batch = b
 			e.denyMin.Store(1)
 			e.denyUntil.Store(now + int64(min(z.limit.Interval(short), z.settings.DenyCap)))
+			// No prefetch: before the cache ends it could only be denied.
+			e.low.Store(0)
 		} else {
 			e.batch = 0
 		}
