@@ -175,11 +175,14 @@ func honoursDeadlines(client redis.UniversalClient) bool {
 	return false
 }
 
-// prefetchSlots is how many background refills may run at once: half the
-// client's connection pool (per node on a Cluster), so that prefetches of
-// many keys coming due together never queue on the pool ahead of callers
-// that wait for a refill. A prefetch finding no slot is skipped; the key
-// refills on a later hit or a miss.
+// prefetchSlots is how many background refills of a Limiter may run at
+// once: half the client's connection pool (one node's pool on a Cluster; the
+// slots are shared by all nodes), so that prefetches of many keys coming due
+// together never queue on the pool ahead of callers that wait for a refill.
+// A prefetch finding no slot is skipped; the key refills on a later hit or a
+// miss. A slot is freed when its prefetch stops waiting (at the latest at
+// the time budget), so against a slow Redis more calls than this can still
+// be outstanding.
 func prefetchSlots(client redis.UniversalClient) int {
 	pool := 0
 	switch c := client.(type) {
@@ -517,7 +520,11 @@ func (l *Limiter) refill(ctx context.Context, brk *breaker.Breaker, rkey string,
 		}
 		return o
 	}
-	g, err := l.authorize(context.WithoutCancel(ctx), brk, rkey, req.Want, req.Min, l.share, func(late authority.Grant) {
+	share := l.share
+	if req.Whole {
+		share = 1
+	}
+	g, err := l.authorize(context.WithoutCancel(ctx), brk, rkey, req.Want, req.Min, share, func(late authority.Grant) {
 		install(late)
 	})
 	if err != nil {

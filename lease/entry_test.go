@@ -444,11 +444,42 @@ func TestSlowStart(t *testing.T) {
 	// A denial means the key is at its limit: slow start starts over.
 	e.AddPending(1)
 	req := plan(t, z, e, now+ms)
-	z.Install(e, req, Outcome{Granted: 0, RetryAfter: time.Millisecond, Min: req.Min}, now+ms)
+	z.Install(e, req, Outcome{Granted: 0, Remaining: bigRemaining, RetryAfter: time.Millisecond, Min: req.Min}, now+ms)
 	e.AddPending(1)
 	plan(t, z, e, now+10*ms)
 	if e.grow != 0 {
 		t.Errorf("slow-start size after a denial = %d; want 0", e.grow)
+	}
+}
+
+// TestSlowStartNeedsSpending: a refill asked for again soon after a grant
+// doubles the slow-start size only if most of that grant was spent.
+func TestSlowStartNeedsSpending(t *testing.T) {
+	z := newSizer(policy.PerSecond(100000), policy.Lease{TTL: time.Second})
+	for _, tc := range []struct {
+		spend int64
+		grows bool
+	}{{0, false}, {10, false}, {49, false}, {50, true}, {100, true}} {
+		e := &Entry{key: "k"}
+		now := 1 * s
+		e.AddPending(1)
+		plan(t, z, e, now) // cold: exact
+		z.Install(e, Request{Want: 101, Min: 1, Need: 1}, Outcome{Granted: 101, Remaining: bigRemaining, Min: 1}, now)
+		if !e.TakeReserved(1) {
+			t.Fatal("no reservation for the waiting caller")
+		}
+		if tc.spend > 0 {
+			if ok, _ := e.Take(tc.spend, now); !ok {
+				t.Fatalf("take %d", tc.spend)
+			}
+		}
+		before := e.grow
+		e.AddPending(1)
+		plan(t, z, e, now+100*ms)
+		if grew := e.grow > before; grew != tc.grows {
+			t.Errorf("%d of a 101-token grant spent (1 reserved + %d) in 100ms: slow-start size %d -> %d; want growth %v",
+				tc.spend+1, tc.spend, before, e.grow, tc.grows)
+		}
 	}
 }
 
@@ -654,10 +685,11 @@ func TestNegativeCacheLeaseExtension(t *testing.T) {
 }
 
 // TestBatchesAtLimit: a key at its limit is refilled in whole batches: the
-// refill after a denial asks for at least the batch its negative cache
-// waited for; a grant that leaves the bucket short of a batch sets the cache
-// again, to deny once the lease is spent until the next batch accrues; a
-// grant that leaves a batch or more ends batching.
+// refill after a denial asks for the batch its negative cache waited for and
+// takes all of it (Whole), while Min stays what the callers need; a grant
+// that leaves the bucket short of a batch sets the cache again, to deny once
+// the lease is spent until the next batch accrues (with no prefetch before
+// then); a grant that leaves a batch or more ends batching.
 func TestBatchesAtLimit(t *testing.T) {
 	l := policy.PerSecond(1000) // 1ms per token, burst 1000
 	z := newSizer(l, policy.Lease{DenyCap: 5 * time.Second})
@@ -675,32 +707,32 @@ func TestBatchesAtLimit(t *testing.T) {
 	req := plan(t, z, e, now)
 	z.Install(e, req, Outcome{Granted: 0, RetryAfter: 2 * time.Millisecond, Min: req.Min}, now)
 	wait := 2*time.Millisecond + l.Interval(batch-1)
-	if d, got := e.Denied(now); !d || got != wait {
+	if d, got := z.Denied(e, 1, now); !d || got != wait {
 		t.Fatalf("after the denial: Denied = %v, %v; want true, %v", d, got, wait)
 	}
-	// The next refill, when the cache ends, takes the batch whole.
+	// The next refill, when the cache ends, asks for the batch, whole.
 	now += int64(wait)
 	e.AddPending(1)
 	req = plan(t, z, e, now)
-	if req.Min != batch || req.Want < batch {
-		t.Fatalf("refill after the cache = %+v; want Min %d", req, batch)
+	if req.Want != batch || req.Min != 1 || !req.Whole {
+		t.Fatalf("refill after the cache = %+v; want {Want:%d Min:1 Whole:true}", req, batch)
 	}
 
 	// A grant that leaves the bucket 30 tokens: short of a batch, so the
 	// cache is set to when the rest accrues, and denies once the lease is
 	// spent.
 	z.Install(e, req, Outcome{Granted: batch, Remaining: 30, Min: req.Min}, now)
-	if d, _ := e.Denied(now); !d {
+	if d, _ := z.Denied(e, 1, now); !d {
 		t.Fatalf("batch grant leaving 30 tokens: not denied once spent")
 	}
 	if e.NeedsPrefetch(0) {
 		t.Errorf("batch grant leaving 30 tokens: prefetch wanted before the next batch is due")
 	}
 	next := now + int64(l.Interval(batch-30))
-	if d, _ := e.Denied(next - 1); !d {
+	if d, _ := z.Denied(e, 1, next-1); !d {
 		t.Errorf("not denied 1ns before the next batch accrues")
 	}
-	if d, _ := e.Denied(next); d {
+	if d, _ := z.Denied(e, 1, next); d {
 		t.Errorf("still denied when the next batch has accrued")
 	}
 	if ok, _ := e.Take(1, now); !ok {
@@ -708,52 +740,85 @@ func TestBatchesAtLimit(t *testing.T) {
 	}
 	e.Drain()
 
-	// Asking 10ms before the cache ends: 10 tokens less.
+	// Asking 10ms before the cache ends: 10 tokens less, still whole; asking
+	// before any of it accrued: an ordinary refill.
 	e.AddPending(1)
-	req = plan(t, z, e, next-10*ms)
-	if req.Min != batch-10 {
-		t.Errorf("refill 10ms early = %+v; want Min %d", req, batch-10)
+	if req = plan(t, z, e, next-10*ms); req.Want != batch-10 || !req.Whole {
+		t.Errorf("refill 10ms early = %+v; want {Want:%d Whole:true}", req, batch-10)
+	}
+	e.AddPending(1)
+	if req = plan(t, z, e, next-int64(l.Interval(batch))); req.Whole {
+		t.Errorf("refill before any of the batch accrued = %+v; want Whole false", req)
 	}
 	// A grant leaving a batch or more ends batching.
 	z.Install(e, req, Outcome{Granted: req.Want, Remaining: batch, Min: req.Min}, next)
 	e.Drain()
-	if d, _ := e.Denied(next); d {
+	if d, _ := z.Denied(e, 1, next); d {
 		t.Errorf("denied after a grant that left a whole batch")
 	}
 	e.AddPending(1)
-	if req = plan(t, z, e, next+ms); req.Min != 1 {
-		t.Errorf("refill after batching ended = %+v; want Min 1", req)
+	if req = plan(t, z, e, next+ms); req.Whole || req.Min != 1 {
+		t.Errorf("refill after batching ended = %+v; want Min 1, Whole false", req)
 	}
 }
 
-// TestBatchSmallerRequest: after a denial of 2 tokens on a cold key, a
-// request for 1 token, let through by the negative cache at the time its own
-// token is due, plans Min 1, not the 2 that were denied.
-func TestBatchSmallerRequest(t *testing.T) {
-	l := policy.Limit{Name: "t", Rate: 5, Period: time.Hour, Burst: 5} // 12 min per token
-	z := newSizer(l, policy.Lease{DenyCap: time.Hour})
-	e := &Entry{key: "a"}
-	now := 1 * s
-	e.AddPending(2)
-	req := plan(t, z, e, now)
-	retry := 12 * time.Minute // one token short
-	z.Install(e, req, Outcome{Granted: 0, Remaining: 1, RetryAfter: retry, Min: req.Min}, now)
-	if d, _ := z.Denied(e, 1, now+1); d {
-		t.Fatalf("1 token denied although the bucket holds one")
-	}
-	e.AddPending(1)
-	if req = plan(t, z, e, now+1); req.Min != 1 {
-		t.Errorf("Plan for 1 token after a denial of 2 = %+v; want Min 1", req)
+// TestBatchAfterLargeDenial: a denied large request does not make later
+// small ones ask for as much. After AllowN(100) is denied on a bucket
+// holding 50, Allow(1) is not held back and plans Min 1, whether it comes
+// at once or after the cache ended.
+func TestBatchAfterLargeDenial(t *testing.T) {
+	for _, warm := range []bool{false, true} {
+		l := policy.PerSecond(100) // 10ms per token, burst 100
+		z := newSizer(l, policy.Lease{DenyCap: time.Minute})
+		e := &Entry{key: "a"}
+		now := 1 * s
+		if warm { // a busy key: its batch is more than one token
+			now = driveR(t, z, e, now, 10*ms, 300, nearEmpty)
+			e.Drain()
+			if z.batchFor(e.size.Load()) < 2 {
+				t.Fatalf("warm-up left size %d", e.size.Load())
+			}
+		}
+		e.AddPending(100)
+		req := plan(t, z, e, now)
+		z.Install(e, req, Outcome{Granted: 0, Remaining: 50, RetryAfter: 500 * time.Millisecond, Min: req.Min}, now)
+		if d, _ := z.Denied(e, 100, now); !d {
+			t.Fatalf("warm %v: the denied request is not cached", warm)
+		}
+		for _, at := range []int64{now + ms, now + 600*ms} {
+			if d, wait := z.Denied(e, 1, at); d {
+				t.Errorf("warm %v: Allow(1) at +%v denied for %v by the cache of a denied AllowN(100)", warm, time.Duration(at-now), wait)
+			}
+			e.AddPending(1)
+			// Min 1, and at most a batch (Burst/4) more for the lease.
+			if req := plan(t, z, e, at); req.Min != 1 || req.Want > l.Burst/batchDiv {
+				t.Errorf("warm %v: Plan for 1 token at +%v after a denial of 100 = %+v; want Min 1, Want <= %d", warm, time.Duration(at-now), req, l.Burst/batchDiv)
+			}
+		}
 	}
 }
 
-// TestBatchCappedByBurst: on a small burst the batch is at most a quarter
-// of it, whatever the lease size and refill rate.
+// TestBatchCappedByBurst: on a small burst the batch a denied key waits for
+// and then asks for is at most a quarter of the burst, however large its
+// lease had grown.
 func TestBatchCappedByBurst(t *testing.T) {
-	for _, burst := range []int64{1, 3, 4, 8, 100} {
-		z := newSizer(policy.PerSecond(100000).WithBurst(burst), policy.Lease{})
-		if got, want := z.batchFor(1_000_000), max(burst/batchDiv, 1); got != want {
-			t.Errorf("burst %d: batchFor = %d; want %d", burst, got, want)
+	for _, burst := range []int64{8, 40, 100} {
+		l := policy.PerSecond(100000).WithBurst(burst)
+		z := newSizer(l, policy.Lease{})
+		e := &Entry{key: "k"}
+		now := driveR(t, z, e, 1*s, 10*us, 20000, nearEmpty)
+		e.Drain()
+		if e.size.Load() != burst {
+			t.Fatalf("burst %d: warm-up left size %d", burst, e.size.Load())
+		}
+		e.AddPending(1)
+		req := plan(t, z, e, now)
+		z.Install(e, req, Outcome{Granted: 0, RetryAfter: 10 * time.Microsecond, Min: req.Min}, now)
+		_, wait := z.Denied(e, 1, now)
+		e.AddPending(1)
+		req = plan(t, z, e, now+int64(wait))
+		if q := burst / batchDiv; req.Want != q || !req.Whole {
+			t.Errorf("burst %d: refill after the cache = %+v; want {Want:%d Whole:true}", burst, req, q)
 		}
 	}
 }

@@ -130,8 +130,9 @@ func (e *Entry) NeedsPrefetch(left int64) bool {
 // PrefetchDone releases the claim taken by NeedsPrefetch.
 func (e *Entry) PrefetchDone() { e.refilling.Store(false) }
 
-// Denied reports whether the negative cache denies e at now for a request as
-// large as the one Redis denied, and for how long.
+// Denied reports whether the negative cache denies e at now for a request of
+// denyMin tokens (the size Redis denied, or 1 while the key waits for its
+// next batch), and for how long. Sizer.Denied adjusts it to a request's size.
 func (e *Entry) Denied(now int64) (bool, time.Duration) {
 	d := e.denyUntil.Load()
 	if now < d {
@@ -185,6 +186,9 @@ type Request struct {
 	Want int64 // tokens to ask for
 	Min  int64 // fewest tokens worth taking (all-or-nothing below it)
 	Need int64 // tokens the waiting callers asked for, reserved for them on a grant
+	// Whole asks for up to Want whatever the bucket holds (no MaxShare
+	// cap): a key at its limit taking the batch it waited for.
+	Whole bool
 }
 
 // Sizer turns a key's observed demand into a lease size. It is immutable and
@@ -254,19 +258,28 @@ func (z Sizer) Plan(e *Entry, now int64) Request {
 	if extra := spare - cur; extra > 0 {
 		want += extra
 	}
-	// A key at its limit takes the batch its negative cache waited for in
-	// one call (less what has not accrued yet if it asks early), not half
-	// of what the bucket holds and then half of the rest.
+	// A key at its limit asks for the batch its negative cache waited for
+	// (less what has not accrued yet if it asks early) and takes all of it
+	// in one call, rather than half of what the bucket holds and then half
+	// of the rest. Min stays what the callers need, so a request the bucket
+	// can serve is never denied for want of a whole batch.
+	whole := false
 	if b := e.batch; b > 1 {
 		if d := e.denyUntil.Load(); now < d {
-			b -= int64(math.Ceil(float64(d-now) / z.perToken))
+			if t := math.Ceil(float64(d-now) / z.perToken); t < float64(b) {
+				b -= int64(t)
+			} else {
+				b = 0
+			}
 		}
-		minWant = max(minWant, b)
-		want = max(want, b)
+		if b > 1 {
+			want = max(need, b)
+			whole = true
+		}
 	}
 	want = clamp(want, 1, z.limit.Burst)
 	m := clamp(minWant, 1, want)
-	return Request{Want: want, Min: m, Need: min(need, want)}
+	return Request{Want: want, Min: m, Need: min(need, want), Whole: whole}
 }
 
 // growHeadroom is how many leases of the slow-start size the bucket must
@@ -329,7 +342,11 @@ const batchDiv = 4
 // to gather: the size, capped by what accrues in maxBatchWait and by
 // Burst/batchDiv.
 func (z Sizer) batchFor(size int64) int64 {
-	return max(min(size, int64(float64(maxBatchWait)/z.perToken), z.limit.Burst/batchDiv), 1)
+	b := min(size, z.limit.Burst/batchDiv)
+	if t := float64(maxBatchWait) / z.perToken; t < float64(b) {
+		b = int64(t)
+	}
+	return max(b, 1)
 }
 
 // Install puts granted tokens into e's lease at now, or, on a denial, starts
@@ -337,14 +354,15 @@ func (z Sizer) batchFor(size int64) int64 {
 // evicted while the refill ran.
 //
 // A key at its limit is refilled in batches. On a denial the key is denied
-// locally until a batch is available: RetryAfter plus the refill time of
-// up to a lease of e's size more (see batchFor), capped by DenyCap; the next refill then asks for at least that batch, so it takes it
-// whole. While the key stays at its limit (a grant leaves the bucket less
-// than a batch), the negative cache is set again at the grant, to when the
-// next batch will have accrued; it only denies once the lease is spent. A
-// key far over its limit so costs one Redis call per batch, not one per
-// token. For a cold key the size is 1 and the cache lasts exactly
-// RetryAfter.
+// locally until a batch is available: RetryAfter plus the refill time of the
+// rest of a batch (see batchFor), capped by DenyCap; the next refill then
+// asks for the batch and takes all of it (Request.Whole). While the key stays
+// at its limit (a grant leaves the bucket less than a batch), the negative
+// cache is set again at the grant, to when the next batch will have accrued;
+// it only denies once the lease is spent. A key far over its limit so costs
+// one Redis call per batch, not one per token. For a cold key the batch is 1
+// and the cache lasts exactly RetryAfter; a wait cut short by DenyCap ends
+// batching.
 func (z Sizer) Install(e *Entry, req Request, o Outcome, now int64) (refund int64) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -352,32 +370,29 @@ func (z Sizer) Install(e *Entry, req Request, o Outcome, now int64) (refund int6
 	e.granted = o.Granted > 0
 	if o.Granted <= 0 {
 		e.remote.Store(o.Remaining)
-		extra := z.batchFor(e.size.Load()) - req.Min
-		extra = max(extra, 0)
-		wait := o.RetryAfter + z.limit.Interval(extra)
-		e.batch = req.Min + extra
+		e.batch = z.batchFor(e.size.Load())
+		wait := o.RetryAfter + z.limit.Interval(e.batch-req.Min)
 		if wait > z.settings.DenyCap {
 			wait = z.settings.DenyCap
-			e.batch = req.Min
+			e.batch = 0
 		}
 		if wait > 0 {
 			e.denyMin.Store(req.Min)
 			e.denyUntil.Store(now + int64(wait))
 		}
 		e.level = e.tokens.Load()
+		e.lastNeed = 0
 		return 0
 	}
 	e.denyUntil.Store(0)
+	var rearm time.Duration
 	if e.batch > 0 {
 		// At its limit: stay in batches while the bucket holds less than
 		// one.
 		b := z.batchFor(e.size.Load())
 		if short := b - o.Remaining; short > 0 && b > 1 {
 			e.batch = b
-			e.denyMin.Store(1)
-			e.denyUntil.Store(now + int64(min(z.limit.Interval(short), z.settings.DenyCap)))
-			// No prefetch: before the cache ends it could only be denied.
-			e.low.Store(0)
+			rearm = min(z.limit.Interval(short), z.settings.DenyCap)
 		} else {
 			e.batch = 0
 		}
@@ -394,6 +409,14 @@ func (z Sizer) Install(e *Entry, req Request, o Outcome, now int64) (refund int6
 	// After the tokens are in, so that lease + remote never reads low.
 	e.remote.Store(o.Remaining)
 	e.expires.Store(now + int64(z.settings.TTL))
+	if rearm > 0 {
+		// After the tokens too: a caller must not find the cache set and
+		// the lease still empty.
+		e.denyMin.Store(1)
+		e.denyUntil.Store(now + int64(rearm))
+		// No prefetch: before the cache ends it could only be denied.
+		e.low.Store(0)
+	}
 	return 0
 }
 
