@@ -429,14 +429,14 @@ func TestSlowStart(t *testing.T) {
 
 	z := newSizer(policy.PerSecond(100000), policy.Lease{TTL: time.Second})
 	e := &Entry{key: "k"}
-	now := drive(t, z, e, 1*s, 500*us, 8000)
+	drive(t, z, e, 1*s, 500*us, 8000)
 	if e.grow < 1333 {
 		t.Fatalf("slow-start size after warm-up = %d", e.grow)
 	}
 	// A lease that expired halves the size once per TTL that passed.
 	before, exp := e.grow, e.expires.Load()
 	e.AddPending(1)
-	now = exp + 2500*ms
+	now := exp + 2500*ms
 	z.Install(e, plan(t, z, e, now), Outcome{Granted: 1, Remaining: bigRemaining, Min: 1}, now)
 	if want := before >> 3; e.grow != want {
 		t.Errorf("2.5 TTLs after the lease expired: slow-start size %d; want %d (from %d)", e.grow, want, before)
