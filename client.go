@@ -582,17 +582,25 @@ func (l *Limiter) authorize(ctx context.Context, brk *breaker.Breaker, rkey stri
 	if l.direct {
 		// The client enforces context deadlines itself: call in place.
 		defer l.wg.Done()
-		g, err := l.acquire(ctx, rkey, want, min, share)
+		cctx, cancel := context.WithTimeout(ctx, l.cfg.timeout)
+		defer cancel()
+		g, err := l.acquire(cctx, rkey, want, min, share)
 		done(err)
 		return g, err
 	}
+	// One deadline serves both sides: the call's context (go-redis honours
+	// it while waiting for a pooled connection) and the waiter's budget.
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.cfg.timeout)
 	// 0 pending, 1 delivered, 2 the waiter gave up at the budget (and told
 	// the breaker), 3 the waiter's ctx ended (the call reports its outcome).
 	var state atomic.Int32
 	ch := make(chan callResult, 1)
 	go func() {
 		defer l.wg.Done()
-		g, err := l.acquire(context.WithoutCancel(ctx), rkey, want, min, share)
+		// Cancelled only once the outcome is settled below, so that
+		// cctx.Done means the budget ran out or ch holds the result.
+		defer cancel()
+		g, err := l.acquire(cctx, rkey, want, min, share)
 		if state.CompareAndSwap(0, 1) {
 			done(err)
 			ch <- callResult{g, err}
@@ -605,12 +613,11 @@ func (l *Limiter) authorize(ctx context.Context, brk *breaker.Breaker, rkey stri
 			late(g)
 		}
 	}()
-	timer := time.NewTimer(l.cfg.timeout)
-	defer timer.Stop()
 	select {
 	case r := <-ch:
 		return r.g, r.err
-	case <-timer.C:
+	case <-cctx.Done():
+		// The budget ran out, or the call finished and its result is in ch.
 		if state.CompareAndSwap(0, 2) {
 			done(breaker.ErrBudget)
 			return authority.Grant{}, fmt.Errorf("%w: no reply within %v", breaker.ErrBudget, l.cfg.timeout)
@@ -626,12 +633,11 @@ func (l *Limiter) authorize(ctx context.Context, brk *breaker.Breaker, rkey stri
 	}
 }
 
-// acquire makes one script call bounded by the budget, with its span and
-// metrics; a budget overrun is marked with breaker.ErrBudget.
+// acquire makes one script call on ctx, which carries the budget's deadline,
+// with its span and metrics; a budget overrun is marked with
+// breaker.ErrBudget.
 func (l *Limiter) acquire(ctx context.Context, rkey string, want, min int64, share float64) (authority.Grant, error) {
-	cctx, cancel := context.WithTimeout(ctx, l.cfg.timeout)
-	defer cancel()
-	cctx, span := l.tel.StartAuthority(cctx, want, min)
+	cctx, span := l.tel.StartAuthority(ctx, want, min)
 	start := time.Now()
 	g, err := l.auth.Acquire(cctx, rkey, l.limit, want, min, share)
 	l.tel.EndAuthority(cctx, span, time.Since(start), g.Granted, err)
