@@ -565,11 +565,14 @@ type callResult struct {
 }
 
 // authorize makes one acquire call through the breaker, bounded by the time
-// budget whatever the client's own timeouts. The call runs on a context
-// detached from ctx (so its outcome is known even if the caller leaves);
-// the caller stops waiting when ctx ends or the budget runs out. A grant
-// that arrives after the caller stopped waiting is passed to late, so its
-// tokens are never lost silently.
+// budget whatever the client's own timeouts. With default client options
+// the call runs in its own goroutine on a context detached from ctx (so its
+// outcome is known even if the caller leaves); the caller stops waiting when
+// ctx ends or the budget runs out, and a grant that arrives after that is
+// passed to late, so its tokens are never lost silently. When the client
+// honours deadlines (l.direct) the call runs in place on ctx bounded by the
+// budget, and ends with it: late is not called, and a reply abandoned then
+// leaves its tokens debited (under-admission).
 func (l *Limiter) authorize(ctx context.Context, brk *breaker.Breaker, rkey string, want, min int64, share float64, late func(authority.Grant)) (authority.Grant, error) {
 	done, err := brk.Allow()
 	if err != nil {

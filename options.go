@@ -117,9 +117,10 @@ func WithoutLease() Option {
 }
 
 // WithMaxKeys bounds the number of keys the Limiter keeps local state for
-// (at least 64).
-// When the table is full, the least recently used key of a shard is evicted
-// (its unused leased tokens are refunded). Default DefaultMaxKeys (100,000).
+// (at least 64, whatever n). The bound is split over 64 shards: when a new
+// key's shard is full, that shard's least recently used key is evicted (its
+// unused leased tokens are refunded), possibly before the whole table is
+// full. Default DefaultMaxKeys (100,000).
 func WithMaxKeys(n int) Option {
 	return optionFunc(func(c *config) error {
 		if n < 1 {

@@ -143,8 +143,9 @@ func (e *Entry) Denied(now int64) (bool, time.Duration) {
 
 // Denied reports whether the negative cache denies n tokens of e at now, and
 // for how long. A denial was for denyMin tokens; a smaller request is denied
-// for less, by the refill time of the difference, so a request that a
-// central bucket would admit is not held back.
+// for less, by the refill time of the difference. Without a batch wait (see
+// Install) that is exactly when a central bucket would admit it; with one it
+// also waits out the rest of the batch.
 func (z Sizer) Denied(e *Entry, n, now int64) (bool, time.Duration) {
 	d := e.denyUntil.Load()
 	if now >= d {

@@ -1,12 +1,13 @@
 // Command compare runs leaselimit and the designs it replaces side by side,
 // in one process, on one real redis-server, and prints a Markdown table.
 //
-//	go run ./cmd/compare [-redis ADDR] [-duration 5s] [-goroutines 64] [-short]
+//	go run ./cmd/compare [-redis ADDR] [-duration 5s] [-warmup 5s] [-goroutines 64] [-designs a,b] [-short]
 //
 // Without -redis it starts redis-server (from PATH) on a free loopback port
-// and stops it on exit. Each cell (workload × design) runs for -duration
-// after a short warm-up; -short runs 1s cells for CI. See README.md for the
-// columns.
+// and stops it on exit. Each cell (workload × design) runs for -duration;
+// the first three workloads first run -warmup on their own keys, so leases
+// reach their steady size. -short runs 1s cells with a 100ms warm-up for CI.
+// See README.md for the columns.
 package main
 
 import (
@@ -81,7 +82,7 @@ func run() error {
 		duration   = flag.Duration("duration", 5*time.Second, "measured time of each cell (workload × design)")
 		goroutines = flag.Int("goroutines", 64, "concurrent callers per cell")
 		short      = flag.Bool("short", false, "1s cells and a 100ms warm-up, for CI")
-		warmup     = flag.Duration("warmup", 5*time.Second, "time the unlimited workloads run on their own keys before each measurement (leases grow to their steady size)")
+		warmup     = flag.Duration("warmup", 5*time.Second, "how long the first three workloads (those that need not start from a full bucket) run on their own keys before each measurement, so leases reach their steady size")
 		only       = flag.String("designs", strings.Join(design.Names, ","), "comma-separated designs to run")
 	)
 	flag.Parse()
