@@ -141,19 +141,9 @@ func (b *breakers) worst() breaker.State {
 		if nb.routed.Load() < since {
 			continue
 		}
-		if s := nb.State(); rank(s) > rank(w) {
+		if s := nb.State(); stateIndex(s) > stateIndex(w) {
 			w = s
 		}
 	}
 	return w
-}
-
-func rank(s breaker.State) int {
-	switch s {
-	case breaker.Open:
-		return 2
-	case breaker.HalfOpen:
-		return 1
-	}
-	return 0
 }

@@ -241,10 +241,8 @@ func (z Sizer) Plan(e *Entry, now int64) Request {
 	// demand × Horizon or the slow-start size, whichever is larger, capped.
 	// A cold key (spare 0) asks for exactly what its callers need, which is
 	// exact mode.
-	spare := max(int64(math.Ceil(e.rate*z.horizon)), e.grow)
-	spare = clamp(spare, 0, z.settings.MaxTokens)
-	spare = clamp(spare, 0, z.limit.Burst)
-	size := clamp(spare, 1, z.limit.Burst)
+	spare := min(max(int64(math.Ceil(e.rate*z.horizon)), e.grow), z.settings.MaxTokens, z.limit.Burst)
+	size := max(spare, 1)
 	e.size.Store(size)
 	if z.settings.Prefetch > 0 && size > 1 {
 		e.low.Store(int64(float64(size) * z.settings.Prefetch))
@@ -295,10 +293,10 @@ const growHeadroom = 16
 // caller blocked on Redis makes no requests, so a key whose lease is one
 // token shows the rate Redis round trips allow, and a lease sized from that
 // rate stays one token. Like TCP slow start, a lease used up to its refill
-// point in under half its TTL, most of it spent, doubles the next one; a lease that reached its
-// TTL halves it, once per TTL that passed. The size never exceeds
-// 1/growHeadroom of what the bucket held at the last grant, so it is zero
-// for a key near its limit. e.mu must be held.
+// point in under half its TTL, most of it spent, doubles the next one; a
+// lease that reached its TTL halves it, once per TTL that passed. The size
+// never exceeds 1/growHeadroom of what the bucket held at the last grant, so
+// it is zero for a key near its limit. e.mu must be held.
 func (z Sizer) slowStart(e *Entry, now, served int64) {
 	if !e.refilled {
 		return
