@@ -382,15 +382,15 @@ func (c *Cluster) healthy() error {
 		if err != nil {
 			return err
 		}
-		if v := infoField(info, "cluster_state"); v != "ok" {
+		if v := InfoField(info, "cluster_state"); v != "ok" {
 			return fmt.Errorf("%s reports cluster_state:%s", s.Addr, v)
 		}
 		for _, k := range []string{"cluster_slots_assigned", "cluster_slots_ok"} {
-			if v := infoField(info, k); v != strconv.Itoa(clusterSlots) {
+			if v := InfoField(info, k); v != strconv.Itoa(clusterSlots) {
 				return fmt.Errorf("%s reports %s:%s", s.Addr, k, v)
 			}
 		}
-		if v := infoField(info, "cluster_known_nodes"); v != strconv.Itoa(len(c.Nodes)) {
+		if v := InfoField(info, "cluster_known_nodes"); v != strconv.Itoa(len(c.Nodes)) {
 			return fmt.Errorf("%s reports cluster_known_nodes:%s, want %d", s.Addr, v, len(c.Nodes))
 		}
 
@@ -423,7 +423,7 @@ func (c *Cluster) healthy() error {
 		if err != nil {
 			return err
 		}
-		if v := infoField(repl, "master_link_status"); v != "up" {
+		if v := InfoField(repl, "master_link_status"); v != "up" {
 			return fmt.Errorf("replica %s reports master_link_status:%s", s.Addr, v)
 		}
 	}

@@ -109,7 +109,7 @@ func (s *Sentinel) replicasInSync() error {
 	if err != nil {
 		return err
 	}
-	if v := infoField(info, "connected_slaves"); v != strconv.Itoa(len(s.Replicas)) {
+	if v := InfoField(info, "connected_slaves"); v != strconv.Itoa(len(s.Replicas)) {
 		return fmt.Errorf("master %s reports connected_slaves:%s, want %d", s.Master.Addr, v, len(s.Replicas))
 	}
 	for _, r := range s.Replicas {
@@ -117,7 +117,7 @@ func (s *Sentinel) replicasInSync() error {
 		if err != nil {
 			return err
 		}
-		if v := infoField(info, "master_link_status"); v != "up" {
+		if v := InfoField(info, "master_link_status"); v != "up" {
 			return fmt.Errorf("replica %s reports master_link_status:%s", r.Addr, v)
 		}
 	}
@@ -267,7 +267,7 @@ func (s *Sentinel) WaitFailover(tb testing.TB, from string) string {
 		if err != nil {
 			return err
 		}
-		if v := infoField(info, "role"); v != "master" {
+		if v := InfoField(info, "role"); v != "master" {
 			return fmt.Errorf("new master %s reports role:%s", master, v)
 		}
 		return nil

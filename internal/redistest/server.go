@@ -180,8 +180,47 @@ type serverConfig struct {
 // startServer is Start with a serverConfig.
 func startServer(tb testing.TB, cfg serverConfig) *Server {
 	tb.Helper()
-	bin := lookBinary(tb, Binary)
-	dir := tb.TempDir() // registered before our cleanup, so removed after it
+	s := newServer(lookBinary(tb, Binary), tb.TempDir(), cfg) // TempDir is removed after our cleanup
+	tb.Cleanup(func() { s.cleanup(tb) })
+	if err := s.start(cfg); err != nil {
+		tb.Fatalf("redistest: %v (its log follows)", err)
+	}
+	return s
+}
+
+// Launch starts redis-server from PATH as Start does, for programs rather
+// than tests: on a free port of 127.0.0.1, in a new temporary directory,
+// without persistence, with args appended. Close stops it and removes the
+// directory.
+func Launch(args ...string) (*Server, error) {
+	bin, err := exec.LookPath(Binary)
+	if err != nil {
+		return nil, fmt.Errorf("%s is not on PATH (install the redis-server package): %w", Binary, err)
+	}
+	dir, err := os.MkdirTemp("", "redistest-")
+	if err != nil {
+		return nil, err
+	}
+	s := newServer(bin, dir, serverConfig{args: args})
+	if err := s.start(serverConfig{args: args}); err != nil {
+		err = fmt.Errorf("%w%s", err, s.logTail())
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	return s, nil
+}
+
+// Close stops a server from Launch (SIGTERM, then SIGKILL) and removes its
+// directory.
+func (s *Server) Close() error {
+	if !s.stop() {
+		return fmt.Errorf("redistest: redis-server (pid %d) did not exit after SIGKILL", s.proc.cmd.Process.Pid)
+	}
+	return os.RemoveAll(s.Dir)
+}
+
+// newServer returns a Server, not yet started, that runs bin in dir.
+func newServer(bin, dir string, cfg serverConfig) *Server {
 	s := &Server{
 		Dir:     dir,
 		bin:     bin,
@@ -190,35 +229,39 @@ func startServer(tb testing.TB, cfg serverConfig) *Server {
 	if cfg.conf != "" {
 		s.conf = filepath.Join(dir, "redis.conf")
 	}
-	tb.Cleanup(func() { s.cleanup(tb) })
+	return s
+}
 
+// start launches s on a free port, trying another one when the port is
+// taken before redis-server binds it.
+func (s *Server) start(cfg serverConfig) error {
 	for attempt := 1; ; attempt++ {
 		port, err := freePort()
 		if err != nil {
-			tb.Fatalf("redistest: %v", err)
+			return err
 		}
 		s.setPort(port)
 		s.args = append([]string(nil), cfg.args...)
 		if cfg.portArgs != nil {
 			more, err := cfg.portArgs(port)
 			if err != nil {
-				tb.Fatalf("redistest: %v", err)
+				return err
 			}
 			s.args = append(s.args, more...)
 		}
 		if s.conf != "" {
 			if err := os.WriteFile(s.conf, []byte(cfg.conf), 0o644); err != nil {
-				tb.Fatalf("redistest: write %s: %v", s.conf, err)
+				return fmt.Errorf("write %s: %w", s.conf, err)
 			}
 		}
 		err = s.launch()
 		if err == nil {
-			return s
+			return nil
 		}
 		// Another process may have taken the port between freePort and the
 		// bind; then try another one.
 		if !errors.Is(err, errPortInUse) || attempt == startAttempts {
-			tb.Fatalf("redistest: start redis-server: %v (its log follows)", err)
+			return fmt.Errorf("start redis-server: %w", err)
 		}
 	}
 }
@@ -383,7 +426,7 @@ func probe(addr string, pid int) error {
 		return fmt.Errorf("INFO server: %w", err)
 	}
 	info, _ := v.(string)
-	if got := infoField(info, "process_id"); got != strconv.Itoa(pid) {
+	if got := InfoField(info, "process_id"); got != strconv.Itoa(pid) {
 		return fmt.Errorf("%w: %s is served by process %q, not by ours (%d)", errPortInUse, addr, got, pid)
 	}
 	return nil
@@ -395,21 +438,29 @@ func killAndReap(p *process) bool {
 	return p.wait(exitTimeout)
 }
 
-// cleanup stops the server at the end of the test.
-func (s *Server) cleanup(tb testing.TB) {
+// stop ends the running process, if any: SIGCONT if paused, SIGTERM, then
+// SIGKILL after termGrace. It reports false if the process outlived SIGKILL.
+func (s *Server) stop() bool {
 	s.mu.Lock()
 	p, paused := s.proc, s.paused
 	s.paused = false
 	s.mu.Unlock()
-	if p != nil && !p.exited() {
-		if paused {
-			_ = resumeProcess(p.cmd.Process)
-		}
-		if err := terminateProcess(p.cmd.Process); err != nil || !p.wait(termGrace) {
-			if !killAndReap(p) {
-				tb.Errorf("redistest: redis-server (pid %d) did not exit after SIGKILL", p.cmd.Process.Pid)
-			}
-		}
+	if p == nil || p.exited() {
+		return true
+	}
+	if paused {
+		_ = resumeProcess(p.cmd.Process)
+	}
+	if err := terminateProcess(p.cmd.Process); err != nil || !p.wait(termGrace) {
+		return killAndReap(p)
+	}
+	return true
+}
+
+// cleanup stops the server at the end of the test.
+func (s *Server) cleanup(tb testing.TB) {
+	if !s.stop() {
+		tb.Errorf("redistest: redis-server (pid %d) did not exit after SIGKILL", s.proc.cmd.Process.Pid)
 	}
 	if tb.Failed() {
 		tb.Logf("redistest: redis-server %s log (%s):%s", s.Addr, s.logPath, s.logTail())
@@ -557,28 +608,43 @@ func (s *Server) Stats(tb testing.TB) Stats {
 }
 
 func (s *Server) readStats() (Stats, error) {
-	rc, err := dialRESP(s.Addr, cmdTimeout)
+	seq := s.statsSeq.Add(1)
+	st, err := ReadStats(s.Addr)
+	st.seq = seq
+	return st, err
+}
+
+// ReadStats reads the counters of the Redis at addr (any Redis, not only a
+// Server) with a single INFO command on a fresh connection with no
+// handshake, so the reading adds exactly one command to the next one.
+// Snapshots from it carry no sequence number: Sub discounts nothing.
+func ReadStats(addr string) (Stats, error) {
+	// A single INFO command returning both sections ("all" includes
+	// commandstats; naming several sections needs Redis 7).
+	info, err := ReadInfo(addr, "all")
 	if err != nil {
 		return Stats{}, err
 	}
-	defer rc.Close()
-	seq := s.statsSeq.Add(1)
-	// A single INFO command returning both sections ("all" includes
-	// commandstats; naming several sections needs Redis 7).
-	v, err := rc.do("INFO", "all")
+	return parseStats(info)
+}
+
+// ReadInfo returns the INFO section of the Redis at addr, read with a single
+// command on a fresh connection with no handshake.
+func ReadInfo(addr, section string) (string, error) {
+	rc, err := dialRESP(addr, cmdTimeout)
 	if err != nil {
-		return Stats{}, fmt.Errorf("INFO: %w", err)
+		return "", err
+	}
+	defer rc.Close()
+	v, err := rc.do("INFO", section)
+	if err != nil {
+		return "", fmt.Errorf("INFO: %w", err)
 	}
 	info, ok := v.(string)
 	if !ok {
-		return Stats{}, fmt.Errorf("INFO: unexpected reply type %T", v)
+		return "", fmt.Errorf("INFO: unexpected reply type %T", v)
 	}
-	st, err := parseStats(info)
-	if err != nil {
-		return Stats{}, err
-	}
-	st.seq = seq
-	return st, nil
+	return info, nil
 }
 
 // parseStats extracts the counters from an INFO reply.
@@ -656,8 +722,8 @@ func (s Stats) Sub(earlier Stats) Stats {
 	return d
 }
 
-// infoField returns the value of key in an INFO reply, or "".
-func infoField(info, key string) string {
+// InfoField returns the value of key in an INFO reply, or "".
+func InfoField(info, key string) string {
 	for line := range strings.Lines(info) {
 		if v, ok := strings.CutPrefix(strings.TrimRight(line, "\r\n"), key+":"); ok {
 			return v

@@ -307,3 +307,45 @@ func TestFreePort(t *testing.T) {
 	}
 	ln.Close()
 }
+
+// TestLaunchClose: Launch (for programs, not tests) starts a server that
+// answers INFO with its counters; Close stops it and removes its directory.
+func TestLaunchClose(t *testing.T) {
+	if !redistest.Available() {
+		if os.Getenv(redistest.RequireEnv) == "1" {
+			t.Fatal("redis-server not on PATH")
+		}
+		t.Skip("redis-server not on PATH")
+	}
+	s, err := redistest.Launch("--maxmemory", "10mb")
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := redistest.ReadInfo(s.Addr, "memory")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := redistest.InfoField(info, "maxmemory"); got != "10485760" {
+		t.Errorf("maxmemory = %q; want 10485760 (the extra argument)", got)
+	}
+	before, err := redistest.ReadStats(s.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	after, err := redistest.ReadStats(s.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := after.Sub(before).TotalCommands; d != 1 {
+		t.Errorf("commands between two ReadStats = %d; want 1 (the first INFO)", d)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(s.Dir); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("directory %s after Close: %v; want it removed", s.Dir, err)
+	}
+	if _, err := redistest.ReadInfo(s.Addr, "server"); err == nil {
+		t.Errorf("%s still answers after Close", s.Addr)
+	}
+}

@@ -27,6 +27,7 @@ import (
 
 	"github.com/leaselimit/leaselimit/benchmarks/internal/design"
 	"github.com/leaselimit/leaselimit/benchmarks/internal/latency"
+	"github.com/leaselimit/leaselimit/internal/redistest"
 	"github.com/leaselimit/leaselimit/policy"
 	"github.com/redis/go-redis/v9"
 )
@@ -120,22 +121,17 @@ func run() error {
 	}
 	version := ""
 	if cfg.addr == "" {
-		srv, err := startServer()
+		srv, err := redistest.Launch()
 		if err != nil {
-			return err
+			return fmt.Errorf("%w (or pass -redis ADDR)", err)
 		}
-		defer srv.stop()
+		defer srv.Close()
 		cfg.addr = srv.Addr
 	}
-	ic, err := dialInfo(cfg.addr)
-	if err != nil {
-		return fmt.Errorf("connect to Redis at %s: %w", cfg.addr, err)
-	}
-	defer ic.Close()
-	if info, err := ic.do("INFO", "server"); err != nil {
+	if info, err := redistest.ReadInfo(cfg.addr, "server"); err != nil {
 		return fmt.Errorf("query the Redis at %s: %w", cfg.addr, err)
 	} else {
-		version = infoField(info, "redis_version")
+		version = redistest.InfoField(info, "redis_version")
 	}
 
 	fmt.Fprintf(os.Stderr, "compare: Redis %s at %s, %d goroutines, %v per cell (+%v warm-up), GOMAXPROCS %d, %s\n",
@@ -148,7 +144,7 @@ func run() error {
 				return ctx.Err()
 			}
 			fmt.Fprintf(os.Stderr, "compare: %-24s %-18s ", wl.name, d)
-			r, err := runCell(ctx, cfg, ic, wl, d)
+			r, err := runCell(ctx, cfg, wl, d)
 			if err != nil {
 				fmt.Fprintln(os.Stderr, "error")
 				return fmt.Errorf("%s / %s: %w", wl.name, d, err)
@@ -211,7 +207,7 @@ func (r *cellResult) ideal() float64 {
 // runCell measures one design on one workload with fresh Redis keys (so
 // limited workloads start from a full bucket), and closes everything it
 // made before it returns.
-func runCell(ctx context.Context, cfg config, ic *infoConn, wl workload, name string) (res cellResult, err error) {
+func runCell(ctx context.Context, cfg config, wl workload, name string) (res cellResult, err error) {
 	res = cellResult{workload: wl, design: name}
 	prefix := "cmp-" + cfg.runID + ":" + strings.ReplaceAll(wl.name, " ", "_") + ":" + name + ":"
 	keys := make([]string, wl.keys)
@@ -268,7 +264,7 @@ func runCell(ctx context.Context, cfg config, ic *infoConn, wl workload, name st
 		}
 	}
 
-	c0, err := ic.totalCommands()
+	c0, err := redistest.ReadStats(cfg.addr)
 	if err != nil {
 		return res, err
 	}
@@ -277,12 +273,12 @@ func runCell(ctx context.Context, cfg config, ic *infoConn, wl workload, name st
 	if err != nil {
 		return res, err
 	}
-	c1, err := ic.totalCommands()
+	c1, err := redistest.ReadStats(cfg.addr)
 	if err != nil {
 		return res, err
 	}
 	res.reqs = reqs.Load() - r0
-	res.cmds = c1 - c0 - 1 // the first INFO is counted in the second reading
+	res.cmds = c1.Sub(c0).TotalCommands - 1 // the first INFO is counted in the second reading
 	res.decisions, res.admitted, res.fallbacks = m.decisions, m.admitted, m.fallbacks
 	res.elapsed, res.hist = m.elapsed, m.hist
 	return res, nil
