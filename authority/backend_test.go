@@ -128,6 +128,24 @@ func (b *backend) keys(t testing.TB) []string {
 }
 
 // hgetall returns the fields of hash key (empty when it is missing).
+// noKeys fails t if any key was written.
+func (b *backend) noKeys(t testing.TB) {
+	t.Helper()
+	if ks := b.keys(t); len(ks) != 0 {
+		t.Errorf("keys written: %v", ks)
+	}
+}
+
+// untouched fails t if any command reached Redis since the recorder was last
+// read, or any key was written.
+func (b *backend) untouched(t testing.TB) {
+	t.Helper()
+	if cmds := b.rec.take(); len(cmds) != 0 {
+		t.Errorf("invalid arguments reached Redis: %v", cmds)
+	}
+	b.noKeys(t)
+}
+
 func (b *backend) hgetall(t testing.TB, key string) map[string]string {
 	t.Helper()
 	m, err := b.client.HGetAll(context.Background(), key).Result()

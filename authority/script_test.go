@@ -99,12 +99,7 @@ func suiteScripts(t *testing.T, nb backendFactory) {
 				t.Errorf("Exact(%d): err = %v; want ErrScript", n, err)
 			}
 		}
-		if cmds := b.rec.take(); len(cmds) != 0 {
-			t.Errorf("invalid arguments reached Redis: %v", cmds)
-		}
-		if ks := b.keys(t); len(ks) != 0 {
-			t.Errorf("keys written: %v", ks)
-		}
+		b.untouched(t)
 	})
 
 	t.Run("invalid limits are rejected by the script", func(t *testing.T) {
@@ -136,9 +131,7 @@ func suiteScripts(t *testing.T, nb backendFactory) {
 				}
 			}
 		}
-		if ks := b.keys(t); len(ks) != 0 {
-			t.Errorf("keys written: %v", ks)
-		}
+		b.noKeys(t)
 		if _, err := r.Acquire(ctx, r.Key(edge, "k"), edge, 1, 1, 1); err != nil {
 			t.Errorf("Acquire under %v (valid): %v", edge, err)
 		}
