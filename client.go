@@ -245,19 +245,17 @@ func (l *Limiter) Allow(ctx context.Context, key string) (Decision, error) {
 // unavailable the failure policy decides (SourceFallback, nil error), within
 // the time budget of WithTimeout.
 func (l *Limiter) AllowN(ctx context.Context, key string, n int64) (Decision, error) {
-	if !l.tel.Tracing() {
-		d, err := l.allowN(ctx, key, n)
-		if err == nil {
-			l.tel.CountDecision(ctx, d.Allowed, int(d.Source))
-		}
-		return d, err
+	var span trace.Span
+	if l.tel.Tracing() {
+		ctx, span = l.tel.StartDecision(ctx)
 	}
-	ctx, span := l.tel.StartDecision(ctx)
 	d, err := l.allowN(ctx, key, n)
 	if err == nil {
 		l.tel.CountDecision(ctx, d.Allowed, int(d.Source))
 	}
-	l.tel.EndDecision(span, outcome(d, err, key, n))
+	if span != nil {
+		l.tel.EndDecision(span, outcome(d, err, key, n))
+	}
 	return d, err
 }
 

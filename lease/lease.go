@@ -88,9 +88,7 @@ func (e *Entry) Take(n, now int64) (ok bool, left int64) {
 	if now >= e.expires.Load() {
 		return false, 0
 	}
-	if now-e.lastUse.Load() > useGrain {
-		e.lastUse.Store(now)
-	}
+	e.Touch(now)
 	for {
 		t := e.tokens.Load()
 		if t < n {
