@@ -378,10 +378,13 @@ func (l *Limiter) allowExact(ctx context.Context, key string, n int64) (Decision
 	if wall := l.cfg.clock.Now(); brk.Rejects(wall) {
 		return l.fallback(ctx, brk, key, nil, n, l.mono(wall), wall, telemetry.ReasonBreakerOpen), nil
 	}
-	return l.callExact(ctx, brk, rkey, key, n)
+	return l.callExact(ctx, brk, rkey, key, nil, n)
 }
 
-func (l *Limiter) callExact(ctx context.Context, brk *breaker.Breaker, rkey, key string, n int64) (Decision, error) {
+// callExact asks Redis for exactly n tokens of key outside any lease; a
+// grant that arrives after the caller left is refunded. e, if not nil, is
+// key's entry, for the failure policy.
+func (l *Limiter) callExact(ctx context.Context, brk *breaker.Breaker, rkey, key string, e *lease.Entry, n int64) (Decision, error) {
 	if rkey == "" {
 		rkey = l.auth.Key(l.limit, key)
 	}
@@ -390,7 +393,7 @@ func (l *Limiter) callExact(ctx context.Context, brk *breaker.Breaker, rkey, key
 		l.queueRefund(rkey, late.Granted)
 	})
 	if err != nil {
-		return l.onError(ctx, brk, key, nil, n, err)
+		return l.onError(ctx, brk, key, e, n, err)
 	}
 	return l.fromGrant(g, SourceAuthority), nil
 }
@@ -485,13 +488,7 @@ func (l *Limiter) missRefill(ctx context.Context, brk *breaker.Breaker, rkey, ke
 	// Four times the shared refill's tokens went to others first: ask Redis for
 	// exactly our n, outside the lease, so a busy key never denies a request
 	// the bucket can serve.
-	g, err := l.authorize(ctx, brk, rkey, n, n, 1, func(late authority.Grant) {
-		l.queueRefund(rkey, late.Granted)
-	})
-	if err != nil {
-		return l.onError(ctx, brk, key, e, n, err)
-	}
-	return l.fromGrant(g, SourceAuthority), nil
+	return l.callExact(ctx, brk, rkey, key, e, n)
 }
 
 // getOrCreate returns key's entry, refunding the tokens of any entry evicted
