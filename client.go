@@ -11,6 +11,7 @@ import (
 
 	"github.com/leaselimit/leaselimit/authority"
 	"github.com/leaselimit/leaselimit/breaker"
+	"github.com/leaselimit/leaselimit/internal/overload"
 	"github.com/leaselimit/leaselimit/lease"
 	"github.com/leaselimit/leaselimit/policy"
 	"github.com/leaselimit/leaselimit/telemetry"
@@ -297,6 +298,10 @@ func (l *Limiter) allowN(ctx context.Context, key string, n int64) (Decision, er
 	if l.closed.Load() {
 		return Decision{}, ErrClosed
 	}
+	// While a Redis reply is overdue because this process is behind, each
+	// decision gives up the processor once, so that callers which never
+	// block cannot starve the goroutine carrying that reply.
+	overload.Yield()
 	if err := l.check(key, n); err != nil {
 		return Decision{}, err
 	}
@@ -407,6 +412,10 @@ func (l *Limiter) onError(ctx context.Context, brk *breaker.Breaker, key string,
 		return Decision{}, ErrClosed
 	case errors.Is(err, authority.ErrScript), errors.Is(err, authority.ErrReply):
 		return Decision{}, fmt.Errorf("leaselimit: %w", err)
+	case errors.Is(err, errSaturated):
+		// Redis may be fine; this process could not read its reply in time.
+		wall := l.cfg.clock.Now()
+		return l.fallback(ctx, brk, key, e, n, l.mono(wall), wall, telemetry.ReasonSaturated), nil
 	case ctx.Err() != nil && !errors.Is(err, breaker.ErrBudget) && !errors.Is(err, breaker.ErrOpen):
 		return Decision{}, ctx.Err()
 	case !breaker.Counts(err) && !errors.Is(err, breaker.ErrOpen) && !breaker.Excluded(err):
@@ -552,100 +561,6 @@ func (l *Limiter) prefetch(ctx context.Context, e *lease.Entry) {
 		}
 		_, _, _ = l.sf.Do(e.Key(), func() (any, error) { return l.refill(ctx, brk, rkey, e) })
 	}()
-}
-
-type callResult struct {
-	g   authority.Grant
-	err error
-}
-
-// authorize makes one acquire call through the breaker, bounded by the time
-// budget whatever the client's own timeouts. With default client options
-// the call runs in its own goroutine on a context detached from ctx (so its
-// outcome is known even if the caller leaves); the caller stops waiting when
-// ctx ends or the budget runs out, and a grant that arrives after that is
-// passed to late, so its tokens are never lost silently. When the client
-// honours deadlines (l.direct) the call runs in place on ctx bounded by the
-// budget, and ends with it: late is not called, and a reply abandoned then
-// leaves its tokens debited (under-admission).
-func (l *Limiter) authorize(ctx context.Context, brk *breaker.Breaker, rkey string, want, min int64, share float64, late func(authority.Grant)) (authority.Grant, error) {
-	done, err := brk.Allow()
-	if err != nil {
-		return authority.Grant{}, err
-	}
-	if !l.enter() {
-		done(nil)
-		return authority.Grant{}, ErrClosed
-	}
-	if l.direct {
-		// The client enforces context deadlines itself: call in place.
-		defer l.wg.Done()
-		cctx, cancel := context.WithTimeout(ctx, l.cfg.timeout)
-		defer cancel()
-		g, err := l.acquire(cctx, rkey, want, min, share)
-		done(err)
-		return g, err
-	}
-	// One deadline serves both sides: the call's context (go-redis honours
-	// it while waiting for a pooled connection) and the waiter's budget.
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.cfg.timeout)
-	// 0 pending, 1 delivered, 2 the waiter gave up at the budget (and told
-	// the breaker), 3 the waiter's ctx ended (the call reports its outcome).
-	var state atomic.Int32
-	ch := make(chan callResult, 1)
-	go func() {
-		defer l.wg.Done()
-		// Cancelled only once the outcome is settled below, so that
-		// cctx.Done means the budget ran out or ch holds the result.
-		defer cancel()
-		g, err := l.acquire(cctx, rkey, want, min, share)
-		if state.CompareAndSwap(0, 1) {
-			done(err)
-			ch <- callResult{g, err}
-			return
-		}
-		if state.Load() == 3 {
-			done(err)
-		}
-		if err == nil && g.Granted > 0 && late != nil {
-			late(g)
-		}
-	}()
-	select {
-	case r := <-ch:
-		return r.g, r.err
-	case <-cctx.Done():
-		// The budget ran out, or the call finished and its result is in ch.
-		if state.CompareAndSwap(0, 2) {
-			done(breaker.ErrBudget)
-			return authority.Grant{}, fmt.Errorf("%w: no reply within %v", breaker.ErrBudget, l.cfg.timeout)
-		}
-		r := <-ch
-		return r.g, r.err
-	case <-ctx.Done():
-		if state.CompareAndSwap(0, 3) {
-			return authority.Grant{}, ctx.Err()
-		}
-		r := <-ch
-		return r.g, r.err
-	}
-}
-
-// acquire makes one script call on ctx, which carries the budget's deadline,
-// with its span and metrics; a budget overrun is marked with
-// breaker.ErrBudget.
-func (l *Limiter) acquire(ctx context.Context, rkey string, want, min int64, share float64) (authority.Grant, error) {
-	cctx, span := l.tel.StartAuthority(ctx, want, min)
-	start := time.Now()
-	g, err := l.auth.Acquire(cctx, rkey, l.limit, want, min, share)
-	l.tel.EndAuthority(cctx, span, time.Since(start), g.Granted, err)
-	if err != nil && errors.Is(err, context.DeadlineExceeded) {
-		err = fmt.Errorf("%w: %w", breaker.ErrBudget, err)
-	}
-	if err != nil && breaker.Counts(err) {
-		l.brk.failed()
-	}
-	return g, err
 }
 
 // fallback is the failure policy's decision for key. Leases already held

@@ -57,6 +57,7 @@ const (
 	AttrGranted    = attribute.Key("ratelimit.granted")
 	AttrOutcome    = attribute.Key("ratelimit.outcome")
 	AttrReason     = attribute.Key("ratelimit.reason")
+	AttrSaturated  = attribute.Key("ratelimit.saturated") // the authority call ran past the budget because this process was behind
 	AttrState      = attribute.Key("ratelimit.breaker.to")
 	AttrErrorType  = attribute.Key("error.type")
 	AttrDBSystem   = attribute.Key("db.system.name")
@@ -73,6 +74,7 @@ const (
 	MetricTransitions = "ratelimit.breaker.transitions" // counter: limit name, to-state
 	MetricKeys        = "ratelimit.keys"                // gauge {key}: local key-table size
 	MetricFallbacks   = "ratelimit.fallbacks"           // counter {decision}: limit name, reason
+	MetricSaturated   = "ratelimit.saturated"           // counter {call}: limit name, outcome answered or abandoned
 )
 
 // Fallback reasons.
@@ -80,6 +82,17 @@ const (
 	ReasonBreakerOpen = "breaker_open"
 	ReasonTimeout     = "timeout"
 	ReasonError       = "error"
+	// ReasonSaturated: no reply within the budget and the hard cap while
+	// this process, not Redis, was behind (its goroutines waited that long
+	// to run). Redis may well be healthy: the instance is saturated.
+	ReasonSaturated = "saturated"
+)
+
+// Outcomes of a call that ran past its budget while the process was behind
+// (ratelimit.saturated).
+const (
+	SaturatedAnswered  = "answered"  // waited for, and answered
+	SaturatedAbandoned = "abandoned" // given up at the hard cap
 )
 
 // sources and their names, indexed like leaselimit.Source.
@@ -117,14 +130,16 @@ type Recorder struct {
 	refunds     metric.Int64Counter
 	transitions metric.Int64Counter
 	fallbacks   metric.Int64Counter
+	saturated   metric.Int64Counter
 	reg         metric.Registration
 
-	decisionOpts [2][4][]metric.AddOption
-	limitAdd     []metric.AddOption
-	limitRecord  []metric.RecordOption
-	outcomeOpts  map[string][]metric.RecordOption
-	reasonOpts   map[string][]metric.AddOption
-	stateOpts    [3][]metric.AddOption
+	decisionOpts  [2][4][]metric.AddOption
+	limitAdd      []metric.AddOption
+	limitRecord   []metric.RecordOption
+	outcomeOpts   map[string][]metric.RecordOption
+	reasonOpts    map[string][]metric.AddOption
+	saturatedOpts map[string][]metric.AddOption
+	stateOpts     [3][]metric.AddOption
 }
 
 // New returns a Recorder. It fails only if the meter rejects an instrument.
@@ -175,6 +190,10 @@ func New(c Config) (*Recorder, error) {
 		metric.WithDescription("Decisions made by the failure policy, by reason.")); err != nil {
 		return nil, err
 	}
+	if r.saturated, err = m.Int64Counter(MetricSaturated, metric.WithUnit("{call}"),
+		metric.WithDescription("Redis calls that ran past the time budget because this process, not Redis, was behind, by outcome.")); err != nil {
+		return nil, err
+	}
 	state, err := m.Int64ObservableGauge(MetricBreaker,
 		metric.WithDescription("Circuit breaker state: 0 closed, 1 half-open, 2 open."))
 	if err != nil {
@@ -215,8 +234,12 @@ func New(c Config) (*Recorder, error) {
 		r.outcomeOpts[o] = []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(r.limitAttr, AttrOutcome.String(o)))}
 	}
 	r.reasonOpts = map[string][]metric.AddOption{}
-	for _, o := range []string{ReasonBreakerOpen, ReasonTimeout, ReasonError} {
+	for _, o := range []string{ReasonBreakerOpen, ReasonTimeout, ReasonError, ReasonSaturated} {
 		r.reasonOpts[o] = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(r.limitAttr, AttrReason.String(o)))}
+	}
+	r.saturatedOpts = map[string][]metric.AddOption{}
+	for _, o := range []string{SaturatedAnswered, SaturatedAbandoned} {
+		r.saturatedOpts[o] = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(r.limitAttr, AttrOutcome.String(o)))}
 	}
 	for i, s := range []string{"closed", "half-open", "open"} {
 		r.stateOpts[i] = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(r.limitAttr, AttrState.String(s)))}
@@ -321,6 +344,14 @@ func (r *Recorder) CountDecision(ctx context.Context, allowed bool, source int) 
 func (r *Recorder) CountFallback(ctx context.Context, reason string) {
 	if o, ok := r.reasonOpts[reason]; ok {
 		r.fallbacks.Add(ctx, 1, o...)
+	}
+}
+
+// CountSaturated adds one call to ratelimit.saturated: it ran past the
+// time budget while the process was behind, and was answered or abandoned.
+func (r *Recorder) CountSaturated(ctx context.Context, outcome string) {
+	if o, ok := r.saturatedOpts[outcome]; ok {
+		r.saturated.Add(ctx, 1, o...)
 	}
 }
 

@@ -1,0 +1,218 @@
+package leaselimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/leaselimit/leaselimit/authority"
+	"github.com/leaselimit/leaselimit/breaker"
+	"github.com/leaselimit/leaselimit/internal/overload"
+	"github.com/leaselimit/leaselimit/telemetry"
+)
+
+// saturationGrace is how many budgets more a call is waited for while this
+// process, not Redis, is behind (see overload.Behind): a call waits at most
+// (1 + saturationGrace) × the budget in all, 500ms with the default budget.
+const saturationGrace = 4
+
+// errSaturated marks a call abandoned at the hard cap while the process was
+// still behind. It is not a Redis failure: the breaker is credited with the
+// call's real outcome when it completes.
+var errSaturated = errors.New("no reply while this process was behind its scheduler")
+
+type callResult struct {
+	g   authority.Grant
+	err error
+}
+
+// The states of one call made on the waiter's behalf (authorize).
+const (
+	callPending   int32 = iota
+	callDelivered       // the result went to the waiter
+	callGaveUp          // the waiter blamed Redis and told the breaker
+	callLeft            // the waiter's ctx ended: the call tells the breaker its outcome
+	callOutwaited       // the waiter left at the hard cap, the process still behind: the call tells the breaker its outcome, a timeout excepted
+)
+
+// authorize makes one acquire call through the breaker, bounded by the time
+// budget whatever the client's own timeouts.
+//
+// A call that is not answered within the budget is Redis's failure only if
+// the process was keeping up: a CPU-bound process leaves the goroutine that
+// carries a reply waiting in the run queue, and that delay is its own, not
+// Redis's. So at the budget the waiter asks overload.Behind; if the process
+// is behind, it asks the process's decisions to yield (overload.Hold) so
+// the reply's goroutine runs, and keeps waiting, re-checking every quarter
+// budget, up to saturationGrace budgets more. Such a call never counts
+// against the breaker: answered, it is a success; abandoned at the cap, the
+// caller gets the failure policy (reason "saturated") and the breaker the
+// call's real outcome.
+//
+// With default client options the call runs in its own goroutine on a
+// context detached from ctx (so its outcome is known even if the caller
+// leaves); a grant that arrives after the caller stopped waiting is passed
+// to late, so its tokens are never lost silently. When the client honours
+// deadlines (l.direct) the call runs in place on ctx; see authorizeDirect.
+func (l *Limiter) authorize(ctx context.Context, brk *breaker.Breaker, rkey string, want, min int64, share float64, late func(authority.Grant)) (authority.Grant, error) {
+	done, err := brk.Allow()
+	if err != nil {
+		return authority.Grant{}, err
+	}
+	if !l.enter() {
+		done(nil)
+		return authority.Grant{}, ErrClosed
+	}
+	if l.direct {
+		defer l.wg.Done()
+		return l.authorizeDirect(ctx, done, rkey, want, min, share)
+	}
+	budget := l.cfg.timeout
+	start := time.Now()
+	hardCap := start.Add((1 + saturationGrace) * budget)
+	// The call's own deadline is the hard cap: go-redis honours it while
+	// waiting for a pooled connection, which a late reader holds longer.
+	cctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), hardCap)
+	var state atomic.Int32
+	ch := make(chan callResult, 1)
+	go func() {
+		defer l.wg.Done()
+		defer cancel()
+		g, err := l.acquire(cctx, rkey, want, min, share)
+		if state.CompareAndSwap(callPending, callDelivered) {
+			done(err)
+			ch <- callResult{g, err}
+			return
+		}
+		switch state.Load() {
+		case callLeft:
+			done(err)
+		case callOutwaited:
+			if errors.Is(err, breaker.ErrBudget) {
+				// The cap ran out waiting for a connection that late
+				// readers held: the process's doing too.
+				err = errSaturated
+			}
+			done(err)
+		}
+		if err == nil && g.Granted > 0 && late != nil {
+			late(g)
+		}
+	}()
+	// settle ends the wait with what the waiter decided, unless the call
+	// delivered its result first, which then wins.
+	settle := func(to int32, err error) (authority.Grant, error) {
+		if state.CompareAndSwap(callPending, to) {
+			if to == callGaveUp {
+				done(breaker.ErrBudget)
+			}
+			return authority.Grant{}, err
+		}
+		r := <-ch
+		return r.g, r.err
+	}
+	// The first look comes at an eighth of the budget: if the process is
+	// behind by then, its decisions start yielding at once, rather than
+	// after a whole budget of starving the reply.
+	due := start.Add(budget / 8)
+	timer := time.NewTimer(budget / 8)
+	defer timer.Stop()
+	held := false
+	defer func() {
+		if held {
+			overload.Release()
+		}
+	}()
+	for {
+		select {
+		case r := <-ch:
+			if held && time.Since(start) > budget {
+				l.sawSaturation(ctx, telemetry.SaturatedAnswered)
+			}
+			return r.g, r.err
+		case <-ctx.Done():
+			return settle(callLeft, ctx.Err())
+		case <-timer.C:
+		}
+		now := time.Now()
+		behind := overload.Behind(budget, overload.Lag(now), now.Sub(due))
+		switch {
+		case now.Sub(start) < budget:
+			due = start.Add(budget) // still within the budget: look again at its end
+		case !behind:
+			return settle(callGaveUp, fmt.Errorf("%w: no reply within %v", breaker.ErrBudget, budget))
+		case !now.Before(hardCap):
+			l.sawSaturation(ctx, telemetry.SaturatedAbandoned)
+			return settle(callOutwaited, fmt.Errorf("%w: %v", errSaturated, now.Sub(start).Round(time.Millisecond)))
+		default:
+			due = now.Add(budget / 4)
+			if due.After(hardCap) {
+				due = hardCap
+			}
+		}
+		if behind && !held {
+			overload.Hold()
+			held = true
+		}
+		timer.Reset(due.Sub(now))
+	}
+}
+
+// authorizeDirect makes the call in place, on ctx bounded by the budget: the
+// client applies the deadline to its reads, and a reply abandoned then
+// leaves its tokens debited (under-admission). A deadline cannot be moved
+// once a read has started, so the process's delay is judged up front: when
+// the process is already behind, the call gets the whole hard cap and the
+// process's decisions yield while it runs; a timeout while the process is
+// behind is not counted against the breaker.
+func (l *Limiter) authorizeDirect(ctx context.Context, done func(error), rkey string, want, min int64, share float64) (authority.Grant, error) {
+	budget := l.cfg.timeout
+	start := time.Now()
+	limit := budget
+	if overload.Behind(budget, overload.Lag(start), 0) {
+		limit = (1 + saturationGrace) * budget
+		overload.Hold()
+		defer overload.Release()
+	}
+	cctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	g, err := l.acquire(cctx, rkey, want, min, share)
+	if err != nil && errors.Is(err, breaker.ErrBudget) && ctx.Err() == nil {
+		now := time.Now()
+		if overload.Behind(budget, overload.Lag(now), now.Sub(start)-limit) {
+			l.sawSaturation(ctx, telemetry.SaturatedAbandoned)
+			err = fmt.Errorf("%w: %v", errSaturated, now.Sub(start).Round(time.Millisecond))
+		}
+	} else if limit > budget && err == nil && time.Since(start) > budget {
+		l.sawSaturation(ctx, telemetry.SaturatedAnswered)
+	}
+	done(err)
+	return g, err
+}
+
+// sawSaturation records a call that ran past its budget while the process
+// was behind: on the metric, and on the decision span in ctx.
+func (l *Limiter) sawSaturation(ctx context.Context, outcome string) {
+	l.tel.CountSaturated(ctx, outcome)
+	if sp, ok := recording(ctx); ok {
+		sp.SetAttributes(telemetry.AttrSaturated.Bool(true))
+	}
+}
+
+// acquire makes one script call on ctx, which carries the deadline, with its
+// span and metrics; a deadline overrun is marked with breaker.ErrBudget.
+func (l *Limiter) acquire(ctx context.Context, rkey string, want, min int64, share float64) (authority.Grant, error) {
+	cctx, span := l.tel.StartAuthority(ctx, want, min)
+	start := time.Now()
+	g, err := l.auth.Acquire(cctx, rkey, l.limit, want, min, share)
+	l.tel.EndAuthority(cctx, span, time.Since(start), g.Granted, err)
+	if err != nil && errors.Is(err, context.DeadlineExceeded) {
+		err = fmt.Errorf("%w: %w", breaker.ErrBudget, err)
+	}
+	if err != nil && breaker.Counts(err) {
+		l.brk.failed()
+	}
+	return g, err
+}
