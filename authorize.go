@@ -56,7 +56,7 @@ const (
 // leaves); a grant that arrives after the caller stopped waiting is passed
 // to late, so its tokens are never lost silently. When the client honours
 // deadlines (l.direct) the call runs in place on ctx; see authorizeDirect.
-func (l *Limiter) authorize(ctx context.Context, brk *breaker.Breaker, rkey string, want, min int64, share float64, late func(authority.Grant)) (authority.Grant, error) {
+func (l *Limiter) authorize(ctx context.Context, brk *breaker.Breaker, rkey string, want, need int64, share float64, late func(authority.Grant)) (authority.Grant, error) {
 	done, err := brk.Allow()
 	if err != nil {
 		return authority.Grant{}, err
@@ -67,23 +67,30 @@ func (l *Limiter) authorize(ctx context.Context, brk *breaker.Breaker, rkey stri
 	}
 	if l.direct {
 		defer l.wg.Done()
-		return l.authorizeDirect(ctx, done, rkey, want, min, share)
+		return l.authorizeDirect(ctx, done, rkey, want, need, share)
 	}
 	budget := l.cfg.timeout
 	start := time.Now()
 	hardCap := start.Add((1 + saturationGrace) * budget)
-	// The call's own deadline is the hard cap: go-redis honours it while
-	// waiting for a pooled connection, which a late reader holds longer.
-	cctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), hardCap)
+	// The call's own deadline lies a budget past the hard cap, so that the
+	// waiter's cap decides first; go-redis honours it while waiting for a
+	// pooled connection, which late readers hold longer.
+	cctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), hardCap.Add(budget))
 	var state atomic.Int32
-	ch := make(chan callResult, 1)
+	// The call writes its result before it claims the outcome, so a waiter
+	// that finds the outcome claimed reads the result at once: a goroutine
+	// preempted between the claim and a channel send would otherwise keep
+	// the waiter for as long as a saturated scheduler takes to run it.
+	var result callResult
+	delivered := make(chan struct{})
 	go func() {
 		defer l.wg.Done()
 		defer cancel()
-		g, err := l.acquire(cctx, rkey, want, min, share)
+		g, err := l.acquire(cctx, rkey, want, need, share)
+		result = callResult{g, err}
 		if state.CompareAndSwap(callPending, callDelivered) {
+			close(delivered)
 			done(err)
-			ch <- callResult{g, err}
 			return
 		}
 		switch state.Load() {
@@ -91,8 +98,8 @@ func (l *Limiter) authorize(ctx context.Context, brk *breaker.Breaker, rkey stri
 			done(err)
 		case callOutwaited:
 			if errors.Is(err, breaker.ErrBudget) {
-				// The cap ran out waiting for a connection that late
-				// readers held: the process's doing too.
+				// The deadline ran out waiting for a connection that
+				// late readers held: the process's doing too.
 				err = errSaturated
 			}
 			done(err)
@@ -110,14 +117,15 @@ func (l *Limiter) authorize(ctx context.Context, brk *breaker.Breaker, rkey stri
 			}
 			return authority.Grant{}, err
 		}
-		r := <-ch
-		return r.g, r.err
+		return result.g, result.err
 	}
-	// The first look comes at an eighth of the budget: if the process is
-	// behind by then, its decisions start yielding at once, rather than
-	// after a whole budget of starving the reply.
-	due := start.Add(budget / 8)
-	timer := time.NewTimer(budget / 8)
+	// Check points: at an eighth of the budget (if the process is behind
+	// by then, its decisions start yielding at once, rather than after a
+	// whole budget of starving the reply), at the budget, then every
+	// quarter budget up to the hard cap.
+	threshold := overload.Threshold(budget)
+	due := start.Add(threshold)
+	timer := time.NewTimer(threshold)
 	defer timer.Stop()
 	held := false
 	defer func() {
@@ -125,67 +133,99 @@ func (l *Limiter) authorize(ctx context.Context, brk *breaker.Breaker, rkey stri
 			overload.Release()
 		}
 	}()
+	var probe *overload.Probe
 	for {
+		var probed <-chan struct{}
+		if probe != nil {
+			probed = probe.Done()
+		}
 		select {
-		case r := <-ch:
+		case <-delivered:
 			if held && time.Since(start) > budget {
 				l.sawSaturation(ctx, telemetry.SaturatedAnswered)
 			}
-			return r.g, r.err
+			return result.g, result.err
 		case <-ctx.Done():
 			return settle(callLeft, ctx.Err())
+		case <-probed:
 		case <-timer.C:
 		}
 		now := time.Now()
-		behind := overload.Behind(budget, overload.Lag(now), now.Sub(due))
+		var behind bool
+		switch {
+		case probe != nil:
+			behind = probe.Behind(threshold) // done, or not run within the threshold
+			probe = nil
+		case now.Sub(due) >= threshold:
+			behind = overload.WokeLate(now) // this waiter itself ran that late
+		default:
+			// On time at a check point: measure the scheduler's delay,
+			// and wait up to the threshold for the verdict.
+			probe = overload.Start(l.spawn)
+			timer.Reset(threshold)
+			continue
+		}
+		// A reply stuck while the process was behind needs a moment more
+		// once it has caught up (the network poller runs every 10ms or so
+		// on a busy process): Redis is blamed only if no probe found the
+		// process behind within the last quarter budget.
+		behind = behind || overload.Recent(now, budget/4)
+		if behind && !held {
+			overload.Hold()
+			held = true
+		}
+		var next time.Duration
 		switch {
 		case now.Sub(start) < budget:
-			due = start.Add(budget) // still within the budget: look again at its end
+			next = start.Add(budget).Sub(now) // look again at the budget's end
 		case !behind:
 			return settle(callGaveUp, fmt.Errorf("%w: no reply within %v", breaker.ErrBudget, budget))
 		case !now.Before(hardCap):
 			l.sawSaturation(ctx, telemetry.SaturatedAbandoned)
 			return settle(callOutwaited, fmt.Errorf("%w: %v", errSaturated, now.Sub(start).Round(time.Millisecond)))
 		default:
-			due = now.Add(budget / 4)
-			if due.After(hardCap) {
-				due = hardCap
-			}
+			next = min(budget/4, hardCap.Sub(now))
 		}
-		if behind && !held {
-			overload.Hold()
-			held = true
-		}
-		timer.Reset(due.Sub(now))
+		due = now.Add(next)
+		timer.Reset(next)
 	}
 }
 
-// authorizeDirect makes the call in place, on ctx bounded by the budget: the
-// client applies the deadline to its reads, and a reply abandoned then
-// leaves its tokens debited (under-admission). A deadline cannot be moved
-// once a read has started, so the process's delay is judged up front: when
-// the process is already behind, the call gets the whole hard cap and the
-// process's decisions yield while it runs; a timeout while the process is
-// behind is not counted against the breaker.
-func (l *Limiter) authorizeDirect(ctx context.Context, done func(error), rkey string, want, min int64, share float64) (authority.Grant, error) {
+// authorizeDirect makes the call in place, on ctx bounded by a deadline: the
+// client applies it to its reads, and a reply abandoned then leaves its
+// tokens debited (under-admission). A deadline cannot be moved once a read
+// has started, so it is chosen up front: the hard cap if a probe found the
+// process behind within the last budget (its decisions then yield while
+// the call runs), else the budget. A timeout is probed before it is blamed
+// on Redis: one while the process is behind does not count against the
+// breaker, and the failure policy decides with reason "saturated".
+func (l *Limiter) authorizeDirect(ctx context.Context, done func(error), rkey string, want, need int64, share float64) (authority.Grant, error) {
 	budget := l.cfg.timeout
 	start := time.Now()
 	limit := budget
-	if overload.Behind(budget, overload.Lag(start), 0) {
+	if overload.Recent(start, budget) {
 		limit = (1 + saturationGrace) * budget
 		overload.Hold()
 		defer overload.Release()
 	}
 	cctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
-	g, err := l.acquire(cctx, rkey, want, min, share)
-	if err != nil && errors.Is(err, breaker.ErrBudget) && ctx.Err() == nil {
-		now := time.Now()
-		if overload.Behind(budget, overload.Lag(now), now.Sub(start)-limit) {
-			l.sawSaturation(ctx, telemetry.SaturatedAbandoned)
-			err = fmt.Errorf("%w: %v", errSaturated, now.Sub(start).Round(time.Millisecond))
+	g, err := l.acquire(cctx, rkey, want, need, share)
+	switch {
+	case err != nil && errors.Is(err, breaker.ErrBudget) && ctx.Err() == nil:
+		threshold := overload.Threshold(budget)
+		probe := overload.Start(l.spawn)
+		t := time.NewTimer(threshold)
+		select {
+		case <-probe.Done():
+		case <-t.C:
 		}
-	} else if limit > budget && err == nil && time.Since(start) > budget {
+		t.Stop()
+		if probe.Behind(threshold) {
+			l.sawSaturation(ctx, telemetry.SaturatedAbandoned)
+			err = fmt.Errorf("%w: %v", errSaturated, time.Since(start).Round(time.Millisecond))
+		}
+	case err == nil && limit > budget && time.Since(start) > budget:
 		l.sawSaturation(ctx, telemetry.SaturatedAnswered)
 	}
 	done(err)
@@ -203,10 +243,10 @@ func (l *Limiter) sawSaturation(ctx context.Context, outcome string) {
 
 // acquire makes one script call on ctx, which carries the deadline, with its
 // span and metrics; a deadline overrun is marked with breaker.ErrBudget.
-func (l *Limiter) acquire(ctx context.Context, rkey string, want, min int64, share float64) (authority.Grant, error) {
-	cctx, span := l.tel.StartAuthority(ctx, want, min)
+func (l *Limiter) acquire(ctx context.Context, rkey string, want, need int64, share float64) (authority.Grant, error) {
+	cctx, span := l.tel.StartAuthority(ctx, want, need)
 	start := time.Now()
-	g, err := l.auth.Acquire(cctx, rkey, l.limit, want, min, share)
+	g, err := l.auth.Acquire(cctx, rkey, l.limit, want, need, share)
 	l.tel.EndAuthority(cctx, span, time.Since(start), g.Granted, err)
 	if err != nil && errors.Is(err, context.DeadlineExceeded) {
 		err = fmt.Errorf("%w: %w", breaker.ErrBudget, err)

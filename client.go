@@ -145,16 +145,7 @@ func New(client redis.UniversalClient, limit policy.Limit, opts ...Option) (*Lim
 		stop:   make(chan struct{}),
 		done:   make(chan struct{}),
 	}
-	brk.spawn = func(f func()) bool {
-		if !l.enter() {
-			return false
-		}
-		go func() {
-			defer l.wg.Done()
-			f()
-		}()
-		return true
-	}
+	brk.spawn = l.spawn
 	go l.janitor()
 	return l, nil
 }
@@ -226,6 +217,19 @@ func (l *Limiter) enter() bool {
 		return false
 	}
 	l.wg.Add(1)
+	return true
+}
+
+// spawn runs f in a goroutine that Close waits for; it fails once Close has
+// begun.
+func (l *Limiter) spawn(f func()) bool {
+	if !l.enter() {
+		return false
+	}
+	go func() {
+		defer l.wg.Done()
+		f()
+	}()
 	return true
 }
 

@@ -843,7 +843,8 @@ func TestClusterUnreachableAtStartup(t *testing.T) {
 		cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs()})
 		t.Cleanup(func() { _ = cc.Close() })
 		lim, err := leaselimit.New(cc, policy.PerSecond(100).WithName(name), leaselimit.WithoutLease(),
-			leaselimit.WithTimeout(budget), leaselimit.WithFailureMode(policy.FailClosed))
+			leaselimit.WithTimeout(budget), leaselimit.WithFailureMode(policy.FailClosed),
+			leaselimit.WithBreaker(breaker.Settings{OpenFor: 2 * time.Second}))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -896,7 +897,7 @@ func TestClusterUnreachableAtStartup(t *testing.T) {
 		if st := lim.BreakerState(); st != breaker.Open {
 			t.Fatalf("breaker %v after 20 failed decisions", st)
 		}
-		// The breaker is open (2s by default): no Redis call, no wait.
+		// The breaker is open (for 2s): no Redis call, no wait.
 		start := time.Now()
 		for i := 0; i < 5; i++ {
 			if d, err := lim.Allow(ctx, "k"); err != nil || d.Source != leaselimit.SourceFallback {

@@ -38,6 +38,7 @@ type phasedLoad struct {
 	counts [maxPhases][4][2]atomic.Int64                      // [phase][source][allowed]
 	keyOK  [maxPhases][maxTracked]atomic.Int64                // admitted per tracked key
 	first  [maxPhases][4]atomic.Int64                         // unix ns of the first decision of each source
+	last   [maxPhases][4]atomic.Int64                         // unix ns of the last decision of each source
 	maxLat [maxPhases]atomic.Int64                            // slowest call, ns
 	errs   atomic.Int64                                       // calls that returned an error
 	check  func(phase, idx int, d leaselimit.Decision) string // optional; a non-empty result is an error
@@ -76,19 +77,13 @@ func startLoad(t *testing.T, lim *leaselimit.Limiter, workers int, keyOf func(w,
 				d, err := lim.Allow(ctx, key)
 				end := time.Now()
 				el := int64(end.Sub(start))
-				for {
-					m := p.maxLat[ph].Load()
-					if el <= m {
-						break
+				if el > p.maxLat[ph].Load() {
+					storeMax(&p.maxLat[ph], el)
+					p.mu.Lock()
+					if el >= p.maxLat[ph].Load() {
+						p.slowest[ph] = fmt.Sprintf("Allow(%q) = %+v, %v", key, d, err)
 					}
-					if p.maxLat[ph].CompareAndSwap(m, el) {
-						p.mu.Lock()
-						if el >= p.maxLat[ph].Load() {
-							p.slowest[ph] = fmt.Sprintf("Allow(%q) = %+v, %v", key, d, err)
-						}
-						p.mu.Unlock()
-						break
-					}
+					p.mu.Unlock()
 				}
 				if err != nil {
 					if p.errs.Add(1) <= 5 {
@@ -115,6 +110,7 @@ func startLoad(t *testing.T, lim *leaselimit.Limiter, workers int, keyOf func(w,
 				}
 				p.counts[ph][d.Source][a].Add(1)
 				p.first[ph][d.Source].CompareAndSwap(0, end.UnixNano())
+				storeMax(&p.last[ph][d.Source], end.UnixNano())
 			}
 		}(w)
 	}
@@ -176,6 +172,25 @@ func (p *phasedLoad) firstAt(ph int, src leaselimit.Source) time.Time {
 		return time.Unix(0, ns)
 	}
 	return time.Time{}
+}
+
+// lastAt returns when the last decision from src in phase ph completed, or
+// the zero time.
+func (p *phasedLoad) lastAt(ph int, src leaselimit.Source) time.Time {
+	if ns := p.last[ph][src].Load(); ns != 0 {
+		return time.Unix(0, ns)
+	}
+	return time.Time{}
+}
+
+// storeMax raises m to v if v is larger.
+func storeMax(m *atomic.Int64, v int64) {
+	for {
+		old := m.Load()
+		if v <= old || m.CompareAndSwap(old, v) {
+			return
+		}
+	}
 }
 
 // firstSince returns the earliest completion of a src decision in phases

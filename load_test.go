@@ -20,40 +20,63 @@ import (
 // returns the decisions by source and the number admitted.
 func hammer(t *testing.T, lim *leaselimit.Limiter, workers int, d time.Duration, key func(w, i int) string) (bySource [4]int64, admitted int64) {
 	t.Helper()
+	r := flood(t, []*leaselimit.Limiter{lim}, workers, d, key)
+	return r.bySource, r.admitted
+}
+
+// floodResult is what a flood saw.
+type floodResult struct {
+	bySource [4]int64
+	admitted int64
+	denied   int64
+	elapsed  time.Duration // from before the first call to after the last
+	slowest  time.Duration // the slowest single call
+}
+
+// flood runs workers goroutines per Limiter in lims, each calling Allow in a
+// tight loop (no yield, no sleep: what a request flood does) for d. Worker
+// w (numbered across all Limiters) asks for key(w, i) on its i-th call.
+func flood(t *testing.T, lims []*leaselimit.Limiter, workers int, d time.Duration, key func(w, i int) string) floodResult {
+	t.Helper()
 	var wg sync.WaitGroup
 	var srcs [4]atomic.Int64
-	var ok atomic.Int64
-	stop := make(chan struct{})
+	var ok, no, slowest atomic.Int64
+	var stop atomic.Bool
 	ctx := context.Background()
-	for w := 0; w < workers; w++ {
-		wg.Add(1)
-		go func(w int) {
-			defer wg.Done()
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
+	start := time.Now()
+	for li, lim := range lims {
+		for w := li * workers; w < (li+1)*workers; w++ {
+			wg.Add(1)
+			go func(lim *leaselimit.Limiter, w int) {
+				defer wg.Done()
+				for i := 0; !stop.Load(); i++ {
+					t0 := time.Now()
+					dec, err := lim.Allow(ctx, key(w, i))
+					if el := int64(time.Since(t0)); el > slowest.Load() {
+						storeMax(&slowest, el)
+					}
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					srcs[dec.Source].Add(1)
+					if dec.Allowed {
+						ok.Add(1)
+					} else {
+						no.Add(1)
+					}
 				}
-				dec, err := lim.Allow(ctx, key(w, i))
-				if err != nil {
-					t.Error(err)
-					return
-				}
-				srcs[dec.Source].Add(1)
-				if dec.Allowed {
-					ok.Add(1)
-				}
-			}
-		}(w)
+			}(lim, w)
+		}
 	}
 	time.Sleep(d)
-	close(stop)
+	stop.Store(true)
 	wg.Wait()
+	r := floodResult{admitted: ok.Load(), denied: no.Load(), elapsed: time.Since(start), slowest: time.Duration(slowest.Load())}
 	for i := range srcs {
-		bySource[i] = srcs[i].Load()
+		r.bySource[i] = srcs[i].Load()
 	}
-	return bySource, ok.Load()
+	return r
 }
 
 func total(s [4]int64) int64 { return s[0] + s[1] + s[2] + s[3] }

@@ -48,7 +48,12 @@ type Settings struct {
 	// Default 5.
 	Failures uint32
 	// OpenFor is how long the breaker stays open before it lets probes
-	// through (half-open). Default 2s.
+	// through (half-open). Default 250ms: after a short stall decisions
+	// return to Redis within about OpenFor of Redis answering again. The
+	// price, during a long outage, is up to Probes calls per node every
+	// OpenFor (plus the budget each probe waits), each making its caller
+	// wait up to the time budget; a longer OpenFor saves those waits and
+	// keeps the failure policy deciding longer after Redis is back.
 	OpenFor time.Duration
 	// Probes is how many calls may run while half-open; that many successes
 	// in a row close the breaker, one failure opens it again. Default 3.
@@ -68,7 +73,7 @@ func (s Settings) WithDefaults() Settings {
 		s.Failures = 5
 	}
 	if s.OpenFor == 0 {
-		s.OpenFor = 2 * time.Second
+		s.OpenFor = 250 * time.Millisecond
 	}
 	if s.Probes == 0 {
 		s.Probes = 3

@@ -4,13 +4,18 @@
 // waits in the Go scheduler's run queue behind every other runnable
 // goroutine: the reply arrived in time, but is read late. Counted as a Redis
 // failure, such a miss would open the circuit breaker and hand decisions to
-// the failure policy while Redis is healthy. This package measures the
-// process's own scheduling delay (runtime/metrics /sched/latencies:seconds,
-// the time goroutines spend runnable before they run), so that a caller
-// whose time budget ran out can ask whether the process, not Redis, was
-// behind; and it lets a waiter ask the process's other goroutines to yield
-// the processor once per decision while a reply is overdue, so the goroutine
-// carrying it gets to run.
+// the failure policy while Redis is healthy.
+//
+// A Probe measures the process's own delay directly, at the moment it
+// matters: a goroutine yields the processor once (runtime.Gosched puts it at
+// the back of the global run queue, where preempted goroutines and
+// goroutines woken by the network poller wait too) and times how long it
+// takes to run again. On an idle or merely busy machine that is
+// microseconds; on a saturated one it is as long as a reply would wait.
+//
+// Hold and Yield let a waiter whose reply is overdue ask the process's other
+// decisions to yield the processor once each, so that callers which never
+// block cannot starve the goroutine carrying the reply.
 //
 // The state is process-wide, as the scheduler is: every Limiter in a process
 // shares it.
@@ -18,132 +23,96 @@ package overload
 
 import (
 	"runtime"
-	"runtime/metrics"
-	"sync"
 	"sync/atomic"
 	"time"
 )
 
-const (
-	// sampleEvery is the shortest interval between two readings of the
-	// scheduler histogram. A reading costs a few microseconds; callers
-	// read at most this often.
-	sampleEvery = 25 * time.Millisecond
-	// minEvents is how many scheduling events a window needs before its
-	// percentile replaces the last one. The runtime tracks one transition
-	// in eight per goroutine, so a saturated process, whose goroutines are
-	// preempted every 10ms, records only tens of events a second; a
-	// window with fewer events stays open (up to maxWindow) instead of
-	// reporting no delay.
-	minEvents = 16
-	// maxWindow bounds how long a window stays open for want of events:
-	// past it, the percentile of whatever it holds is taken.
-	maxWindow = time.Second
-	// quantile of the scheduling delays taken as the process's lag.
-	quantile = 0.99
+var (
+	overdue atomic.Int32 // waiters whose reply is overdue while the process is behind
+	// behindAt is when a probe last found the process behind (unix ns), 0
+	// if none has.
+	behindAt atomic.Int64
 )
 
-const schedMetric = "/sched/latencies:seconds"
+// Threshold is the scheduling delay, as a share of budget, from which the
+// process is taken to be behind: an eighth. A process that keeps a ready
+// goroutine waiting that long may well be sitting on a reply that arrived in
+// time; on an idle machine the delay is microseconds, so a Redis slower than
+// the budget is still a Redis failure.
+func Threshold(budget time.Duration) time.Duration { return budget / 8 }
 
-var state struct {
-	mu      sync.Mutex // one reader at a time; guards base and sample
-	base    []uint64   // bucket counts at the start of the open window
-	baseAt  time.Time
-	sample  []metrics.Sample
-	lastAt  atomic.Int64 // unix ns of the last reading
-	lag     atomic.Int64 // ns: the quantile of the last closed window
-	overdue atomic.Int32 // waiters past their budget whose reply is missing
+// A Probe is one measurement of the scheduler's delay; see Start.
+type Probe struct {
+	start time.Time
+	took  atomic.Int64 // ns; valid once done is closed
+	done  chan struct{}
 }
 
-// Lag returns the process's recent scheduling delay: the 99th percentile of
-// the time goroutines spent runnable before they ran, over the last window
-// of at least sampleEvery and minEvents events (at most maxWindow). now is
-// the caller's clock reading. The histogram is read at most every
-// sampleEvery; other calls return the last value.
-func Lag(now time.Time) time.Duration {
-	n := now.UnixNano()
-	if n-state.lastAt.Load() >= int64(sampleEvery) && state.mu.TryLock() {
-		read(now)
-		state.mu.Unlock()
+// Start starts a probe in a goroutine run by spawn (which returns false if
+// it cannot run one; the probe then reports no delay at once).
+func Start(spawn func(func()) bool) *Probe {
+	p := &Probe{start: time.Now(), done: make(chan struct{})}
+	if !spawn(p.run) {
+		close(p.done)
 	}
-	return time.Duration(state.lag.Load())
+	return p
 }
 
-// read takes one reading of the scheduler histogram and closes the open
-// window if it holds enough events. Called with state.mu held.
-func read(now time.Time) {
-	state.lastAt.Store(now.UnixNano())
-	if state.sample == nil {
-		state.sample = []metrics.Sample{{Name: schedMetric}}
-	}
-	metrics.Read(state.sample)
-	if state.sample[0].Value.Kind() != metrics.KindFloat64Histogram {
-		return // not supported by this runtime: no lag is ever reported
-	}
-	h := state.sample[0].Value.Float64Histogram()
-	if state.base == nil {
-		state.base = append([]uint64(nil), h.Counts...)
-		state.baseAt = now
-		return
-	}
-	var events uint64
-	for i, c := range h.Counts {
-		events += c - state.base[i]
-	}
-	if events < minEvents && now.Sub(state.baseAt) < maxWindow {
-		return
-	}
-	state.lag.Store(int64(percentile(h, state.base, events)))
-	copy(state.base, h.Counts)
-	state.baseAt = now
+func (p *Probe) run() {
+	runtime.Gosched()
+	p.took.Store(int64(time.Since(p.start)))
+	close(p.done)
 }
 
-// percentile returns the upper bound of the bucket holding the quantile of
-// the events counted in h since base.
-func percentile(h *metrics.Float64Histogram, base []uint64, events uint64) time.Duration {
-	if events == 0 {
-		return 0
+// Done is closed when the probe has run again.
+func (p *Probe) Done() <-chan struct{} { return p.done }
+
+// Behind reports, once Done is closed or the caller gave up waiting for it,
+// whether the process is behind: the probe took threshold or longer, or has
+// not run yet. A positive verdict is remembered for Recent.
+func (p *Probe) Behind(threshold time.Duration) bool {
+	var took time.Duration
+	select {
+	case <-p.done:
+		took = time.Duration(p.took.Load())
+	default:
+		took = time.Since(p.start)
 	}
-	want := uint64(float64(events)*quantile + 0.5)
-	var seen uint64
-	for i, c := range h.Counts {
-		seen += c - base[i]
-		if seen >= want {
-			upper := h.Buckets[i+1]
-			if upper > maxWindow.Seconds() {
-				upper = h.Buckets[i] // the last bucket is unbounded
-			}
-			return time.Duration(upper * float64(time.Second))
-		}
+	if took < threshold {
+		return false
 	}
-	return 0
+	return WokeLate(time.Now())
 }
 
-// Behind reports whether a call that has not been answered within budget
-// is waiting on the process rather than on Redis: the process's recent
-// scheduling delay (lag) or how late the waiter itself woke past its
-// deadline (late) reaches an eighth of the budget. On an idle machine both
-// are microseconds, so a Redis slower than the budget is still a failure;
-// a process that keeps its goroutines waiting that long in the run queue
-// may well be sitting on a reply that arrived in time.
-func Behind(budget, lag, late time.Duration) bool {
-	threshold := budget / 8
-	return lag >= threshold || late >= threshold
+// WokeLate records that a goroutine of the caller's found the process
+// behind at now (it ran a threshold or more after it was due), for Recent,
+// and returns true.
+func WokeLate(now time.Time) bool {
+	behindAt.Store(now.UnixNano())
+	return true
+}
+
+// Recent reports whether a probe found the process behind within the last
+// within before now: a cheap hint for a caller that must choose its deadline
+// before it can measure.
+func Recent(now time.Time, within time.Duration) bool {
+	at := behindAt.Load()
+	return at != 0 && now.UnixNano()-at < int64(within)
 }
 
 // Hold marks a reply as overdue while the process is behind: until the
 // matching Release, Yield gives up the processor once per call.
-func Hold() { state.overdue.Add(1) }
+func Hold() { overdue.Add(1) }
 
 // Release ends one Hold.
-func Release() { state.overdue.Add(-1) }
+func Release() { overdue.Add(-1) }
 
 // Yield gives up the processor once while some reply is overdue (a Hold is
 // in force), so that the goroutine carrying it, waiting in the run queue,
 // runs before callers that never block take their next turn. Otherwise it
 // costs one atomic load.
 func Yield() {
-	if state.overdue.Load() > 0 {
+	if overdue.Load() > 0 {
 		runtime.Gosched()
 	}
 }

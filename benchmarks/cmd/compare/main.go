@@ -364,15 +364,6 @@ func drive(ctx context.Context, cfg config, wl workload, decs []design.Decider, 
 				if r.Fallback {
 					fb++
 				}
-				if interval == 0 && i%64 == 63 {
-					// A caller that never blocks holds its core for a whole
-					// scheduler slice (10ms); 64 of them starve the
-					// goroutines that carry Redis replies past any time
-					// budget. Real request handlers block on I/O between
-					// decisions; yielding every 64 decisions stands in for
-					// that (a caller that blocks on Redis yields anyway).
-					runtime.Gosched()
-				}
 			}
 			mu.Lock()
 			defer mu.Unlock()

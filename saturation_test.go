@@ -1,0 +1,381 @@
+package leaselimit_test
+
+// Overload is not an outage: a CPU-bound instance, Redis healthy, must never
+// hand decisions to the failure policy. Every load here is a flood of
+// callers in tight loops with no yield and no sleep, on two processors, and
+// every Limiter keeps the default time budget (100ms).
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/leaselimit/leaselimit"
+	"github.com/leaselimit/leaselimit/breaker"
+	"github.com/leaselimit/leaselimit/internal/redistest"
+	"github.com/leaselimit/leaselimit/policy"
+	"github.com/leaselimit/leaselimit/telemetry"
+	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+)
+
+// twoProcs runs the test on two processors, the machine these loads are
+// sized for, whatever the host has.
+func twoProcs(t *testing.T) {
+	old := runtime.GOMAXPROCS(2)
+	t.Cleanup(func() { runtime.GOMAXPROCS(old) })
+}
+
+// tripCounter returns breaker settings (the defaults) that count how often
+// the breaker opens.
+func tripCounter() (breaker.Settings, *atomic.Int64) {
+	var trips atomic.Int64
+	return breaker.Settings{OnStateChange: func(_, to breaker.State) {
+		if to == breaker.Open {
+			trips.Add(1)
+		}
+	}}, &trips
+}
+
+// newBudgeted is New with the default time budget (mustNew's is 10s, for
+// tests about decisions rather than time).
+func newBudgeted(t *testing.T, c redis.UniversalClient, l policy.Limit, opts ...leaselimit.Option) *leaselimit.Limiter {
+	t.Helper()
+	lim, err := leaselimit.New(c, l, opts...)
+	if err != nil {
+		t.Fatalf("New(%v) = %v", l, err)
+	}
+	t.Cleanup(func() { _ = lim.Close() })
+	return lim
+}
+
+func manyKeys(n int) []string {
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("user-%d", i)
+	}
+	return keys
+}
+
+// TestSaturatedManyKeys: 256 callers over 10k keys under a limit nobody
+// reaches, FailClosed. Every decision the failure policy made would be a
+// denial the bucket did not ask for.
+func TestSaturatedManyKeys(t *testing.T) {
+	twoProcs(t)
+	srv := redistest.Start(t)
+	bs, trips := tripCounter()
+	lim := newBudgeted(t, srv.Client(t), policy.Limit{Name: "sat-many", Rate: 1e9, Period: time.Second, Burst: 1e9},
+		leaselimit.WithFailureMode(policy.FailClosed), leaselimit.WithBreaker(bs))
+	keys := manyKeys(10_000)
+	r := flood(t, []*leaselimit.Limiter{lim}, 256, 5*time.Second, func(w, i int) string { return keys[(w*7919+i)%len(keys)] })
+	t.Logf("256 callers, 10k keys, %v: %d decisions (lease %d, authority %d, cache %d, fallback %d), %d denied, breaker opened %d times, slowest %v",
+		r.elapsed.Round(time.Millisecond), total(r.bySource), r.bySource[0], r.bySource[1], r.bySource[2], r.bySource[3],
+		r.denied, trips.Load(), r.slowest.Round(time.Millisecond))
+	if n := r.bySource[leaselimit.SourceFallback]; n > 0 {
+		t.Errorf("%d fallback decisions on a healthy Redis", n)
+	}
+	if r.denied > 0 {
+		t.Errorf("%d denials under a limit nobody reaches (FailClosed)", r.denied)
+	}
+	if n := trips.Load(); n > 0 {
+		t.Errorf("the breaker opened %d times on a healthy Redis", n)
+	}
+}
+
+// TestSaturatedFleet: 8 Limiters, each with its own client, × 16 callers on
+// one key, 2000/s burst 200, FailOpen: the fleet bound holds from both
+// sides.
+func TestSaturatedFleet(t *testing.T) {
+	twoProcs(t)
+	srv := redistest.Start(t)
+	l := policy.Limit{Name: "sat-fleet", Rate: 2000, Period: time.Second, Burst: 200}
+	bs, trips := tripCounter()
+	var lims []*leaselimit.Limiter
+	for range 8 {
+		lims = append(lims, newBudgeted(t, srv.Client(t), l, leaselimit.WithBreaker(bs)))
+	}
+	r := flood(t, lims, 16, 5*time.Second, func(int, int) string { return "one" })
+	bound := float64(l.Burst) + float64(l.Rate)*r.elapsed.Seconds()
+	t.Logf("8 Limiters × 16 callers, one key, %v: %d decisions (lease %d, authority %d, cache %d, fallback %d), admitted %d of %.0f (%.3f), breaker opened %d times, slowest %v",
+		r.elapsed.Round(time.Millisecond), total(r.bySource), r.bySource[0], r.bySource[1], r.bySource[2], r.bySource[3],
+		r.admitted, bound, float64(r.admitted)/bound, trips.Load(), r.slowest.Round(time.Millisecond))
+	if n := r.bySource[leaselimit.SourceFallback]; n > 0 {
+		t.Errorf("%d fallback decisions on a healthy Redis", n)
+	}
+	if n := trips.Load(); n > 0 {
+		t.Errorf("the breakers opened %d times on a healthy Redis", n)
+	}
+	if float64(r.admitted) > bound {
+		t.Errorf("admitted %d > Burst + Rate·T = %.0f", r.admitted, bound)
+	}
+	if float64(r.admitted) < 0.97*bound {
+		t.Errorf("admitted %d < 97%% of Burst + Rate·T = %.0f", r.admitted, bound)
+	}
+}
+
+// TestSaturatedOverLimit: 64 callers on a key far over its limit: admitted
+// within the bound, at most 0.01 Redis commands per decision, no fallback.
+func TestSaturatedOverLimit(t *testing.T) {
+	twoProcs(t)
+	srv := redistest.Start(t)
+	l := policy.Limit{Name: "sat-over", Rate: 200, Period: time.Second, Burst: 20}
+	bs, trips := tripCounter()
+	lim := newBudgeted(t, srv.Client(t), l, leaselimit.WithBreaker(bs))
+	before := srv.Stats(t)
+	r := flood(t, []*leaselimit.Limiter{lim}, 64, 3*time.Second, func(int, int) string { return "abuser" })
+	cmds := srv.Stats(t).Sub(before).TotalCommands
+	n := total(r.bySource)
+	bound := float64(l.Burst) + float64(l.Rate)*r.elapsed.Seconds()
+	per := float64(cmds) / float64(n)
+	t.Logf("64 callers, one key: %d decisions (%.0fx its limit; lease %d, authority %d, cache %d, fallback %d), admitted %d of %.0f, %d Redis commands (%.5f per decision), breaker opened %d times",
+		n, float64(n)/bound, r.bySource[0], r.bySource[1], r.bySource[2], r.bySource[3], r.admitted, bound, cmds, per, trips.Load())
+	if f := r.bySource[leaselimit.SourceFallback]; f > 0 {
+		t.Errorf("%d fallback decisions on a healthy Redis", f)
+	}
+	if n := trips.Load(); n > 0 {
+		t.Errorf("the breaker opened %d times on a healthy Redis", n)
+	}
+	if float64(r.admitted) > bound {
+		t.Errorf("admitted %d > Burst + Rate·T = %.0f", r.admitted, bound)
+	}
+	if float64(n) < 100*bound {
+		t.Fatalf("only %.0fx over the limit; the bound is for 100x", float64(n)/bound)
+	}
+	if per > 0.01 {
+		t.Errorf("%.4f Redis commands per decision for a key 100x over its limit; want <= 0.01", per)
+	}
+}
+
+// burn keeps n goroutines busy on the CPU without ever blocking or calling
+// the Limiter, as CPU-bound request handlers would, until the test ends.
+func burn(t *testing.T, n int) {
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			x := 0
+			for !stop.Load() {
+				x++
+			}
+			_ = x
+		}()
+	}
+	t.Cleanup(func() { stop.Store(true); wg.Wait() })
+}
+
+// saturatedCalls sums ratelimit.saturated by outcome and
+// ratelimit.fallbacks by reason.
+func (r *telemetryRig) saturatedCalls(t *testing.T) (byOutcome, fallbacks map[string]int64) {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	if err := r.reader.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	byOutcome, fallbacks = map[string]int64{}, map[string]int64{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			var into map[string]int64
+			var key = telemetry.AttrOutcome
+			switch m.Name {
+			case telemetry.MetricSaturated:
+				into = byOutcome
+			case telemetry.MetricFallbacks:
+				into, key = fallbacks, telemetry.AttrReason
+			default:
+				continue
+			}
+			for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
+				v, _ := dp.Attributes.Value(key)
+				into[v.AsString()] += dp.Value
+			}
+		}
+	}
+	return byOutcome, fallbacks
+}
+
+// TestSaturatedByOtherWork: goroutines that never call the Limiter keep
+// the CPU busy, so a Redis reply waits in the run queue however the
+// Limiter's own callers behave. A call past the budget is waited for and
+// counted as the process's delay (metric and span attribute); past the
+// hard cap the failure policy decides with reason "saturated". Either way
+// the breaker does not open: Redis answered every call.
+func TestSaturatedByOtherWork(t *testing.T) {
+	twoProcs(t)
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	c := srv.Client(t)
+	if err := c.Ping(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	const budget = leaselimit.DefaultTimeout
+	// 32 busy goroutines keep a ready goroutine waiting about a budget or
+	// two; 256, longer than the hard cap.
+	for _, busy := range []int{32, 256} {
+		t.Run(fmt.Sprint(busy, "-busy"), func(t *testing.T) {
+			rig := newTelemetryRig(t)
+			bs, trips := tripCounter()
+			lim := newBudgeted(t, c, policy.PerSecond(1000).WithName(fmt.Sprint("sat-busy-", busy)),
+				append(rig.opts(), leaselimit.WithoutLease(), leaselimit.WithFailureMode(policy.FailClosed), leaselimit.WithBreaker(bs))...)
+			burn(t, busy)
+			time.Sleep(50 * time.Millisecond) // let them take the processors
+			var late, fallbacks int
+			var worst time.Duration
+			for i := range 10 { // more than the breaker's 5 failures
+				start := time.Now()
+				d, err := lim.Allow(ctx, fmt.Sprint("k", i))
+				el := time.Since(start)
+				worst = max(worst, el)
+				switch {
+				case err != nil:
+					t.Fatalf("Allow = %v", err)
+				case d.Source == leaselimit.SourceFallback:
+					fallbacks++
+				case d.Source != leaselimit.SourceAuthority || !d.Allowed:
+					t.Fatalf("Allow = %+v; want an authority grant or a fallback", d)
+				case el > budget:
+					late++
+				}
+			}
+			outcomes, reasons := rig.saturatedCalls(t)
+			marked := 0
+			for _, s := range rig.spans.Ended() {
+				if v, ok := attrMap(s.Attributes())[telemetry.AttrSaturated]; ok && v.AsBool() && s.Name() == telemetry.DecisionSpan {
+					marked++
+				}
+			}
+			t.Logf("%d busy goroutines, 10 calls: %d granted past the budget, %d fallbacks %v; ratelimit.saturated %v; %d spans marked; slowest %v; breaker opened %d times",
+				busy, late, fallbacks, reasons, outcomes, marked, worst.Round(time.Millisecond), trips.Load())
+			if late+fallbacks == 0 {
+				t.Skipf("every call was answered within the budget: this machine kept up with %d busy goroutines", busy)
+			}
+			if n := trips.Load(); n > 0 {
+				t.Errorf("the breaker opened %d times although Redis answered every call", n)
+			}
+			if int(reasons[telemetry.ReasonSaturated]) != fallbacks || len(reasons) > 1 {
+				t.Errorf("fallbacks by reason %v; want all %d with reason %q", reasons, fallbacks, telemetry.ReasonSaturated)
+			}
+			if int(outcomes[telemetry.SaturatedAbandoned]) != fallbacks {
+				t.Errorf("ratelimit.saturated{outcome=abandoned} = %d; want the %d fallbacks", outcomes[telemetry.SaturatedAbandoned], fallbacks)
+			}
+			if late > 0 && outcomes[telemetry.SaturatedAnswered] == 0 {
+				t.Errorf("ratelimit.saturated{outcome=answered} = 0 after %d grants past the budget", late)
+			}
+			if want := int(outcomes[telemetry.SaturatedAnswered] + outcomes[telemetry.SaturatedAbandoned]); marked != want {
+				t.Errorf("%d decision spans carry %s=true; want one per saturated call (%d)", marked, telemetry.AttrSaturated, want)
+			}
+			// The 500ms cap, plus a second for a noisy machine.
+			if worst > 5*budget+time.Second {
+				t.Errorf("slowest decision %v; the cap is %v", worst, 5*budget)
+			}
+		})
+	}
+}
+
+// saturatedLoad floods lim with 64 callers: 16 on a warm key (leases), 48
+// on keys never asked for before (every decision needs Redis).
+func saturatedLoad(t *testing.T, lim *leaselimit.Limiter) *phasedLoad {
+	return startLoad(t, lim, 64, func(w, i int) (string, int) {
+		if w < 16 {
+			return "warm", 0
+		}
+		return fmt.Sprint("cold-", w, "-", i), -1
+	}, nil)
+}
+
+// TestHungWhileSaturated: Redis SIGSTOPped while the process is saturated
+// by its own callers. The process being behind must not hide the outage:
+// decisions fall back, none waits past the hard cap (5 budgets), and the
+// goroutines of abandoned calls do not pile up.
+func TestHungWhileSaturated(t *testing.T) {
+	twoProcs(t)
+	srv := redistest.Start(t)
+	const budget = leaselimit.DefaultTimeout
+	const hardCap = 5 * budget
+	bs, trips := tripCounter()
+	lim := newBudgeted(t, srv.Client(t), hotLimit.WithName("sat-hung"), leaselimit.WithBreaker(bs))
+	load := saturatedLoad(t, lim)
+	time.Sleep(time.Second)
+	base := runtime.NumGoroutine()
+	load.setPhase(1)
+	srv.Pause(t)
+	peak := base
+	for end := time.Now().Add(1500 * time.Millisecond); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+		peak = max(peak, runtime.NumGoroutine())
+	}
+	load.setPhase(2)
+	srv.Resume(t)
+	back := time.Now()
+	_, ok := waitUntil(recoverWithin, func() bool { return !load.firstAt(2, leaselimit.SourceAuthority).IsZero() })
+	load.Stop()
+	for ph, name := range []string{"healthy", "hung", "back"} {
+		t.Logf("phase %d (%s): %s", ph, name, load.summary(ph))
+	}
+	t.Logf("goroutines: %d before the hang, at most %d during it; breaker opened %d times; slowest decision while hung %v (cap %v)",
+		base, peak, trips.Load(), load.latency(1).Round(time.Millisecond), hardCap)
+	if n := load.bySource(1)[leaselimit.SourceFallback]; n == 0 {
+		t.Errorf("no fallback decision in 1.5s of a hung Redis under load")
+	}
+	if trips.Load() == 0 {
+		t.Errorf("the breaker never opened on a hung Redis under load")
+	}
+	// The hard cap, plus a second for a noisy machine (the other hung-Redis
+	// tests allow the same).
+	if worst := load.latency(1); worst > hardCap+time.Second {
+		t.Errorf("slowest decision on a hung Redis under load took %v; cap %v", worst, hardCap)
+	}
+	// Each caller leaves at most a call or two waiting on the hung
+	// connection before the breaker opens, and the breaker lets 3 probes
+	// through per OpenFor: hundreds at most, not one per decision.
+	if peak > base+400 {
+		t.Errorf("goroutines grew from %d to %d while Redis hung", base, peak)
+	}
+	if !ok {
+		t.Fatalf("no authority decision %v after Redis came back", recoverWithin)
+	}
+	t.Logf("authority decisions resumed %v after Redis came back", load.firstAt(2, leaselimit.SourceAuthority).Sub(back).Round(time.Millisecond))
+}
+
+// TestStallUnderLoad: a 0.5s stall (DEBUG SLEEP) while the process is
+// saturated. Decisions return to Redis soon after it answers again: the
+// last fallback comes within 0.5s of that (plus slack for a noisy machine).
+func TestStallUnderLoad(t *testing.T) {
+	twoProcs(t)
+	srv := redistest.Start(t, "--enable-debug-command", "yes")
+	bs, trips := tripCounter()
+	lim := newBudgeted(t, srv.Client(t), hotLimit.WithName("sat-stall"), leaselimit.WithBreaker(bs))
+	load := saturatedLoad(t, lim)
+	time.Sleep(time.Second)
+	load.setPhase(1)
+	stalled := time.Now()
+	srv.Do(t, "DEBUG", "SLEEP", "0.5") // returns when Redis answers again
+	back := time.Now()
+	load.setPhase(2)
+	time.Sleep(1500 * time.Millisecond)
+	load.Stop()
+	for ph, name := range []string{"healthy", "stall", "after"} {
+		t.Logf("phase %d (%s): %s", ph, name, load.summary(ph))
+	}
+	last := load.lastAt(1, leaselimit.SourceFallback)
+	if l2 := load.lastAt(2, leaselimit.SourceFallback); l2.After(last) {
+		last = l2
+	}
+	if last.IsZero() {
+		t.Logf("stall of %v: no fallback decision at all; breaker opened %d times", back.Sub(stalled).Round(time.Millisecond), trips.Load())
+		return
+	}
+	after := last.Sub(back)
+	t.Logf("stall of %v: breaker opened %d times; last fallback decision %v after Redis answered again",
+		back.Sub(stalled).Round(time.Millisecond), trips.Load(), after.Round(time.Millisecond))
+	if after > 500*time.Millisecond+500*time.Millisecond {
+		t.Errorf("last fallback decision %v after Redis answered again; want within 0.5s (+0.5s slack)", after)
+	}
+	if n := load.bySource(2)[leaselimit.SourceAuthority] + load.bySource(2)[leaselimit.SourceLease]; n == 0 {
+		t.Errorf("no lease or authority decision in the 1.5s after the stall")
+	}
+}
