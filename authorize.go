@@ -67,11 +67,12 @@ func (l *Limiter) authorize(ctx context.Context, brk *breaker.Breaker, rkey stri
 	}
 	if l.direct {
 		defer l.wg.Done()
-		return l.authorizeDirect(ctx, done, rkey, want, need, share)
+		return l.authorizeDirect(ctx, brk, done, rkey, want, need, share)
 	}
 	budget := l.cfg.timeout
 	start := time.Now()
 	hardCap := start.Add((1 + saturationGrace) * budget)
+	replies := brk.Replies()
 	// The call's own deadline lies a budget past the hard cap, so that the
 	// waiter's cap decides first; go-redis honours it while waiting for a
 	// pooled connection, which late readers hold longer.
@@ -87,6 +88,9 @@ func (l *Limiter) authorize(ctx context.Context, brk *breaker.Breaker, rkey stri
 		defer l.wg.Done()
 		defer cancel()
 		g, err := l.acquire(cctx, rkey, want, need, share)
+		if !breaker.Counts(err) {
+			brk.Replied()
+		}
 		result = callResult{g, err}
 		if state.CompareAndSwap(callPending, callDelivered) {
 			close(delivered)
@@ -141,7 +145,10 @@ func (l *Limiter) authorize(ctx context.Context, brk *breaker.Breaker, rkey stri
 		}
 		select {
 		case <-delivered:
-			if held && time.Since(start) > budget {
+			if time.Since(start) > budget {
+				// Answered after the budget, and not blamed on Redis:
+				// the waiter found the process behind, or was itself too
+				// late to look.
 				l.sawSaturation(ctx, telemetry.SaturatedAnswered)
 			}
 			return result.g, result.err
@@ -170,6 +177,13 @@ func (l *Limiter) authorize(ctx context.Context, brk *breaker.Breaker, rkey stri
 		// on a busy process): Redis is blamed only if no probe found the
 		// process behind within the last quarter budget.
 		behind = behind || overload.Recent(now, budget/4)
+		// The call may wait in the client's own queue for a connection:
+		// if Redis has answered a whole pool's worth of other calls since
+		// this one began, each connection came back within the budget,
+		// and the queue is this process's (more concurrent calls than
+		// connections, or too little CPU to turn them round).
+		congested := brk.Replies()-replies >= int64(l.pool)
+		behind = behind || congested
 		if behind && !held {
 			overload.Hold()
 			held = true
@@ -181,8 +195,11 @@ func (l *Limiter) authorize(ctx context.Context, brk *breaker.Breaker, rkey stri
 		case !behind:
 			return settle(callGaveUp, fmt.Errorf("%w: no reply within %v", breaker.ErrBudget, budget))
 		case !now.Before(hardCap):
-			l.sawSaturation(ctx, telemetry.SaturatedAbandoned)
-			return settle(callOutwaited, fmt.Errorf("%w: %v", errSaturated, now.Sub(start).Round(time.Millisecond)))
+			g, err := settle(callOutwaited, fmt.Errorf("%w: %v", errSaturated, now.Sub(start).Round(time.Millisecond)))
+			if errors.Is(err, errSaturated) {
+				l.sawSaturation(ctx, telemetry.SaturatedAbandoned)
+			}
+			return g, err
 		default:
 			next = min(budget/4, hardCap.Sub(now))
 		}
@@ -199,9 +216,10 @@ func (l *Limiter) authorize(ctx context.Context, brk *breaker.Breaker, rkey stri
 // the call runs), else the budget. A timeout is probed before it is blamed
 // on Redis: one while the process is behind does not count against the
 // breaker, and the failure policy decides with reason "saturated".
-func (l *Limiter) authorizeDirect(ctx context.Context, done func(error), rkey string, want, need int64, share float64) (authority.Grant, error) {
+func (l *Limiter) authorizeDirect(ctx context.Context, brk *breaker.Breaker, done func(error), rkey string, want, need int64, share float64) (authority.Grant, error) {
 	budget := l.cfg.timeout
 	start := time.Now()
+	replies := brk.Replies()
 	limit := budget
 	if overload.Recent(start, budget) {
 		limit = (1 + saturationGrace) * budget
@@ -211,6 +229,9 @@ func (l *Limiter) authorizeDirect(ctx context.Context, done func(error), rkey st
 	cctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
 	g, err := l.acquire(cctx, rkey, want, need, share)
+	if !breaker.Counts(err) {
+		brk.Replied()
+	}
 	switch {
 	case err != nil && errors.Is(err, breaker.ErrBudget) && ctx.Err() == nil:
 		threshold := overload.Threshold(budget)
@@ -221,7 +242,7 @@ func (l *Limiter) authorizeDirect(ctx context.Context, done func(error), rkey st
 		case <-t.C:
 		}
 		t.Stop()
-		if probe.Behind(threshold) {
+		if probe.Behind(threshold) || brk.Replies()-replies >= int64(l.pool) {
 			l.sawSaturation(ctx, telemetry.SaturatedAbandoned)
 			err = fmt.Errorf("%w: %v", errSaturated, time.Since(start).Round(time.Millisecond))
 		}

@@ -49,6 +49,8 @@ type Limiter struct {
 	// direct: the client honours context deadlines (ContextTimeoutEnabled),
 	// so Redis calls run in the caller's goroutine bounded by a context.
 	direct bool
+	// pool is the client's connection pool size (see authorize).
+	pool int
 	// bg holds a slot per background refill in flight (see prefetch).
 	bg  chan struct{}
 	tel *telemetry.Recorder
@@ -140,7 +142,8 @@ func New(client redis.UniversalClient, limit policy.Limit, opts ...Option) (*Lim
 		local:  local,
 		share:  cfg.lease.MaxShare,
 		direct: honoursDeadlines(client),
-		bg:     make(chan struct{}, prefetchSlots(client)),
+		pool:   poolSize(client),
+		bg:     make(chan struct{}, prefetchSlots(poolSize(client))),
 		origin: cfg.clock.Now(),
 		stop:   make(chan struct{}),
 		done:   make(chan struct{}),
@@ -175,7 +178,10 @@ func honoursDeadlines(client redis.UniversalClient) bool {
 // miss. A slot is freed when its prefetch stops waiting (at the latest at
 // the time budget), so against a slow Redis more calls than this can still
 // be outstanding.
-func prefetchSlots(client redis.UniversalClient) int {
+func prefetchSlots(pool int) int { return max(pool/2, 1) }
+
+// poolSize is the client's connection pool size (one node's on a Cluster).
+func poolSize(client redis.UniversalClient) int {
 	pool := 0
 	switch c := client.(type) {
 	case *redis.Client:
@@ -188,7 +194,7 @@ func prefetchSlots(client redis.UniversalClient) int {
 	if pool <= 0 {
 		pool = 10 * runtime.GOMAXPROCS(0) // go-redis's default
 	}
-	return max(pool/2, 1)
+	return pool
 }
 
 // Limit returns the limit the Limiter enforces.

@@ -224,13 +224,12 @@ func TestSaturatedByOtherWork(t *testing.T) {
 				append(rig.opts(), leaselimit.WithoutLease(), leaselimit.WithFailureMode(policy.FailClosed), leaselimit.WithBreaker(bs))...)
 			burn(t, busy)
 			time.Sleep(50 * time.Millisecond) // let them take the processors
-			var late, fallbacks int
+			var fallbacks int
 			var worst time.Duration
 			for i := range 10 { // more than the breaker's 5 failures
 				start := time.Now()
 				d, err := lim.Allow(ctx, fmt.Sprint("k", i))
-				el := time.Since(start)
-				worst = max(worst, el)
+				worst = max(worst, time.Since(start))
 				switch {
 				case err != nil:
 					t.Fatalf("Allow = %v", err)
@@ -238,20 +237,29 @@ func TestSaturatedByOtherWork(t *testing.T) {
 					fallbacks++
 				case d.Source != leaselimit.SourceAuthority || !d.Allowed:
 					t.Fatalf("Allow = %+v; want an authority grant or a fallback", d)
-				case el > budget:
-					late++
 				}
 			}
 			outcomes, reasons := rig.saturatedCalls(t)
-			marked := 0
+			// Redis calls that took longer than the budget (their span
+			// runs from the request to the reply being read) and the
+			// decisions marked as saturated.
+			long, marked := 0, 0
 			for _, s := range rig.spans.Ended() {
-				if v, ok := attrMap(s.Attributes())[telemetry.AttrSaturated]; ok && v.AsBool() && s.Name() == telemetry.DecisionSpan {
-					marked++
+				switch s.Name() {
+				case telemetry.AuthoritySpan:
+					if s.EndTime().Sub(s.StartTime()) > budget {
+						long++
+					}
+				case telemetry.DecisionSpan:
+					if v, ok := attrMap(s.Attributes())[telemetry.AttrSaturated]; ok && v.AsBool() {
+						marked++
+					}
 				}
 			}
-			t.Logf("%d busy goroutines, 10 calls: %d granted past the budget, %d fallbacks %v; ratelimit.saturated %v; %d spans marked; slowest %v; breaker opened %d times",
-				busy, late, fallbacks, reasons, outcomes, marked, worst.Round(time.Millisecond), trips.Load())
-			if late+fallbacks == 0 {
+			saturated := outcomes[telemetry.SaturatedAnswered] + outcomes[telemetry.SaturatedAbandoned]
+			t.Logf("%d busy goroutines, 10 calls: %d Redis calls longer than the budget, %d fallbacks %v; ratelimit.saturated %v; %d spans marked; slowest %v; breaker opened %d times",
+				busy, long, fallbacks, reasons, outcomes, marked, worst.Round(time.Millisecond), trips.Load())
+			if long+fallbacks == 0 && saturated == 0 {
 				t.Skipf("every call was answered within the budget: this machine kept up with %d busy goroutines", busy)
 			}
 			if n := trips.Load(); n > 0 {
@@ -263,16 +271,17 @@ func TestSaturatedByOtherWork(t *testing.T) {
 			if int(outcomes[telemetry.SaturatedAbandoned]) != fallbacks {
 				t.Errorf("ratelimit.saturated{outcome=abandoned} = %d; want the %d fallbacks", outcomes[telemetry.SaturatedAbandoned], fallbacks)
 			}
-			if late > 0 && outcomes[telemetry.SaturatedAnswered] == 0 {
-				t.Errorf("ratelimit.saturated{outcome=answered} = 0 after %d grants past the budget", late)
+			if saturated < int64(long) {
+				t.Errorf("ratelimit.saturated counts %d calls; %d Redis calls took longer than the budget", saturated, long)
 			}
-			if want := int(outcomes[telemetry.SaturatedAnswered] + outcomes[telemetry.SaturatedAbandoned]); marked != want {
-				t.Errorf("%d decision spans carry %s=true; want one per saturated call (%d)", marked, telemetry.AttrSaturated, want)
+			if int64(marked) != saturated {
+				t.Errorf("%d decision spans carry %s=true; want one per saturated call (%d)", marked, telemetry.AttrSaturated, saturated)
 			}
-			// The 500ms cap, plus a second for a noisy machine.
-			if worst > 5*budget+time.Second {
-				t.Errorf("slowest decision %v; the cap is %v", worst, 5*budget)
-			}
+			// No bound on the slowest decision here: on a processor shared
+			// with 256 goroutines that never block, the caller's own
+			// goroutine, preempted anywhere in Allow, waits its turn
+			// behind them all (over a second) before it can return.
+			// TestHungWhileSaturated holds decisions to the cap.
 		})
 	}
 }

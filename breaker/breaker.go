@@ -100,6 +100,7 @@ type Breaker struct {
 	openUntil atomic.Int64 // unix nanoseconds; while now is before it, Rejects is true
 	openFor   time.Duration
 	trips     atomic.Int64
+	replies   atomic.Int64
 }
 
 // New returns a closed breaker named name.
@@ -135,6 +136,14 @@ func New(name string, s Settings) *Breaker {
 
 // State returns the last state the breaker moved to.
 func (b *Breaker) State() State { return State(b.state.Load()) }
+
+// Replied records that Redis answered a call through this breaker (with a
+// decision or an error reply: anything but silence or a broken connection).
+func (b *Breaker) Replied() { b.replies.Add(1) }
+
+// Replies returns how many calls Redis has answered (see Replied). Two
+// readings tell how many replies arrived in between.
+func (b *Breaker) Replies() int64 { return b.replies.Load() }
 
 // Trips returns how many times the breaker has opened.
 func (b *Breaker) Trips() int64 { return b.trips.Load() }
