@@ -73,6 +73,14 @@ func defaultConfig() config {
 // waits for Redis before the failure policy decides instead. It holds even
 // when the Redis client has go-redis's default options (context deadlines
 // not honoured on reads, 3 s read timeout). Default DefaultTimeout (100ms).
+//
+// A call unanswered at the budget is blamed on Redis only if this process is
+// keeping up. When the process itself is behind (its goroutines wait an
+// eighth of the budget or more to run, or Redis has answered a whole
+// connection pool's worth of other calls meanwhile), the reply may have
+// arrived and not been read yet: the decision keeps waiting, up to 5× the
+// budget in all, and a call abandoned then is decided by the failure policy
+// with reason "saturated" without counting against the breaker.
 func WithTimeout(d time.Duration) Option {
 	return optionFunc(func(c *config) error {
 		if d <= 0 {

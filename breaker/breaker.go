@@ -2,7 +2,8 @@
 // (github.com/sony/gobreaker/v2) and says which errors count against Redis.
 //
 // Counted as failures: network errors, timeouts (including the Limiter's own
-// time budget), connection refused or reset, a closed pool, and Redis replies
+// time budget, once the Limiter has found that its own process was keeping
+// up; a budget miss while the process was behind is not Redis's), connection refused or reset, a closed pool, and Redis replies
 // that mean the server cannot serve now (LOADING, BUSY, READONLY, MASTERDOWN,
 // CLUSTERDOWN, TRYAGAIN). Not counted: success, a caller's
 // context.Canceled, NOSCRIPT (the authority reloads the script and retries),
