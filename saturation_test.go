@@ -53,6 +53,22 @@ func newBudgeted(t *testing.T, c redis.UniversalClient, l policy.Limit, opts ...
 	return lim
 }
 
+// checkHealthy checks what a flood on a healthy Redis must show: no
+// fallback decision, a breaker that never opened, and, if bound > 0, no more
+// admitted than Burst + Rate·T = bound.
+func (r floodResult) checkHealthy(t *testing.T, trips *atomic.Int64, bound float64) {
+	t.Helper()
+	if n := r.bySource[leaselimit.SourceFallback]; n > 0 {
+		t.Errorf("%d fallback decisions on a healthy Redis", n)
+	}
+	if n := trips.Load(); n > 0 {
+		t.Errorf("the breaker opened %d times on a healthy Redis", n)
+	}
+	if bound > 0 && float64(r.admitted) > bound {
+		t.Errorf("admitted %d > Burst + Rate·T = %.0f", r.admitted, bound)
+	}
+}
+
 func manyKeys(n int) []string {
 	keys := make([]string, n)
 	for i := range keys {
@@ -75,14 +91,9 @@ func TestSaturatedManyKeys(t *testing.T) {
 	t.Logf("256 callers, 10k keys, %v: %d decisions (lease %d, authority %d, cache %d, fallback %d), %d denied, breaker opened %d times, slowest %v",
 		r.elapsed.Round(time.Millisecond), total(r.bySource), r.bySource[0], r.bySource[1], r.bySource[2], r.bySource[3],
 		r.denied, trips.Load(), r.slowest.Round(time.Millisecond))
-	if n := r.bySource[leaselimit.SourceFallback]; n > 0 {
-		t.Errorf("%d fallback decisions on a healthy Redis", n)
-	}
+	r.checkHealthy(t, trips, 0)
 	if r.denied > 0 {
 		t.Errorf("%d denials under a limit nobody reaches (FailClosed)", r.denied)
-	}
-	if n := trips.Load(); n > 0 {
-		t.Errorf("the breaker opened %d times on a healthy Redis", n)
 	}
 }
 
@@ -103,15 +114,7 @@ func TestSaturatedFleet(t *testing.T) {
 	t.Logf("8 Limiters × 16 callers, one key, %v: %d decisions (lease %d, authority %d, cache %d, fallback %d), admitted %d of %.0f (%.3f), breaker opened %d times, slowest %v",
 		r.elapsed.Round(time.Millisecond), total(r.bySource), r.bySource[0], r.bySource[1], r.bySource[2], r.bySource[3],
 		r.admitted, bound, float64(r.admitted)/bound, trips.Load(), r.slowest.Round(time.Millisecond))
-	if n := r.bySource[leaselimit.SourceFallback]; n > 0 {
-		t.Errorf("%d fallback decisions on a healthy Redis", n)
-	}
-	if n := trips.Load(); n > 0 {
-		t.Errorf("the breakers opened %d times on a healthy Redis", n)
-	}
-	if float64(r.admitted) > bound {
-		t.Errorf("admitted %d > Burst + Rate·T = %.0f", r.admitted, bound)
-	}
+	r.checkHealthy(t, trips, bound)
 	if float64(r.admitted) < 0.97*bound {
 		t.Errorf("admitted %d < 97%% of Burst + Rate·T = %.0f", r.admitted, bound)
 	}
@@ -133,15 +136,7 @@ func TestSaturatedOverLimit(t *testing.T) {
 	per := float64(cmds) / float64(n)
 	t.Logf("64 callers, one key: %d decisions (%.0fx its limit; lease %d, authority %d, cache %d, fallback %d), admitted %d of %.0f, %d Redis commands (%.5f per decision), breaker opened %d times",
 		n, float64(n)/bound, r.bySource[0], r.bySource[1], r.bySource[2], r.bySource[3], r.admitted, bound, cmds, per, trips.Load())
-	if f := r.bySource[leaselimit.SourceFallback]; f > 0 {
-		t.Errorf("%d fallback decisions on a healthy Redis", f)
-	}
-	if n := trips.Load(); n > 0 {
-		t.Errorf("the breaker opened %d times on a healthy Redis", n)
-	}
-	if float64(r.admitted) > bound {
-		t.Errorf("admitted %d > Burst + Rate·T = %.0f", r.admitted, bound)
-	}
+	r.checkHealthy(t, trips, bound)
 	if float64(n) < 100*bound {
 		t.Fatalf("only %.0fx over the limit; the bound is for 100x", float64(n)/bound)
 	}
