@@ -109,15 +109,12 @@ func New(client redis.UniversalClient, limit policy.Limit, opts ...Option) (*Lim
 		b := e.LocalBucket()
 		return b != nil && !b.Full(local, now)
 	})
-	var brk *breakers
 	tel, err := telemetry.New(telemetry.Config{
 		TracerProvider: cfg.tracerProvider,
 		MeterProvider:  cfg.meterProvider,
 		LimitName:      limit.Name,
 		Events:         cfg.events,
 		Redact:         cfg.redact,
-		State:          func() int64 { return int64(stateIndex(brk.worst())) },
-		Keys:           func() int64 { return int64(table.Len()) },
 	})
 	if err != nil {
 		return nil, fmt.Errorf("leaselimit: telemetry: %w", err)
@@ -130,7 +127,13 @@ func New(client redis.UniversalClient, limit policy.Limit, opts ...Option) (*Lim
 			user(from, to)
 		}
 	}
-	brk = newBreakers(client, "leaselimit:"+limit.Name, bs)
+	brk := newBreakers(client, "leaselimit:"+limit.Name, bs)
+	// The gauges' callback reads the breakers and the table: register it
+	// only now that both exist (a metric reader may collect at once).
+	if err := tel.Observe(func() int64 { return int64(stateIndex(brk.worst())) },
+		func() int64 { return int64(table.Len()) }); err != nil {
+		return nil, fmt.Errorf("leaselimit: telemetry: %w", err)
+	}
 	l := &Limiter{
 		limit:  limit,
 		cfg:    cfg,

@@ -279,3 +279,45 @@ func TestTelemetryEventsAndRedaction(t *testing.T) {
 		t.Errorf("%d decision events on the caller's span; want 5", events)
 	}
 }
+
+// TestCollectDuringNew: a metric reader that collects in a loop (a periodic
+// reader, a Prometheus scrape) while Limiters are made and closed never
+// sees a half-built one. Regression: the breaker-state gauge's callback was
+// registered before New had made the breakers, and a collection in that
+// window crashed the process (nil pointer in breakers.worst).
+func TestCollectDuringNew(t *testing.T) {
+	rig := newTelemetryRig(t)
+	_, c := newMini(t)
+	ctx := context.Background()
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	var collections int
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			var rm metricdata.ResourceMetrics
+			if err := rig.reader.Collect(ctx, &rm); err != nil {
+				t.Error(err)
+				return
+			}
+			collections++
+		}
+	}()
+	for i := range 1000 {
+		lim, err := leaselimit.New(c, policy.PerSecond(10).WithName("collect"), rig.opts()...)
+		if err != nil {
+			t.Fatalf("New #%d: %v", i, err)
+		}
+		if err := lim.Close(); err != nil {
+			t.Fatalf("Close #%d: %v", i, err)
+		}
+	}
+	close(stop)
+	<-done
+	t.Logf("1000 New/Close with %d collections in between", collections)
+}

@@ -109,9 +109,6 @@ type Config struct {
 	// Redact, if set, turns a key into the value of the ratelimit.key
 	// attribute on spans and events. Never used for metrics.
 	Redact func(key string) string
-	// State and Keys are read by the observable gauges.
-	State func() int64
-	Keys  func() int64
 }
 
 // Recorder records decisions. It is safe for concurrent use.
@@ -131,6 +128,8 @@ type Recorder struct {
 	transitions metric.Int64Counter
 	fallbacks   metric.Int64Counter
 	saturated   metric.Int64Counter
+	state, keys metric.Int64ObservableGauge
+	meter       metric.Meter
 	reg         metric.Registration
 
 	decisionOpts  [2][4][]metric.AddOption
@@ -194,31 +193,15 @@ func New(c Config) (*Recorder, error) {
 		metric.WithDescription("Redis calls that ran past the time budget because this process, not Redis, was behind, by outcome.")); err != nil {
 		return nil, err
 	}
-	state, err := m.Int64ObservableGauge(MetricBreaker,
-		metric.WithDescription("Circuit breaker state: 0 closed, 1 half-open, 2 open."))
-	if err != nil {
+	if r.state, err = m.Int64ObservableGauge(MetricBreaker,
+		metric.WithDescription("Circuit breaker state: 0 closed, 1 half-open, 2 open.")); err != nil {
 		return nil, err
 	}
-	keys, err := m.Int64ObservableGauge(MetricKeys, metric.WithUnit("{key}"),
-		metric.WithDescription("Keys with local state (leases, negative cache, fallback buckets)."))
-	if err != nil {
+	if r.keys, err = m.Int64ObservableGauge(MetricKeys, metric.WithUnit("{key}"),
+		metric.WithDescription("Keys with local state (leases, negative cache, fallback buckets).")); err != nil {
 		return nil, err
 	}
-	obs := metric.WithAttributeSet(attribute.NewSet(r.limitAttr))
-	if c.State != nil || c.Keys != nil {
-		r.reg, err = m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
-			if c.State != nil {
-				o.ObserveInt64(state, c.State(), obs)
-			}
-			if c.Keys != nil {
-				o.ObserveInt64(keys, c.Keys(), obs)
-			}
-			return nil
-		}, state, keys)
-		if err != nil {
-			return nil, err
-		}
-	}
+	r.meter = m
 
 	for a := 0; a < 2; a++ {
 		for s := 0; s < 4; s++ {
@@ -245,6 +228,24 @@ func New(c Config) (*Recorder, error) {
 		r.stateOpts[i] = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(r.limitAttr, AttrState.String(s)))}
 	}
 	return r, nil
+}
+
+// Observe registers the callback of the breaker-state and key-table gauges.
+// Call it once, after everything state and keys read exists: a metric
+// reader may collect at any moment from then on, even before Observe
+// returns. Close unregisters it.
+func (r *Recorder) Observe(state, keys func() int64) error {
+	obs := metric.WithAttributeSet(attribute.NewSet(r.limitAttr))
+	reg, err := r.meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		o.ObserveInt64(r.state, state(), obs)
+		o.ObserveInt64(r.keys, keys(), obs)
+		return nil
+	}, r.state, r.keys)
+	if err != nil {
+		return err
+	}
+	r.reg = reg
+	return nil
 }
 
 // isGlobalDelegate reports whether tp is OpenTelemetry's global provider
