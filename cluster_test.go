@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/leaselimit/leaselimit"
+	"github.com/leaselimit/leaselimit/authority"
 	"github.com/leaselimit/leaselimit/breaker"
 	"github.com/leaselimit/leaselimit/internal/redistest"
 	"github.com/leaselimit/leaselimit/lease"
@@ -65,13 +66,13 @@ func aclSetUser(rules []string) []any {
 	return args
 }
 
-// bucketKey returns the Redis key of userKey's bucket under the limit named
-// name with the default prefix, as documented: "<prefix>:<name>:{<the first
-// 16 bytes of SHA-256 of userKey, in hex>}". TestClusterDecisions checks it
-// against the keys the Limiter writes.
-func bucketKey(name, userKey string) string {
+// bucketKey returns the Redis key of userKey's bucket under l with the
+// default prefix, as documented: "<prefix>:<name>:<rate>/<period>/<burst>:{<the
+// first 16 bytes of SHA-256 of userKey, in hex>}". TestClusterDecisions
+// checks it against the keys the Limiter writes.
+func bucketKey(l policy.Limit, userKey string) string {
 	sum := sha256.Sum256([]byte(userKey))
-	return leaselimit.DefaultPrefix + ":" + name + ":{" + hex.EncodeToString(sum[:16]) + "}"
+	return leaselimit.DefaultPrefix + ":" + l.Name + ":" + authority.ParamsTag(l) + ":{" + hex.EncodeToString(sum[:16]) + "}"
 }
 
 // scriptSHA returns the SHA1 of a script as the authority sends it: the
@@ -407,7 +408,7 @@ func TestClusterDecisions(t *testing.T) {
 			// the masters share them fairly (binomial: mean 100, sd ~8).
 			want := map[string]bool{}
 			for _, key := range keys {
-				want[bucketKey(lb.Name, key)] = true
+				want[bucketKey(lb, key)] = true
 			}
 			total := 0
 			for _, m := range masters {
@@ -501,7 +502,7 @@ func TestClusterDecisions(t *testing.T) {
 			}
 			admitted += used[k].Load()
 			back += after - before[k] + 1
-			refunded[owner[bucketKey(l.Name, key)]] += after - before[k] + 1
+			refunded[owner[bucketKey(l, key)]] += after - before[k] + 1
 		}
 		t.Logf("%d admitted on %d keys; %d leased tokens refunded at Close, by master: %v", admitted, len(keys), back, refunded)
 		for _, m := range masters {
@@ -673,7 +674,7 @@ func TestClusterKilledMaster(t *testing.T) {
 			onVictim := make([]bool, len(keys))
 			var nv int
 			for k, key := range keys {
-				onVictim[k] = c.MasterFor(t, bucketKey(name, key)) == victim
+				onVictim[k] = c.MasterFor(t, bucketKey(policy.PerSecond(1_000_000).WithName(name), key)) == victim
 				if onVictim[k] {
 					nv++
 				}
@@ -755,7 +756,7 @@ func TestClusterKilledMaster(t *testing.T) {
 		ctx := context.Background()
 		var onVictim, elsewhere []string
 		for _, key := range userKeys("state", 24) {
-			if c.MasterFor(t, bucketKey(name, key)) == victim {
+			if c.MasterFor(t, bucketKey(policy.PerSecond(1_000_000).WithName(name), key)) == victim {
 				onVictim = append(onVictim, key)
 			} else {
 				elsewhere = append(elsewhere, key)

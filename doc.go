@@ -37,6 +37,6 @@
 // # Keys
 //
 // Keys are opaque bytes, 1 to MaxKeyLen long. Redis sees only a digest:
-// "<prefix>:<limit name>:{<128-bit hex digest>}", which spreads keys over
+// "<prefix>:<limit name>:<rate>/<period>/<burst>:{<128-bit hex digest>}", which spreads keys over
 // Redis Cluster slots and never forms a hash tag from user bytes.
 package leaselimit

@@ -17,7 +17,9 @@ func Example() {
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	defer rdb.Close()
 
-	lim, err := leaselimit.New(rdb, policy.PerMinute(3))
+	// Name every limit: the name is part of its Redis keys, so limits of
+	// different services or purposes never share buckets.
+	lim, err := leaselimit.New(rdb, policy.PerMinute(3).WithName("api"))
 	if err != nil {
 		log.Fatal(err)
 	}

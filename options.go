@@ -92,7 +92,7 @@ func WithTimeout(d time.Duration) Option {
 }
 
 // WithPrefix sets the prefix of every Redis key the Limiter writes: keys are
-// "<prefix>:<limit name>:{<digest of the user key>}". 1 to 64 bytes of
+// "<prefix>:<limit name>:<rate>/<period>/<burst>:{<digest of the user key>}". 1 to 64 bytes of
 // printable ASCII without spaces or braces. Default "leaselimit".
 func WithPrefix(p string) Option {
 	return optionFunc(func(c *config) error {

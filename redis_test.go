@@ -99,13 +99,19 @@ func TestSuite(t *testing.T) {
 					}
 				}
 				// Every key written has the documented shape.
+				head := "leaselimit:suite-" + mode + ":5/1h/5:{"
+				written := 0
 				for _, k := range be.keys(t) {
-					if !strings.HasPrefix(k, "leaselimit:suite-"+mode+":{") {
+					if !strings.HasPrefix(k, "leaselimit:suite-"+mode+":") {
 						continue
 					}
-					if len(k) != len("leaselimit:suite-"+mode+":{}")+32 || strings.ContainsAny(k[len("leaselimit:suite-"+mode+":{"):len(k)-1], "{}\x00") {
-						t.Errorf("unexpected key shape %q", k)
+					written++
+					if !strings.HasPrefix(k, head) || len(k) != len(head)+33 || strings.ContainsAny(k[len(head):len(k)-1], "{}\x00") {
+						t.Errorf("unexpected key shape %q; want %s<32 hex>}", k, head)
 					}
+				}
+				if written == 0 {
+					t.Errorf("no bucket key under leaselimit:suite-%s:", mode)
 				}
 			})
 		}

@@ -138,22 +138,49 @@ func (r *Redis) Prefix() string { return r.prefix }
 func (r *Redis) Client() redis.UniversalClient { return r.client }
 
 // Key returns the Redis key of userKey's bucket under limit l:
-// "<prefix>:<limit name>:{<32 hex digits>}", the digits being the first 128
-// bits of SHA-256 of userKey. User bytes never reach Redis, and the hash tag
-// is the digest, so keys spread evenly over Cluster slots.
+// "<prefix>:<limit name>:<rate>/<period>/<burst>:{<32 hex digits>}", the
+// digits being the first 128 bits of SHA-256 of userKey, the period in the
+// largest unit that divides it (see ParamsTag). User bytes never reach
+// Redis, and the hash tag is the digest, so keys spread evenly over Cluster
+// slots. The bucket's parameters are part of the key because the stored
+// state is in units of them: two limits with one name but another rate,
+// period or burst must never read each other's bucket. A deploy that
+// changes a limit therefore starts every key on a fresh, full bucket of the
+// new limit; the old buckets expire by their own TTL.
 func (r *Redis) Key(l policy.Limit, userKey string) string {
 	sum := sha256.Sum256([]byte(userKey))
 	var b strings.Builder
-	b.Grow(len(r.prefix) + len(l.Name) + 4 + 32)
+	b.Grow(len(r.prefix) + len(l.Name) + 48 + 36)
 	b.WriteString(r.prefix)
 	b.WriteByte(':')
 	b.WriteString(l.Name)
+	b.WriteByte(':')
+	b.WriteString(ParamsTag(l))
 	b.WriteString(":{")
 	var hx [32]byte
 	hex.Encode(hx[:], sum[:16])
 	b.Write(hx[:])
 	b.WriteByte('}')
 	return b.String()
+}
+
+// ParamsTag returns "<rate>/<period>/<burst>" for l, the period written in
+// the largest of d, h, m, s, ms and us that divides it: "100/1m/200",
+// "1000000/1d/1000000", "3/1500ms/3".
+func ParamsTag(l policy.Limit) string {
+	p := l.Period
+	units := []struct {
+		d    time.Duration
+		name string
+	}{{24 * time.Hour, "d"}, {time.Hour, "h"}, {time.Minute, "m"}, {time.Second, "s"}, {time.Millisecond, "ms"}}
+	period := strconv.FormatInt(l.PeriodMicros(), 10) + "us"
+	for _, u := range units {
+		if p%u.d == 0 {
+			period = strconv.FormatInt(int64(p/u.d), 10) + u.name
+			break
+		}
+	}
+	return strconv.FormatInt(l.Rate, 10) + "/" + period + "/" + strconv.FormatInt(l.Burst, 10)
 }
 
 // Acquire takes between min and want tokens from key's bucket under l, at

@@ -10,12 +10,13 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/leaselimit/leaselimit/policy"
 	"github.com/redis/go-redis/v9"
 )
 
-var keyRE = regexp.MustCompile(`^([!-~]+):([A-Za-z0-9._-]+):\{([0-9a-f]{32})\}$`)
+var keyRE = regexp.MustCompile(`^([!-~]+):([A-Za-z0-9._-]+):([0-9]+/[0-9]+(?:d|h|m|s|ms|us)/[0-9]+):\{([0-9a-f]{32})\}$`)
 
 // hostileKeys are user keys that must never leak into Redis keys.
 var hostileKeys = []string{
@@ -52,23 +53,23 @@ func TestKeyFormat(t *testing.T) {
 		k := r.Key(l, uk)
 		m := keyRE.FindStringSubmatch(k)
 		if m == nil {
-			t.Errorf("Key(%q) = %q; want <prefix>:<name>:{<32 lowercase hex>}", uk, k)
+			t.Errorf("Key(%q) = %q; want <prefix>:<name>:<rate>/<period>/<burst>:{<32 lowercase hex>}", uk, k)
 			continue
 		}
-		if m[1] != DefaultPrefix || m[2] != l.Name {
+		if m[1] != DefaultPrefix || m[2] != l.Name || m[3] != ParamsTag(l) {
 			t.Errorf("Key(%q) = %q; want prefix %q and name %q", uk, k, DefaultPrefix, l.Name)
 		}
 		sum := sha256.Sum256([]byte(uk))
-		if m[3] != hex.EncodeToString(sum[:16]) {
-			t.Errorf("Key(%q) digest %s; want the first 128 bits of SHA-256, %x", uk, m[3], sum[:16])
+		if m[4] != hex.EncodeToString(sum[:16]) {
+			t.Errorf("Key(%q) digest %s; want the first 128 bits of SHA-256, %x", uk, m[4], sum[:16])
 		}
-		if len(k) != len(DefaultPrefix)+1+len(l.Name)+1+34 {
+		if len(k) != len(DefaultPrefix)+1+len(l.Name)+1+len("10/1s/10")+1+34 {
 			t.Errorf("Key(%q) has length %d", uk, len(k))
 		}
 		// The Cluster hash tag is the digest: the text between the first
 		// '{' and the next '}'.
 		open := strings.IndexByte(k, '{')
-		if tag := k[open+1 : open+1+strings.IndexByte(k[open+1:], '}')]; tag != m[3] {
+		if tag := k[open+1 : open+1+strings.IndexByte(k[open+1:], '}')]; tag != m[4] {
 			t.Errorf("Key(%q) hash tag %q; want the digest", uk, tag)
 		}
 		if len(uk) >= 3 && strings.Contains(k, uk) && !keyRE.MatchString(uk) {
@@ -92,13 +93,39 @@ func TestKeyFormat(t *testing.T) {
 	if k1 == k2 || k1 == k3 || k2 == k3 {
 		t.Errorf("keys collide across prefixes or names: %q %q %q", k1, k2, k3)
 	}
-	if !strings.HasPrefix(k2, "app-1.v2:default:{") {
+	if !strings.HasPrefix(k2, "app-1.v2:default:10/1s/10:{") {
 		t.Errorf("Key with prefix app-1.v2 = %q", k2)
 	}
-	// Rate, period and burst are not part of the key: a changed limit with
-	// the same name keeps its buckets.
-	if r.Key(l, "u") != r.Key(policy.Limit{Name: l.Name, Rate: 1, Period: 1, Burst: 1}, "u") {
-		t.Error("Key depends on more than the limit name")
+	// Rate, period and burst are part of the key: a limit with the same
+	// name but other parameters never reads another's bucket (its state is
+	// in units of them).
+	for _, other := range []policy.Limit{
+		policy.PerMinute(10), policy.PerSecond(11), l.WithBurst(20),
+		{Name: l.Name, Rate: 10, Period: time.Second + time.Microsecond, Burst: 10},
+	} {
+		if r.Key(l, "u") == r.Key(other, "u") {
+			t.Errorf("Key(%v) = Key(%v) = %q", l, other, r.Key(l, "u"))
+		}
+	}
+}
+
+func TestParamsTag(t *testing.T) {
+	for _, c := range []struct {
+		l    policy.Limit
+		want string
+	}{
+		{policy.PerSecond(10), "10/1s/10"},
+		{policy.PerMinute(100).WithBurst(200), "100/1m/200"},
+		{policy.PerHour(5), "5/1h/5"},
+		{policy.PerDay(1000), "1000/1d/1000"},
+		{policy.Limit{Name: "x", Rate: 3, Period: 1500 * time.Millisecond, Burst: 3}, "3/1500ms/3"},
+		{policy.Limit{Name: "x", Rate: 1, Period: 7 * 24 * time.Hour, Burst: 1}, "1/7d/1"},
+		{policy.Limit{Name: "x", Rate: 1, Period: 1001 * time.Microsecond, Burst: 2}, "1/1001us/2"},
+		{policy.Limit{Name: "x", Rate: 1, Period: 90 * time.Minute, Burst: 2}, "1/90m/2"},
+	} {
+		if got := ParamsTag(c.l); got != c.want {
+			t.Errorf("ParamsTag(%v) = %q; want %q", c.l, got, c.want)
+		}
 	}
 }
 

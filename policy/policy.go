@@ -49,6 +49,9 @@ func PerMinute(n int64) Limit { return Limit{Name: "default", Rate: n, Period: t
 // PerHour returns a limit of n tokens per hour with Burst n and Name "default".
 func PerHour(n int64) Limit { return Limit{Name: "default", Rate: n, Period: time.Hour, Burst: n} }
 
+// PerDay returns a limit of n tokens per day with Burst n and Name "default".
+func PerDay(n int64) Limit { return Limit{Name: "default", Rate: n, Period: 24 * time.Hour, Burst: n} }
+
 // WithBurst returns a copy of l with the given Burst.
 func (l Limit) WithBurst(b int64) Limit { l.Burst = b; return l }
 
