@@ -28,6 +28,7 @@ type Entry struct {
 	expires   atomic.Int64          // now at which the lease stops serving
 	denyUntil atomic.Int64          // negative cache: deny until this now
 	denyMin   atomic.Int64          // the request size the negative cache was set for
+	availAt   atomic.Int64          // now at which denyMin tokens are due in the bucket, as Redis last said
 	lastUse   atomic.Int64          // coarse: updated at most once per useGrain
 	remote    atomic.Int64          // tokens the bucket held at the last grant
 	size      atomic.Int64          // target lease size at the last refill
@@ -139,23 +140,31 @@ func (e *Entry) Denied(now int64) (bool, time.Duration) {
 	return false, 0
 }
 
-// Denied reports whether the negative cache denies n tokens of e at now, and
-// for how long. A denial was for denyMin tokens; a smaller request is denied
-// for less, by the refill time of the difference. Without a batch wait (see
-// Install) that is exactly when a central bucket would admit it; with one it
-// also waits out the rest of the batch.
+// Denied reports whether the negative cache denies n tokens of e at now,
+// and the request's retry-after. A denial was for denyMin tokens; a smaller
+// request is denied for less, by the refill time of the difference. Without
+// a batch wait (see Install) that is exactly when a central bucket would
+// admit it; with one it also waits out the rest of the batch.
+//
+// The retry-after is not the cache's lifetime (at most DenyCap, an internal
+// matter) but when the request can next be admitted here: once the bucket
+// holds n tokens, as Redis last said (availAt, the refill time of the
+// difference from denyMin added or taken off), and not before the cache
+// ends.
 func (z Sizer) Denied(e *Entry, n, now int64) (bool, time.Duration) {
 	d := e.denyUntil.Load()
 	if now >= d {
 		return false, 0
 	}
-	if m := e.denyMin.Load(); n < m {
+	m := e.denyMin.Load()
+	if n < m {
 		d -= int64(float64(m-n) * z.perToken)
 		if now >= d {
 			return false, 0
 		}
 	}
-	return true, time.Duration(d - now)
+	due := e.availAt.Load() + int64(float64(n-m)*z.perToken)
+	return true, time.Duration(max(d, due) - now)
 }
 
 // Touch records a use of e at now.
@@ -374,6 +383,9 @@ func (z Sizer) Install(e *Entry, req Request, o Outcome, now int64) (refund int6
 			e.batch = 0
 		}
 		if wait > 0 {
+			// availAt and denyMin before denyUntil: a caller that sees
+			// the cache set reads the values it was set with.
+			e.availAt.Store(now + int64(o.RetryAfter))
 			e.denyMin.Store(req.Min)
 			e.denyUntil.Store(now + int64(wait))
 		}
@@ -409,6 +421,8 @@ func (z Sizer) Install(e *Entry, req Request, o Outcome, now int64) (refund int6
 	if rearm > 0 {
 		// After the tokens too: a caller must not find the cache set and
 		// the lease still empty.
+		// The bucket holds a token already if Remaining > 0.
+		e.availAt.Store(now + int64(z.limit.Interval(1-o.Remaining)))
 		e.denyMin.Store(1)
 		e.denyUntil.Store(now + int64(rearm))
 		// No prefetch: before the cache ends it could only be denied.
