@@ -54,7 +54,7 @@ const (
 )
 
 var (
-	aclRules        = []string{"reset", "on", ">" + aclPassword, "~leaselimit:*", "resetchannels", "-@all", "+evalsha", "+eval", "+time", "+hmget", "+hset", "+pexpire", "+del"}
+	aclRules        = []string{"reset", "on", ">" + aclPassword, "~leaselimit:*", "resetchannels", "-@all", "+evalsha", "+eval", "+time", "+get", "+set", "+del"}
 	clusterACLRules = append(append([]string(nil), aclRules...), "+cluster|slots", "+command")
 )
 
@@ -1020,6 +1020,45 @@ func TestSentinelFailover(t *testing.T) {
 	}
 }
 
+// TestRefusedWriteLeavesNothing: with an ACL that lacks the write the
+// scripts make (SET), every call is an error that names the refused
+// command, no token is taken and no key is written. Regression: with an ACL
+// lacking +pexpire, HSET was applied before PEXPIRE failed: 10 calls that
+// returned errors took 10 tokens, and the keys had no TTL.
+func TestRefusedWriteLeavesNothing(t *testing.T) {
+	srv := redistest.Start(t)
+	var rules []string
+	for _, r := range aclRules {
+		if r != "+set" {
+			rules = append(rules, r)
+		}
+	}
+	srv.Do(t, aclSetUser(rules)...)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: aclUser, Password: aclPassword})
+	t.Cleanup(func() { _ = c.Close() })
+	ctx := context.Background()
+	l := policy.Limit{Name: "acl-noset", Rate: 1, Period: time.Hour, Burst: 10}
+	lim := mustNew(t, c, l, leaselimit.WithoutLease())
+	for i := range 10 {
+		d, err := lim.Allow(ctx, "k")
+		if err == nil {
+			t.Fatalf("Allow #%d without +set = %+v; want an error", i+1, d)
+		}
+		if !strings.Contains(err.Error(), "refused SET") {
+			t.Errorf("Allow #%d: error %q does not name the refused command (SET)", i+1, err)
+		}
+	}
+	if keys := toStrings(srv.Do(t, "KEYS", "leaselimit:*")); len(keys) > 0 {
+		t.Errorf("refused calls wrote %v", keys)
+	}
+	// With the ACL fixed, the bucket is whole: all 10 tokens are there.
+	srv.Do(t, aclSetUser(aclRules)...)
+	d, err := lim.Allow(ctx, "k")
+	if err != nil || !d.Allowed || d.Remaining != l.Burst-1 {
+		t.Errorf("Allow after the ACL is fixed = %+v, %v; want allowed with %d remaining (the refused calls took nothing)", d, err, l.Burst-1)
+	}
+}
+
 // TestACLLeastPrivilege: a Limiter whose client authenticates as the
 // least-privilege user of deploying-redis.md decides, denies and refunds in
 // exact and lease mode without a single command or key refused (ACL LOG
@@ -1094,8 +1133,8 @@ func TestACLLeastPrivilege(t *testing.T) {
 	}
 
 	calls := srv.Stats(t).Calls
-	t.Logf("commands run as %q: evalsha %d, eval %d; in scripts: time %d, hmget %d, hset %d, pexpire %d, del %d",
-		aclUser, calls["evalsha"], calls["eval"], calls["time"], calls["hmget"], calls["hset"], calls["pexpire"], calls["del"])
+	t.Logf("commands run as %q: evalsha %d, eval %d; in scripts: time %d, get %d, set %d, del %d",
+		aclUser, calls["evalsha"], calls["eval"], calls["time"], calls["get"], calls["set"], calls["del"])
 	if calls["eval"] == 0 {
 		t.Errorf("EVAL (after NOSCRIPT) was never exercised")
 	}
@@ -1104,10 +1143,10 @@ func TestACLLeastPrivilege(t *testing.T) {
 	}
 
 	// Nothing else: no plain command, no key outside the pattern.
-	if err := c.Set(ctx, "leaselimit:x", "1", 0).Err(); err == nil || !strings.Contains(err.Error(), "NOPERM") {
-		t.Errorf("SET as %q = %v; want NOPERM", aclUser, err)
+	if err := c.Incr(ctx, "leaselimit:x").Err(); err == nil || !strings.Contains(err.Error(), "NOPERM") {
+		t.Errorf("INCR as %q = %v; want NOPERM", aclUser, err)
 	}
-	err := c.Eval(ctx, "return redis.call('HSET', KEYS[1], 's', 1)", []string{"other:x"}).Err()
+	err := c.Eval(ctx, "return redis.call('SET', KEYS[1], '1')", []string{"other:x"}).Err()
 	if err == nil || !strings.Contains(err.Error(), "NOPERM") {
 		t.Errorf("a script writing other:x as %q = %v; want NOPERM", aclUser, err)
 	}

@@ -1,7 +1,6 @@
 -- leaselimit acquire: take between min and want tokens from a token bucket.
 --
--- KEYS[1]  the bucket: a hash {s = tokens in units of 1/period_us of a token,
---          t = time of s in µs on this server's clock}. A missing key is a full bucket.
+-- KEYS[1]  the bucket (see common.lua). A missing key is a full bucket.
 -- ARGV     rate, period_us, burst, want, min, share_ppm (all integers), and
 --          optionally a request id: a call whose id equals that of the bucket's
 --          last grant returns that grant again and takes nothing, so a client
@@ -22,23 +21,23 @@ if not (rate and period and burst and want and min and share)
 end
 
 local id = ARGV[7]
-if id ~= nil and (#id == 0 or #id > 64) then
+if id ~= nil and (#id == 0 or #id > 64 or string.find(id, '%s')) then
   return redis.error_reply('ERR leaselimit: invalid acquire arguments')
 end
 
 local cap = burst * period
-local now = now_us()
+local now, err = now_us()
+if err then return err end
 
-local state = redis.call('HMGET', KEYS[1], 's', 't', 'r', 'p')
-if id ~= nil and state[3] == id and state[4] then
-  local p = {}
-  for v in string.gmatch(state[4], '%d+') do p[#p + 1] = tonumber(v) end
-  if #p == 4 then return p end
+local b
+b, err = load(KEYS[1])
+if err then return err end
+if b and id ~= nil then
+  local rid, g, r, t = string.match(b.tail, '^ (%S+) (%d+) (%d+) (%d+)$')
+  if rid == id then return {tonumber(g), tonumber(r), 0, tonumber(t)} end
 end
-local s, last = tonumber(state[1]), tonumber(state[2])
-if s == nil or last == nil then
-  s, last = cap, now
-end
+local s, last = cap, now
+if b then s, last = b.s, b.t end
 s, last = refill(s, last, now, rate, cap)
 
 local granted = 0
@@ -54,15 +53,12 @@ end
 local reset = math.ceil((cap - s) / rate)
 local remaining = math.floor(s / period)
 if granted > 0 then
+  local tail = ''
   if id ~= nil then
-    redis.call('HSET', KEYS[1], 's', s, 't', last, 'r', id,
-      'p', string.format('%.0f %.0f 0 %.0f', granted, remaining, reset))
-  else
-    redis.call('HSET', KEYS[1], 's', s, 't', last)
+    tail = ' ' .. id .. ' ' .. int_str(granted) .. ' ' .. int_str(remaining) .. ' ' .. int_str(reset)
   end
-  -- The key lives until the bucket would be full again (a missing key reads
-  -- as full), plus a margin.
-  redis.call('PEXPIRE', KEYS[1], math.ceil(reset / 1000) + 1000)
+  err = store(KEYS[1], s, last, tail, ttl_ms(reset))
+  if err then return err end
 end
 
 local retry = 0

@@ -178,7 +178,7 @@ func runSteps(t *testing.T, b *backend, tt stepTable) {
 		if share == 0 {
 			share = 1
 		}
-		before := b.hgetall(t, key)
+		before := b.value(t, key)
 		beforeTTL := b.pttl(t, key)
 		got, err := r.Acquire(ctx, key, tt.limit, st.want, st.min, share)
 		if err != nil {
@@ -186,7 +186,7 @@ func runSteps(t *testing.T, b *backend, tt stepTable) {
 		}
 		checkGrant(t, b, fmt.Sprintf("step %d: Acquire(want=%d,min=%d,share=%v) at %v", i, st.want, st.min, share, st.at), got, st.g)
 
-		after := b.hgetall(t, key)
+		after := b.value(t, key)
 		ttl := b.pttl(t, key)
 		if got.Granted == 0 {
 			if !reflect.DeepEqual(before, after) {

@@ -2,6 +2,7 @@ package authority
 
 import (
 	"context"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -85,8 +86,12 @@ func newRealBackend(t *testing.T, client redis.UniversalClient) *backend {
 // shiftSrc moves a bucket's timestamp back by ARGV[1] µs (forward when
 // negative), which is what the scripts would see if the server clock had
 // moved forward (back) by that much.
-const shiftSrc = `local t = redis.call('HGET', KEYS[1], 't')
-if t then redis.call('HSET', KEYS[1], 't', tonumber(t) - tonumber(ARGV[1])) end
+const shiftSrc = `local v = redis.call('GET', KEYS[1])
+if not v then return 0 end
+local s, t, tail = string.match(v, '^(%d+) (%d+)(.*)$')
+if s then
+  redis.call('SET', KEYS[1], s .. ' ' .. string.format('%.0f', tonumber(t) - tonumber(ARGV[1])) .. tail, 'KEEPTTL')
+end
 return 0`
 
 // setTime sets the clock the scripts see to at.
@@ -127,7 +132,6 @@ func (b *backend) keys(t testing.TB) []string {
 	return ks
 }
 
-// hgetall returns the fields of hash key (empty when it is missing).
 // noKeys fails t if any key was written.
 func (b *backend) noKeys(t testing.TB) {
 	t.Helper()
@@ -146,13 +150,17 @@ func (b *backend) untouched(t testing.TB) {
 	b.noKeys(t)
 }
 
-func (b *backend) hgetall(t testing.TB, key string) map[string]string {
+// value returns the bucket string at key ("" when it is missing).
+func (b *backend) value(t testing.TB, key string) string {
 	t.Helper()
-	m, err := b.client.HGetAll(context.Background(), key).Result()
-	if err != nil {
-		t.Fatalf("HGETALL %s: %v", key, err)
+	v, err := b.client.Get(context.Background(), key).Result()
+	if err == redis.Nil {
+		return ""
 	}
-	return m
+	if err != nil {
+		t.Fatalf("GET %s: %v", key, err)
+	}
+	return v
 }
 
 // pttl returns PTTL key: negative when the key is missing (-2ms) or has no
@@ -184,30 +192,29 @@ func (b *backend) scriptCached(t testing.TB, sha string) bool {
 	return len(v) == 1 && v[0]
 }
 
-// state returns the bucket hash of key as integers s and t, and whether the
-// key exists.
+// bucketRE is the bucket string: "<s> <t>", optionally followed by the
+// request id of the last grant and that grant's reply (granted, remaining,
+// reset).
+var bucketRE = regexp.MustCompile(`^([0-9]+) ([0-9]+)(?: ([^ ]+) ([0-9]+) ([0-9]+) ([0-9]+))?$`)
+
+// state returns the bucket of key as integers s and t, and whether the key
+// exists.
 func (b *backend) state(t testing.TB, key string) (s, ts int64, ok bool) {
 	t.Helper()
-	h := b.hgetall(t, key)
-	if len(h) == 0 {
+	v := b.value(t, key)
+	if v == "" {
 		return 0, 0, false
 	}
+	m := bucketRE.FindStringSubmatch(v)
+	if m == nil {
+		t.Fatalf("bucket %s = %q; want \"<s> <t>[ <id> <granted> <remaining> <reset>]\"", key, v)
+	}
 	var err error
-	if s, err = strconv.ParseInt(h["s"], 10, 64); err != nil {
-		t.Fatalf("bucket %s: field s = %q is not an integer: %v", key, h["s"], err)
+	if s, err = strconv.ParseInt(m[1], 10, 64); err != nil {
+		t.Fatalf("bucket %s: s = %q: %v", key, m[1], err)
 	}
-	if ts, err = strconv.ParseInt(h["t"], 10, 64); err != nil {
-		t.Fatalf("bucket %s: field t = %q is not an integer: %v", key, h["t"], err)
-	}
-	// Besides s and t, a bucket written by Acquire holds the request id of
-	// its last grant (r) and that grant's reply (p).
-	for f := range h {
-		if f != "s" && f != "t" && f != "r" && f != "p" {
-			t.Fatalf("bucket %s has fields %v, want s, t and optionally r, p", key, h)
-		}
-	}
-	if _, hasR := h["r"]; hasR != (h["p"] != "") {
-		t.Fatalf("bucket %s has fields %v: r and p go together", key, h)
+	if ts, err = strconv.ParseInt(m[2], 10, 64); err != nil {
+		t.Fatalf("bucket %s: t = %q: %v", key, m[2], err)
 	}
 	return s, ts, true
 }

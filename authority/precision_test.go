@@ -3,7 +3,6 @@ package authority
 import (
 	"context"
 	"math/big"
-	"strconv"
 	"testing"
 	"time"
 
@@ -121,9 +120,8 @@ func TestPrecisionAtTheEdge(t *testing.T) {
 					t.Errorf("op %d: the model gives %+v; the table says %+v", i, mg, o.g)
 				}
 				if o.s >= 0 && g.Granted > 0 {
-					h := b.hgetall(t, key)
-					if h["s"] != strconv.FormatInt(o.s, 10) {
-						t.Errorf("op %d: stored s = %q; want %d", i, h["s"], o.s)
+					if s, _, _ := b.state(t, key); s != o.s {
+						t.Errorf("op %d: stored s = %d; want %d", i, s, o.s)
 					}
 				}
 				compareState(t, b, key, m, i)

@@ -13,20 +13,26 @@ if not (rate and period and burst and n) or n > burst or burst > (MAX - rate) / 
 end
 
 local cap = burst * period
-local state = redis.call('HMGET', KEYS[1], 's', 't')
-local s, last = tonumber(state[1]), tonumber(state[2])
-if s == nil or last == nil then
+local b, err = load(KEYS[1])
+if err then return err end
+if not b then
   return {burst, 0}
 end
-
-s, last = refill(s, last, now_us(), rate, cap)
+local now
+now, err = now_us()
+if err then return err end
+local s, last = refill(b.s, b.t, now, rate, cap)
 
 s = s + n * period
 if s >= cap then
-  redis.call('DEL', KEYS[1])
+  local _
+  _, err = call('DEL', KEYS[1])
+  if err then return err end
   return {burst, 0}
 end
 local reset = math.ceil((cap - s) / rate)
-redis.call('HSET', KEYS[1], 's', s, 't', last)
-redis.call('PEXPIRE', KEYS[1], math.ceil(reset / 1000) + 1000)
+-- The tail (the last grant's request id and reply) is kept: a resent
+-- acquire must still find it.
+err = store(KEYS[1], s, last, b.tail, ttl_ms(reset))
+if err then return err end
 return {math.floor(s / period), reset}
