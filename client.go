@@ -63,12 +63,14 @@ type Limiter struct {
 	stop   chan struct{}
 	done   chan struct{} // janitor exited
 
-	rqMu    sync.Mutex
-	rq      []authority.Refund // refunds waiting for the janitor
-	dropped atomic.Int64       // refunds dropped because the queue was full
+	rqMu       sync.Mutex
+	rq         []authority.Refund // refunds waiting for the janitor
+	maxRefunds int                // bound on rq (maxQueuedRefunds; tests lower it)
 }
 
-// maxQueuedRefunds bounds the refunds waiting for Redis.
+// maxQueuedRefunds bounds the refunds waiting for Redis. Past it, refunds
+// are dropped: their tokens stay debited until the bucket refills (which
+// only under-admits), counted by ratelimit.lease.refunds.dropped.
 const maxQueuedRefunds = 100_000
 
 // New returns a Limiter that enforces limit per key on client, which may be
@@ -135,21 +137,22 @@ func New(client redis.UniversalClient, limit policy.Limit, opts ...Option) (*Lim
 		return nil, fmt.Errorf("leaselimit: telemetry: %w", err)
 	}
 	l := &Limiter{
-		limit:  limit,
-		cfg:    cfg,
-		auth:   auth,
-		brk:    brk,
-		tel:    tel,
-		table:  table,
-		sizer:  lease.NewSizer(limit, cfg.lease),
-		local:  local,
-		share:  cfg.lease.MaxShare,
-		direct: honoursDeadlines(client),
-		pool:   poolSize(client),
-		bg:     make(chan struct{}, prefetchSlots(poolSize(client))),
-		origin: cfg.clock.Now(),
-		stop:   make(chan struct{}),
-		done:   make(chan struct{}),
+		limit:      limit,
+		cfg:        cfg,
+		auth:       auth,
+		brk:        brk,
+		tel:        tel,
+		table:      table,
+		sizer:      lease.NewSizer(limit, cfg.lease),
+		local:      local,
+		share:      cfg.lease.MaxShare,
+		direct:     honoursDeadlines(client),
+		pool:       poolSize(client),
+		bg:         make(chan struct{}, prefetchSlots(poolSize(client))),
+		origin:     cfg.clock.Now(),
+		maxRefunds: maxQueuedRefunds,
+		stop:       make(chan struct{}),
+		done:       make(chan struct{}),
 	}
 	brk.spawn = l.spawn
 	go l.janitor()
@@ -309,14 +312,14 @@ func (l *Limiter) route(key string) (brk *breaker.Breaker, rkey string) {
 
 func (l *Limiter) allowN(ctx context.Context, key string, n int64) (Decision, error) {
 	if l.closed.Load() {
-		return Decision{}, ErrClosed
+		return Decision{Source: SourceNone}, ErrClosed
 	}
 	// While a Redis reply is overdue because this process is behind, each
 	// decision gives up the processor once, so that callers which never
 	// block cannot starve the goroutine carrying that reply.
 	overload.Yield()
 	if err := l.check(key, n); err != nil {
-		return Decision{}, err
+		return Decision{Source: SourceNone}, err
 	}
 	if l.cfg.noLease {
 		return l.allowExact(ctx, key, n)
@@ -422,21 +425,21 @@ func (l *Limiter) callExact(ctx context.Context, brk *breaker.Breaker, rkey, key
 func (l *Limiter) onError(ctx context.Context, brk *breaker.Breaker, key string, e *lease.Entry, n int64, err error) (Decision, error) {
 	switch {
 	case errors.Is(err, ErrClosed):
-		return Decision{}, ErrClosed
+		return Decision{Source: SourceNone}, ErrClosed
 	case errors.Is(err, authority.ErrScript), errors.Is(err, authority.ErrReply):
-		return Decision{}, fmt.Errorf("leaselimit: %w", err)
+		return Decision{Source: SourceNone}, fmt.Errorf("leaselimit: %w", err)
 	case errors.Is(err, errSaturated):
 		// Redis may be fine; this process could not read its reply in time.
 		wall := l.cfg.clock.Now()
 		return l.fallback(ctx, brk, key, e, n, l.mono(wall), wall, telemetry.ReasonSaturated), nil
 	case ctx.Err() != nil && !errors.Is(err, breaker.ErrBudget) && !errors.Is(err, breaker.ErrOpen):
-		return Decision{}, ctx.Err()
+		return Decision{Source: SourceNone}, ctx.Err()
 	case !breaker.Counts(err) && !errors.Is(err, breaker.ErrOpen) && !breaker.Excluded(err):
 		// Redis answered, but not with a decision: NOPERM (an ACL that is
 		// too narrow), WRONGTYPE (another program's key under our prefix)
 		// and the like. That is misconfiguration, not an outage: say so
 		// rather than let the failure policy hide it.
-		return Decision{}, fmt.Errorf("leaselimit: redis: %w", err)
+		return Decision{Source: SourceNone}, fmt.Errorf("leaselimit: redis: %w", err)
 	}
 	reason := telemetry.ReasonError
 	switch {
@@ -476,7 +479,7 @@ func (l *Limiter) missRefill(ctx context.Context, brk *breaker.Breaker, rkey, ke
 		case r = <-ch:
 		case <-ctx.Done():
 			// The refill goes on; what it brings for us stays in the lease.
-			return Decision{}, ctx.Err()
+			return Decision{Source: SourceNone}, ctx.Err()
 		}
 		if sp, ok := recording(ctx); ok {
 			sp.SetAttributes(telemetry.AttrCoalesced.Bool(r.Shared), telemetry.AttrBreaker.String(brk.State().String()))
@@ -606,11 +609,13 @@ func (l *Limiter) fallback(ctx context.Context, brk *breaker.Breaker, key string
 			// Above this instance's share: wait for Redis to come back.
 			retry = l.untilProbe(brk, wall)
 		}
-		if !ok {
-			return l.denial(rem, retry, SourceFallback)
-		}
-		return Decision{Allowed: true, Limit: l.limit, Remaining: rem,
+		// The share decided: report it as the Limit, and its ResetAfter.
+		d := Decision{Allowed: ok, Limit: l.local, Remaining: rem,
 			ResetAfter: l.local.Interval(l.local.Burst - rem), Source: SourceFallback}
+		if !ok {
+			d.RetryAfter = max(retry, time.Microsecond)
+		}
+		return d
 	}
 	// FailOpen. Remaining is the best knowledge: what Redis last said for a
 	// key seen before, else a full bucket.
@@ -695,9 +700,9 @@ func (l *Limiter) queueRefund(rkey string, n int64) {
 		return
 	}
 	l.rqMu.Lock()
-	if len(l.rq) >= maxQueuedRefunds {
+	if len(l.rq) >= l.maxRefunds {
 		l.rqMu.Unlock()
-		l.dropped.Add(1)
+		l.tel.CountDroppedRefund(context.Background(), n)
 		return
 	}
 	l.rq = append(l.rq, authority.Refund{Key: rkey, Limit: l.limit, Tokens: n})
@@ -788,8 +793,12 @@ func (l *Limiter) countRefunds(rq []authority.Refund) {
 func (l *Limiter) requeue(rq []authority.Refund) {
 	l.rqMu.Lock()
 	defer l.rqMu.Unlock()
-	if len(l.rq)+len(rq) > maxQueuedRefunds {
-		l.dropped.Add(int64(len(rq)))
+	if len(l.rq)+len(rq) > l.maxRefunds {
+		var n int64
+		for _, r := range rq {
+			n += r.Tokens
+		}
+		l.tel.CountDroppedRefund(context.Background(), n)
 		return
 	}
 	l.rq = append(l.rq, rq...)

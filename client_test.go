@@ -12,6 +12,7 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/leaselimit/leaselimit"
+	"github.com/leaselimit/leaselimit/authority"
 	"github.com/leaselimit/leaselimit/policy"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
@@ -233,4 +234,37 @@ func redisClientOpts(t *testing.T, o *redis.Options) *redis.Client {
 	c := redis.NewClient(o)
 	t.Cleanup(func() { c.Close() })
 	return c
+}
+
+// TestErrorDecisionSource: a Decision returned with an error says so
+// (SourceNone), so it cannot be mistaken for a lease decision. Regression:
+// it carried the zero Source, "lease".
+func TestErrorDecisionSource(t *testing.T) {
+	_, c := newMini(t)
+	ctx := context.Background()
+	lim := mustNew(t, c, policy.PerSecond(10).WithName("errsrc"))
+	for name, call := range map[string]func() (leaselimit.Decision, error){
+		"empty key":   func() (leaselimit.Decision, error) { return lim.Allow(ctx, "") },
+		"cost 0":      func() (leaselimit.Decision, error) { return lim.AllowN(ctx, "k", 0) },
+		"over burst":  func() (leaselimit.Decision, error) { return lim.AllowN(ctx, "k", 11) },
+		"after Close": func() (leaselimit.Decision, error) { _ = lim.Close(); return lim.Allow(ctx, "k") },
+	} {
+		d, err := call()
+		if err == nil {
+			t.Errorf("%s: no error", name)
+			continue
+		}
+		if d.Source != leaselimit.SourceNone || d.Source.String() != "none" || d.Allowed {
+			t.Errorf("%s: Decision %+v with error %v; want Source none", name, d, err)
+		}
+	}
+}
+
+// TestEmptyPrefixRefused: WithPrefix("") is an error, as its doc says
+// (1 to 64 bytes). Regression: it was accepted.
+func TestEmptyPrefixRefused(t *testing.T) {
+	_, c := newMini(t)
+	if _, err := leaselimit.New(c, policy.PerSecond(1), leaselimit.WithPrefix("")); !errors.Is(err, authority.ErrPrefix) {
+		t.Errorf("New with WithPrefix(\"\") = %v; want an error wrapping authority.ErrPrefix", err)
+	}
 }

@@ -41,9 +41,12 @@ const (
 	SourceCache
 	// SourceFallback: Redis was unavailable; the failure policy decided.
 	SourceFallback
+	// SourceNone marks the Decision returned with an error: no decision
+	// was made, and nothing in it describes the key.
+	SourceNone
 )
 
-// String returns "lease", "authority", "cache" or "fallback".
+// String returns "lease", "authority", "cache", "fallback" or "none".
 func (s Source) String() string {
 	switch s {
 	case SourceLease:
@@ -54,11 +57,14 @@ func (s Source) String() string {
 		return "cache"
 	case SourceFallback:
 		return "fallback"
+	case SourceNone:
+		return "none"
 	}
 	return "Source(" + strconv.Itoa(int(s)) + ")"
 }
 
-// Decision is the outcome of one AllowN call.
+// Decision is the outcome of one AllowN call. A Decision returned with a
+// non-nil error is empty but for Source, SourceNone: it describes nothing.
 type Decision struct {
 	Allowed    bool
 	Limit      policy.Limit

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/leaselimit/leaselimit"
+	"github.com/leaselimit/leaselimit/breaker"
 	"github.com/leaselimit/leaselimit/policy"
 )
 
@@ -207,5 +208,35 @@ func TestWaitFailsFastOnCache(t *testing.T) {
 	err := lim.Wait(wctx, "k")
 	if !errors.Is(err, leaselimit.ErrWouldExceedDeadline) {
 		t.Fatalf("Wait with a 5s deadline, next token 30s away = %v; want ErrWouldExceedDeadline", err)
+	}
+}
+
+// TestFailLocalReportsShare: a FailLocal decision reports the share that
+// decided (Limit, Remaining and ResetAfter of this instance's 1/FleetSize).
+// Regression: denials computed ResetAfter from the global limit with the
+// local remaining count, and every decision reported the global Limit.
+func TestFailLocalReportsShare(t *testing.T) {
+	m, c := newMini(t)
+	clk := newFakeClock()
+	ctx := context.Background()
+	l := policy.PerMinute(100).WithName("share")
+	lim := mustNew(t, c, l, leaselimit.WithClock(clk),
+		leaselimit.WithFailureMode(policy.FailLocal), leaselimit.WithFleetSize(4),
+		leaselimit.WithBreaker(breaker.Settings{Failures: 1, OpenFor: time.Hour}))
+	m.Close() // Redis is down: every decision is FailLocal's
+	share := policy.Limit{Name: "share", Rate: 25, Period: time.Minute, Burst: 25}
+	for i := int64(0); i <= share.Burst; i++ {
+		d, err := lim.Allow(ctx, "k")
+		if err != nil || d.Source != leaselimit.SourceFallback {
+			t.Fatalf("Allow #%d with Redis down = %+v, %v; want a fallback", i+1, d, err)
+		}
+		if d.Limit != share {
+			t.Fatalf("Allow #%d: Limit %v; want the share %v", i+1, d.Limit, share)
+		}
+		taken := min(i+1, share.Burst)
+		if d.Allowed != (i < share.Burst) || d.Remaining != share.Burst-taken || d.ResetAfter != share.Interval(taken) {
+			t.Errorf("Allow #%d = %+v; want allowed=%v, remaining %d, ResetAfter %v (the share's)",
+				i+1, d, i < share.Burst, share.Burst-taken, share.Interval(taken))
+		}
 	}
 }

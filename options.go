@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/leaselimit/leaselimit/authority"
 	"github.com/leaselimit/leaselimit/breaker"
 	"github.com/leaselimit/leaselimit/policy"
 	"go.opentelemetry.io/otel/metric"
@@ -96,6 +97,9 @@ func WithTimeout(d time.Duration) Option {
 // printable ASCII without spaces or braces. Default "leaselimit".
 func WithPrefix(p string) Option {
 	return optionFunc(func(c *config) error {
+		if err := authority.ValidatePrefix(p); err != nil {
+			return fmt.Errorf("leaselimit: %w", err)
+		}
 		c.prefix = p
 		return nil
 	})

@@ -66,15 +66,16 @@ const (
 
 // Metric names.
 const (
-	MetricDecisions   = "ratelimit.decisions"           // counter {decision}: allowed, source, limit name
-	MetricAuthority   = "ratelimit.authority.duration"  // histogram s: limit name, outcome
-	MetricGrantSize   = "ratelimit.lease.grant.size"    // histogram {token}: limit name
-	MetricRefunds     = "ratelimit.lease.refunds"       // counter {token}: limit name
-	MetricBreaker     = "ratelimit.breaker.state"       // gauge: 0 closed, 1 half-open, 2 open
-	MetricTransitions = "ratelimit.breaker.transitions" // counter: limit name, to-state
-	MetricKeys        = "ratelimit.keys"                // gauge {key}: local key-table size
-	MetricFallbacks   = "ratelimit.fallbacks"           // counter {decision}: limit name, reason
-	MetricSaturated   = "ratelimit.saturated"           // counter {call}: limit name, outcome answered or abandoned
+	MetricDecisions   = "ratelimit.decisions"             // counter {decision}: allowed, source, limit name
+	MetricAuthority   = "ratelimit.authority.duration"    // histogram s: limit name, outcome
+	MetricGrantSize   = "ratelimit.lease.grant.size"      // histogram {token}: limit name
+	MetricRefunds     = "ratelimit.lease.refunds"         // counter {token}: limit name
+	MetricBreaker     = "ratelimit.breaker.state"         // gauge: 0 closed, 1 half-open, 2 open
+	MetricTransitions = "ratelimit.breaker.transitions"   // counter: limit name, to-state
+	MetricKeys        = "ratelimit.keys"                  // gauge {key}: local key-table size
+	MetricFallbacks   = "ratelimit.fallbacks"             // counter {decision}: limit name, reason
+	MetricSaturated   = "ratelimit.saturated"             // counter {call}: limit name, outcome answered or abandoned
+	MetricDropped     = "ratelimit.lease.refunds.dropped" // counter {token}: limit name
 )
 
 // Fallback reasons.
@@ -128,6 +129,7 @@ type Recorder struct {
 	transitions metric.Int64Counter
 	fallbacks   metric.Int64Counter
 	saturated   metric.Int64Counter
+	dropped     metric.Int64Counter
 	state, keys metric.Int64ObservableGauge
 	meter       metric.Meter
 	reg         metric.Registration
@@ -187,6 +189,10 @@ func New(c Config) (*Recorder, error) {
 	}
 	if r.fallbacks, err = m.Int64Counter(MetricFallbacks, metric.WithUnit("{decision}"),
 		metric.WithDescription("Decisions made by the failure policy, by reason.")); err != nil {
+		return nil, err
+	}
+	if r.dropped, err = m.Int64Counter(MetricDropped, metric.WithUnit("{token}"),
+		metric.WithDescription("Unused leased tokens not given back because the refund queue was full; they stay debited until the bucket refills.")); err != nil {
 		return nil, err
 	}
 	if r.saturated, err = m.Int64Counter(MetricSaturated, metric.WithUnit("{call}"),
@@ -405,6 +411,11 @@ func (r *Recorder) EndAuthority(ctx context.Context, span trace.Span, d time.Dur
 // CountRefund adds tokens to ratelimit.lease.refunds.
 func (r *Recorder) CountRefund(ctx context.Context, tokens int64) {
 	r.refunds.Add(ctx, tokens, r.limitAdd...)
+}
+
+// CountDroppedRefund adds tokens to ratelimit.lease.refunds.dropped.
+func (r *Recorder) CountDroppedRefund(ctx context.Context, tokens int64) {
+	r.dropped.Add(ctx, tokens, r.limitAdd...)
 }
 
 // CountTransition adds one breaker transition to state (0 closed, 1
