@@ -1,0 +1,155 @@
+package authority
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/leaselimit/leaselimit/policy"
+	"github.com/redis/go-redis/v9"
+)
+
+// ErrCheck is wrapped by every error Check returns.
+var ErrCheck = errors.New("leaselimit: check")
+
+// checkLimit is the limit of the reserved check key: one token, refilled in
+// a second, so the key lives two seconds at most even if its refund fails.
+var checkLimit = policy.Limit{Name: "check", Rate: 1, Period: time.Second, Burst: 1}
+
+// maxCheckKeys bounds the search for a check key on each Cluster master.
+const maxCheckKeys = 4096
+
+// checkKey returns the i-th reserved check key, "<prefix>:_check:{<i>}". It
+// has no parameters segment, so it is never a bucket's key.
+func (r *Redis) checkKey(i int) string {
+	return r.prefix + ":_check:{" + strconv.Itoa(i) + "}"
+}
+
+// Check verifies that the deployment can serve the Limiter: it reaches
+// Redis (each master of a Cluster), runs both scripts (loading them if
+// needed, which also checks the ACL), writes a reserved key under the
+// prefix with a TTL and gives its token back (which deletes it), and, where
+// CONFIG GET is allowed, that maxmemory-policy cannot evict buckets
+// silently. each bounds every node's check; the errors of all nodes are
+// joined, each saying what is wrong and what to do.
+func (r *Redis) Check(ctx context.Context, each time.Duration) error {
+	cc, ok := r.client.(*redis.ClusterClient)
+	if !ok {
+		return r.checkNode(ctx, each, r.checkKey(0), r.client, "")
+	}
+	var masters []string
+	if err := withTimeout(ctx, each, func(ctx context.Context) error {
+		return cc.ForEachMaster(ctx, func(_ context.Context, c *redis.Client) error {
+			masters = append(masters, c.Options().Addr)
+			return nil
+		})
+	}); err != nil {
+		return fmt.Errorf("%w: cannot reach the cluster (%v): check the addresses and that the nodes are up", ErrCheck, err)
+	}
+	var errs []error
+	todo := map[string]bool{}
+	for _, m := range masters {
+		todo[m] = true
+	}
+	for i := 0; i < maxCheckKeys && len(todo) > 0; i++ {
+		key := r.checkKey(i)
+		node, err := cc.MasterForKey(ctx, key)
+		if err != nil {
+			return fmt.Errorf("%w: no slot map (%v): check the cluster's health", ErrCheck, err)
+		}
+		addr := node.Options().Addr
+		if !todo[addr] {
+			continue
+		}
+		delete(todo, addr)
+		if err := r.checkNode(ctx, each, key, r.client, addr); err != nil {
+			errs = append(errs, err)
+		}
+		if err := checkEviction(ctx, each, node, addr); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	for addr := range todo {
+		errs = append(errs, fmt.Errorf("%w: %s: no check key found on this master", ErrCheck, addr))
+	}
+	return errors.Join(errs...)
+}
+
+// checkNode runs the scripts on key through client; node names the node in
+// errors (empty: the client's own). On a non-cluster client it checks the
+// eviction policy too.
+func (r *Redis) checkNode(ctx context.Context, each time.Duration, key string, client redis.UniversalClient, node string) error {
+	where := ""
+	if node != "" {
+		where = node + ": "
+	}
+	err := withTimeout(ctx, each, func(ctx context.Context) error {
+		if _, err := r.Acquire(ctx, key, checkLimit, 1, 1, 1); err != nil {
+			return err
+		}
+		// The token back: the bucket is full again, so the key is deleted.
+		_, err := r.RefundOne(ctx, key, checkLimit, 1)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("%w: %s%s", ErrCheck, where, explain(err))
+	}
+	if node == "" {
+		return checkEviction(ctx, each, client, "")
+	}
+	return nil
+}
+
+// checkEviction reports a maxmemory-policy that can evict buckets. A
+// refused CONFIG GET (an ACL without it, a managed Redis) is not an error:
+// the policy cannot be known, and the README says what to set.
+func checkEviction(ctx context.Context, each time.Duration, client redis.UniversalClient, node string) error {
+	var policy string
+	_ = withTimeout(ctx, each, func(ctx context.Context) error {
+		v, err := client.ConfigGet(ctx, "maxmemory-policy").Result()
+		if err == nil {
+			policy = v["maxmemory-policy"]
+		}
+		return err
+	})
+	switch policy {
+	case "", "noeviction", "volatile-ttl":
+		return nil
+	}
+	where := ""
+	if node != "" {
+		where = node + ": "
+	}
+	return fmt.Errorf("%w: %smaxmemory-policy is %s, which can evict rate-limit buckets (an evicted bucket reads as full and admits a whole burst): use noeviction on a dedicated instance, or volatile-ttl on a shared one", ErrCheck, where, policy)
+}
+
+// explain turns a failed check call into what is wrong and what to do.
+func explain(err error) string {
+	msg := err.Error()
+	switch {
+	case strings.HasPrefix(msg, "READONLY"):
+		return "Redis refuses writes (READONLY): the client points at a replica; point it at the master, or use redis.NewFailoverClient (Sentinel) or redis.NewClusterClient"
+	case strings.HasPrefix(msg, "OOM"):
+		return "Redis is out of memory (" + msg + "): raise maxmemory, or free memory on a dedicated instance"
+	case strings.HasPrefix(msg, "WRONGTYPE"):
+		return "a key under the prefix holds another program's data (" + msg + "): give the Limiter its own prefix (WithPrefix)"
+	case strings.HasPrefix(msg, "LOADING"), strings.HasPrefix(msg, "MASTERDOWN"), strings.HasPrefix(msg, "CLUSTERDOWN"), strings.HasPrefix(msg, "TRYAGAIN"):
+		return "Redis cannot serve yet (" + msg + "): retry once it has loaded or the cluster has recovered"
+	case strings.HasPrefix(msg, "NOPERM"), strings.Contains(msg, "can't run this command"), strings.Contains(msg, "leaselimit: Redis refused"):
+		return "Redis refused a command (" + msg + "): grant the ACL user +evalsha +eval +time +get +set +del on the prefix's keys (see the README)"
+	case errors.Is(err, context.DeadlineExceeded):
+		return "cannot reach Redis within the time budget (" + msg + "): check the address, the network, and that Redis is up and not hung"
+	case errors.Is(err, ErrScript), errors.Is(err, ErrReply):
+		return msg
+	}
+	return "cannot reach Redis (" + msg + "): check the address and that Redis is running"
+}
+
+func withTimeout(ctx context.Context, d time.Duration, f func(context.Context) error) error {
+	ctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	return f(ctx)
+}

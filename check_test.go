@@ -1,0 +1,140 @@
+package leaselimit_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/leaselimit/leaselimit"
+	"github.com/leaselimit/leaselimit/authority"
+	"github.com/leaselimit/leaselimit/internal/redistest"
+	"github.com/leaselimit/leaselimit/policy"
+	"github.com/redis/go-redis/v9"
+)
+
+// checkLimiter returns a Limiter on c with a 500ms budget (Check bounds
+// each node by it).
+func checkLimiter(t *testing.T, c redis.UniversalClient) *leaselimit.Limiter {
+	t.Helper()
+	lim, err := leaselimit.New(c, policy.PerSecond(10).WithName("check"), leaselimit.WithTimeout(500*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = lim.Close() })
+	return lim
+}
+
+// wantCheckError fails t unless err wraps authority.ErrCheck and says all
+// of what.
+func wantCheckError(t *testing.T, err error, what ...string) {
+	t.Helper()
+	if !errors.Is(err, authority.ErrCheck) {
+		t.Fatalf("Check = %v; want an error wrapping authority.ErrCheck", err)
+	}
+	for _, w := range what {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("Check = %q; want it to say %q", err, w)
+		}
+	}
+	t.Logf("Check: %v", err)
+}
+
+// TestCheck: Check passes on a healthy Redis and leaves nothing behind, and
+// names each misconfiguration that used to fail open without a word: a
+// replica (FailOpen admitted 100 of 100 on a burst-10 key), a wrong
+// address, an eviction policy that drops buckets (allkeys-lru: 20,000
+// admitted where about 200 were due), an ACL without a needed command, a
+// hung Redis.
+func TestCheck(t *testing.T) {
+	ctx := context.Background()
+
+	t.Run("healthy", func(t *testing.T) {
+		srv := redistest.Start(t)
+		lim := checkLimiter(t, srv.Client(t))
+		before := srv.Stats(t)
+		if err := lim.Check(ctx); err != nil {
+			t.Fatalf("Check on a healthy Redis = %v", err)
+		}
+		if n := scriptCalls(srv.Stats(t).Sub(before)); n < 2 {
+			t.Errorf("Check ran %d script calls; want the acquire and the refund", n)
+		}
+		if keys := toStrings(srv.Do(t, "KEYS", "*")); len(keys) > 0 {
+			t.Errorf("Check left keys %v", keys)
+		}
+		// A second Check, with the scripts cached, passes too.
+		if err := lim.Check(ctx); err != nil {
+			t.Fatalf("second Check = %v", err)
+		}
+	})
+
+	t.Run("replica", func(t *testing.T) {
+		master := redistest.Start(t)
+		replica := redistest.Start(t)
+		host, port, _ := strings.Cut(master.Addr, ":")
+		replica.Do(t, "REPLICAOF", host, port)
+		wantCheckError(t, checkLimiter(t, replica.Client(t)).Check(ctx), "READONLY", "replica")
+	})
+
+	t.Run("wrong-address", func(t *testing.T) {
+		c := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t))})
+		t.Cleanup(func() { _ = c.Close() })
+		wantCheckError(t, checkLimiter(t, c).Check(ctx), "cannot reach Redis", "address")
+	})
+
+	t.Run("eviction", func(t *testing.T) {
+		srv := redistest.Start(t)
+		srv.Do(t, "CONFIG", "SET", "maxmemory-policy", "allkeys-lru")
+		wantCheckError(t, checkLimiter(t, srv.Client(t)).Check(ctx), "maxmemory-policy is allkeys-lru", "noeviction")
+		srv.Do(t, "CONFIG", "SET", "maxmemory-policy", "volatile-ttl")
+		if err := checkLimiter(t, srv.Client(t)).Check(ctx); err != nil {
+			t.Errorf("Check with volatile-ttl = %v", err)
+		}
+	})
+
+	t.Run("acl", func(t *testing.T) {
+		srv := redistest.Start(t)
+		var rules []string
+		for _, r := range aclRules {
+			if r != "+set" {
+				rules = append(rules, r)
+			}
+		}
+		srv.Do(t, aclSetUser(rules)...)
+		c := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: aclUser, Password: aclPassword})
+		t.Cleanup(func() { _ = c.Close() })
+		wantCheckError(t, checkLimiter(t, c).Check(ctx), "refused", "SET", "ACL")
+	})
+
+	t.Run("hung", func(t *testing.T) {
+		srv := redistest.Start(t)
+		lim := checkLimiter(t, srv.Client(t))
+		if err := lim.Check(ctx); err != nil {
+			t.Fatal(err)
+		}
+		srv.Pause(t)
+		defer srv.Resume(t)
+		wantCheckError(t, lim.Check(ctx), "no reply within")
+	})
+}
+
+// TestCheckCluster: on a Cluster, Check runs on every master.
+func TestCheckCluster(t *testing.T) {
+	c := redistest.StartCluster(t, 3, 0)
+	lim := checkLimiter(t, c.Client(t))
+	masters := c.Masters(t)
+	before := make([]redistest.Stats, len(masters))
+	for i, m := range masters {
+		before[i] = m.Stats(t)
+	}
+	if err := lim.Check(context.Background()); err != nil {
+		t.Fatalf("Check on a healthy cluster = %v", err)
+	}
+	for i, m := range masters {
+		if n := scriptCalls(m.Stats(t).Sub(before[i])); n < 2 {
+			t.Errorf("master %s ran %d script calls; want the check's acquire and refund", m.Addr, n)
+		}
+	}
+}
