@@ -198,6 +198,7 @@ func (l *Limiter) authorize(ctx context.Context, brk *breaker.Breaker, rkey stri
 			g, err := settle(callOutwaited, fmt.Errorf("%w: %v", errSaturated, now.Sub(start).Round(time.Millisecond)))
 			if errors.Is(err, errSaturated) {
 				l.sawSaturation(ctx, telemetry.SaturatedAbandoned)
+				l.log.saturated()
 			}
 			return g, err
 		default:
@@ -244,6 +245,7 @@ func (l *Limiter) authorizeDirect(ctx context.Context, brk *breaker.Breaker, don
 		t.Stop()
 		if probe.Behind(threshold) || brk.Replies()-replies >= int64(l.pool) {
 			l.sawSaturation(ctx, telemetry.SaturatedAbandoned)
+			l.log.saturated()
 			err = fmt.Errorf("%w: %v", errSaturated, time.Since(start).Round(time.Millisecond))
 		}
 	case err == nil && limit > budget && time.Since(start) > budget:

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -54,6 +55,7 @@ type Limiter struct {
 	// bg holds a slot per background refill in flight (see prefetch).
 	bg  chan struct{}
 	tel *telemetry.Recorder
+	log *logger // nil without WithLogger
 
 	origin time.Time
 
@@ -142,6 +144,7 @@ func New(client redis.UniversalClient, limit policy.Limit, opts ...Option) (*Lim
 		auth:       auth,
 		brk:        brk,
 		tel:        tel,
+		log:        newLogger(cfg.logger, limit.Name),
 		table:      table,
 		sizer:      lease.NewSizer(limit, cfg.lease),
 		local:      local,
@@ -439,7 +442,11 @@ func (l *Limiter) onError(ctx context.Context, brk *breaker.Breaker, key string,
 		// too narrow), WRONGTYPE (another program's key under our prefix)
 		// and the like. That is misconfiguration, not an outage: say so
 		// rather than let the failure policy hide it.
+		l.log.misconfig(err)
 		return Decision{Source: SourceNone}, fmt.Errorf("leaselimit: redis: %w", err)
+	}
+	if strings.HasPrefix(err.Error(), "READONLY") {
+		l.log.readonly(err)
 	}
 	reason := telemetry.ReasonError
 	switch {
@@ -585,6 +592,7 @@ func (l *Limiter) prefetch(ctx context.Context, e *lease.Entry) {
 // reading it came from, read once by the caller.
 func (l *Limiter) fallback(ctx context.Context, brk *breaker.Breaker, key string, e *lease.Entry, n, now int64, wall time.Time, reason string) Decision {
 	l.tel.CountFallback(ctx, reason)
+	l.log.fallback(l.cfg.mode.String(), reason)
 	if sp, ok := recording(ctx); ok {
 		sp.SetAttributes(telemetry.AttrReason.String(reason), telemetry.AttrBreaker.String(brk.State().String()))
 	}
@@ -736,6 +744,7 @@ func (l *Limiter) janitor() {
 			return
 		case <-t.C:
 		}
+		l.log.breakerState(l.brk.worst())
 		l.table.Sweep(l.now(), idle, func(e *lease.Entry, n int64) {
 			l.refundEntry(e, n)
 		})

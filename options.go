@@ -2,6 +2,7 @@ package leaselimit
 
 import (
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/leaselimit/leaselimit/authority"
@@ -52,6 +53,7 @@ type config struct {
 	clock     Clock
 	breaker   breaker.Settings
 
+	logger         *slog.Logger
 	tracerProvider trace.TracerProvider
 	meterProvider  metric.MeterProvider
 	events         bool
@@ -236,6 +238,21 @@ func WithKeyRedactor(redact func(key string) string) Option {
 			return fmt.Errorf("leaselimit: nil key redactor")
 		}
 		c.redact = redact
+		return nil
+	})
+}
+
+// WithLogger writes what an operator must know to log: breaker
+// transitions, the failure policy taking over after a healthy period,
+// READONLY replies, Redis replies that mean misconfiguration, and an
+// instance too saturated to read its replies. Each kind is written at most
+// once every 10 seconds: never a line per decision. Default: no logging.
+func WithLogger(log *slog.Logger) Option {
+	return optionFunc(func(c *config) error {
+		if log == nil {
+			return fmt.Errorf("leaselimit: nil logger")
+		}
+		c.logger = log
 		return nil
 	})
 }

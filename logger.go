@@ -1,0 +1,102 @@
+package leaselimit
+
+import (
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/leaselimit/leaselimit/breaker"
+)
+
+// logEvery is the least time between two lines of one kind: a Limiter logs
+// what an operator must know (the breaker moved, the failure policy took
+// over, Redis replied with misconfiguration), never a line per decision.
+const logEvery = 10 * time.Second
+
+// The kinds of lines, each rate-limited on its own.
+const (
+	logFallback  = iota // the failure policy decides
+	logMisconfig        // Redis replied with an error that is not an outage
+	logReadonly         // READONLY: a failover, or a replica by mistake
+	logSaturated        // a reply not read within the hard cap
+	logBreaker          // the breaker opened (closing is always logged)
+	logKinds
+)
+
+// logger writes a Limiter's operational events to a slog.Logger (see
+// WithLogger). A nil *logger logs nothing.
+type logger struct {
+	out   *slog.Logger
+	limit slog.Attr
+	last  [logKinds]atomic.Int64 // unix ns of the last line of each kind
+	state breaker.State          // last breaker state logged; the janitor's alone
+}
+
+func newLogger(out *slog.Logger, limitName string) *logger {
+	if out == nil {
+		return nil
+	}
+	return &logger{out: out, limit: slog.String("limit", limitName)}
+}
+
+// due reports whether a line of kind may be written now, and claims it.
+func (g *logger) due(kind int) bool {
+	now := time.Now().UnixNano()
+	last := g.last[kind].Load()
+	return (last == 0 || now-last >= int64(logEvery)) && g.last[kind].CompareAndSwap(last, now)
+}
+
+// fallback logs that the failure policy decided, at most once per logEvery.
+func (g *logger) fallback(mode, reason string) {
+	if g == nil || !g.due(logFallback) {
+		return
+	}
+	g.out.Warn("leaselimit: Redis unavailable, the failure policy decides", g.limit,
+		slog.String("mode", mode), slog.String("reason", reason))
+}
+
+// misconfig logs a Redis reply that is neither a decision nor an outage.
+func (g *logger) misconfig(err error) {
+	if g == nil || !g.due(logMisconfig) {
+		return
+	}
+	g.out.Error("leaselimit: Redis replied with an error that is not an outage; fix the deployment (Limiter.Check says what)", g.limit,
+		slog.String("error", err.Error()))
+}
+
+// readonly logs a READONLY reply: counted as an outage (a failover demotes
+// a master for a moment), but one that lasts means a client pointed at a
+// replica.
+func (g *logger) readonly(err error) {
+	if g == nil || !g.due(logReadonly) {
+		return
+	}
+	g.out.Warn("leaselimit: Redis answered READONLY: a failover in progress, or, if it lasts, the client points at a replica (Limiter.Check tells)", g.limit,
+		slog.String("error", err.Error()))
+}
+
+// saturated logs a call abandoned at the hard cap while this process was
+// behind.
+func (g *logger) saturated() {
+	if g == nil || !g.due(logSaturated) {
+		return
+	}
+	g.out.Warn("leaselimit: instance saturated: a Redis reply was not read within the hard cap; Redis may be healthy", g.limit)
+}
+
+// breakerState logs a change of the breaker's state (the most severe of a
+// Cluster's). Called by the janitor only.
+func (g *logger) breakerState(s breaker.State) {
+	if g == nil || s == g.state {
+		return
+	}
+	if s != breaker.Closed && !g.due(logBreaker) {
+		return // flapping: the next line comes once logEvery has passed
+	}
+	g.state = s
+	if s == breaker.Closed {
+		g.out.Info("leaselimit: circuit breaker closed: decisions come from Redis again", g.limit)
+		return
+	}
+	g.out.Warn("leaselimit: circuit breaker "+s.String()+": Redis calls are held back", g.limit)
+}

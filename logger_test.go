@@ -1,0 +1,85 @@
+package leaselimit_test
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/leaselimit/leaselimit"
+	"github.com/leaselimit/leaselimit/breaker"
+	"github.com/leaselimit/leaselimit/internal/redistest"
+	"github.com/leaselimit/leaselimit/policy"
+)
+
+// logBuffer is a bytes.Buffer safe for a slog handler and a test reading it.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *logBuffer) count(s string) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return strings.Count(b.buf.String(), s)
+}
+
+// TestLogger: WithLogger writes the breaker's transitions, the failure
+// policy taking over, and misconfiguration replies, each once however many
+// decisions it concerns.
+func TestLogger(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	var out logBuffer
+	l := policy.PerSecond(1000).WithName("logged")
+	lim := newBudgeted(t, srv.Client(t), l, leaselimit.WithoutLease(),
+		leaselimit.WithLogger(slog.New(slog.NewTextHandler(&out, nil))),
+		leaselimit.WithBreaker(breaker.Settings{Failures: 2, OpenFor: 200 * time.Millisecond}))
+	if d, err := lim.Allow(ctx, "k"); err != nil || d.Source != leaselimit.SourceAuthority {
+		t.Fatalf("Allow = %+v, %v", d, err)
+	}
+
+	// Misconfiguration: another program's key where a bucket lives.
+	srv.Do(t, "LPUSH", bucketKey(l, "victim"), "x")
+	for range 20 {
+		if _, err := lim.Allow(ctx, "victim"); err == nil {
+			t.Fatal("Allow on a key holding a list: no error")
+		}
+	}
+	if n := out.count("not an outage"); n != 1 {
+		t.Errorf("%d misconfiguration lines for 20 errors; want 1:\n%s", n, out.buf.String())
+	}
+
+	// An outage: many fallbacks, one line; the breaker opens, then closes.
+	srv.Pause(t)
+	for range 30 {
+		if d, err := lim.Allow(ctx, "k"); err != nil || d.Source != leaselimit.SourceFallback {
+			t.Fatalf("Allow on a hung Redis = %+v, %v", d, err)
+		}
+	}
+	srv.Resume(t)
+	if _, ok := waitUntil(5*time.Second, func() bool {
+		d, _ := lim.Allow(ctx, "k")
+		return d.Source == leaselimit.SourceAuthority && out.count("breaker closed") > 0
+	}); !ok {
+		t.Fatalf("no authority decision and breaker-closed line after Redis came back:\n%s", out.buf.String())
+	}
+	for _, c := range []struct {
+		line string
+		want int
+	}{{"the failure policy decides", 1}, {"circuit breaker open", 1}, {"circuit breaker closed", 1}} {
+		if n := out.count(c.line); n != c.want {
+			t.Errorf("%d lines with %q; want %d", n, c.line, c.want)
+		}
+	}
+	t.Logf("log:\n%s", out.buf.String())
+}
