@@ -175,8 +175,8 @@ func (l *Limiter) authorize(ctx context.Context, brk *breaker.Breaker, rkey stri
 		// A reply stuck while the process was behind needs a moment more
 		// once it has caught up (the network poller runs every 10ms or so
 		// on a busy process): Redis is blamed only if no probe found the
-		// process behind within the last quarter budget.
-		behind = behind || overload.Recent(now, budget/4)
+		// process behind within the last half budget.
+		behind = behind || overload.Recent(now, budget/2)
 		// The call may wait in the client's own queue for a connection:
 		// if Redis has answered a whole pool's worth of other calls since
 		// this one began, each connection came back within the budget,

@@ -21,7 +21,7 @@ func TestSameNameOtherLimit(t *testing.T) {
 	for _, pair := range [][2]policy.Limit{
 		{policy.PerSecond(10), policy.PerMinute(100)},
 		{policy.PerMinute(100), policy.PerMinute(100).WithBurst(5)},
-		{policy.PerMinute(5), policy.PerSecond(100)},
+		{policy.PerMinute(5), policy.PerHour(100)},
 	} {
 		first, second := pair[0], pair[1]
 		t.Run(first.String()+" then "+second.String(), func(t *testing.T) {

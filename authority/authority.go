@@ -183,6 +183,18 @@ func ParamsTag(l policy.Limit) string {
 	return strconv.FormatInt(l.Rate, 10) + "/" + period + "/" + strconv.FormatInt(l.Burst, 10)
 }
 
+// Reduced returns l's rate and period in µs divided by their greatest
+// common divisor: the bucket gains rate tokens every period µs. The
+// scripts keep the fraction of a token in units of 1/period, so the smaller
+// period keeps every number small.
+func Reduced(l policy.Limit) (rate, period int64) {
+	a, b := l.Rate, l.PeriodMicros()
+	for b != 0 {
+		a, b = b, a%b
+	}
+	return l.Rate / a, l.PeriodMicros() / a
+}
+
 // Acquire takes between min and want tokens from key's bucket under l, at
 // most max(min, available×share) of them, where share is in (0, 1]; or none
 // when fewer than min are available. It needs 1 <= min <= want <= l.Burst.
@@ -198,8 +210,8 @@ func (r *Redis) Acquire(ctx context.Context, key string, l policy.Limit, want, m
 	// connection broke) return the first call's grant instead of taking
 	// tokens twice.
 	id := r.idBase + strconv.FormatUint(r.seq.Add(1), 36)
-	v, err := r.run(ctx, acquireScript, key,
-		l.Rate, l.PeriodMicros(), l.Burst, want, min, ppm, id)
+	rate, period := Reduced(l)
+	v, err := r.run(ctx, acquireScript, key, rate, period, l.Burst, want, min, ppm, id)
 	if err != nil {
 		return Grant{}, err
 	}
@@ -217,7 +229,8 @@ func (r *Redis) RefundOne(ctx context.Context, key string, l policy.Limit, n int
 	if n < 1 || n > l.Burst {
 		return 0, fmt.Errorf("%w: refund n=%d burst=%d", ErrScript, n, l.Burst)
 	}
-	v, err := r.run(ctx, refundScript, key, l.Rate, l.PeriodMicros(), l.Burst, n)
+	rate, period := Reduced(l)
+	v, err := r.run(ctx, refundScript, key, rate, period, l.Burst, n)
 	if err != nil {
 		return 0, err
 	}
@@ -242,8 +255,8 @@ func (r *Redis) Refund(ctx context.Context, refunds []Refund) error {
 		if rf.Tokens > rf.Limit.Burst {
 			rf.Tokens = rf.Limit.Burst
 		}
-		cmd := pipe.EvalSha(ctx, refundScript.sha, []string{rf.Key},
-			rf.Limit.Rate, rf.Limit.PeriodMicros(), rf.Limit.Burst, rf.Tokens)
+		rate, period := Reduced(rf.Limit)
+		cmd := pipe.EvalSha(ctx, refundScript.sha, []string{rf.Key}, rate, period, rf.Limit.Burst, rf.Tokens)
 		items = append(items, item{rf, cmd})
 	}
 	if len(items) == 0 {
@@ -269,8 +282,8 @@ func (r *Redis) Refund(ctx context.Context, refunds []Refund) error {
 		pipe := r.client.Pipeline()
 		for i := range retry {
 			rf := retry[i].rf
-			retry[i].cmd = pipe.Eval(ctx, refundScript.src, []string{rf.Key},
-				rf.Limit.Rate, rf.Limit.PeriodMicros(), rf.Limit.Burst, rf.Tokens)
+			rate, period := Reduced(rf.Limit)
+			retry[i].cmd = pipe.Eval(ctx, refundScript.src, []string{rf.Key}, rate, period, rf.Limit.Burst, rf.Tokens)
 		}
 		_, _ = pipe.Exec(ctx)
 		for _, it := range retry {

@@ -2,6 +2,7 @@ package authority
 
 import (
 	"context"
+	"math/big"
 	"regexp"
 	"sort"
 	"strconv"
@@ -9,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/leaselimit/leaselimit/policy"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/leaselimit/leaselimit/internal/redistest"
@@ -88,9 +91,9 @@ func newRealBackend(t *testing.T, client redis.UniversalClient) *backend {
 // moved forward (back) by that much.
 const shiftSrc = `local v = redis.call('GET', KEYS[1])
 if not v then return 0 end
-local s, t, tail = string.match(v, '^(%d+) (%d+)(.*)$')
-if s then
-  redis.call('SET', KEYS[1], s .. ' ' .. string.format('%.0f', tonumber(t) - tonumber(ARGV[1])) .. tail, 'KEEPTTL')
+local w, f, t, tail = string.match(v, '^(%d+) (%d+) (%d+)(.*)$')
+if w then
+  redis.call('SET', KEYS[1], w .. ' ' .. f .. ' ' .. string.format('%.0f', tonumber(t) - tonumber(ARGV[1])) .. tail, 'KEEPTTL')
 end
 return 0`
 
@@ -192,31 +195,50 @@ func (b *backend) scriptCached(t testing.TB, sha string) bool {
 	return len(v) == 1 && v[0]
 }
 
-// bucketRE is the bucket string: "<s> <t>", optionally followed by the
-// request id of the last grant and that grant's reply (granted, remaining,
-// reset).
-var bucketRE = regexp.MustCompile(`^([0-9]+) ([0-9]+)(?: ([^ ]+) ([0-9]+) ([0-9]+) ([0-9]+))?$`)
+// bucketRE is the bucket string: "<w> <f> <t>", optionally followed by
+// the request id of the last grant and that grant's reply (granted,
+// remaining, reset).
+var bucketRE = regexp.MustCompile(`^([0-9]+) ([0-9]+) ([0-9]+)(?: ([^ ]+) ([0-9]+) ([0-9]+) ([0-9]+))?$`)
 
-// state returns the bucket of key as integers s and t, and whether the key
-// exists.
-func (b *backend) state(t testing.TB, key string) (s, ts int64, ok bool) {
+// bigState returns the bucket of key under l in units (a token being
+// l's period in µs, as the model counts): w·period + f·gcd, where the script
+// keeps w whole tokens and f/p of one over the reduced period p; and its
+// time t; and whether the key exists.
+func (b *backend) bigState(t testing.TB, key string, l policy.Limit) (s *big.Int, ts int64, ok bool) {
 	t.Helper()
 	v := b.value(t, key)
 	if v == "" {
-		return 0, 0, false
+		return nil, 0, false
 	}
 	m := bucketRE.FindStringSubmatch(v)
 	if m == nil {
-		t.Fatalf("bucket %s = %q; want \"<s> <t>[ <id> <granted> <remaining> <reset>]\"", key, v)
+		t.Fatalf("bucket %s = %q; want \"<w> <f> <t>[ <id> <granted> <remaining> <reset>]\"", key, v)
 	}
-	var err error
-	if s, err = strconv.ParseInt(m[1], 10, 64); err != nil {
-		t.Fatalf("bucket %s: s = %q: %v", key, m[1], err)
+	var n [3]int64
+	for i := range n {
+		var err error
+		if n[i], err = strconv.ParseInt(m[i+1], 10, 64); err != nil {
+			t.Fatalf("bucket %s = %q: %v", key, v, err)
+		}
 	}
-	if ts, err = strconv.ParseInt(m[2], 10, 64); err != nil {
-		t.Fatalf("bucket %s: t = %q: %v", key, m[2], err)
+	_, p := Reduced(l)
+	if n[1] >= p {
+		t.Fatalf("bucket %s = %q: fraction %d not below the reduced period %d", key, v, n[1], p)
 	}
-	return s, ts, true
+	g := l.PeriodMicros() / p
+	s = new(big.Int).Mul(big.NewInt(n[0]), big.NewInt(l.PeriodMicros()))
+	s.Add(s, new(big.Int).Mul(big.NewInt(n[1]), big.NewInt(g)))
+	return s, n[2], true
+}
+
+// state is bigState for limits whose units fit an int64.
+func (b *backend) state(t testing.TB, key string, l policy.Limit) (s, ts int64, ok bool) {
+	t.Helper()
+	bs, ts, ok := b.bigState(t, key, l)
+	if !ok {
+		return 0, 0, false
+	}
+	return bs.Int64(), ts, true
 }
 
 // newAuthority returns New(b.client, prefix) and fails the test on error.

@@ -1,13 +1,19 @@
 -- leaselimit common prelude, prepended to acquire.lua and refund.lua.
 --
--- A bucket is one string, "<s> <t>" or "<s> <t> <id> <granted> <remaining> <reset>":
--- s tokens in units of 1/period_us of a token, t the time of s in µs on this
--- server's clock, then the request id of the bucket's last grant and that
--- grant's reply. It is written by one SET ... PX, so the state never exists
--- without its TTL, and a refused write leaves nothing behind. A missing key is
--- a full bucket. All arithmetic is on integers below 2^53, so it is exact in
--- Lua's doubles.
+-- A limit refills r tokens every p µs (its rate and period reduced by their
+-- gcd), up to burst tokens. A bucket is one string,
+-- "<w> <f> <t>" or "<w> <f> <t> <id> <granted> <remaining> <reset>":
+-- the bucket holds w + f/p tokens (w whole, 0 <= f < p), valid at t µs on
+-- this server's clock; then the request id of the bucket's last grant
+-- and that grant's reply. It is written by one SET ... PX, so the state never
+-- exists without its TTL, and a refused write leaves nothing behind. A
+-- missing key is a full bucket.
+--
+-- Every number is an integer below 2^53, exact in Lua's doubles; products
+-- that could pass 2^53 (elapsed µs × r, tokens × p) go through muldiv, which
+-- is exact and saturates its quotient at HUGE (2^52), far above any burst.
 local MAX = 9007199254740992
+local HUGE = 4503599627370496
 
 -- int returns ARGV[i] as an integer in [1, 2^53), or nil.
 local function int(i)
@@ -40,39 +46,96 @@ local function int_str(v)
 end
 
 -- load reads the bucket at key: nil for a missing (full) bucket, else
--- {s, t, tail}, tail being the request-id part (" <id> <granted> <remaining> <reset>" or "").
+-- {w, f, t, tail}, tail being the request-id part (" <id> <granted> <remaining> <reset>" or "").
 local function load(key)
   local v, err = call('GET', key)
   if err then return nil, err end
   if not v then return nil end
-  local s, t, tail = string.match(v, '^(%d+) (%d+)(.*)$')
-  if not s then
+  local w, f, t, tail = string.match(v, '^(%d+) (%d+) (%d+)(.*)$')
+  if not w then
     return nil, redis.error_reply('ERR leaselimit: bucket ' .. key .. ' holds an unknown value')
   end
-  return {s = tonumber(s), t = tonumber(t), tail = tail}
+  return {w = tonumber(w), f = tonumber(f), t = tonumber(t), tail = tail}
 end
 
 -- store writes the bucket at key with a TTL of ttl_ms, in one command.
-local function store(key, s, t, tail, ttl_ms)
-  local _, err = call('SET', key, int_str(s) .. ' ' .. int_str(t) .. tail, 'PX', int_str(ttl_ms))
+local function store(key, w, f, t, tail, ttl_ms)
+  local _, err = call('SET', key, int_str(w) .. ' ' .. int_str(f) .. ' ' .. int_str(t) .. tail, 'PX', int_str(ttl_ms))
   return err
 end
 
--- refill brings s (valid at last) to now, capped at cap; rate units are
--- added per µs. A clock that went backwards (failover to a server with
--- another clock) refills nothing and keeps the later timestamp.
-local function refill(s, last, now, rate, cap)
-  if s > cap then s = cap end   -- the burst was lowered since the last write
-  if s < 0 then s = 0 end
+-- divmod returns floor(a/c) and a % c exactly, for 0 <= a < 2^53, 1 <= c < 2^53.
+local function divmod(a, c)
+  local q = math.floor(a / c)
+  if q > 0 and q * c > a then q = q - 1 end
+  local r = a - q * c
+  if r >= c then q, r = q + 1, r - c end
+  return q, r
+end
+
+-- addmod returns the carry and (r + x) % c for 0 <= r, x < c, never forming
+-- a sum above c.
+local function addmod(r, x, c)
+  if r >= c - x then return 1, r - (c - x) end
+  return 0, r + x
+end
+
+-- muldiv returns floor((a*b + f)/c) and (a*b + f) % c exactly, for
+-- 0 <= a, b, f < 2^53 and 1 <= c < 2^53; a quotient of HUGE or more comes
+-- back as HUGE (remainder 0).
+local function muldiv(a, b, f, c)
+  local qa, ra = divmod(a, c)
+  local q, r = divmod(f, c)
+  if qa > 0 then
+    if b >= HUGE / qa then return HUGE, 0 end
+    q = q + qa * b
+    if q >= HUGE then return HUGE, 0 end
+  end
+  -- ra*b by doubling over the bits of b, reduced mod c at every step.
+  local hq, hr, bit = 0, 0, HUGE
+  while bit >= 1 do
+    local carry
+    carry, hr = addmod(hr, hr, c)
+    hq = hq * 2 + carry
+    if b >= bit then
+      b = b - bit
+      carry, hr = addmod(hr, ra, c)
+      hq = hq + carry
+    end
+    if hq >= HUGE then return HUGE, 0 end
+    bit = bit / 2
+  end
+  local carry
+  carry, r = addmod(r, hr, c)
+  q = q + hq + carry
+  if q >= HUGE then return HUGE, 0 end
+  return q, r
+end
+
+-- until_tokens returns the µs until a bucket holding w + f/p tokens holds m
+-- more whole tokens (m >= 1): ceil((m*p - f) / r), at most HUGE.
+local function until_tokens(m, f, r, p)
+  local q, rem = muldiv(m - 1, p, p - f, r)
+  if q >= HUGE then return HUGE end
+  if rem > 0 then q = q + 1 end
+  return q
+end
+
+-- refill brings the bucket (w, f at last) to now, capped at burst. A clock
+-- that went backwards (failover to a server with another clock) refills
+-- nothing and keeps the later timestamp.
+local function refill(w, f, last, now, r, p, burst)
+  if w >= burst then return burst, 0, math.max(last, now) end
   if now > last then
-    if (now - last) * rate >= cap - s then
-      s = cap
+    local q, rem = muldiv(now - last, r, f, p)
+    if q >= burst - w then
+      w, f = burst, 0
     else
-      s = s + (now - last) * rate
+      w, f = w + q, rem
     end
     last = now
   end
-  return s, last
+  return w, f, last
 end
 
 -- ttl_ms is how long a bucket lives: until it would be full again (a

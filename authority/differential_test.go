@@ -17,15 +17,12 @@ import (
 // TestKnownBugShareFloor for the others).
 var dyadicShares = []float64{1, 0.5, 0.25, 0.125, 0.0625}
 
-// edgeLimit returns the limit with the largest burst that
-// policy.Limit.Validate accepts for rate and period (burst·period + rate
-// just below or at 2^53, depending on how Validate draws the line).
+// edgeLimit returns a limit at the edge of the range policy.Limit.Validate
+// accepts for rate and period: the largest burst, MaxRate (far past where
+// burst·period leaves 2^53 and int64: the scripts must keep whole tokens
+// and the fraction of one apart, and the model counts in math/big).
 func edgeLimit(name string, r int64, period time.Duration) policy.Limit {
-	p := int64(period / time.Microsecond)
-	l := policy.Limit{Name: name, Rate: r, Period: period, Burst: (1<<53 - r) / p}
-	for l.Burst > 1 && l.Validate() != nil {
-		l.Burst--
-	}
+	l := policy.Limit{Name: name, Rate: r, Period: period, Burst: policy.MaxRate}
 	if err := l.Validate(); err != nil {
 		panic(fmt.Sprintf("no valid burst for %d per %v: %v", r, period, err))
 	}
@@ -36,16 +33,17 @@ func edgeLimit(name string, r int64, period time.Duration) policy.Limit {
 // one at the edge of the exact range.
 func randomLimit(rng *rand.Rand, i int) policy.Limit {
 	periods := []time.Duration{time.Microsecond, 7 * time.Microsecond, time.Millisecond, 333 * time.Millisecond,
-		time.Second, 3 * time.Second, time.Minute, time.Hour, 24 * time.Hour, 999983 * time.Microsecond}
+		time.Second, 3 * time.Second, time.Minute, time.Hour, 24 * time.Hour, 999983 * time.Microsecond,
+		30 * 24 * time.Hour, 366 * 24 * time.Hour, policy.MaxPeriod}
 	period := periods[rng.Intn(len(periods))]
 	name := fmt.Sprintf("l%d", i)
 	var l policy.Limit
 	switch rng.Intn(4) {
 	case 0: // edge of the exact range
-		rates := []int64{1, 2, 3, 7, 10, 1000, 999_999_937, 1 << 40}
+		rates := []int64{1, 2, 3, 7, 10, 1000, 999_999_937, 1 << 40, 1e12, policy.MaxRate}
 		l = edgeLimit(name, rates[rng.Intn(len(rates))], period)
-	case 1: // large
-		l = policy.Limit{Name: name, Rate: rng.Int63n(1_000_000) + 1, Period: period, Burst: rng.Int63n(1_000_000) + 1}
+	case 1: // large: quotas up to 10^12
+		l = policy.Limit{Name: name, Rate: rng.Int63n(1e12) + 1, Period: period, Burst: rng.Int63n(1e12) + 1}
 	default: // everyday
 		l = policy.Limit{Name: name, Rate: rng.Int63n(20) + 1, Period: period, Burst: rng.Int63n(50) + 1}
 	}
@@ -138,7 +136,7 @@ func TestAcquireMatchesModel(t *testing.T) {
 						t.Fatalf("op %d at %v: Acquire(want=%d,min=%d,share=%v) = %+v; want %+v", i, now.Sub(t0), want, mn, share, got, exp)
 					}
 				}
-				compareState(t, b, key, m, i)
+				compareState(t, b, key, l, m, i)
 				if t.Failed() {
 					return
 				}

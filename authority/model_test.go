@@ -9,54 +9,65 @@ import (
 
 // model is a reference token bucket written from the documented semantics
 // (DESIGN.md "Semantics" and the contracts at the top of acquire.lua and
-// refund.lua), in exact integer arithmetic (math/big where a product may
-// leave int64). It shares no code with the Lua scripts.
-//
-// The bucket holds s units, a token being period units; one µs adds rate
-// units; at most burst·period units. A missing bucket is full.
+// refund.lua), in exact big-integer arithmetic (math/big), so it holds for
+// limits up to policy.MaxRate tokens per policy.MaxPeriod. It shares no code
+// with the Lua scripts and no representation: it counts units, a token
+// being period units (the period in µs, not reduced), one µs adding rate
+// units, at most burst·period units. A missing bucket is full.
 type model struct {
-	rate, period, burst int64 // period in µs
+	rate, period, burst *big.Int // period in µs
 	present             bool
-	s, t                int64 // units, µs
+	s                   *big.Int // units
+	t                   int64    // µs
 }
+
+// maxDuration is where the scripts saturate the durations they report: 2^52 µs.
+var maxDuration = big.NewInt(1 << 52)
 
 func newModel(l policy.Limit) *model {
-	return &model{rate: l.Rate, period: l.PeriodMicros(), burst: l.Burst}
+	return &model{rate: big.NewInt(l.Rate), period: big.NewInt(l.PeriodMicros()), burst: big.NewInt(l.Burst), s: new(big.Int)}
 }
 
-func (m *model) cap() int64 { return m.burst * m.period }
+func (m *model) cap() *big.Int { return new(big.Int).Mul(m.burst, m.period) }
 
 // refilled returns the units and timestamp the bucket holds at now, without
 // changing the model. A clock that went backwards refills nothing and keeps
 // the later timestamp.
-func (m *model) refilled(now int64) (s, t int64) {
+func (m *model) refilled(now int64) (*big.Int, int64) {
 	c := m.cap()
 	if !m.present {
 		return c, now
 	}
-	s, t = m.s, m.t
-	if s > c {
-		s = c
+	s, t := new(big.Int).Set(m.s), m.t
+	if s.Cmp(c) > 0 {
+		s.Set(c)
 	}
 	if now > t {
-		// elapsed*rate may leave int64: compare in big.Int.
-		add := new(big.Int).Mul(big.NewInt(now-t), big.NewInt(m.rate))
-		if add.Cmp(big.NewInt(c-s)) >= 0 {
-			s = c
-		} else {
-			s += add.Int64()
+		s.Add(s, new(big.Int).Mul(big.NewInt(now-t), m.rate))
+		if s.Cmp(c) > 0 {
+			s.Set(c)
 		}
 		t = now
 	}
 	return s, t
 }
 
-func ceilDiv(a, b int64) int64 {
-	if a <= 0 {
+// ceilDiv returns ceil(a/b) for a > 0, else 0, saturated at maxDuration.
+func ceilDiv(a, b *big.Int) int64 {
+	if a.Sign() <= 0 {
 		return 0
 	}
-	return (a + b - 1) / b
+	q := new(big.Int).Add(a, b)
+	q.Sub(q, big.NewInt(1))
+	q.Quo(q, b)
+	if q.Cmp(maxDuration) > 0 {
+		return maxDuration.Int64()
+	}
+	return q.Int64()
 }
+
+// tokens returns the whole tokens in s units.
+func (m *model) tokens(s *big.Int) int64 { return new(big.Int).Quo(s, m.period).Int64() }
 
 // shareOf returns floor(avail*ppm/1e6) exactly.
 func shareOf(avail, ppm int64) int64 {
@@ -67,7 +78,7 @@ func shareOf(avail, ppm int64) int64 {
 // acquire applies one acquire at server time now (µs since the epoch).
 func (m *model) acquire(now, want, min, ppm int64) Grant {
 	s, t := m.refilled(now)
-	avail := s / m.period
+	avail := m.tokens(s)
 	var granted int64
 	if avail >= min {
 		granted = shareOf(avail, ppm)
@@ -77,16 +88,17 @@ func (m *model) acquire(now, want, min, ppm int64) Grant {
 		if granted > want {
 			granted = want
 		}
-		s -= granted * m.period
+		s.Sub(s, new(big.Int).Mul(big.NewInt(granted), m.period))
 		m.present, m.s, m.t = true, s, t
 	}
 	g := Grant{
 		Granted:    granted,
-		Remaining:  s / m.period,
-		ResetAfter: time.Duration(ceilDiv(m.cap()-s, m.rate)) * time.Microsecond,
+		Remaining:  m.tokens(s),
+		ResetAfter: time.Duration(ceilDiv(new(big.Int).Sub(m.cap(), s), m.rate)) * time.Microsecond,
 	}
 	if granted == 0 {
-		g.RetryAfter = time.Duration(ceilDiv(min*m.period-s, m.rate)) * time.Microsecond
+		need := new(big.Int).Mul(big.NewInt(min), m.period)
+		g.RetryAfter = time.Duration(ceilDiv(need.Sub(need, s), m.rate)) * time.Microsecond
 	}
 	return g
 }
@@ -95,25 +107,23 @@ func (m *model) acquire(now, want, min, ppm int64) Grant {
 // the bucket then holds.
 func (m *model) refund(now, n int64) int64 {
 	if !m.present {
-		return m.burst
+		return m.burst.Int64()
 	}
 	s, t := m.refilled(now)
-	// s + n*period may exceed int64 only for absurd limits; the limits used
-	// in tests keep burst*period < 2^53, so it fits.
-	s += n * m.period
-	if s >= m.cap() {
+	s.Add(s, new(big.Int).Mul(big.NewInt(n), m.period))
+	if s.Cmp(m.cap()) >= 0 {
 		m.present = false
-		return m.burst
+		return m.burst.Int64()
 	}
 	m.s, m.t = s, t
-	return s / m.period
+	return m.tokens(s)
 }
 
 // ttl is the TTL the scripts give a bucket after a write: the time until it
 // is full again, rounded up to a millisecond, plus one second.
 func (m *model) ttl() time.Duration {
-	reset := ceilDiv(m.cap()-m.s, m.rate) // µs
-	return time.Duration(ceilDiv(reset, 1000)+1000) * time.Millisecond
+	reset := ceilDiv(new(big.Int).Sub(m.cap(), m.s), m.rate) // µs
+	return time.Duration((reset+999)/1000+1000) * time.Millisecond
 }
 
 // micros returns t as µs since the epoch, as the scripts compute it from TIME.

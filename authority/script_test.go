@@ -179,7 +179,7 @@ func suiteScripts(t *testing.T, nb backendFactory) {
 			call{"acquire min > want", &acquireScript, []any{10, 1_000_000, 5, 2, 3, 1_000_000}},
 			call{"acquire want > burst", &acquireScript, []any{10, 1_000_000, 5, 6, 1, 1_000_000}},
 			call{"acquire burst*period+rate = 2^53+1", &acquireScript, []any{2, 1, int64(1<<53 - 1), 1, 1, 1_000_000}},
-			call{"acquire burst*period > 2^53", &acquireScript, []any{1, 1_000_000, int64(1 << 40), 1, 1, 1_000_000}},
+			call{"acquire burst > 2^52", &acquireScript, []any{1, 1_000_000, int64(1<<52 + 1), 1, 1, 1_000_000}},
 			call{"refund n > burst", &refundScript, []any{10, 1_000_000, 5, 6}},
 			call{"refund burst*period+rate = 2^53+1", &refundScript, []any{2, 1, int64(1<<53 - 1), 1}},
 		)

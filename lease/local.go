@@ -1,6 +1,7 @@
 package lease
 
 import (
+	"math/bits"
 	"sync"
 	"time"
 
@@ -8,12 +9,14 @@ import (
 )
 
 // Local is an in-process token bucket, used while Redis is unavailable under
-// policy.FailLocal. Its state is exact integers in the same units as the
-// Redis script: a token is PeriodMicros units and one µs adds Rate units.
+// policy.FailLocal. Its state is exact integers as in the Redis script:
+// whole tokens and the fraction of the next one in units of 1/p, for the
+// limit's rate r and period p in µs reduced by their gcd (r tokens every p
+// µs), with 128-bit products (math/bits), so any valid limit is exact.
 type Local struct {
 	mu     sync.Mutex
-	s      int64 // units; valid at last
-	last   int64 // now of s, in µs
+	w, f   uint64 // w + f/p tokens; valid at last
+	last   int64  // now of the state, in µs
 	inited bool
 }
 
@@ -21,39 +24,85 @@ type Local struct {
 // bucket can never admit it.
 const Never = time.Duration(1<<63 - 1)
 
+// reduced returns l's rate and period in µs divided by their gcd.
+func reduced(l policy.Limit) (r, p uint64) {
+	a, b := uint64(l.Rate), uint64(l.PeriodMicros())
+	for b != 0 {
+		a, b = b, a%b
+	}
+	return uint64(l.Rate) / a, uint64(l.PeriodMicros()) / a
+}
+
+// mulDiv returns floor((a*b + f)/c) and the remainder, or ok false when the
+// quotient does not fit 64 bits.
+func mulDiv(a, b, f, c uint64) (q, rem uint64, ok bool) {
+	hi, lo := bits.Mul64(a, b)
+	lo, carry := bits.Add64(lo, f, 0)
+	hi += carry
+	if hi >= c {
+		return 0, 0, false
+	}
+	q, rem = bits.Div64(hi, lo, c)
+	return q, rem, true
+}
+
+// untilTokens returns the µs until a bucket holding w + f/p tokens holds m
+// more whole ones (m >= 1): ceil((m*p - f)/r).
+func untilTokens(m, f, r, p uint64) time.Duration {
+	q, rem, ok := mulDiv(m-1, p, p-f, r)
+	if !ok || q >= uint64(Never/time.Microsecond) {
+		return Never - 1
+	}
+	if rem > 0 {
+		q++
+	}
+	return time.Duration(q) * time.Microsecond
+}
+
+// refill brings b to nowUs under l. Called with b.mu held.
+func (b *Local) refill(l policy.Limit, nowUs int64) {
+	if !b.inited {
+		b.w, b.f, b.last, b.inited = uint64(l.Burst), 0, nowUs, true
+	}
+	b.w, b.f, b.last = refilled(l, b.w, b.f, b.last, nowUs)
+}
+
+// refilled returns the state w + f/p tokens at last brought to nowUs,
+// capped at l's burst. A clock behind last refills nothing.
+func refilled(l policy.Limit, w, f uint64, last, nowUs int64) (uint64, uint64, int64) {
+	burst := uint64(l.Burst)
+	if w >= burst {
+		w, f = burst, 0
+	}
+	if nowUs > last {
+		r, p := reduced(l)
+		q, rem, ok := mulDiv(uint64(nowUs-last), r, f, p)
+		if !ok || q >= burst-w {
+			w, f = burst, 0
+		} else {
+			w, f = w+q, rem
+		}
+		last = nowUs
+	}
+	return w, f, last
+}
+
 // Allow takes n tokens from b under limit l at now (nanoseconds), all or
 // nothing. It returns whether it did, the whole tokens left, and when denied
 // the time until n tokens are available, or Never when n > l.Burst.
 func (b *Local) Allow(l policy.Limit, n, now int64) (ok bool, remaining int64, retry time.Duration) {
-	p := l.PeriodMicros()
-	capU := l.Burst * p
-	nowUs := now / int64(time.Microsecond)
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if !b.inited {
-		b.s, b.last, b.inited = capU, nowUs, true
-	}
-	if nowUs > b.last {
-		el := nowUs - b.last
-		if el >= (capU-b.s+l.Rate-1)/l.Rate {
-			b.s = capU
-		} else {
-			b.s += el * l.Rate
-		}
-		if b.s > capU {
-			b.s = capU
-		}
-		b.last = nowUs
-	}
+	b.refill(l, now/int64(time.Microsecond))
 	if n > l.Burst {
-		return false, b.s / p, Never
+		return false, int64(b.w), Never
 	}
-	if b.s >= n*p {
-		b.s -= n * p
-		return true, b.s / p, 0
+	if b.w >= uint64(n) {
+		b.w -= uint64(n)
+		return true, int64(b.w), 0
 	}
-	us := (n*p - b.s + l.Rate - 1) / l.Rate
-	return false, b.s / p, time.Duration(us) * time.Microsecond
+	r, p := reduced(l)
+	return false, int64(b.w), untilTokens(uint64(n)-b.w, b.f, r, p)
 }
 
 // Share returns the limit one of fleet instances enforces locally: rate and
@@ -76,10 +125,6 @@ func (b *Local) Full(l policy.Limit, now int64) bool {
 	if !b.inited {
 		return true
 	}
-	capU := l.Burst * l.PeriodMicros()
-	nowUs := now / int64(time.Microsecond)
-	if nowUs <= b.last {
-		return b.s >= capU
-	}
-	return nowUs-b.last >= (capU-b.s+l.Rate-1)/l.Rate
+	w, _, _ := refilled(l, b.w, b.f, b.last, now/int64(time.Microsecond))
+	return w >= uint64(l.Burst)
 }

@@ -147,7 +147,7 @@ func TestLocalRetryIsExact(t *testing.T) {
 		for i := 0; i < 2000; i++ {
 			now += r.Int64N(int64(l.Interval(l.Burst))/2 + 1)
 			n := 1 + r.Int64N(l.Burst)
-			snap := Local{s: b.s, last: b.last, inited: b.inited}
+			snap := Local{w: b.w, f: b.f, last: b.last, inited: b.inited}
 			ok, _, retry := b.Allow(l, n, now)
 			if ok {
 				if retry != 0 {
@@ -174,7 +174,7 @@ func TestLocalRetryIsExact(t *testing.T) {
 	}
 }
 
-func (b *Local) clone() *Local { return &Local{s: b.s, last: b.last, inited: b.inited} }
+func (b *Local) clone() *Local { return &Local{w: b.w, f: b.f, last: b.last, inited: b.inited} }
 
 // TestLocalLongIdle: a bucket idle for a long time (or at the far end of the
 // time range) refills to exactly Burst without overflowing.
@@ -230,5 +230,30 @@ func TestShare(t *testing.T) {
 	}
 	if got := Share(policy.PerSecond(1000), 8); got.Rate != 125 || got.Burst != 125 {
 		t.Errorf("Share(PerSecond(1000), 8) = %v", got)
+	}
+}
+
+// TestLocalHugeQuota: FailLocal shares of quotas far past where burst ×
+// period leaves int64 (10^12 a day, MaxRate per MaxPeriod) stay exact.
+func TestLocalHugeQuota(t *testing.T) {
+	day := policy.PerDay(1e12)
+	b := new(Local)
+	if ok, rem, _ := b.Allow(day, 1e12, s); !ok || rem != 0 {
+		t.Fatalf("Allow(1e12) on a full bucket = %v, %d", ok, rem)
+	}
+	// 1 µs adds 1e12/8.64e10 = 11.57 tokens.
+	if ok, rem, retry := b.Allow(day, 12, s+int64(time.Microsecond)); ok || rem != 11 || retry != time.Microsecond {
+		t.Errorf("Allow(12) 1µs later = %v, %d, %v; want denied, 11 left, 1µs", ok, rem, retry)
+	}
+	max := policy.Limit{Name: "max", Rate: policy.MaxRate, Period: policy.MaxPeriod, Burst: policy.MaxRate}
+	b = new(Local)
+	if ok, _, _ := b.Allow(max, policy.MaxRate, s); !ok {
+		t.Fatal("Allow(MaxRate) on a full bucket denied")
+	}
+	if ok, _, retry := b.Allow(max, policy.MaxRate, s); ok || retry != max.Interval(policy.MaxRate) {
+		t.Errorf("Allow(MaxRate) on an empty bucket = %v, retry %v; want denied, %v", ok, retry, max.Interval(policy.MaxRate))
+	}
+	if !b.Full(max, s+int64(policy.MaxPeriod)) || b.Full(max, s+int64(policy.MaxPeriod)-int64(time.Second)) {
+		t.Error("Full wrong around the refill time of MaxRate per MaxPeriod")
 	}
 }

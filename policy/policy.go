@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/bits"
 	"strconv"
 	"time"
 )
@@ -18,11 +19,6 @@ var ErrInvalidLimit = errors.New("policy: invalid limit")
 
 // MaxNameLen is the longest Limit.Name accepted.
 const MaxNameLen = 64
-
-// maxExact is the largest integer a Redis Lua number (an IEEE 754 double)
-// holds exactly. The token bucket keeps its state in units of
-// 1/Period-microseconds of a token, so Burst*Period (in µs) must stay below it.
-const maxExact = 1 << 53
 
 // Limit is a token bucket: it holds at most Burst tokens and refills
 // continuously at Rate tokens per Period. A request for n tokens is admitted
@@ -61,8 +57,9 @@ func (l Limit) WithName(name string) Limit { l.Name = name; return l }
 // PeriodMicros returns Period in whole microseconds.
 func (l Limit) PeriodMicros() int64 { return int64(l.Period / time.Microsecond) }
 
-// Validate reports whether l can be enforced exactly. The error wraps
-// ErrInvalidLimit and names the offending field.
+// Validate reports whether l can be enforced exactly: a Name, Rate and
+// Burst in [1, MaxRate], Period in whole microseconds in [1µs, MaxPeriod].
+// The error wraps ErrInvalidLimit and names the offending field.
 func (l Limit) Validate() error {
 	if err := ValidateName(l.Name); err != nil {
 		return err
@@ -77,14 +74,26 @@ func (l Limit) Validate() error {
 	case l.Period%time.Microsecond != 0:
 		return fmt.Errorf("%w: period %v must be a whole number of microseconds", ErrInvalidLimit, l.Period)
 	}
-	// The script keeps tokens in units of 1/period-µs and refills Rate units
-	// per elapsed µs, so the largest intermediate value is Burst*period+Rate.
-	p := l.PeriodMicros()
-	if l.Rate >= maxExact || l.Burst > (maxExact-1-l.Rate)/p {
-		return fmt.Errorf("%w: %s exceeds the exact range of the bucket math (burst × period in µs + rate must be < 2^53)", ErrInvalidLimit, l)
+	if l.Rate > MaxRate || l.Burst > MaxRate {
+		return fmt.Errorf("%w: %s: rate and burst must be at most %d", ErrInvalidLimit, l, int64(MaxRate))
+	}
+	if l.Period > MaxPeriod {
+		return fmt.Errorf("%w: %s: period must be at most %v (ten years)", ErrInvalidLimit, l, MaxPeriod)
 	}
 	return nil
 }
+
+// The range of a Limit: Rate and Burst from 1 to MaxRate, Period from 1 µs
+// to MaxPeriod in whole microseconds. Within it the bucket's arithmetic is
+// exact integer arithmetic (whole tokens and the fraction of the next one
+// kept apart, the rate and period reduced by their gcd), on Redis and in
+// the FailLocal buckets; a day of 10^12 tokens is as exact as a second of
+// one. Durations the bucket reports (RetryAfter, ResetAfter) are exact up to
+// 2^52 µs (about 142 years) and saturate there.
+const (
+	MaxRate   = 1 << 50 // about 1.1e15
+	MaxPeriod = 3660 * 24 * time.Hour
+)
 
 // ValidateName reports whether name is usable as a limit name in Redis keys.
 func ValidateName(name string) error {
@@ -107,20 +116,30 @@ func safeByte(c byte) bool {
 }
 
 // Interval returns the time in which the bucket gains n tokens, rounded up to
-// a whole microsecond.
+// a whole microsecond, exactly (128-bit arithmetic); durations past
+// time.Duration's range saturate at its maximum.
 func (l Limit) Interval(n int64) time.Duration {
-	if n <= 0 || l.Rate <= 0 {
+	if n <= 0 || l.Rate <= 0 || l.Period <= 0 {
 		return 0
 	}
-	us := math.Ceil(float64(n) * float64(l.PeriodMicros()) / float64(l.Rate))
-	if us >= float64(math.MaxInt64/int64(time.Microsecond)) {
+	hi, lo := bits.Mul64(uint64(n), uint64(l.PeriodMicros()))
+	rate := uint64(l.Rate)
+	if hi >= rate {
 		return time.Duration(math.MaxInt64)
 	}
-	return time.Duration(int64(us)) * time.Microsecond
+	q, rem := bits.Div64(hi, lo, rate)
+	if rem > 0 {
+		q++
+	}
+	if q == 0 && l.PeriodMicros() == 0 {
+		return 0
+	}
+	if q > uint64(math.MaxInt64/int64(time.Microsecond)) {
+		return time.Duration(math.MaxInt64)
+	}
+	return time.Duration(q) * time.Microsecond
 }
 
-// String formats l as "name: rate/period burst=b", for example
-// "default: 100/1s burst=100".
 func (l Limit) String() string {
 	return l.Name + ": " + strconv.FormatInt(l.Rate, 10) + "/" + l.Period.String() + " burst=" + strconv.FormatInt(l.Burst, 10)
 }

@@ -16,10 +16,9 @@ const two53 = int64(1) << 53
 
 // exactBound reports whether burst × period-µs + rate < 2^53, computed
 // without overflow.
+// exactBound reports whether l is in the documented exact range.
 func exactBound(l policy.Limit) bool {
-	v := new(big.Int).Mul(big.NewInt(l.Burst), big.NewInt(l.PeriodMicros()))
-	v.Add(v, big.NewInt(l.Rate))
-	return v.Cmp(new(big.Int).Lsh(big.NewInt(1), 53)) < 0
+	return l.Rate <= policy.MaxRate && l.Burst <= policy.MaxRate && l.Period <= policy.MaxPeriod
 }
 
 func lim(name string, rate int64, period time.Duration, burst int64) policy.Limit {
@@ -28,8 +27,6 @@ func lim(name string, rate int64, period time.Duration, burst int64) policy.Limi
 
 func TestLimitValidate(t *testing.T) {
 	const us = time.Microsecond
-	// The largest burst for period 1s and rate 1 such that burst*1e6+1 < 2^53.
-	maxBurstPerSecond := (two53 - 2) / 1_000_000
 	tests := []struct {
 		name    string
 		l       policy.Limit
@@ -72,18 +69,20 @@ func TestLimitValidate(t *testing.T) {
 		{"name invalid UTF-8", lim("a\xffb", 1, time.Second, 1), false, "name"},
 		{"name checked first", lim("", 0, 0, 0), false, "name"},
 
-		// Precision bound: burst × period-µs + rate must be < 2^53.
-		{"bound 1µs just below", lim("a", 1, us, two53-2), true, ""},                   // 2^53-1
-		{"bound 1s just below", lim("a", 1, time.Second, maxBurstPerSecond), true, ""}, // < 2^53
-		{"bound 1s just above", lim("a", 1, time.Second, maxBurstPerSecond+1), false, "2^53"},
-		{"bound rate just below", lim("a", two53-2, us, 1), true, ""}, // 2^53-1
-		{"bound rate 2^53", lim("a", two53, us, 1), false, "2^53"},
-		{"bound rate MaxInt64", lim("a", math.MaxInt64, time.Second, 1), false, "2^53"},
-		{"bound burst MaxInt64", lim("a", 1, time.Second, math.MaxInt64), false, "2^53"},
-		{"bound burst MaxInt64 1µs", lim("a", 1, us, math.MaxInt64), false, "2^53"},
-		{"bound period MaxInt64", lim("a", 1, time.Duration(math.MaxInt64/1000*1000), 1), false, "2^53"},
-		{"bound hour above", lim("a", 1, time.Hour, two53/int64(time.Hour/us)+1), false, "2^53"},
-		{"bound hour below", lim("a", 1, time.Hour, two53/int64(time.Hour/us)), true, ""},
+		// The exact range: rate and burst up to MaxRate, period up to
+		// MaxPeriod. Daily quotas the old rule (burst × period-µs + rate
+		// < 2^53) refused are valid.
+		{"104250 per day", policy.PerDay(104_250), true, ""},
+		{"1e12 per day", policy.PerDay(1e12), true, ""},
+		{"2.5e6 per hour", policy.PerHour(2_500_001), true, ""},
+		{"MaxRate per MaxPeriod", lim("a", policy.MaxRate, policy.MaxPeriod, policy.MaxRate), true, ""},
+		{"MaxRate per 1µs", lim("a", policy.MaxRate, us, policy.MaxRate), true, ""},
+		{"rate above MaxRate", lim("a", policy.MaxRate+1, time.Second, 1), false, "at most"},
+		{"burst above MaxRate", lim("a", 1, time.Second, policy.MaxRate+1), false, "at most"},
+		{"rate MaxInt64", lim("a", math.MaxInt64, time.Second, 1), false, "at most"},
+		{"burst MaxInt64", lim("a", 1, us, math.MaxInt64), false, "at most"},
+		{"period above MaxPeriod", lim("a", 1, policy.MaxPeriod+us, 1), false, "at most"},
+		{"period MaxInt64", lim("a", 1, time.Duration(math.MaxInt64/1000*1000), 1), false, "at most"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -107,27 +106,6 @@ func TestLimitValidate(t *testing.T) {
 				t.Errorf("Validate(%+v) = %q, want it to mention %q", tc.l, err, tc.mention)
 			}
 		})
-	}
-}
-
-// TestLimitValidatePrecisionBoundEqual covers limits whose largest
-// intermediate value burst × period-µs + rate is exactly 2^53: that value is
-// not < 2^53, so they must be rejected.
-func TestLimitValidatePrecisionBoundEqual(t *testing.T) {
-	for _, l := range []policy.Limit{
-		lim("a", 1, time.Microsecond, two53-1),             // (2^53-1)·1 + 1
-		lim("a", two53-1, time.Microsecond, 1),             // 1·1 + 2^53-1
-		lim("a", 2, 2*time.Microsecond, two53/2-1),         // (2^52-1)·2 + 2
-		lim("a", 992, time.Millisecond, 9_007_199_254_740), // 9007199254740·1000 + 992
-		// Controls on either side of equality.
-		lim("a", 991, time.Millisecond, 9_007_199_254_740), // 2^53 - 1: valid
-		lim("a", 993, time.Millisecond, 9_007_199_254_740), // 2^53 + 1: invalid
-	} {
-		want := exactBound(l)
-		err := l.Validate()
-		if got := err == nil; got != want {
-			t.Errorf("Validate(%+v): burst×periodµs+rate < 2^53 is %v, but Validate returned %v", l, want, err)
-		}
 	}
 }
 
@@ -276,12 +254,15 @@ func TestIntervalExact(t *testing.T) {
 		if m.Sign() > 0 {
 			q.Add(q, big.NewInt(1))
 		}
-		want := time.Duration(q.Int64()) * time.Microsecond
+		want := time.Duration(math.MaxInt64)
+		if q.Cmp(big.NewInt(math.MaxInt64/int64(time.Microsecond))) <= 0 {
+			want = time.Duration(q.Int64()) * time.Microsecond
+		}
 		if got := l.Interval(n); got != want {
 			t.Fatalf("%v: Interval(%d) = %v, want %v", l, n, got, want)
 		}
 		// It is the least whole-µs duration in which n tokens arrive.
-		if got := l.Interval(n); got > 0 {
+		if got := l.Interval(n); got > 0 && got < time.Duration(math.MaxInt64) {
 			prev := new(big.Int).Mul(big.NewInt(int64(got/time.Microsecond)-1), den)
 			if prev.Cmp(num) >= 0 {
 				t.Fatalf("%v: Interval(%d) = %v is not the least duration", l, n, got)
@@ -291,8 +272,8 @@ func TestIntervalExact(t *testing.T) {
 	for i := 0; i < 20000; i++ {
 		var l policy.Limit
 		for {
-			p := time.Duration(1+r.Int64N(1<<uint(r.IntN(36)))) * time.Microsecond
-			l = lim("a", 1+r.Int64N(1<<uint(r.IntN(53))), p, 1+r.Int64N(1<<uint(r.IntN(53))))
+			p := time.Duration(1+r.Int64N(1<<uint(r.IntN(49)))) * time.Microsecond
+			l = lim("a", 1+r.Int64N(1<<uint(r.IntN(51))), p, 1+r.Int64N(1<<uint(r.IntN(51))))
 			if l.Validate() == nil {
 				break
 			}
@@ -301,9 +282,9 @@ func TestIntervalExact(t *testing.T) {
 		check(l, l.Burst)
 		check(l, 1+r.Int64N(l.Burst))
 	}
-	// Limits right at the precision bound.
-	check(lim("a", 1, time.Microsecond, two53-2), two53-2)
-	check(lim("a", 3, time.Microsecond, two53-4), two53-4)
+	// Limits at the edge of the range.
+	check(lim("a", 1, time.Microsecond, policy.MaxRate), policy.MaxRate)
+	check(lim("a", 3, policy.MaxPeriod, policy.MaxRate), policy.MaxRate)
 	check(lim("a", 999_999_937, time.Second, 9_007_198_254), 9_007_198_254)
 }
 
@@ -515,7 +496,7 @@ func FuzzLimitValidate(f *testing.F) {
 			t.Fatalf("Validate(%+v) = nil with an invalid name", l)
 		}
 		if !exactBound(l) {
-			t.Fatalf("Validate(%+v) = nil, but burst×periodµs+rate >= 2^53", l)
+			t.Fatalf("Validate(%+v) = nil outside the documented range", l)
 		}
 		// A valid limit's intervals are non-negative and exact for n <= Burst.
 		if iv := l.Interval(l.Burst); iv < 0 {
