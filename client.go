@@ -754,7 +754,9 @@ func (l *Limiter) janitor() {
 
 // flushRefunds sends the queued refunds in one pipeline per breaker (per
 // master node on a Cluster; go-redis splits a pipeline by node anyway).
-// Refunds whose node is unavailable are kept for the next round.
+// Refunds whose node is unavailable (the breaker holds calls back) are kept
+// for the next round; refunds whose pipeline failed once sent are dropped,
+// never sent again, so none is applied twice (see authority.Redis.Refund).
 func (l *Limiter) flushRefunds() {
 	rq := l.takeRefunds()
 	if len(rq) == 0 {
@@ -783,8 +785,12 @@ func (l *Limiter) flushRefunds() {
 			err = fmt.Errorf("%w: %w", breaker.ErrBudget, err)
 		}
 		done(err)
-		if err != nil && breaker.Counts(err) {
-			l.requeue(g)
+		if err != nil {
+			// Sent, outcome unknown: a refund may have been applied
+			// before the error. Sending it again could give its tokens
+			// back twice (over-admission); dropping it can only leave
+			// them debited until the bucket refills.
+			l.dropRefunds(g)
 			continue
 		}
 		l.countRefunds(g)
@@ -797,6 +803,15 @@ func (l *Limiter) countRefunds(rq []authority.Refund) {
 		n += r.Tokens
 	}
 	l.tel.CountRefund(context.Background(), n)
+}
+
+// dropRefunds counts rq as dropped: their tokens stay debited.
+func (l *Limiter) dropRefunds(rq []authority.Refund) {
+	var n int64
+	for _, r := range rq {
+		n += r.Tokens
+	}
+	l.tel.CountDroppedRefund(context.Background(), n)
 }
 
 func (l *Limiter) requeue(rq []authority.Refund) {

@@ -21,7 +21,7 @@ if not (r and p and burst and want and min and share)
 end
 
 local id = ARGV[7]
-if id ~= nil and (#id == 0 or #id > 64 or string.find(id, '%s')) then
+if id ~= nil and not valid_id(id) then
   return redis.error_reply('ERR leaselimit: invalid acquire arguments')
 end
 
@@ -55,7 +55,9 @@ if granted > 0 then
   if id ~= nil then
     tail = ' ' .. id .. ' ' .. int_str(granted) .. ' ' .. int_str(w) .. ' ' .. int_str(reset)
   end
-  err = store(KEYS[1], w, f, last, tail, ttl_ms(reset))
+  local rid = '-'
+  if b then rid = b.rid end
+  err = store(KEYS[1], w, f, last, rid, tail, ttl_ms(reset))
   if err then return err end
 end
 

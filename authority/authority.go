@@ -195,6 +195,12 @@ func Reduced(l policy.Limit) (rate, period int64) {
 	return l.Rate / a, l.PeriodMicros() / a
 }
 
+// nextID returns a request id unique to this process and call: the
+// random base, then kind, then a sequence number.
+func (r *Redis) nextID(kind string) string {
+	return r.idBase + kind + strconv.FormatUint(r.seq.Add(1), 36)
+}
+
 // Acquire takes between min and want tokens from key's bucket under l, at
 // most max(min, available×share) of them, where share is in (0, 1]; or none
 // when fewer than min are available. It needs 1 <= min <= want <= l.Burst.
@@ -209,7 +215,7 @@ func (r *Redis) Acquire(ctx context.Context, key string, l policy.Limit, want, m
 	// The request id makes a resent call (go-redis retries a command whose
 	// connection broke) return the first call's grant instead of taking
 	// tokens twice.
-	id := r.idBase + strconv.FormatUint(r.seq.Add(1), 36)
+	id := r.nextID("")
 	rate, period := Reduced(l)
 	v, err := r.run(ctx, acquireScript, key, rate, period, l.Burst, want, min, ppm, id)
 	if err != nil {
@@ -230,7 +236,7 @@ func (r *Redis) RefundOne(ctx context.Context, key string, l policy.Limit, n int
 		return 0, fmt.Errorf("%w: refund n=%d burst=%d", ErrScript, n, l.Burst)
 	}
 	rate, period := Reduced(l)
-	v, err := r.run(ctx, refundScript, key, rate, period, l.Burst, n)
+	v, err := r.run(ctx, refundScript, key, rate, period, l.Burst, n, r.nextID("r"))
 	if err != nil {
 		return 0, err
 	}
@@ -239,28 +245,42 @@ func (r *Redis) RefundOne(ctx context.Context, key string, l policy.Limit, n int
 }
 
 // Refund gives unused tokens back to several buckets in one pipeline (on a
-// Cluster, go-redis splits it by node). Entries with Tokens < 1 are skipped;
-// Tokens above the burst are capped at it. It returns the first error.
+// Cluster, go-redis splits it by node). Refunds to one key are merged into
+// one; entries with Tokens < 1 are skipped; Tokens above the burst are
+// capped at it. Each merged refund carries a request id, so that a pipeline
+// go-redis resends after a broken connection is not applied twice. It
+// returns the first error; the outcome of a refund that failed after it was
+// sent is unknown, so a caller must not send it again under a new id.
 func (r *Redis) Refund(ctx context.Context, refunds []Refund) error {
 	type item struct {
 		rf  Refund
+		id  string
 		cmd *redis.Cmd
 	}
+	merged := make(map[string]int, len(refunds))
 	items := make([]item, 0, len(refunds))
-	pipe := r.client.Pipeline()
 	for _, rf := range refunds {
 		if rf.Tokens < 1 {
 			continue
 		}
+		if i, ok := merged[rf.Key]; ok {
+			items[i].rf.Tokens += rf.Tokens
+			continue
+		}
+		merged[rf.Key] = len(items)
+		items = append(items, item{rf: rf, id: r.nextID("r")})
+	}
+	if len(items) == 0 {
+		return nil
+	}
+	pipe := r.client.Pipeline()
+	for i := range items {
+		rf := &items[i].rf
 		if rf.Tokens > rf.Limit.Burst {
 			rf.Tokens = rf.Limit.Burst
 		}
 		rate, period := Reduced(rf.Limit)
-		cmd := pipe.EvalSha(ctx, refundScript.sha, []string{rf.Key}, rate, period, rf.Limit.Burst, rf.Tokens)
-		items = append(items, item{rf, cmd})
-	}
-	if len(items) == 0 {
-		return nil
+		items[i].cmd = pipe.EvalSha(ctx, refundScript.sha, []string{rf.Key}, rate, period, rf.Limit.Burst, rf.Tokens, items[i].id)
 	}
 	_, _ = pipe.Exec(ctx) // errors are read per command below
 	var retry []item
@@ -283,7 +303,7 @@ func (r *Redis) Refund(ctx context.Context, refunds []Refund) error {
 		for i := range retry {
 			rf := retry[i].rf
 			rate, period := Reduced(rf.Limit)
-			retry[i].cmd = pipe.Eval(ctx, refundScript.src, []string{rf.Key}, rate, period, rf.Limit.Burst, rf.Tokens)
+			retry[i].cmd = pipe.Eval(ctx, refundScript.src, []string{rf.Key}, rate, period, rf.Limit.Burst, rf.Tokens, retry[i].id)
 		}
 		_, _ = pipe.Exec(ctx)
 		for _, it := range retry {

@@ -91,7 +91,7 @@ func newRealBackend(t *testing.T, client redis.UniversalClient) *backend {
 // moved forward (back) by that much.
 const shiftSrc = `local v = redis.call('GET', KEYS[1])
 if not v then return 0 end
-local w, f, t, tail = string.match(v, '^(%d+) (%d+) (%d+)(.*)$')
+local w, f, t, tail = string.match(v, '^(%d+) (%d+) (%d+)( .*)$')
 if w then
   redis.call('SET', KEYS[1], w .. ' ' .. f .. ' ' .. string.format('%.0f', tonumber(t) - tonumber(ARGV[1])) .. tail, 'KEEPTTL')
 end
@@ -195,10 +195,10 @@ func (b *backend) scriptCached(t testing.TB, sha string) bool {
 	return len(v) == 1 && v[0]
 }
 
-// bucketRE is the bucket string: "<w> <f> <t>", optionally followed by
-// the request id of the last grant and that grant's reply (granted,
+// bucketRE is the bucket string: "<w> <f> <t> <last refund id or ->",
+// optionally followed by the request id of the last grant and that grant's reply (granted,
 // remaining, reset).
-var bucketRE = regexp.MustCompile(`^([0-9]+) ([0-9]+) ([0-9]+)(?: ([^ ]+) ([0-9]+) ([0-9]+) ([0-9]+))?$`)
+var bucketRE = regexp.MustCompile(`^([0-9]+) ([0-9]+) ([0-9]+) ([^ ]+)(?: ([^ ]+) ([0-9]+) ([0-9]+) ([0-9]+))?$`)
 
 // bigState returns the bucket of key under l in units (a token being
 // l's period in µs, as the model counts): w·period + f·gcd, where the script
@@ -212,7 +212,7 @@ func (b *backend) bigState(t testing.TB, key string, l policy.Limit) (s *big.Int
 	}
 	m := bucketRE.FindStringSubmatch(v)
 	if m == nil {
-		t.Fatalf("bucket %s = %q; want \"<w> <f> <t>[ <id> <granted> <remaining> <reset>]\"", key, v)
+		t.Fatalf("bucket %s = %q; want \"<w> <f> <t> <rid>[ <id> <granted> <remaining> <reset>]\"", key, v)
 	}
 	var n [3]int64
 	for i := range n {

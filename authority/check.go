@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/leaselimit/leaselimit/policy"
@@ -40,9 +41,12 @@ func (r *Redis) Check(ctx context.Context, each time.Duration) error {
 	if !ok {
 		return r.checkNode(ctx, each, r.checkKey(0), r.client, "")
 	}
+	var mu sync.Mutex // ForEachMaster calls its function concurrently
 	var masters []string
 	if err := withTimeout(ctx, each, func(ctx context.Context) error {
 		return cc.ForEachMaster(ctx, func(_ context.Context, c *redis.Client) error {
+			mu.Lock()
+			defer mu.Unlock()
 			masters = append(masters, c.Options().Addr)
 			return nil
 		})

@@ -2,10 +2,11 @@
 --
 -- A limit refills r tokens every p µs (its rate and period reduced by their
 -- gcd), up to burst tokens. A bucket is one string,
--- "<w> <f> <t>" or "<w> <f> <t> <id> <granted> <remaining> <reset>":
+-- "<w> <f> <t> <rid>" or "<w> <f> <t> <rid> <id> <granted> <remaining> <reset>":
 -- the bucket holds w + f/p tokens (w whole, 0 <= f < p), valid at t µs on
--- this server's clock; then the request id of the bucket's last grant
--- and that grant's reply. It is written by one SET ... PX, so the state never
+-- this server's clock; rid the request id of the last refund applied ("-"
+-- for none), so a resent refund is not applied twice; then the request id
+-- of the bucket's last grant and that grant's reply. It is written by one SET ... PX, so the state never
 -- exists without its TTL, and a refused write leaves nothing behind. A
 -- missing key is a full bucket.
 --
@@ -46,22 +47,29 @@ local function int_str(v)
 end
 
 -- load reads the bucket at key: nil for a missing (full) bucket, else
--- {w, f, t, tail}, tail being the request-id part (" <id> <granted> <remaining> <reset>" or "").
+-- {w, f, t, rid, tail}, tail being the grant part (" <id> <granted> <remaining> <reset>" or "").
 local function load(key)
   local v, err = call('GET', key)
   if err then return nil, err end
   if not v then return nil end
-  local w, f, t, tail = string.match(v, '^(%d+) (%d+) (%d+)(.*)$')
+  local w, f, t, rid, tail = string.match(v, '^(%d+) (%d+) (%d+) (%S+)(.*)$')
   if not w then
     return nil, redis.error_reply('ERR leaselimit: bucket ' .. key .. ' holds an unknown value')
   end
-  return {w = tonumber(w), f = tonumber(f), t = tonumber(t), tail = tail}
+  return {w = tonumber(w), f = tonumber(f), t = tonumber(t), rid = rid, tail = tail}
 end
 
 -- store writes the bucket at key with a TTL of ttl_ms, in one command.
-local function store(key, w, f, t, tail, ttl_ms)
-  local _, err = call('SET', key, int_str(w) .. ' ' .. int_str(f) .. ' ' .. int_str(t) .. tail, 'PX', int_str(ttl_ms))
+local function store(key, w, f, t, rid, tail, ttl_ms)
+  local v = int_str(w) .. ' ' .. int_str(f) .. ' ' .. int_str(t) .. ' ' .. rid .. tail
+  local _, err = call('SET', key, v, 'PX', int_str(ttl_ms))
   return err
+end
+
+-- valid_id reports whether id can be stored in a bucket: 1 to 64 bytes, no
+-- white space.
+local function valid_id(id)
+  return #id > 0 and #id <= 64 and not string.find(id, '%s')
 end
 
 -- divmod returns floor(a/c) and a % c exactly, for 0 <= a < 2^53, 1 <= c < 2^53.

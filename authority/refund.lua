@@ -1,7 +1,10 @@
 -- leaselimit refund: return unused leased tokens to a token bucket.
 --
 -- KEYS[1]  the bucket (see common.lua)
--- ARGV     r, p, burst, n (all integers; 1 <= n <= burst; see acquire.lua)
+-- ARGV     r, p, burst, n (all integers; 1 <= n <= burst; see acquire.lua),
+--          and optionally a request id: a refund whose id equals that of the
+--          bucket's last refund is not applied again (go-redis resends a
+--          pipeline whose connection broke), and returns the bucket as it is.
 -- Returns  {remaining, reset_after_us}
 --
 -- The bucket is refilled to now, then n tokens are added, capped at burst.
@@ -9,6 +12,10 @@
 -- deleted, since a missing key reads as full.
 local r, p, burst, n = int(1), int(2), int(3), int(4)
 if not (r and p and burst and n) or n > burst or burst > HUGE then
+  return redis.error_reply('ERR leaselimit: invalid refund arguments')
+end
+local id = ARGV[5]
+if id ~= nil and (not valid_id(id) or id == '-') then
   return redis.error_reply('ERR leaselimit: invalid refund arguments')
 end
 
@@ -21,6 +28,12 @@ local now
 now, err = now_us()
 if err then return err end
 local w, f, last = refill(b.w, b.f, b.t, now, r, p, burst)
+if id ~= nil and b.rid == id then
+  -- Applied already: report the bucket, change nothing.
+  local reset = 0
+  if w < burst then reset = until_tokens(burst - w, f, r, p) end
+  return {w, reset}
+end
 
 w = w + n
 if w >= burst then
@@ -32,6 +45,6 @@ end
 local reset = until_tokens(burst - w, f, r, p)
 -- The tail (the last grant's request id and reply) is kept: a resent
 -- acquire must still find it.
-err = store(KEYS[1], w, f, last, b.tail, ttl_ms(reset))
+err = store(KEYS[1], w, f, last, id or b.rid, b.tail, ttl_ms(reset))
 if err then return err end
 return {w, reset}
