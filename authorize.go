@@ -34,7 +34,7 @@ const (
 	callDelivered       // the result went to the waiter
 	callGaveUp          // the waiter blamed Redis and told the breaker
 	callLeft            // the waiter's ctx ended: the call tells the breaker its outcome
-	callOutwaited       // the waiter left at the hard cap, the process still behind: the call tells the breaker its outcome, a timeout excepted
+	callOutwaited       // the waiter left at the hard cap, the process still behind: the call tells the breaker its outcome
 )
 
 // authorize makes one acquire call through the breaker, bounded by the time
@@ -91,21 +91,19 @@ func (l *Limiter) authorize(ctx context.Context, brk *breaker.Breaker, rkey stri
 		if !breaker.Counts(err) {
 			brk.Replied()
 		}
+		if errors.Is(err, breaker.ErrBudget) {
+			// The call's own deadline lies past the hard cap: the waiter
+			// decides every timeout before it, unless this process kept
+			// the waiter (and likely this goroutine) from running.
+			err = fmt.Errorf("%w: %v", errSaturated, err)
+		}
 		result = callResult{g, err}
 		if state.CompareAndSwap(callPending, callDelivered) {
 			close(delivered)
 			done(err)
 			return
 		}
-		switch state.Load() {
-		case callLeft:
-			done(err)
-		case callOutwaited:
-			if errors.Is(err, breaker.ErrBudget) {
-				// The deadline ran out waiting for a connection that
-				// late readers held: the process's doing too.
-				err = errSaturated
-			}
+		if s := state.Load(); s == callLeft || s == callOutwaited {
 			done(err)
 		}
 		if err == nil && g.Granted > 0 && late != nil {
@@ -145,7 +143,10 @@ func (l *Limiter) authorize(ctx context.Context, brk *breaker.Breaker, rkey stri
 		}
 		select {
 		case <-delivered:
-			if time.Since(start) > budget {
+			if errors.Is(result.err, errSaturated) {
+				l.sawSaturation(ctx, telemetry.SaturatedAbandoned)
+				l.log.saturated()
+			} else if time.Since(start) > budget {
 				// Answered after the budget, and not blamed on Redis:
 				// the waiter found the process behind, or was itself too
 				// late to look.

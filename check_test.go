@@ -96,15 +96,7 @@ func TestCheck(t *testing.T) {
 
 	t.Run("acl", func(t *testing.T) {
 		srv := redistest.Start(t)
-		var rules []string
-		for _, r := range aclRules {
-			if r != "+set" {
-				rules = append(rules, r)
-			}
-		}
-		srv.Do(t, aclSetUser(rules)...)
-		c := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: aclUser, Password: aclPassword})
-		t.Cleanup(func() { _ = c.Close() })
+		c := aclClientWithout(t, srv, "+set")
 		wantCheckError(t, checkLimiter(t, c).Check(ctx), "refused", "SET", "ACL")
 	})
 

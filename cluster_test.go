@@ -1020,6 +1020,22 @@ func TestSentinelFailover(t *testing.T) {
 	}
 }
 
+// aclClientWithout sets up the least-privilege user on srv without rule
+// and returns a client that authenticates as it.
+func aclClientWithout(t *testing.T, srv *redistest.Server, rule string) *redis.Client {
+	t.Helper()
+	var rules []string
+	for _, r := range aclRules {
+		if r != rule {
+			rules = append(rules, r)
+		}
+	}
+	srv.Do(t, aclSetUser(rules)...)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: aclUser, Password: aclPassword})
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
 // TestRefusedWriteLeavesNothing: with an ACL that lacks the write the
 // scripts make (SET), every call is an error that names the refused
 // command, no token is taken and no key is written. Regression: with an ACL
@@ -1027,15 +1043,7 @@ func TestSentinelFailover(t *testing.T) {
 // returned errors took 10 tokens, and the keys had no TTL.
 func TestRefusedWriteLeavesNothing(t *testing.T) {
 	srv := redistest.Start(t)
-	var rules []string
-	for _, r := range aclRules {
-		if r != "+set" {
-			rules = append(rules, r)
-		}
-	}
-	srv.Do(t, aclSetUser(rules)...)
-	c := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: aclUser, Password: aclPassword})
-	t.Cleanup(func() { _ = c.Close() })
+	c := aclClientWithout(t, srv, "+set")
 	ctx := context.Background()
 	l := policy.Limit{Name: "acl-noset", Rate: 1, Period: time.Hour, Burst: 10}
 	lim := mustNew(t, c, l, leaselimit.WithoutLease())

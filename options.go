@@ -132,7 +132,7 @@ func WithoutLease() Option {
 
 // WithMaxKeys bounds the number of keys the Limiter keeps local state for
 // (at least 64, whatever n). The bound is split over 64 shards: when a new
-// key's shard is full, that shard's least recently used key is evicted (its
+// key's shard is full, a key of that shard not used for a while is evicted (its
 // unused leased tokens are refunded), possibly before the whole table is
 // full. Default DefaultMaxKeys (100,000).
 func WithMaxKeys(n int) Option {

@@ -37,6 +37,9 @@ type Entry struct {
 	removed   atomic.Bool           // evicted from the table; refills must refund
 	local     atomic.Pointer[Local] // the FailLocal bucket, made on first use
 
+	slot int   // position in its shard's ring; guarded by the shard's lock
+	seen int64 // lastUse when the eviction hand last passed; guarded by the shard's lock
+
 	pendSum atomic.Int64 // tokens wanted by callers waiting on a refill
 	pendMin atomic.Int64 // smallest such want (0: none)
 

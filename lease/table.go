@@ -10,7 +10,7 @@ const numShards = 64
 // Table is a bounded map from user key to Entry, split into shards with a
 // read-write lock each. A lookup of a present key takes a read lock and does
 // not allocate. It holds at most about MaxKeys entries: inserting into a full
-// shard evicts that shard's least recently used entry.
+// shard evicts one of that shard's entries not used for a while.
 type Table struct {
 	seed   maphash.Seed
 	shards [numShards]shard
@@ -23,10 +23,54 @@ type Table struct {
 func (t *Table) SetKeep(keep func(e *Entry, now int64) bool) { t.keep = keep }
 
 type shard struct {
-	mu  sync.RWMutex
-	m   map[string]*Entry
-	max int      // entries this shard may hold
-	_   [32]byte // keep shards on separate cache lines
+	mu    sync.RWMutex
+	m     map[string]*Entry
+	ring  []*Entry // the entries of m, in no order, for the CLOCK hand
+	hand  int      // next ring position the eviction hand looks at
+	moves int      // entries the hand has passed (for tests of its cost)
+	max   int      // entries this shard may hold
+	_     [32]byte // keep shards on separate cache lines
+}
+
+// add puts e in s. Called with s.mu held.
+func (s *shard) add(e *Entry) {
+	s.m[e.key] = e
+	e.slot = len(s.ring)
+	s.ring = append(s.ring, e)
+}
+
+// remove takes e out of s and marks it removed. Called with s.mu held.
+func (s *shard) remove(e *Entry) {
+	delete(s.m, e.key)
+	last := len(s.ring) - 1
+	moved := s.ring[last]
+	s.ring[e.slot] = moved
+	moved.slot = e.slot
+	s.ring[last] = nil
+	s.ring = s.ring[:last]
+	e.removed.Store(true)
+}
+
+// victim picks the entry to evict with the CLOCK algorithm, an approximation
+// of least recently used in O(1) amortised time: the hand passes over the
+// ring; an entry used since the hand last passed it gets another round
+// (its use is noted in seen), the first one not used is the victim. Called
+// with s.mu held, on a non-empty shard.
+func (s *shard) victim() *Entry {
+	for range 2*len(s.ring) + 1 {
+		if s.hand >= len(s.ring) {
+			s.hand = 0
+		}
+		e := s.ring[s.hand]
+		s.hand++
+		s.moves++
+		if use := e.lastUse.Load(); use != e.seen {
+			e.seen = use
+			continue
+		}
+		return e
+	}
+	return s.ring[0] // every entry in use on each pass: any will do
 }
 
 // MinCapacity is the smallest capacity of a Table: one entry per shard.
@@ -71,7 +115,8 @@ func (t *Table) Get(key string) *Entry {
 }
 
 // GetOrCreate returns the entry of key, creating it at now if needed. When
-// the shard is full it evicts the least recently used entry and returns it as
+// the shard is full it evicts an entry not used for a while (CLOCK, see
+// victim: O(1) amortised, never a scan of the shard) and returns it as
 // evicted (with removed set), so the caller can refund its tokens with Drain.
 func (t *Table) GetOrCreate(key string, now int64) (e, evicted *Entry) {
 	s := t.shard(key)
@@ -81,19 +126,12 @@ func (t *Table) GetOrCreate(key string, now int64) (e, evicted *Entry) {
 		return e, nil
 	}
 	if len(s.m) >= s.max {
-		var oldest *Entry
-		for _, c := range s.m {
-			if oldest == nil || c.lastUse.Load() < oldest.lastUse.Load() {
-				oldest = c
-			}
-		}
-		delete(s.m, oldest.key)
-		oldest.removed.Store(true)
-		evicted = oldest
+		evicted = s.victim()
+		s.remove(evicted)
 	}
-	e = &Entry{key: key}
+	e = &Entry{key: key, seen: now} // not used since it was made
 	e.lastUse.Store(now)
-	s.m[key] = e
+	s.add(e)
 	return e, evicted
 }
 
@@ -139,8 +177,7 @@ func (t *Table) Sweep(now, idle int64, refund func(e *Entry, tokens int64)) {
 		s.mu.Lock()
 		for _, e := range stale {
 			if s.m[e.key] == e && now-e.lastUse.Load() > idle && e.tokens.Load() == 0 {
-				delete(s.m, e.key)
-				e.removed.Store(true)
+				s.remove(e)
 			}
 		}
 		s.mu.Unlock()
@@ -161,6 +198,7 @@ func (t *Table) Drain(refund func(e *Entry, tokens int64)) {
 		s.mu.Lock()
 		m := s.m
 		s.m = make(map[string]*Entry)
+		s.ring, s.hand = nil, 0
 		s.mu.Unlock()
 		for _, e := range m {
 			e.removed.Store(true)

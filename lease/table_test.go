@@ -1,6 +1,7 @@
 package lease
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"strconv"
 	"sync"
@@ -529,5 +530,51 @@ func TestTableConservationConcurrent(t *testing.T) {
 	}
 	if spent.Load() == 0 || refunded.Load() == 0 {
 		t.Errorf("spent %d, refunded %d: the test did not exercise both", spent.Load(), refunded.Load())
+	}
+}
+
+// TestEvictionCost: once the table is full, an insert looks at a couple of
+// entries, not the whole shard. Regression: GetOrCreate scanned its shard
+// under the write lock (about 1,560 entries per insert at the default size).
+func TestEvictionCost(t *testing.T) {
+	const maxKeys = 100_000
+	tab := NewTable(maxKeys)
+	now := int64(s)
+	for i := range maxKeys {
+		tab.GetOrCreate(fmt.Sprint("old-", i), now)
+	}
+	// Some old keys stay busy; they must survive.
+	busy := map[string]*Entry{}
+	for i := range 100 {
+		k := fmt.Sprint("old-", i)
+		busy[k] = tab.Get(k)
+	}
+	evictions, moves := 0, 0
+	for i := range 20_000 {
+		now += int64(useGrain) + 1
+		for _, e := range busy {
+			if e != nil {
+				e.Touch(now)
+			}
+		}
+		if _, ev := tab.GetOrCreate(fmt.Sprint("new-", i), now); ev != nil {
+			evictions++
+		}
+	}
+	for i := range tab.shards {
+		moves += tab.shards[i].moves
+	}
+	if evictions == 0 {
+		t.Fatal("no eviction from a full table")
+	}
+	per := float64(moves) / float64(evictions)
+	t.Logf("%d evictions, %d entries looked at: %.2f per eviction", evictions, moves, per)
+	if per > 4 {
+		t.Errorf("%.1f entries looked at per eviction; want a handful (O(1) amortised)", per)
+	}
+	for k, e := range busy {
+		if e != nil && e.removed.Load() {
+			t.Errorf("busy key %s was evicted", k)
+		}
 	}
 }
