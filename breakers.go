@@ -16,6 +16,7 @@ import (
 type breakers struct {
 	name     string
 	settings breaker.Settings
+	now      func() time.Time     // the Limiter's clock
 	one      *breaker.Breaker     // non-cluster clients, and cluster keys whose node is unknown
 	cluster  *redis.ClusterClient // nil unless the client is a cluster
 
@@ -46,7 +47,11 @@ type nodeBreaker struct {
 }
 
 func newBreakers(client redis.UniversalClient, name string, s breaker.Settings) *breakers {
-	b := &breakers{name: name, settings: s, one: breaker.New(name, s), byNode: map[string]*nodeBreaker{}}
+	now := s.Now
+	if now == nil {
+		now = time.Now
+	}
+	b := &breakers{name: name, settings: s, now: now, one: breaker.New(name, s), byNode: map[string]*nodeBreaker{}}
 	if cc, ok := client.(*redis.ClusterClient); ok {
 		b.cluster = cc
 	}
@@ -70,7 +75,7 @@ func (b *breakers) forKey(rkey string, budget time.Duration) *breaker.Breaker {
 		return b.one
 	}
 	addr := node.Options().Addr
-	now := time.Now().UnixNano()
+	now := b.now().UnixNano()
 	b.mu.RLock()
 	nb := b.byNode[addr]
 	b.mu.RUnlock()
@@ -119,7 +124,7 @@ func (b *breakers) failed() {
 	if b.cluster == nil {
 		return
 	}
-	now := time.Now().UnixNano()
+	now := b.now().UnixNano()
 	last := b.lastReload.Load()
 	if now-last < int64(time.Second) || !b.lastReload.CompareAndSwap(last, now) {
 		return
@@ -134,7 +139,7 @@ func (b *breakers) failed() {
 func (b *breakers) worst() breaker.State {
 	w := b.one.State()
 	stale := max(2*b.settings.WithDefaults().OpenFor, time.Second)
-	since := time.Now().Add(-stale).UnixNano()
+	since := b.now().Add(-stale).UnixNano()
 	b.mu.RLock()
 	defer b.mu.RUnlock()
 	for _, nb := range b.byNode {

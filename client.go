@@ -124,6 +124,7 @@ func New(client redis.UniversalClient, limit policy.Limit, opts ...Option) (*Lim
 		return nil, fmt.Errorf("leaselimit: telemetry: %w", err)
 	}
 	bs := cfg.breaker
+	bs.Now = cfg.clock.Now // one clock for retry-afters (WithClock)
 	user := bs.OnStateChange
 	bs.OnStateChange = func(from, to breaker.State) {
 		tel.CountTransition(stateIndex(to))
@@ -680,6 +681,8 @@ func (l *Limiter) WaitN(ctx context.Context, key string, n int64) (err error) {
 			return nil
 		}
 		wait := d.RetryAfter
+		// ctx's deadline is on the real clock, and so is the timer below:
+		// compare the wait with it there, whatever WithClock says.
 		if dl, ok := ctx.Deadline(); ok && time.Now().Add(wait).After(dl) {
 			return fmt.Errorf("%w: retry after %v", ErrWouldExceedDeadline, wait)
 		}

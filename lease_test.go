@@ -240,3 +240,32 @@ func TestFailLocalReportsShare(t *testing.T) {
 		}
 	}
 }
+
+// TestClockForBreakerRetry: under WithClock, a FailClosed denial's
+// RetryAfter (until the breaker lets a probe through) is on that clock.
+// Regression: the breaker's open-until was on the real clock and the
+// decision's "now" on the Limiter's, so with a clock set in January the
+// retry-after came out as the months in between.
+func TestClockForBreakerRetry(t *testing.T) {
+	m, c := newMini(t)
+	clk := newFakeClock()
+	ctx := context.Background()
+	lim := mustNew(t, c, policy.PerMinute(10).WithName("clock"), leaselimit.WithClock(clk), leaselimit.WithoutLease(),
+		leaselimit.WithFailureMode(policy.FailClosed),
+		leaselimit.WithBreaker(breaker.Settings{Failures: 1, OpenFor: time.Hour}))
+	m.Close()
+	if d, err := lim.Allow(ctx, "k"); err != nil || d.Source != leaselimit.SourceFallback {
+		t.Fatalf("Allow with Redis down = %+v, %v", d, err)
+	}
+	if lim.BreakerState() != breaker.Open {
+		t.Fatalf("breaker %v after a failure with Failures 1", lim.BreakerState())
+	}
+	clk.Add(10 * time.Minute)
+	d, err := lim.Allow(ctx, "k")
+	if err != nil || d.Allowed || d.Source != leaselimit.SourceFallback {
+		t.Fatalf("Allow with the breaker open = %+v, %v", d, err)
+	}
+	if d.RetryAfter != 50*time.Minute {
+		t.Errorf("RetryAfter %v 10 minutes into a 1h open breaker, on the fake clock; want 50m", d.RetryAfter)
+	}
+}

@@ -170,7 +170,11 @@ func WithFleetSize(n int) Option {
 	})
 }
 
-// WithClock sets the clock used for local state. Default: the system clock.
+// WithClock sets the clock used for local state: leases, the negative
+// cache, demand estimates, FailLocal buckets and the breaker's open-until
+// (so a fallback's RetryAfter is on this clock too). WaitN still compares
+// with ctx's deadline, and sleeps, on the real clock, as contexts do.
+// Default: the system clock.
 func WithClock(clk Clock) Option {
 	return optionFunc(func(c *config) error {
 		if clk == nil {

@@ -62,6 +62,11 @@ type Settings struct {
 	// Interval clears the failure counts periodically while closed, so
 	// sparse failures never add up to a trip. Default 10s.
 	Interval time.Duration
+	// Now, if set, is the clock of OpenUntil and Rejects (the Limiter
+	// passes its WithClock clock, so that retry-afters are on one clock).
+	// Default time.Now. The half-open transition itself follows gobreaker's
+	// own (real) clock.
+	Now func() time.Time
 	// OnStateChange, if set, is called on every transition. It runs under the
 	// breaker's lock: it may only record (an atomic store, a metric), never
 	// call back into the Limiter or the breaker.
@@ -100,6 +105,7 @@ type Breaker struct {
 	state     atomic.Int32
 	openUntil atomic.Int64 // unix nanoseconds; while now is before it, Rejects is true
 	openFor   time.Duration
+	now       func() time.Time
 	trips     atomic.Int64
 	replies   atomic.Int64
 }
@@ -107,7 +113,10 @@ type Breaker struct {
 // New returns a closed breaker named name.
 func New(name string, s Settings) *Breaker {
 	s = s.WithDefaults()
-	b := &Breaker{openFor: s.OpenFor}
+	b := &Breaker{openFor: s.OpenFor, now: s.Now}
+	if b.now == nil {
+		b.now = time.Now
+	}
 	user := s.OnStateChange
 	b.cb = gobreaker.NewTwoStepCircuitBreaker[struct{}](gobreaker.Settings{
 		Name:        name,
@@ -121,7 +130,7 @@ func New(name string, s Settings) *Breaker {
 			// Runs under gobreaker's lock: record only.
 			b.state.Store(int32(to))
 			if to == gobreaker.StateOpen {
-				b.openUntil.Store(time.Now().Add(b.openFor).UnixNano())
+				b.openUntil.Store(b.now().Add(b.openFor).UnixNano())
 				b.trips.Add(1)
 			} else {
 				b.openUntil.Store(0)
