@@ -11,7 +11,7 @@ import (
 )
 
 // chartSeries is one line of the chart: points at x seconds (from the start
-// of act 1) with y admitted requests per second.
+// of act 1) with y the requests admitted in the trailing second.
 type chartSeries struct {
 	name   string
 	color  string
@@ -37,17 +37,25 @@ func writeChart(path string, d *demo) error {
 var designColors = []string{"#d95f02", "#7570b3", "#1b9e77"}
 var modeColors = []string{"#e7298a", "#555555", "#1f78b4"}
 
-// seriesPoints turns a series' hot-key bins into per-second rates, skipping
-// a partial last bin.
+// seriesPoints turns a series' hot-key bins into the requests admitted in
+// the trailing second at the end of each bin, skipping a partial last bin.
+// A count over a whole second, not one bin scaled up, so the y axis is a
+// true per-second figure: the initial burst shows as the burst plus a
+// second of refill at most, not as four times one bin.
 func seriesPoints(s *seriesStats, offset float64, length time.Duration) (xs, ys []float64) {
 	n := int(length / binWidth)
 	if n > len(s.bins) {
 		n = len(s.bins)
 	}
-	scale := float64(time.Second) / float64(binWidth)
+	per := int(time.Second / binWidth) // bins in a second
+	var window int64
 	for i := 0; i < n; i++ {
-		xs = append(xs, offset+(float64(i)+0.5)*binWidth.Seconds())
-		ys = append(ys, float64(s.bins[i].Load())*scale)
+		window += s.bins[i].Load()
+		if i >= per {
+			window -= s.bins[i-per].Load()
+		}
+		xs = append(xs, offset+float64(i+1)*binWidth.Seconds())
+		ys = append(ys, float64(window))
 	}
 	return xs, ys
 }
@@ -118,7 +126,7 @@ func svgChart(title string, xmax, limit float64, demand []chartBand, series []ch
 	// Shaded bands (the outage) and phase separators with their names.
 	for _, band := range bands {
 		fmt.Fprintf(&b, `<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="%s"/>`+"\n", px(band.from), top, px(band.to)-px(band.from), ph, band.shade)
-		fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="middle" fill="#a33">%s</text>`+"\n", (px(band.from)+px(band.to))/2, top+ph-8, esc(band.label))
+		fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="middle" fill="#a33">%s</text>`+"\n", (px(band.from)+px(band.to))/2, top+16, esc(band.label))
 	}
 	for i, p := range phases {
 		if i > 0 {
@@ -139,7 +147,7 @@ func svgChart(title string, xmax, limit float64, demand []chartBand, series []ch
 	fmt.Fprintf(&b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#333"/>`+"\n", left, top+ph, left+pw, top+ph)
 	fmt.Fprintf(&b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#333"/>`+"\n", left, top, left, top+ph)
 	fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="middle">time since the demo started, seconds (each design runs on its own; the outage act runs three fleets side by side)</text>`+"\n", left+pw/2, top+ph+38)
-	fmt.Fprintf(&b, `<text transform="translate(18 %.1f) rotate(-90)" text-anchor="middle">hot key: admitted requests per second</text>`+"\n", top+ph/2)
+	fmt.Fprintf(&b, `<text transform="translate(18 %.1f) rotate(-90)" text-anchor="middle">hot key: admitted in the trailing second</text>`+"\n", top+ph/2)
 
 	// Reference lines: the limit and the hot key's demand.
 	fmt.Fprintf(&b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#000" stroke-width="1.5" stroke-dasharray="8 4"/>`+"\n", left, py(limit), left+pw, py(limit))

@@ -476,3 +476,24 @@ func TestRedisUnreachable(t *testing.T) {
 		t.Errorf("stderr: %s", errOut)
 	}
 }
+
+// TestSeriesPointsPerSecond: the chart plots requests admitted in the
+// trailing second, not one 250ms bin scaled by four. Regression: a burst of
+// 20 in the first bin under a 20/s limit showed as 80/s, a 4× overshoot
+// that never happened.
+func TestSeriesPointsPerSecond(t *testing.T) {
+	s := &seriesStats{bins: make([]atomic.Int64, 8)}
+	for i, n := range []int64{20, 5, 5, 5, 5, 5, 5, 5} {
+		s.bins[i].Store(n)
+	}
+	xs, ys := seriesPoints(s, 0, 2*time.Second)
+	want := []float64{20, 25, 30, 35, 20, 20, 20, 20}
+	if len(ys) != len(want) {
+		t.Fatalf("%d points; want %d", len(ys), len(want))
+	}
+	for i := range want {
+		if ys[i] != want[i] || xs[i] != float64(i+1)*binWidth.Seconds() {
+			t.Errorf("point %d = (%v, %v); want (%v, %v)", i, xs[i], ys[i], float64(i+1)*binWidth.Seconds(), want[i])
+		}
+	}
+}
