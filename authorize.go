@@ -119,6 +119,8 @@ func (l *Limiter) authorize(ctx context.Context, brk *breaker.Breaker, rkey stri
 			}
 			return authority.Grant{}, err
 		}
+		// The call delivered first: as on the delivered path below.
+		l.sawLate(ctx, result.err, start)
 		return result.g, result.err
 	}
 	// Check points: at an eighth of the budget (if the process is behind
@@ -143,15 +145,7 @@ func (l *Limiter) authorize(ctx context.Context, brk *breaker.Breaker, rkey stri
 		}
 		select {
 		case <-delivered:
-			if errors.Is(result.err, errSaturated) {
-				l.sawSaturation(ctx, telemetry.SaturatedAbandoned)
-				l.log.saturated()
-			} else if time.Since(start) > budget {
-				// Answered after the budget, and not blamed on Redis:
-				// the waiter found the process behind, or was itself too
-				// late to look.
-				l.sawSaturation(ctx, telemetry.SaturatedAnswered)
-			}
+			l.sawLate(ctx, result.err, start)
 			return result.g, result.err
 		case <-ctx.Done():
 			return settle(callLeft, ctx.Err())
@@ -197,7 +191,7 @@ func (l *Limiter) authorize(ctx context.Context, brk *breaker.Breaker, rkey stri
 			return settle(callGaveUp, fmt.Errorf("%w: no reply within %v", breaker.ErrBudget, budget))
 		case !now.Before(hardCap):
 			g, err := settle(callOutwaited, fmt.Errorf("%w: %v", errSaturated, now.Sub(start).Round(time.Millisecond)))
-			if errors.Is(err, errSaturated) {
+			if state.Load() == callOutwaited { // the waiter's decision, not a delivered result (settle counted that)
 				l.sawSaturation(ctx, telemetry.SaturatedAbandoned)
 				l.log.saturated()
 			}
@@ -254,6 +248,20 @@ func (l *Limiter) authorizeDirect(ctx context.Context, brk *breaker.Breaker, don
 	}
 	done(err)
 	return g, err
+}
+
+// sawLate records a delivered call that ended past its budget: abandoned
+// by its own deadline while the process was behind (errSaturated), or
+// answered after the budget and not blamed on Redis (the waiter found the
+// process behind, or was itself too late to look).
+func (l *Limiter) sawLate(ctx context.Context, err error, start time.Time) {
+	switch {
+	case errors.Is(err, errSaturated):
+		l.sawSaturation(ctx, telemetry.SaturatedAbandoned)
+		l.log.saturated()
+	case time.Since(start) > l.cfg.timeout:
+		l.sawSaturation(ctx, telemetry.SaturatedAnswered)
+	}
 }
 
 // sawSaturation records a call that ran past its budget while the process
