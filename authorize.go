@@ -14,7 +14,7 @@ import (
 )
 
 // saturationGrace is how many budgets more a call is waited for while this
-// process, not Redis, is behind (see overload.Behind): a call waits at most
+// process, not Redis, is behind (a probe found it behind, or the client's own queue is congested): a call waits at most
 // (1 + saturationGrace) × the budget in all, 500ms with the default budget.
 const saturationGrace = 4
 
@@ -43,7 +43,8 @@ const (
 // A call that is not answered within the budget is Redis's failure only if
 // the process was keeping up: a CPU-bound process leaves the goroutine that
 // carries a reply waiting in the run queue, and that delay is its own, not
-// Redis's. So at the budget the waiter asks overload.Behind; if the process
+// Redis's. So the waiter probes the scheduler (overload.Probe) and checks
+// whether the client's own queue is the hold-up (congested); if the process
 // is behind, it asks the process's decisions to yield (overload.Hold) so
 // the reply's goroutine runs, and keeps waiting, re-checking every quarter
 // budget, up to saturationGrace budgets more. Such a call never counts
@@ -159,7 +160,8 @@ func (l *Limiter) authorize(ctx context.Context, brk *breaker.Breaker, rkey stri
 			behind = probe.Behind(threshold) // done, or not run within the threshold
 			probe = nil
 		case now.Sub(due) >= threshold:
-			behind = overload.WokeLate(now) // this waiter itself ran that late
+			overload.MarkBehind(now) // this waiter itself ran that late
+			behind = true
 		default:
 			// On time at a check point: measure the scheduler's delay,
 			// and wait up to the threshold for the verdict.
@@ -172,13 +174,7 @@ func (l *Limiter) authorize(ctx context.Context, brk *breaker.Breaker, rkey stri
 		// on a busy process): Redis is blamed only if no probe found the
 		// process behind within the last half budget.
 		behind = behind || overload.Recent(now, budget/2)
-		// The call may wait in the client's own queue for a connection:
-		// if Redis has answered a whole pool's worth of other calls since
-		// this one began, each connection came back within the budget,
-		// and the queue is this process's (more concurrent calls than
-		// connections, or too little CPU to turn them round).
-		congested := brk.Replies()-replies >= int64(l.pool)
-		behind = behind || congested
+		behind = behind || l.congested(brk, replies)
 		if behind && !held {
 			overload.Hold()
 			held = true
@@ -230,15 +226,7 @@ func (l *Limiter) authorizeDirect(ctx context.Context, brk *breaker.Breaker, don
 	}
 	switch {
 	case err != nil && errors.Is(err, breaker.ErrBudget) && ctx.Err() == nil:
-		threshold := overload.Threshold(budget)
-		probe := overload.Start(l.spawn)
-		t := time.NewTimer(threshold)
-		select {
-		case <-probe.Done():
-		case <-t.C:
-		}
-		t.Stop()
-		if probe.Behind(threshold) || brk.Replies()-replies >= int64(l.pool) {
+		if overload.Measure(l.spawn, overload.Threshold(budget)) || l.congested(brk, replies) {
 			l.sawSaturation(ctx, telemetry.SaturatedAbandoned)
 			l.log.saturated()
 			err = fmt.Errorf("%w: %v", errSaturated, time.Since(start).Round(time.Millisecond))
@@ -248,6 +236,15 @@ func (l *Limiter) authorizeDirect(ctx context.Context, brk *breaker.Breaker, don
 	}
 	done(err)
 	return g, err
+}
+
+// congested reports whether a call begun when brk had counted replies
+// waits in the client's own queue for a connection: Redis has answered a
+// whole pool's worth of other calls since, so each connection came back
+// within the budget, and the queue is this process's (more concurrent calls
+// than connections, or too little CPU to turn them round).
+func (l *Limiter) congested(brk *breaker.Breaker, replies int64) bool {
+	return brk.Replies()-replies >= int64(l.pool)
 }
 
 // sawLate records a delivered call that ended past its budget: abandoned

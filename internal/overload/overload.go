@@ -81,15 +81,27 @@ func (p *Probe) Behind(threshold time.Duration) bool {
 	if took < threshold {
 		return false
 	}
-	return WokeLate(time.Now())
+	MarkBehind(time.Now())
+	return true
 }
 
-// WokeLate records that a goroutine of the caller's found the process
-// behind at now (it ran a threshold or more after it was due), for Recent,
-// and returns true.
-func WokeLate(now time.Time) bool {
+// Measure starts a probe, waits for it up to threshold and returns its
+// verdict (see Behind): for a caller that has nothing else to wait for.
+func Measure(spawn func(func()) bool, threshold time.Duration) bool {
+	p := Start(spawn)
+	t := time.NewTimer(threshold)
+	defer t.Stop()
+	select {
+	case <-p.Done():
+	case <-t.C:
+	}
+	return p.Behind(threshold)
+}
+
+// MarkBehind records that the process was found behind at now (a goroutine
+// of the caller's ran a threshold or more after it was due), for Recent.
+func MarkBehind(now time.Time) {
 	behindAt.Store(now.UnixNano())
-	return true
 }
 
 // Recent reports whether a probe found the process behind within the last

@@ -16,25 +16,13 @@ func spawn(wg *sync.WaitGroup) func(func()) bool {
 	}
 }
 
-// verdict runs one probe and waits for it up to the threshold, as a waiter does.
-func verdict(wg *sync.WaitGroup, threshold time.Duration) bool {
-	p := Start(spawn(wg))
-	t := time.NewTimer(threshold)
-	defer t.Stop()
-	select {
-	case <-p.Done():
-	case <-t.C:
-	}
-	return p.Behind(threshold)
-}
-
 // probes runs n probes against the default budget's threshold, one after
 // another, and returns how many found the process behind.
 func probes(n int) (behind int) {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	for range n {
-		if verdict(&wg, Threshold(100*time.Millisecond)) {
+		if Measure(spawn(&wg), Threshold(100*time.Millisecond)) {
 			behind++
 		}
 	}
