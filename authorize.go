@@ -10,12 +10,16 @@ import (
 	"github.com/leaselimit/leaselimit/authority"
 	"github.com/leaselimit/leaselimit/breaker"
 	"github.com/leaselimit/leaselimit/internal/overload"
+	"github.com/leaselimit/leaselimit/lease"
+	"github.com/leaselimit/leaselimit/policy"
 	"github.com/leaselimit/leaselimit/telemetry"
+	"github.com/redis/go-redis/v9"
 )
 
 // saturationGrace is how many budgets more a call is waited for while this
-// process, not Redis, is behind (a probe found it behind, or the client's own queue is congested): a call waits at most
-// (1 + saturationGrace) × the budget in all, 500ms with the default budget.
+// process, not Redis, is behind (a probe found it behind, or the client's
+// own queue is congested): a call waits at most (1 + saturationGrace) × the
+// budget in all, 500ms with the default budget.
 const saturationGrace = 4
 
 // errSaturated marks a call abandoned at the hard cap while the process was
@@ -23,12 +27,76 @@ const saturationGrace = 4
 // call's real outcome when it completes.
 var errSaturated = errors.New("no reply while this process was behind its scheduler")
 
-type callResult struct {
-	g   authority.Grant
-	err error
+// call is one acquire call to make: take between min and want tokens of the
+// bucket at rkey, at most max(min, share × its tokens).
+type call struct {
+	brk       *breaker.Breaker
+	rkey      string
+	want, min int64
+	share     float64
+	// refill, if set, is the lease refill the call performs: its grant is
+	// installed in the lease as soon as it arrives, whether or not anyone
+	// still waits. Without it (an exact call) a grant that arrives after
+	// the caller stopped waiting is refunded.
+	refill *lease.Refill
 }
 
-// The states of one call made on the waiter's behalf (authorize).
+// reply is a call's result: the grant and, for a refill, the outcome its
+// waiting callers collect.
+type reply struct {
+	grant   authority.Grant
+	outcome lease.Outcome
+	err     error
+}
+
+// authorizer makes budgeted calls: one acquire call through the breaker,
+// bounded by the time budget whatever the client's own timeouts. New picks
+// one of two variants, once, by whether the client honours context
+// deadlines (detached, direct).
+//
+// A call that is not answered within the budget is Redis's failure only if
+// the process was keeping up: a CPU-bound process leaves the goroutine that
+// carries a reply waiting in the run queue, and that delay is its own, not
+// Redis's. So the waiter probes the scheduler (overload.Probe) and checks
+// whether the client's own queue is the hold-up (congested); if the process
+// is behind, it asks the process's decisions to yield (overload.Hold) so
+// the reply's goroutine runs, and keeps waiting up to saturationGrace
+// budgets more. Such a call never counts against the breaker: answered, it
+// is a success; abandoned at the cap, the caller gets the failure policy
+// (reason "saturated") and the breaker the call's real outcome.
+type authorizer interface {
+	authorize(ctx context.Context, c call) reply
+}
+
+// calls is what both variants share: the authority, the clock, and where
+// grants and their bookkeeping go.
+type calls struct {
+	auth    *authority.Redis
+	limit   policy.Limit
+	budget  time.Duration
+	pool    int // the client's connection pool size (see congested)
+	brks    *breakers
+	leases  *lease.Leases
+	refunds *refundQueue
+	gate    *gate
+	clock   localClock
+	tel     *telemetry.Recorder
+	log     *logger
+}
+
+// newAuthorizer returns the variant for client: direct when it applies
+// context deadlines to its reads and writes (go-redis's
+// ContextTimeoutEnabled), so that a call can be bounded by its context
+// alone; detached otherwise, where a hung Redis would hold a read for the
+// client's ReadTimeout (3s by default).
+func newAuthorizer(client redis.UniversalClient, c *calls) authorizer {
+	if honoursDeadlines(client) {
+		return direct{c}
+	}
+	return detached{c}
+}
+
+// The states of one detached call made on the waiter's behalf.
 const (
 	callPending   int32 = iota
 	callDelivered       // the result went to the waiter
@@ -37,43 +105,25 @@ const (
 	callOutwaited       // the waiter left at the hard cap, the process still behind: the call tells the breaker its outcome
 )
 
-// authorize makes one acquire call through the breaker, bounded by the time
-// budget whatever the client's own timeouts.
-//
-// A call that is not answered within the budget is Redis's failure only if
-// the process was keeping up: a CPU-bound process leaves the goroutine that
-// carries a reply waiting in the run queue, and that delay is its own, not
-// Redis's. So the waiter probes the scheduler (overload.Probe) and checks
-// whether the client's own queue is the hold-up (congested); if the process
-// is behind, it asks the process's decisions to yield (overload.Hold) so
-// the reply's goroutine runs, and keeps waiting, re-checking every quarter
-// budget, up to saturationGrace budgets more. Such a call never counts
-// against the breaker: answered, it is a success; abandoned at the cap, the
-// caller gets the failure policy (reason "saturated") and the breaker the
-// call's real outcome.
-//
-// With default client options the call runs in its own goroutine on a
-// context detached from ctx (so its outcome is known even if the caller
-// leaves); a grant that arrives after the caller stopped waiting is passed
-// to late, so its tokens are never lost silently. When the client honours
-// deadlines (l.direct) the call runs in place on ctx; see authorizeDirect.
-func (l *Limiter) authorize(ctx context.Context, brk *breaker.Breaker, rkey string, want, need int64, share float64, late func(authority.Grant)) (authority.Grant, error) {
-	done, err := brk.Allow()
+// detached runs each call in its own goroutine on a context detached from
+// the caller's, so that its outcome is known even if the caller leaves;
+// the caller waits for it up to the budget (and the grace while the process
+// is behind).
+type detached struct{ *calls }
+
+func (a detached) authorize(ctx context.Context, c call) reply {
+	done, err := c.brk.Allow()
 	if err != nil {
-		return authority.Grant{}, err
+		return reply{err: err}
 	}
-	if !l.enter() {
+	if !a.gate.enter() {
 		done(nil)
-		return authority.Grant{}, ErrClosed
+		return reply{err: ErrClosed}
 	}
-	if l.direct {
-		defer l.wg.Done()
-		return l.authorizeDirect(ctx, brk, done, rkey, want, need, share)
-	}
-	budget := l.cfg.timeout
+	budget := a.budget
 	start := time.Now()
 	hardCap := start.Add((1 + saturationGrace) * budget)
-	replies := brk.Replies()
+	replies := c.brk.Replies()
 	// The call's own deadline lies a budget past the hard cap, so that the
 	// waiter's cap decides first; go-redis honours it while waiting for a
 	// pooled connection, which late readers hold longer.
@@ -83,46 +133,44 @@ func (l *Limiter) authorize(ctx context.Context, brk *breaker.Breaker, rkey stri
 	// that finds the outcome claimed reads the result at once: a goroutine
 	// preempted between the claim and a channel send would otherwise keep
 	// the waiter for as long as a saturated scheduler takes to run it.
-	var result callResult
+	var result reply
 	delivered := make(chan struct{})
 	go func() {
-		defer l.wg.Done()
+		defer a.gate.leave()
 		defer cancel()
-		g, err := l.acquire(cctx, rkey, want, need, share)
-		if !breaker.Counts(err) {
-			brk.Replied()
-		}
-		if errors.Is(err, breaker.ErrBudget) {
+		r := a.acquire(cctx, c)
+		if errors.Is(r.err, breaker.ErrBudget) {
 			// The call's own deadline lies past the hard cap: the waiter
 			// decides every timeout before it, unless this process kept
 			// the waiter (and likely this goroutine) from running.
-			err = fmt.Errorf("%w: %v", errSaturated, err)
+			r.err = fmt.Errorf("%w: %v", errSaturated, r.err)
 		}
-		result = callResult{g, err}
+		result = r
 		if state.CompareAndSwap(callPending, callDelivered) {
 			close(delivered)
-			done(err)
+			done(r.err)
 			return
 		}
 		if s := state.Load(); s == callLeft || s == callOutwaited {
-			done(err)
+			done(r.err)
 		}
-		if err == nil && g.Granted > 0 && late != nil {
-			late(g)
+		if r.err == nil && c.refill == nil {
+			// The caller left before the grant arrived: give it back.
+			a.refunds.add(c.rkey, r.grant.Granted)
 		}
 	}()
 	// settle ends the wait with what the waiter decided, unless the call
 	// delivered its result first, which then wins.
-	settle := func(to int32, err error) (authority.Grant, error) {
+	settle := func(to int32, err error) reply {
 		if state.CompareAndSwap(callPending, to) {
 			if to == callGaveUp {
 				done(breaker.ErrBudget)
 			}
-			return authority.Grant{}, err
+			return reply{err: err}
 		}
 		// The call delivered first: as on the delivered path below.
-		l.sawLate(ctx, result.err, start)
-		return result.g, result.err
+		a.sawLate(ctx, result.err, start)
+		return result
 	}
 	// Check points: at an eighth of the budget (if the process is behind
 	// by then, its decisions start yielding at once, rather than after a
@@ -146,8 +194,8 @@ func (l *Limiter) authorize(ctx context.Context, brk *breaker.Breaker, rkey stri
 		}
 		select {
 		case <-delivered:
-			l.sawLate(ctx, result.err, start)
-			return result.g, result.err
+			a.sawLate(ctx, result.err, start)
+			return result
 		case <-ctx.Done():
 			return settle(callLeft, ctx.Err())
 		case <-probed:
@@ -165,7 +213,7 @@ func (l *Limiter) authorize(ctx context.Context, brk *breaker.Breaker, rkey stri
 		default:
 			// On time at a check point: measure the scheduler's delay,
 			// and wait up to the threshold for the verdict.
-			probe = overload.Start(l.spawn)
+			probe = overload.Start(a.gate.spawn)
 			timer.Reset(threshold)
 			continue
 		}
@@ -174,7 +222,7 @@ func (l *Limiter) authorize(ctx context.Context, brk *breaker.Breaker, rkey stri
 		// on a busy process): Redis is blamed only if no probe found the
 		// process behind within the last half budget.
 		behind = behind || overload.Recent(now, budget/2)
-		behind = behind || l.congested(brk, replies)
+		behind = behind || a.congested(c.brk, replies)
 		if behind && !held {
 			overload.Hold()
 			held = true
@@ -186,12 +234,12 @@ func (l *Limiter) authorize(ctx context.Context, brk *breaker.Breaker, rkey stri
 		case !behind:
 			return settle(callGaveUp, fmt.Errorf("%w: no reply within %v", breaker.ErrBudget, budget))
 		case !now.Before(hardCap):
-			g, err := settle(callOutwaited, fmt.Errorf("%w: %v", errSaturated, now.Sub(start).Round(time.Millisecond)))
+			r := settle(callOutwaited, fmt.Errorf("%w: %v", errSaturated, now.Sub(start).Round(time.Millisecond)))
 			if state.Load() == callOutwaited { // the waiter's decision, not a delivered result (settle counted that)
-				l.sawSaturation(ctx, telemetry.SaturatedAbandoned)
-				l.log.saturated()
+				a.sawSaturation(ctx, telemetry.SaturatedAbandoned)
+				a.log.saturated()
 			}
-			return g, err
+			return r
 		default:
 			next = min(budget/4, hardCap.Sub(now))
 		}
@@ -200,18 +248,29 @@ func (l *Limiter) authorize(ctx context.Context, brk *breaker.Breaker, rkey stri
 	}
 }
 
-// authorizeDirect makes the call in place, on ctx bounded by a deadline: the
-// client applies it to its reads, and a reply abandoned then leaves its
-// tokens debited (under-admission). A deadline cannot be moved once a read
-// has started, so it is chosen up front: the hard cap if a probe found the
+// direct makes the call in place, on ctx bounded by a deadline: the client
+// applies it to its reads, and a reply abandoned then leaves its tokens
+// debited (under-admission). A deadline cannot be moved once a read has
+// started, so it is chosen up front: the hard cap if a probe found the
 // process behind within the last budget (its decisions then yield while
 // the call runs), else the budget. A timeout is probed before it is blamed
 // on Redis: one while the process is behind does not count against the
 // breaker, and the failure policy decides with reason "saturated".
-func (l *Limiter) authorizeDirect(ctx context.Context, brk *breaker.Breaker, done func(error), rkey string, want, need int64, share float64) (authority.Grant, error) {
-	budget := l.cfg.timeout
+type direct struct{ *calls }
+
+func (a direct) authorize(ctx context.Context, c call) reply {
+	done, err := c.brk.Allow()
+	if err != nil {
+		return reply{err: err}
+	}
+	if !a.gate.enter() {
+		done(nil)
+		return reply{err: ErrClosed}
+	}
+	defer a.gate.leave()
+	budget := a.budget
 	start := time.Now()
-	replies := brk.Replies()
+	replies := c.brk.Replies()
 	limit := budget
 	if overload.Recent(start, budget) {
 		limit = (1 + saturationGrace) * budget
@@ -220,22 +279,48 @@ func (l *Limiter) authorizeDirect(ctx context.Context, brk *breaker.Breaker, don
 	}
 	cctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
-	g, err := l.acquire(cctx, rkey, want, need, share)
-	if !breaker.Counts(err) {
-		brk.Replied()
-	}
+	r := a.acquire(cctx, c)
 	switch {
-	case err != nil && errors.Is(err, breaker.ErrBudget) && ctx.Err() == nil:
-		if overload.Measure(l.spawn, overload.Threshold(budget)) || l.congested(brk, replies) {
-			l.sawSaturation(ctx, telemetry.SaturatedAbandoned)
-			l.log.saturated()
-			err = fmt.Errorf("%w: %v", errSaturated, time.Since(start).Round(time.Millisecond))
+	case r.err != nil && errors.Is(r.err, breaker.ErrBudget) && ctx.Err() == nil:
+		if overload.Measure(a.gate.spawn, overload.Threshold(budget)) || a.congested(c.brk, replies) {
+			a.sawSaturation(ctx, telemetry.SaturatedAbandoned)
+			a.log.saturated()
+			r.err = fmt.Errorf("%w: %v", errSaturated, time.Since(start).Round(time.Millisecond))
 		}
-	case err == nil && limit > budget && time.Since(start) > budget:
-		l.sawSaturation(ctx, telemetry.SaturatedAnswered)
+	case r.err == nil && limit > budget && time.Since(start) > budget:
+		a.sawSaturation(ctx, telemetry.SaturatedAnswered)
 	}
-	done(err)
-	return g, err
+	done(r.err)
+	return r
+}
+
+// acquire makes the script call on ctx, which carries the deadline, with
+// its span and metrics, and installs a refill's grant in the lease at once.
+// A deadline overrun is marked with breaker.ErrBudget.
+func (a *calls) acquire(ctx context.Context, c call) reply {
+	cctx, span := a.tel.StartAuthority(ctx, c.want, c.min)
+	start := time.Now()
+	g, err := a.auth.Acquire(cctx, c.rkey, a.limit, c.want, c.min, c.share)
+	a.tel.EndAuthority(cctx, span, time.Since(start), g.Granted, err)
+	if !breaker.Counts(err) {
+		c.brk.Replied()
+	}
+	if err != nil && errors.Is(err, context.DeadlineExceeded) {
+		err = fmt.Errorf("%w: %w", breaker.ErrBudget, err)
+	}
+	if err != nil {
+		if breaker.Counts(err) {
+			a.brks.failed()
+		}
+		return reply{err: err}
+	}
+	r := reply{grant: g}
+	if c.refill != nil {
+		var back int64
+		r.outcome, back = a.leases.Complete(*c.refill, g, a.clock.now())
+		a.refunds.add(c.rkey, back)
+	}
+	return r
 }
 
 // congested reports whether a call begun when brk had counted replies
@@ -243,45 +328,29 @@ func (l *Limiter) authorizeDirect(ctx context.Context, brk *breaker.Breaker, don
 // whole pool's worth of other calls since, so each connection came back
 // within the budget, and the queue is this process's (more concurrent calls
 // than connections, or too little CPU to turn them round).
-func (l *Limiter) congested(brk *breaker.Breaker, replies int64) bool {
-	return brk.Replies()-replies >= int64(l.pool)
+func (a *calls) congested(brk *breaker.Breaker, replies int64) bool {
+	return brk.Replies()-replies >= int64(a.pool)
 }
 
 // sawLate records a delivered call that ended past its budget: abandoned
 // by its own deadline while the process was behind (errSaturated), or
 // answered after the budget and not blamed on Redis (the waiter found the
 // process behind, or was itself too late to look).
-func (l *Limiter) sawLate(ctx context.Context, err error, start time.Time) {
+func (a *calls) sawLate(ctx context.Context, err error, start time.Time) {
 	switch {
 	case errors.Is(err, errSaturated):
-		l.sawSaturation(ctx, telemetry.SaturatedAbandoned)
-		l.log.saturated()
-	case time.Since(start) > l.cfg.timeout:
-		l.sawSaturation(ctx, telemetry.SaturatedAnswered)
+		a.sawSaturation(ctx, telemetry.SaturatedAbandoned)
+		a.log.saturated()
+	case time.Since(start) > a.budget:
+		a.sawSaturation(ctx, telemetry.SaturatedAnswered)
 	}
 }
 
 // sawSaturation records a call that ran past its budget while the process
 // was behind: on the metric, and on the decision span in ctx.
-func (l *Limiter) sawSaturation(ctx context.Context, outcome string) {
-	l.tel.CountSaturated(ctx, outcome)
+func (a *calls) sawSaturation(ctx context.Context, outcome string) {
+	a.tel.CountSaturated(ctx, outcome)
 	if sp, ok := recording(ctx); ok {
 		sp.SetAttributes(telemetry.AttrSaturated.Bool(true))
 	}
-}
-
-// acquire makes one script call on ctx, which carries the deadline, with its
-// span and metrics; a deadline overrun is marked with breaker.ErrBudget.
-func (l *Limiter) acquire(ctx context.Context, rkey string, want, need int64, share float64) (authority.Grant, error) {
-	cctx, span := l.tel.StartAuthority(ctx, want, need)
-	start := time.Now()
-	g, err := l.auth.Acquire(cctx, rkey, l.limit, want, need, share)
-	l.tel.EndAuthority(cctx, span, time.Since(start), g.Granted, err)
-	if err != nil && errors.Is(err, context.DeadlineExceeded) {
-		err = fmt.Errorf("%w: %w", breaker.ErrBudget, err)
-	}
-	if err != nil && breaker.Counts(err) {
-		l.brk.failed()
-	}
-	return g, err
 }

@@ -28,10 +28,10 @@ type breakers struct {
 	// go-redis loads a ClusterClient's slot map on first use, in the
 	// caller's goroutine and without honouring context deadlines. Until it
 	// has one, keys use the shared breaker and the map loads in the
-	// background (spawn runs a goroutine that Close waits for).
+	// background, in a goroutine of gate (Close waits for it).
 	mapReady   atomic.Bool
 	mapLoading atomic.Bool
-	spawn      func(func()) bool
+	gate       *gate
 }
 
 // maxNodeBreakers bounds the per-node breakers kept (failovers add
@@ -46,12 +46,12 @@ type nodeBreaker struct {
 	routed atomic.Int64 // unix ns, coarse
 }
 
-func newBreakers(client redis.UniversalClient, name string, s breaker.Settings) *breakers {
+func newBreakers(client redis.UniversalClient, name string, s breaker.Settings, g *gate) *breakers {
 	now := s.Now
 	if now == nil {
 		now = time.Now
 	}
-	b := &breakers{name: name, settings: s, now: now, one: breaker.New(name, s), byNode: map[string]*nodeBreaker{}}
+	b := &breakers{name: name, settings: s, now: now, one: breaker.New(name, s), byNode: map[string]*nodeBreaker{}, gate: g}
 	if cc, ok := client.(*redis.ClusterClient); ok {
 		b.cluster = cc
 	}
@@ -102,7 +102,7 @@ func (b *breakers) loadMap(budget time.Duration) {
 	if !b.mapLoading.CompareAndSwap(false, true) {
 		return
 	}
-	ok := b.spawn != nil && b.spawn(func() {
+	ok := b.gate.spawn(func() {
 		defer b.mapLoading.Store(false)
 		ctx, cancel := context.WithTimeout(context.Background(), budget)
 		defer cancel()
@@ -146,7 +146,7 @@ func (b *breakers) worst() breaker.State {
 		if nb.routed.Load() < since {
 			continue
 		}
-		if s := nb.State(); stateIndex(s) > stateIndex(w) {
+		if s := nb.State(); s > w { // closed < half-open < open
 			w = s
 		}
 	}

@@ -22,14 +22,14 @@ import (
 // prefix, an eviction policy that drops buckets. Check makes no decision
 // and touches no bucket; a failed Check changes nothing the Limiter does.
 func (l *Limiter) Check(ctx context.Context) error {
-	if l.closed.Load() {
+	if l.gate.isClosed() {
 		return ErrClosed
 	}
 	// go-redis's default client options do not honour deadlines on
 	// reads: run the check in a goroutine (Close waits for it) and stop
 	// waiting at the budget of each node, plus one for the cluster map.
 	ch := make(chan error, 1)
-	if !l.spawn(func() { ch <- l.auth.Check(context.WithoutCancel(ctx), l.cfg.timeout) }) {
+	if !l.gate.spawn(func() { ch <- l.auth.Check(context.WithoutCancel(ctx), l.cfg.timeout) }) {
 		return ErrClosed
 	}
 	wait, cancel := context.WithTimeout(ctx, l.checkBudget())
@@ -49,8 +49,8 @@ func (l *Limiter) Check(ctx context.Context) error {
 // the eviction policy), and one for the cluster's masters.
 func (l *Limiter) checkBudget() time.Duration {
 	nodes := 1
-	if l.brk.cluster != nil {
-		nodes = max(len(l.brk.cluster.Options().Addrs), 1) + 1
+	if l.brks.cluster != nil {
+		nodes = max(len(l.brks.cluster.Options().Addrs), 1) + 1
 	}
 	return time.Duration(2*nodes) * l.cfg.timeout
 }

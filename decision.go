@@ -5,6 +5,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/leaselimit/leaselimit/authority"
+	"github.com/leaselimit/leaselimit/lease"
 	"github.com/leaselimit/leaselimit/policy"
 )
 
@@ -63,6 +65,16 @@ func (s Source) String() string {
 	return "Source(" + strconv.Itoa(int(s)) + ")"
 }
 
+// sourceNames names the sources of decisions, indexed by Source, for
+// telemetry (SourceNone marks errors, which are not counted as decisions).
+func sourceNames() []string {
+	names := make([]string, SourceNone)
+	for s := range SourceNone {
+		names[s] = s.String()
+	}
+	return names
+}
+
 // Decision is the outcome of one AllowN call. A Decision returned with a
 // non-nil error is empty but for Source, SourceNone: it describes nothing.
 type Decision struct {
@@ -72,4 +84,56 @@ type Decision struct {
 	RetryAfter time.Duration // 0 when allowed; when denied, until n tokens can be available
 	ResetAfter time.Duration // until the bucket is full again
 	Source     Source
+}
+
+// decided turns an answer of the lease protocol into the caller's Decision.
+func (l *Limiter) decided(a lease.Answer) Decision {
+	switch a.Status {
+	case lease.Leased:
+		return admitted(l.limit, a.Remaining, SourceLease)
+	case lease.Granted:
+		return admitted(l.limit, a.Remaining, SourceAuthority)
+	case lease.Refused:
+		return denial(l.limit, a.Remaining, a.RetryAfter, SourceAuthority)
+	}
+	return denial(l.limit, a.Remaining, a.RetryAfter, SourceCache)
+}
+
+// admitted is an allowed Decision with remaining tokens left.
+func admitted(limit policy.Limit, remaining int64, src Source) Decision {
+	return Decision{
+		Allowed:    true,
+		Limit:      limit,
+		Remaining:  remaining,
+		ResetAfter: limit.Interval(limit.Burst - remaining),
+		Source:     src,
+	}
+}
+
+// denial is a denied Decision; its RetryAfter is at least 1µs, so that a
+// caller who waits it out always waits.
+func denial(limit policy.Limit, remaining int64, retry time.Duration, src Source) Decision {
+	return Decision{
+		Limit:      limit,
+		Remaining:  remaining,
+		RetryAfter: max(retry, time.Microsecond),
+		ResetAfter: limit.Interval(limit.Burst - remaining),
+		Source:     src,
+	}
+}
+
+// fromGrant is the Decision of an authority call for exactly the request.
+func fromGrant(limit policy.Limit, g authority.Grant, src Source) Decision {
+	d := Decision{
+		Allowed:    g.Granted > 0,
+		Limit:      limit,
+		Remaining:  g.Remaining,
+		RetryAfter: g.RetryAfter,
+		ResetAfter: g.ResetAfter,
+		Source:     src,
+	}
+	if !d.Allowed {
+		d.RetryAfter = max(d.RetryAfter, time.Microsecond)
+	}
+	return d
 }

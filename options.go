@@ -21,17 +21,6 @@ type optionFunc func(*config) error
 
 func (f optionFunc) apply(c *config) error { return f(c) }
 
-// Clock is the source of time for the local state of a Limiter (lease
-// expiry, the negative cache, demand estimates). The bucket itself runs on
-// Redis's clock. The default is the system clock; tests can step one by hand.
-type Clock interface {
-	Now() time.Time
-}
-
-type systemClock struct{}
-
-func (systemClock) Now() time.Time { return time.Now() }
-
 // Defaults of the options.
 const (
 	// DefaultTimeout is the budget of one authority call (WithTimeout).

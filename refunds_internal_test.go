@@ -28,12 +28,12 @@ func TestDroppedRefundsCounted(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	l.rqMu.Lock()
-	l.maxRefunds = 0 // a full queue
-	l.rqMu.Unlock()
+	l.refunds.mu.Lock()
+	l.refunds.max = 0 // a full queue
+	l.refunds.mu.Unlock()
 	rkey := l.auth.Key(l.limit, "k")
-	l.queueRefund(rkey, 5)
-	l.queueRefund(rkey, 7)
+	l.refunds.add(rkey, 5)
+	l.refunds.add(rkey, 7)
 	var rm metricdata.ResourceMetrics
 	if err := reader.Collect(context.Background(), &rm); err != nil {
 		t.Fatal(err)

@@ -169,7 +169,7 @@ func checkGrant(t *testing.T, b *backend, what string, got, want Grant) {
 func runSteps(t *testing.T, b *backend, tt stepTable) {
 	t.Helper()
 	ctx := context.Background()
-	r := b.newAuthority(t, "")
+	r := b.newAuthority(t, testPrefix)
 	key := r.Key(tt.limit, "user-"+tt.name)
 	for i, st := range tt.steps {
 		at := t0.Add(st.at)
@@ -249,12 +249,12 @@ func suiteAcquireMisc(t *testing.T, nb backendFactory) {
 
 	t.Run("fresh key is full and unwritten until a grant", func(t *testing.T) {
 		b := nb(t)
-		r := b.newAuthority(t, "")
+		r := b.newAuthority(t, testPrefix)
 		key := r.Key(tenPerSec, "fresh")
 		if ks := b.keys(t); len(ks) != 0 {
 			t.Fatalf("keys before any call: %v", ks)
 		}
-		g, err := r.Exact(ctx, key, tenPerSec, tenPerSec.Burst)
+		g, err := r.exact(ctx, key, tenPerSec, tenPerSec.Burst)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -266,10 +266,10 @@ func suiteAcquireMisc(t *testing.T, nb backendFactory) {
 
 	t.Run("Exact is Acquire(n, n, 1)", func(t *testing.T) {
 		b := nb(t)
-		r := b.newAuthority(t, "")
+		r := b.newAuthority(t, testPrefix)
 		k1, k2 := r.Key(tenPerSec, "a"), r.Key(tenPerSec, "b")
 		for i, n := range []int64{2, 2, 2, 1} {
-			g1, err1 := r.Exact(ctx, k1, tenPerSec, n)
+			g1, err1 := r.exact(ctx, k1, tenPerSec, n)
 			g2, err2 := r.Acquire(ctx, k2, tenPerSec, n, n, 1)
 			if err1 != nil || err2 != nil {
 				t.Fatalf("call %d: %v, %v", i, err1, err2)
@@ -282,34 +282,34 @@ func suiteAcquireMisc(t *testing.T, nb backendFactory) {
 
 	t.Run("burst lowered and raised", func(t *testing.T) {
 		b := nb(t)
-		r := b.newAuthority(t, "")
+		r := b.newAuthority(t, testPrefix)
 		big := policy.Limit{Name: "b", Rate: 10, Period: time.Second, Burst: 10}
 		small := big.WithBurst(3)
 		key := r.Key(big, "k")
-		g, err := r.Exact(ctx, key, big, 4) // 6 left
+		g, err := r.exact(ctx, key, big, 4) // 6 left
 		if err != nil {
 			t.Fatal(err)
 		}
 		checkGrant(t, b, "Exact(4) burst 10", g, grant(4, 6, 0, 400*ms))
 		// Under burst 3 the 6 stored tokens count as 3.
-		g, err = r.Exact(ctx, key, small, 1)
+		g, err = r.exact(ctx, key, small, 1)
 		if err != nil {
 			t.Fatal(err)
 		}
 		checkGrant(t, b, "Exact(1) burst 3", g, grant(1, 2, 0, 100*ms))
-		g, err = r.Exact(ctx, key, small, 3)
+		g, err = r.exact(ctx, key, small, 3)
 		if err != nil {
 			t.Fatal(err)
 		}
 		checkGrant(t, b, "Exact(3) burst 3", g, grant(0, 2, 100*ms, 100*ms))
 		// Raised again: the 2 tokens stay and the bucket refills towards 10.
-		g, err = r.Exact(ctx, key, big, 3)
+		g, err = r.exact(ctx, key, big, 3)
 		if err != nil {
 			t.Fatal(err)
 		}
 		checkGrant(t, b, "Exact(3) burst 10", g, grant(0, 2, 100*ms, 800*ms))
 		b.setTime(t, t0.Add(800*ms))
-		g, err = r.Exact(ctx, key, big, 10)
+		g, err = r.exact(ctx, key, big, 10)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -318,7 +318,7 @@ func suiteAcquireMisc(t *testing.T, nb backendFactory) {
 
 	t.Run("concurrent takes never exceed the bucket", func(t *testing.T) {
 		b := nb(t)
-		r := b.newAuthority(t, "")
+		r := b.newAuthority(t, testPrefix)
 		// One token per hour: a real server's clock adds nothing during
 		// the test, so exactly Burst tokens can be taken.
 		l := policy.Limit{Name: "conc", Rate: 1, Period: time.Hour, Burst: 100}
@@ -355,7 +355,7 @@ func suiteAcquireMisc(t *testing.T, nb backendFactory) {
 
 	t.Run("context cancelled", func(t *testing.T) {
 		b := nb(t)
-		r := b.newAuthority(t, "")
+		r := b.newAuthority(t, testPrefix)
 		cctx, cancel := context.WithCancel(ctx)
 		cancel()
 		key := r.Key(tenPerSec, "k")
@@ -366,8 +366,8 @@ func suiteAcquireMisc(t *testing.T, nb backendFactory) {
 		if errors.Is(err, ErrScript) {
 			t.Errorf("a cancelled context must not be reported as ErrScript: %v", err)
 		}
-		if _, err := r.RefundOne(cctx, key, tenPerSec, 1); !errors.Is(err, context.Canceled) {
-			t.Errorf("RefundOne with a cancelled context: err = %v; want context.Canceled", err)
+		if _, err := r.refundOne(cctx, key, tenPerSec, 1); !errors.Is(err, context.Canceled) {
+			t.Errorf("refundOne with a cancelled context: err = %v; want context.Canceled", err)
 		}
 		if err := r.Refund(cctx, []Refund{{Key: key, Limit: tenPerSec, Tokens: 1}}); !errors.Is(err, context.Canceled) {
 			t.Errorf("Refund with a cancelled context: err = %v; want context.Canceled", err)
@@ -387,7 +387,7 @@ func TestAcquireConnectionError(t *testing.T) {
 	// No retries: the point is the classification of the error.
 	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialerRetries: 1, DialTimeout: time.Second})
 	t.Cleanup(func() { _ = c.Close() })
-	r, err := New(c, "")
+	r, err := New(c, testPrefix)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -417,7 +417,7 @@ func TestAcquireShareOutOfRange(t *testing.T) {
 		{0, 2}, {-1, 2}, {1e-9, 2}, {1, 50}, {1.5, 50}, {2, 50}, {1000, 50},
 	} {
 		b := newMiniBackend(t)
-		r := b.newAuthority(t, "")
+		r := b.newAuthority(t, testPrefix)
 		g, err := r.Acquire(ctx, r.Key(l, "k"), l, 50, 2, tc.share)
 		if err != nil {
 			t.Fatalf("share %v: %v", tc.share, err)

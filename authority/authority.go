@@ -40,9 +40,6 @@ var (
 	refundSrc  = commonSrc + refundBody
 )
 
-// DefaultPrefix is the Redis key prefix used when none is given.
-const DefaultPrefix = "leaselimit"
-
 // MaxPrefixLen is the longest key prefix accepted.
 const MaxPrefixLen = 64
 
@@ -54,6 +51,11 @@ var ErrReply = errors.New("authority: unexpected script reply")
 // reject). Such an error is a bug in leaselimit, not an outage: callers should
 // surface it loudly rather than count it as a Redis failure.
 var ErrScript = errors.New("authority: script rejected its arguments")
+
+// ErrRefused is wrapped by errors for a command Redis refused inside a
+// script: an ACL without it, OOM, a read-only replica. The wrapped Redis
+// error keeps Redis's own code (NOPERM, OOM, READONLY, ...) first.
+var ErrRefused = errors.New("authority: Redis refused a command in the script")
 
 // ErrPrefix is returned by New for an unusable key prefix.
 var ErrPrefix = errors.New("authority: invalid key prefix")
@@ -96,14 +98,11 @@ func newScript(src string) script {
 	return script{src: src, sha: hex.EncodeToString(h[:])}
 }
 
-// New returns an authority on client with the given key prefix
-// (DefaultPrefix when empty). It makes no Redis call.
+// New returns an authority on client with the given key prefix (see
+// ValidatePrefix). It makes no Redis call.
 func New(client redis.UniversalClient, prefix string) (*Redis, error) {
 	if client == nil {
 		return nil, errors.New("authority: nil redis client")
-	}
-	if prefix == "" {
-		prefix = DefaultPrefix
 	}
 	if err := ValidatePrefix(prefix); err != nil {
 		return nil, err
@@ -130,12 +129,6 @@ func ValidatePrefix(p string) error {
 	}
 	return nil
 }
-
-// Prefix returns the key prefix.
-func (r *Redis) Prefix() string { return r.prefix }
-
-// Client returns the Redis client.
-func (r *Redis) Client() redis.UniversalClient { return r.client }
 
 // Key returns the Redis key of userKey's bucket under limit l:
 // "<prefix>:<limit name>:<rate>/<period>/<burst>:{<32 hex digits>}", the
@@ -224,14 +217,14 @@ func (r *Redis) Acquire(ctx context.Context, key string, l policy.Limit, want, m
 	return DecodeGrant(v)
 }
 
-// Exact takes exactly n tokens or none: Acquire(ctx, key, l, n, n, 1).
-func (r *Redis) Exact(ctx context.Context, key string, l policy.Limit, n int64) (Grant, error) {
+// exact takes exactly n tokens or none: Acquire(ctx, key, l, n, n, 1).
+func (r *Redis) exact(ctx context.Context, key string, l policy.Limit, n int64) (Grant, error) {
 	return r.Acquire(ctx, key, l, n, n, 1)
 }
 
-// RefundOne gives n unused tokens back to key's bucket, capped at l.Burst.
+// refundOne gives n unused tokens back to key's bucket, capped at l.Burst.
 // It returns the whole tokens the bucket then holds.
-func (r *Redis) RefundOne(ctx context.Context, key string, l policy.Limit, n int64) (int64, error) {
+func (r *Redis) refundOne(ctx context.Context, key string, l policy.Limit, n int64) (int64, error) {
 	if n < 1 || n > l.Burst {
 		return 0, fmt.Errorf("%w: refund n=%d burst=%d", ErrScript, n, l.Burst)
 	}
@@ -332,14 +325,26 @@ func (r *Redis) run(ctx context.Context, s script, key string, args ...any) (any
 	return v, nil
 }
 
-func isNoScript(err error) bool {
-	return err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT")
-}
+func isNoScript(err error) bool { return redis.HasErrorPrefix(err, "NOSCRIPT") }
 
-// classify marks errors raised by our own scripts with ErrScript.
+// refusedMark is what the scripts append to an error reply of a command
+// Redis refused inside them (see call in common.lua).
+const refusedMark = "(leaselimit: Redis refused "
+
+// classify marks the error replies our own scripts make: ErrScript for
+// arguments they reject (our bug), ErrRefused for a command Redis refused
+// inside them. Only error replies are looked at, and only in the forms
+// the scripts write.
 func classify(err error) error {
-	if err != nil && strings.Contains(err.Error(), "leaselimit: invalid") {
+	var re redis.Error
+	if !errors.As(err, &re) {
+		return err
+	}
+	switch {
+	case redis.HasErrorPrefix(re, "leaselimit: invalid"):
 		return fmt.Errorf("%w: %w", ErrScript, err)
+	case strings.Contains(re.Error(), refusedMark):
+		return fmt.Errorf("%w: %w", ErrRefused, err)
 	}
 	return err
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -95,7 +94,7 @@ func (r *Redis) checkNode(ctx context.Context, each time.Duration, key string, c
 			return err
 		}
 		// The token back: the bucket is full again, so the key is deleted.
-		_, err := r.RefundOne(ctx, key, checkLimit, 1)
+		_, err := r.refundOne(ctx, key, checkLimit, 1)
 		return err
 	})
 	if err != nil {
@@ -134,15 +133,15 @@ func checkEviction(ctx context.Context, each time.Duration, client redis.Univers
 func explain(err error) string {
 	msg := err.Error()
 	switch {
-	case strings.HasPrefix(msg, "READONLY"):
+	case redis.IsReadOnlyError(err):
 		return "Redis refuses writes (READONLY): the client points at a replica; point it at the master, or use redis.NewFailoverClient (Sentinel) or redis.NewClusterClient"
-	case strings.HasPrefix(msg, "OOM"):
+	case redis.IsOOMError(err):
 		return "Redis is out of memory (" + msg + "): raise maxmemory, or free memory on a dedicated instance"
-	case strings.HasPrefix(msg, "WRONGTYPE"):
+	case redis.HasErrorPrefix(err, "WRONGTYPE"):
 		return "a key under the prefix holds another program's data (" + msg + "): give the Limiter its own prefix (WithPrefix)"
-	case strings.HasPrefix(msg, "LOADING"), strings.HasPrefix(msg, "MASTERDOWN"), strings.HasPrefix(msg, "CLUSTERDOWN"), strings.HasPrefix(msg, "TRYAGAIN"):
+	case redis.IsLoadingError(err), redis.IsMasterDownError(err), redis.IsClusterDownError(err), redis.IsTryAgainError(err):
 		return "Redis cannot serve yet (" + msg + "): retry once it has loaded or the cluster has recovered"
-	case strings.HasPrefix(msg, "NOPERM"), strings.Contains(msg, "can't run this command"), strings.Contains(msg, "leaselimit: Redis refused"):
+	case redis.IsPermissionError(err), errors.Is(err, ErrRefused):
 		return "Redis refused a command (" + msg + "): grant the ACL user +evalsha +eval +time +get +set +del on the prefix's keys (see the README)"
 	case errors.Is(err, context.DeadlineExceeded):
 		return "cannot reach Redis within the time budget (" + msg + "): check the address, the network, and that Redis is up and not hung"

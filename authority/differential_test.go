@@ -85,7 +85,7 @@ func randomDuration(rng *rand.Rand, l policy.Limit) time.Duration {
 	return time.Duration(dt) * time.Microsecond
 }
 
-// TestAcquireMatchesModel runs random sequences of Acquire and RefundOne
+// TestAcquireMatchesModel runs random sequences of Acquire and refundOne
 // over random valid limits (many at the edge of the exact range) and server
 // times (also going backwards) on miniredis, and compares every reply, the
 // stored bucket and its TTL with the integer reference model.
@@ -100,7 +100,7 @@ func TestAcquireMatchesModel(t *testing.T) {
 		l := randomLimit(rng, int(seed))
 		t.Run(fmt.Sprintf("seed%d/%v", seed, l), func(t *testing.T) {
 			b := newMiniBackend(t)
-			r := b.newAuthority(t, "")
+			r := b.newAuthority(t, testPrefix)
 			key := r.Key(l, "k")
 			m := newModel(l)
 			now := t0
@@ -111,12 +111,12 @@ func TestAcquireMatchesModel(t *testing.T) {
 				b.setTime(t, now)
 				if rng.Intn(4) == 0 {
 					n := rng.Int63n(l.Burst) + 1
-					got, err := r.RefundOne(ctx, key, l, n)
+					got, err := r.refundOne(ctx, key, l, n)
 					if err != nil {
-						t.Fatalf("op %d: RefundOne(%d): %v", i, n, err)
+						t.Fatalf("op %d: refundOne(%d): %v", i, n, err)
 					}
 					if want := m.refund(micros(now), n); got != want {
-						t.Fatalf("op %d at %v: RefundOne(%d) = %d; want %d", i, now.Sub(t0), n, got, want)
+						t.Fatalf("op %d at %v: refundOne(%d) = %d; want %d", i, now.Sub(t0), n, got, want)
 					}
 				} else {
 					want := rng.Int63n(l.Burst) + 1
@@ -162,7 +162,7 @@ func TestAcquireMatchesXTimeRate(t *testing.T) {
 		t.Run(l.String(), func(t *testing.T) {
 			rng := rand.New(rand.NewSource(l.Burst))
 			b := newMiniBackend(t)
-			r := b.newAuthority(t, "")
+			r := b.newAuthority(t, testPrefix)
 			key := r.Key(l, "k")
 			lim := rate.NewLimiter(rate.Limit(float64(l.Rate)/l.Period.Seconds()), int(l.Burst))
 			now := t0
@@ -174,7 +174,7 @@ func TestAcquireMatchesXTimeRate(t *testing.T) {
 				if rng.Intn(2) == 0 {
 					n = 1
 				}
-				g, err := r.Exact(ctx, key, l, n)
+				g, err := r.exact(ctx, key, l, n)
 				if err != nil {
 					t.Fatal(err)
 				}

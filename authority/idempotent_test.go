@@ -20,7 +20,7 @@ func TestAcquireResendIsIdempotent(t *testing.T) {
 	defer c.Close()
 	ctx := context.Background()
 	l := policy.Limit{Name: "idem", Rate: 1, Period: time.Hour, Burst: 10}
-	r, err := New(c, "")
+	r, err := New(c, testPrefix)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -37,15 +37,18 @@ var hostileKeys = []string{
 	strings.Repeat("{\x00}", 1500),
 }
 
+// testPrefix is the prefix the tests' authorities write under.
+const testPrefix = "leaselimit"
+
 func TestKeyFormat(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) // never dialled
 	t.Cleanup(func() { _ = c.Close() })
-	r, err := New(c, "")
+	r, err := New(c, testPrefix)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r.Prefix() != DefaultPrefix || r.Client() != c {
-		t.Errorf("Prefix() = %q, Client() = %v; want %q and the client given to New", r.Prefix(), r.Client(), DefaultPrefix)
+	if r.prefix != testPrefix || r.client != c {
+		t.Errorf("prefix %q, client %v; want %q and the client given to New", r.prefix, r.client, testPrefix)
 	}
 	l := policy.PerSecond(10)
 	seen := map[string]string{}
@@ -56,14 +59,14 @@ func TestKeyFormat(t *testing.T) {
 			t.Errorf("Key(%q) = %q; want <prefix>:<name>:<rate>/<period>/<burst>:{<32 lowercase hex>}", uk, k)
 			continue
 		}
-		if m[1] != DefaultPrefix || m[2] != l.Name || m[3] != ParamsTag(l) {
-			t.Errorf("Key(%q) = %q; want prefix %q and name %q", uk, k, DefaultPrefix, l.Name)
+		if m[1] != testPrefix || m[2] != l.Name || m[3] != ParamsTag(l) {
+			t.Errorf("Key(%q) = %q; want prefix %q and name %q", uk, k, testPrefix, l.Name)
 		}
 		sum := sha256.Sum256([]byte(uk))
 		if m[4] != hex.EncodeToString(sum[:16]) {
 			t.Errorf("Key(%q) digest %s; want the first 128 bits of SHA-256, %x", uk, m[4], sum[:16])
 		}
-		if len(k) != len(DefaultPrefix)+1+len(l.Name)+1+len("10/1s/10")+1+34 {
+		if len(k) != len(testPrefix)+1+len(l.Name)+1+len("10/1s/10")+1+34 {
 			t.Errorf("Key(%q) has length %d", uk, len(k))
 		}
 		// The Cluster hash tag is the digest: the text between the first
@@ -133,7 +136,7 @@ func TestParamsTag(t *testing.T) {
 // and that user bytes never reach Redis.
 func suiteKeys(t *testing.T, nb backendFactory) {
 	b := nb(t)
-	r := b.newAuthority(t, "")
+	r := b.newAuthority(t, testPrefix)
 	l := policy.PerSecond(10)
 	var want []string
 	for _, uk := range hostileKeys {
@@ -180,16 +183,16 @@ func TestValidatePrefix(t *testing.T) {
 func TestNew(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) // never dialled
 	t.Cleanup(func() { _ = c.Close() })
-	if r, err := New(nil, ""); err == nil || r != nil {
+	if r, err := New(nil, testPrefix); err == nil || r != nil {
 		t.Errorf("New(nil) = %v, %v; want an error", r, err)
 	}
-	for _, p := range []string{"a b", "{x}", strings.Repeat("p", MaxPrefixLen+1)} {
+	for _, p := range []string{"", "a b", "{x}", strings.Repeat("p", MaxPrefixLen+1)} {
 		if r, err := New(c, p); !errors.Is(err, ErrPrefix) || r != nil {
 			t.Errorf("New(c, %q) = %v, %v; want ErrPrefix", p, r, err)
 		}
 	}
 	r, err := New(c, "x")
-	if err != nil || r.Prefix() != "x" {
+	if err != nil || r.prefix != "x" {
 		t.Fatalf("New(c, %q) = %v, %v", "x", r, err)
 	}
 }

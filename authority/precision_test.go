@@ -57,7 +57,7 @@ func TestQuotaPrecision(t *testing.T) {
 				t.Fatalf("%v: %v", c.l, err)
 			}
 			b := newMiniBackend(t)
-			r := b.newAuthority(t, "")
+			r := b.newAuthority(t, testPrefix)
 			key := r.Key(c.l, "k")
 			m := newModel(c.l)
 			ops := c.ops

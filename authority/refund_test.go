@@ -13,7 +13,7 @@ import (
 // mustExact calls r.Exact and fails the test on error.
 func mustExact(t *testing.T, r *Redis, key string, l policy.Limit, n int64) Grant {
 	t.Helper()
-	g, err := r.Exact(context.Background(), key, l, n)
+	g, err := r.exact(context.Background(), key, l, n)
 	if err != nil {
 		t.Fatalf("Exact(%d): %v", n, err)
 	}
@@ -59,12 +59,12 @@ func suiteRefund(t *testing.T, nb backendFactory) {
 
 	t.Run("adds tokens back", func(t *testing.T) {
 		b := nb(t)
-		r := b.newAuthority(t, "")
+		r := b.newAuthority(t, testPrefix)
 		key := r.Key(l, "k")
 		mustExact(t, r, key, l, 3) // 2 left
-		rem, err := r.RefundOne(ctx, key, l, 2)
+		rem, err := r.refundOne(ctx, key, l, 2)
 		if err != nil || rem != 4 {
-			t.Fatalf("RefundOne(2) = %d, %v; want 4, nil", rem, err)
+			t.Fatalf("refundOne(2) = %d, %v; want 4, nil", rem, err)
 		}
 		checkTokens(t, b, key, l, 4)
 		checkTTL(t, b, key, 100*ms)
@@ -73,13 +73,13 @@ func suiteRefund(t *testing.T, nb backendFactory) {
 
 	t.Run("refills to now first", func(t *testing.T) {
 		b := nb(t)
-		r := b.newAuthority(t, "")
+		r := b.newAuthority(t, testPrefix)
 		key := r.Key(l, "k")
 		mustExact(t, r, key, l, 5)
 		b.setTime(t, t0.Add(200*ms)) // 2 tokens refilled
-		rem, err := r.RefundOne(ctx, key, l, 1)
+		rem, err := r.refundOne(ctx, key, l, 1)
 		if err != nil || rem != 3 {
-			t.Fatalf("RefundOne(1) after 200ms = %d, %v; want 3, nil", rem, err)
+			t.Fatalf("refundOne(1) after 200ms = %d, %v; want 3, nil", rem, err)
 		}
 		checkTokens(t, b, key, l, 3)
 		checkTTL(t, b, key, 200*ms)
@@ -92,15 +92,15 @@ func suiteRefund(t *testing.T, nb backendFactory) {
 
 	t.Run("filling the bucket deletes the key", func(t *testing.T) {
 		b := nb(t)
-		r := b.newAuthority(t, "")
+		r := b.newAuthority(t, testPrefix)
 		k1, k2 := r.Key(l, "exactly-full"), r.Key(l, "over-full")
 		mustExact(t, r, k1, l, 2)
 		mustExact(t, r, k2, l, 2)
-		if rem, err := r.RefundOne(ctx, k1, l, 2); err != nil || rem != l.Burst {
-			t.Errorf("RefundOne(2) to a bucket missing 2 = %d, %v; want %d, nil", rem, err, l.Burst)
+		if rem, err := r.refundOne(ctx, k1, l, 2); err != nil || rem != l.Burst {
+			t.Errorf("refundOne(2) to a bucket missing 2 = %d, %v; want %d, nil", rem, err, l.Burst)
 		}
-		if rem, err := r.RefundOne(ctx, k2, l, 5); err != nil || rem != l.Burst {
-			t.Errorf("RefundOne(5) to a bucket missing 2 = %d, %v; want %d (capped), nil", rem, err, l.Burst)
+		if rem, err := r.refundOne(ctx, k2, l, 5); err != nil || rem != l.Burst {
+			t.Errorf("refundOne(5) to a bucket missing 2 = %d, %v; want %d (capped), nil", rem, err, l.Burst)
 		}
 		if ks := b.keys(t); len(ks) != 0 {
 			t.Errorf("keys left: %v; full buckets must be deleted", ks)
@@ -111,11 +111,11 @@ func suiteRefund(t *testing.T, nb backendFactory) {
 
 	t.Run("missing key is a no-op", func(t *testing.T) {
 		b := nb(t)
-		r := b.newAuthority(t, "")
+		r := b.newAuthority(t, testPrefix)
 		key := r.Key(l, "never-used")
-		rem, err := r.RefundOne(ctx, key, l, 3)
+		rem, err := r.refundOne(ctx, key, l, 3)
 		if err != nil || rem != l.Burst {
-			t.Fatalf("RefundOne to a missing key = %d, %v; want %d, nil", rem, err, l.Burst)
+			t.Fatalf("refundOne to a missing key = %d, %v; want %d, nil", rem, err, l.Burst)
 		}
 		if err := r.Refund(ctx, []Refund{{Key: key, Limit: l, Tokens: 3}}); err != nil {
 			t.Fatalf("Refund to a missing key: %v", err)
@@ -125,13 +125,13 @@ func suiteRefund(t *testing.T, nb backendFactory) {
 
 	t.Run("clock backwards keeps the later time", func(t *testing.T) {
 		b := nb(t)
-		r := b.newAuthority(t, "")
+		r := b.newAuthority(t, testPrefix)
 		key := r.Key(l, "k")
 		b.setTime(t, t0.Add(time.Second))
 		mustExact(t, r, key, l, 5)
 		b.setTime(t, t0)
-		if rem, err := r.RefundOne(ctx, key, l, 1); err != nil || rem != 1 {
-			t.Fatalf("RefundOne(1) with the clock 1s back = %d, %v; want 1, nil", rem, err)
+		if rem, err := r.refundOne(ctx, key, l, 1); err != nil || rem != 1 {
+			t.Fatalf("refundOne(1) with the clock 1s back = %d, %v; want 1, nil", rem, err)
 		}
 		if b.exact() {
 			if _, ts, _ := b.state(t, key, l); ts != micros(t0.Add(time.Second)) {
@@ -145,12 +145,12 @@ func suiteRefund(t *testing.T, nb backendFactory) {
 
 	t.Run("invalid n touches nothing", func(t *testing.T) {
 		b := nb(t)
-		r := b.newAuthority(t, "")
+		r := b.newAuthority(t, testPrefix)
 		key := r.Key(l, "k")
 		b.rec.reset()
 		for _, n := range []int64{0, -1, l.Burst + 1, 1 << 62} {
-			if _, err := r.RefundOne(ctx, key, l, n); !errors.Is(err, ErrScript) {
-				t.Errorf("RefundOne(n=%d) err = %v; want ErrScript", n, err)
+			if _, err := r.refundOne(ctx, key, l, n); !errors.Is(err, ErrScript) {
+				t.Errorf("refundOne(n=%d) err = %v; want ErrScript", n, err)
 			}
 		}
 		b.untouched(t)
@@ -158,7 +158,7 @@ func suiteRefund(t *testing.T, nb backendFactory) {
 
 	t.Run("batch", func(t *testing.T) {
 		b := nb(t)
-		r := b.newAuthority(t, "")
+		r := b.newAuthority(t, testPrefix)
 		hourly := policy.Limit{Name: "hourly", Rate: 1, Period: time.Hour, Burst: 4}
 		kA, kB, kC := r.Key(l, "a"), r.Key(hourly, "b"), r.Key(l, "c")
 		kD, kE, kF := r.Key(l, "d-missing"), r.Key(l, "e"), r.Key(l, "f")
@@ -169,7 +169,7 @@ func suiteRefund(t *testing.T, nb backendFactory) {
 		mustExact(t, r, kF, l, 5)      // 0 left
 		// Make sure the refund script is cached, so the batch is one
 		// pipeline of EVALSHA.
-		if _, err := r.RefundOne(ctx, kD, l, 1); err != nil {
+		if _, err := r.refundOne(ctx, kD, l, 1); err != nil {
 			t.Fatal(err)
 		}
 		b.rec.reset()
@@ -199,7 +199,7 @@ func suiteRefund(t *testing.T, nb backendFactory) {
 
 	t.Run("batch with nothing to do", func(t *testing.T) {
 		b := nb(t)
-		r := b.newAuthority(t, "")
+		r := b.newAuthority(t, testPrefix)
 		b.rec.reset()
 		if err := r.Refund(ctx, nil); err != nil {
 			t.Errorf("Refund(nil) = %v", err)
@@ -214,7 +214,7 @@ func suiteRefund(t *testing.T, nb backendFactory) {
 
 	t.Run("batch with an invalid entry", func(t *testing.T) {
 		b := nb(t)
-		r := b.newAuthority(t, "")
+		r := b.newAuthority(t, testPrefix)
 		kA, kBad, kC := r.Key(l, "a"), r.Key(l, "bad"), r.Key(l, "c")
 		mustExact(t, r, kA, l, 5)
 		mustExact(t, r, kBad, l, 5)
@@ -236,7 +236,7 @@ func suiteRefund(t *testing.T, nb backendFactory) {
 
 	t.Run("NOSCRIPT", func(t *testing.T) {
 		b := nb(t)
-		r := b.newAuthority(t, "")
+		r := b.newAuthority(t, testPrefix)
 		k1, k2, k3 := r.Key(l, "1"), r.Key(l, "2"), r.Key(l, "3")
 		for _, k := range []string{k1, k2, k3} {
 			mustExact(t, r, k, l, 5)
@@ -268,27 +268,27 @@ func suiteRefund(t *testing.T, nb backendFactory) {
 		}
 		checkTokens(t, b, k3, l, 3)
 
-		// RefundOne goes through the same fallback.
+		// refundOne goes through the same fallback.
 		b.flushScripts(t)
 		b.rec.reset()
-		if rem, err := r.RefundOne(ctx, k3, l, 1); err != nil || rem != 4 {
-			t.Fatalf("RefundOne after SCRIPT FLUSH = %d, %v; want 4, nil", rem, err)
+		if rem, err := r.refundOne(ctx, k3, l, 1); err != nil || rem != 4 {
+			t.Fatalf("refundOne after SCRIPT FLUSH = %d, %v; want 4, nil", rem, err)
 		}
 		if got, want := b.rec.take(), []string{"evalsha", "eval"}; !reflect.DeepEqual(got, want) {
-			t.Errorf("RefundOne after SCRIPT FLUSH sent %v; want %v", got, want)
+			t.Errorf("refundOne after SCRIPT FLUSH sent %v; want %v", got, want)
 		}
 	})
 }
 
 func TestRefund(t *testing.T) { forEachBackend(t, suiteRefund) }
 
-// TestRefundMatchesModel runs random interleavings of Exact and RefundOne on
+// TestRefundMatchesModel runs random interleavings of Exact and refundOne on
 // miniredis and compares replies, stored state and TTL with the model.
 func TestRefundMatchesModel(t *testing.T) {
 	// Covered by TestAcquireMatchesModel, which mixes refunds in; this
 	// one pins the interplay of refund and refill on a slow limit.
 	b := newMiniBackend(t)
-	r := b.newAuthority(t, "")
+	r := b.newAuthority(t, testPrefix)
 	l := policy.Limit{Name: "slow", Rate: 7, Period: 3 * time.Second, Burst: 9}
 	key := r.Key(l, "k")
 	m := newModel(l)
@@ -309,12 +309,12 @@ func TestRefundMatchesModel(t *testing.T) {
 				t.Errorf("op %d: Exact(%d) = %+v; want %+v", i, op.take, got, want)
 			}
 		} else {
-			got, err := r.RefundOne(context.Background(), key, l, op.refund)
+			got, err := r.refundOne(context.Background(), key, l, op.refund)
 			if err != nil {
 				t.Fatal(err)
 			}
 			if want := m.refund(micros(now), op.refund); got != want {
-				t.Errorf("op %d: RefundOne(%d) = %d; want %d", i, op.refund, got, want)
+				t.Errorf("op %d: refundOne(%d) = %d; want %d", i, op.refund, got, want)
 			}
 		}
 		compareState(t, b, key, l, m, i)
@@ -343,7 +343,7 @@ func compareState(t *testing.T, b *backend, key string, l policy.Limit, m *model
 func TestExpiryReadsAsFull(t *testing.T) {
 	for _, l := range []policy.Limit{tenPerSec, threePerSec, {Name: "h", Rate: 1, Period: time.Hour, Burst: 3}} {
 		b := newMiniBackend(t)
-		r := b.newAuthority(t, "")
+		r := b.newAuthority(t, testPrefix)
 		key := r.Key(l, "k")
 		g := mustExact(t, r, key, l, l.Burst)
 		ttl := b.pttl(t, key)
@@ -377,7 +377,7 @@ func TestExpiryReadsAsFull(t *testing.T) {
 func TestRefundIdempotent(t *testing.T) {
 	ctx := context.Background()
 	b := newMiniBackend(t)
-	r := b.newAuthority(t, "")
+	r := b.newAuthority(t, testPrefix)
 	l := policy.Limit{Name: "idem", Rate: 1, Period: time.Hour, Burst: 10}
 	key := r.Key(l, "k")
 	mustExact(t, r, key, l, 6) // 4 left

@@ -32,7 +32,7 @@ func TestShareFloorExact(t *testing.T) {
 		} {
 			l := policy.Limit{Name: "share", Rate: 1, Period: time.Hour, Burst: c.burst}
 			b := nb(t)
-			r := b.newAuthority(t, "")
+			r := b.newAuthority(t, testPrefix)
 			g, err := r.Acquire(ctx, r.Key(l, "k"), l, c.burst, 1, c.share)
 			if err != nil {
 				t.Fatal(err)
@@ -58,7 +58,7 @@ func TestShareHugeMeansNoCap(t *testing.T) {
 	l := policy.Limit{Name: "s", Rate: 10, Period: time.Second, Burst: 100}
 	for _, share := range []float64{1e13, 1e19, math.Inf(1)} {
 		b := newMiniBackend(t)
-		r := b.newAuthority(t, "")
+		r := b.newAuthority(t, testPrefix)
 		g, err := r.Acquire(ctx, r.Key(l, "k"), l, 50, 2, share)
 		if err != nil {
 			t.Fatal(err)

@@ -45,7 +45,7 @@ func suiteScripts(t *testing.T, nb backendFactory) {
 
 	t.Run("NOSCRIPT falls back to EVAL and caches again", func(t *testing.T) {
 		b := nb(t)
-		r := b.newAuthority(t, "")
+		r := b.newAuthority(t, testPrefix)
 		key := r.Key(l, "k")
 		b.flushScripts(t)
 		b.rec.reset()
@@ -80,7 +80,7 @@ func suiteScripts(t *testing.T, nb backendFactory) {
 
 	t.Run("invalid Acquire arguments touch nothing", func(t *testing.T) {
 		b := nb(t)
-		r := b.newAuthority(t, "")
+		r := b.newAuthority(t, testPrefix)
 		key := r.Key(l, "k")
 		b.rec.reset()
 		for _, c := range []struct{ want, min int64 }{
@@ -95,7 +95,7 @@ func suiteScripts(t *testing.T, nb backendFactory) {
 			}
 		}
 		for _, n := range []int64{0, -1, 6} {
-			if _, err := r.Exact(ctx, key, l, n); !errors.Is(err, ErrScript) {
+			if _, err := r.exact(ctx, key, l, n); !errors.Is(err, ErrScript) {
 				t.Errorf("Exact(%d): err = %v; want ErrScript", n, err)
 			}
 		}
@@ -104,7 +104,7 @@ func suiteScripts(t *testing.T, nb backendFactory) {
 
 	t.Run("invalid limits are rejected by the script", func(t *testing.T) {
 		b := nb(t)
-		r := b.newAuthority(t, "")
+		r := b.newAuthority(t, testPrefix)
 		// The widest limit Validate accepts must work in the script.
 		edge := edgeLimit("e", 1, time.Microsecond)
 		for _, bad := range []policy.Limit{
@@ -126,8 +126,8 @@ func suiteScripts(t *testing.T, nb backendFactory) {
 				t.Errorf("Acquire under %v: err = %v; want ErrScript", bad, err)
 			}
 			if bad.Burst >= 1 {
-				if _, err := r.RefundOne(ctx, key, bad, 1); !errors.Is(err, ErrScript) {
-					t.Errorf("RefundOne under %v: err = %v; want ErrScript", bad, err)
+				if _, err := r.refundOne(ctx, key, bad, 1); !errors.Is(err, ErrScript) {
+					t.Errorf("refundOne under %v: err = %v; want ErrScript", bad, err)
 				}
 			}
 		}
@@ -139,7 +139,7 @@ func suiteScripts(t *testing.T, nb backendFactory) {
 
 	t.Run("garbage ARGV via EVAL", func(t *testing.T) {
 		b := nb(t)
-		r := b.newAuthority(t, "")
+		r := b.newAuthority(t, testPrefix)
 		key := r.Key(l, "existing")
 		mustExact(t, r, key, l, 2) // a bucket whose state must survive
 		before := b.value(t, key)

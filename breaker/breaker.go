@@ -15,11 +15,12 @@ package breaker
 import (
 	"context"
 	"errors"
+	"io"
 	"net"
-	"strings"
 	"sync/atomic"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/sony/gobreaker/v2"
 )
 
@@ -106,7 +107,6 @@ type Breaker struct {
 	openUntil atomic.Int64 // unix nanoseconds; while now is before it, Rejects is true
 	openFor   time.Duration
 	now       func() time.Time
-	trips     atomic.Int64
 	replies   atomic.Int64
 }
 
@@ -131,7 +131,6 @@ func New(name string, s Settings) *Breaker {
 			b.state.Store(int32(to))
 			if to == gobreaker.StateOpen {
 				b.openUntil.Store(b.now().Add(b.openFor).UnixNano())
-				b.trips.Add(1)
 			} else {
 				b.openUntil.Store(0)
 			}
@@ -154,9 +153,6 @@ func (b *Breaker) Replied() { b.replies.Add(1) }
 // Replies returns how many calls Redis has answered (see Replied). Two
 // readings tell how many replies arrived in between.
 func (b *Breaker) Replies() int64 { return b.replies.Load() }
-
-// Trips returns how many times the breaker has opened.
-func (b *Breaker) Trips() int64 { return b.trips.Load() }
 
 // Rejects reports, without locking, whether the breaker is open at now and
 // not yet due for a probe.
@@ -186,21 +182,18 @@ func (b *Breaker) Allow() (done func(error), err error) {
 }
 
 // Excluded reports whether err says nothing about Redis's health: a caller's
-// cancellation, or NOSCRIPT.
+// cancellation, or NOSCRIPT (the authority reloads the script and retries).
 func Excluded(err error) bool {
-	if err == nil {
-		return false
-	}
-	if errors.Is(err, context.Canceled) {
-		return true
-	}
-	return strings.HasPrefix(err.Error(), "NOSCRIPT")
+	return err != nil && (errors.Is(err, context.Canceled) || redis.HasErrorPrefix(err, "NOSCRIPT"))
 }
 
-// transient are Redis error replies that mean the server cannot serve now.
-var transient = []string{"LOADING", "BUSY", "READONLY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "MISCONF", "NOREPLICAS", "OOM"}
+// unavailable are the codes of Redis error replies that mean the server
+// cannot serve now.
+var unavailable = []string{"LOADING", "BUSY", "READONLY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "MISCONF", "NOREPLICAS", "OOM"}
 
-// Counts reports whether err counts as a Redis failure.
+// Counts reports whether err counts as a Redis failure: by its type or
+// sentinel (a timeout, a network error, a closed or exhausted pool, a
+// broken connection), or by the code of a Redis error reply.
 func Counts(err error) bool {
 	if err == nil || Excluded(err) {
 		return false
@@ -208,32 +201,22 @@ func Counts(err error) bool {
 	if errors.Is(err, ErrBudget) || errors.Is(err, context.DeadlineExceeded) {
 		return true
 	}
+	// net.Error covers *net.OpError (refused, reset, broken pipe, no route),
+	// i/o timeouts, net.ErrClosed and bare syscall errnos.
 	var ne net.Error
 	if errors.As(err, &ne) {
 		return true
 	}
-	var oe *net.OpError
-	if errors.As(err, &oe) {
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, redis.ErrClosed) || errors.Is(err, redis.ErrPoolTimeout) || errors.Is(err, redis.ErrPoolExhausted) {
 		return true
 	}
-	msg := err.Error()
-	for _, p := range transient {
-		if strings.HasPrefix(msg, p) {
+	for _, code := range unavailable {
+		if redis.HasErrorPrefix(err, code) {
 			return true
 		}
 	}
-	switch {
-	case strings.Contains(msg, "connection refused"),
-		strings.Contains(msg, "connection reset"),
-		strings.Contains(msg, "broken pipe"),
-		strings.Contains(msg, "EOF"),
-		strings.Contains(msg, "i/o timeout"),
-		strings.Contains(msg, "pool timeout"),
-		strings.Contains(msg, "client is closed"),
-		strings.Contains(msg, "no route to host"):
-		return true
-	}
-	// Other replies (for example our own script's argument errors) are not
-	// Redis being unavailable.
+	// Other replies (WRONGTYPE, NOPERM, our own script's argument errors)
+	// are not Redis being unavailable.
 	return false
 }

@@ -9,10 +9,10 @@ import (
 )
 
 func BenchmarkTake(b *testing.B) {
-	z := NewSizer(policy.PerSecond(1000), policy.Lease{})
-	e := &Entry{key: "hot"}
+	z := makeSizer(policy.PerSecond(1000), policy.Lease{})
+	e := &entry{key: "hot"}
 	const now = 1 * s
-	z.Install(e, Request{Want: 1, Min: 1}, Outcome{Granted: math.MaxInt64 / 2}, now)
+	z.Install(e, request{Want: 1, Min: 1}, Outcome{Granted: math.MaxInt64 / 2}, now)
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
@@ -26,7 +26,7 @@ func BenchmarkTake(b *testing.B) {
 
 func BenchmarkTableGet(b *testing.B) {
 	// Shards are bounded separately; leave room so no key is evicted.
-	tab := NewTable(20000)
+	tab := newTable(20000)
 	keys := make([]string, 10000)
 	for i := range keys {
 		keys[i] = "user-" + strconv.Itoa(i)
@@ -46,10 +46,10 @@ func BenchmarkTableGet(b *testing.B) {
 }
 
 func BenchmarkTableGetTake(b *testing.B) {
-	z := NewSizer(policy.PerSecond(1000), policy.Lease{})
-	tab := NewTable(1000)
+	z := makeSizer(policy.PerSecond(1000), policy.Lease{})
+	tab := newTable(1000)
 	e, _ := tab.GetOrCreate("hot", 1*s)
-	z.Install(e, Request{Want: 1, Min: 1}, Outcome{Granted: math.MaxInt64 / 2}, 1*s)
+	z.Install(e, request{Want: 1, Min: 1}, Outcome{Granted: math.MaxInt64 / 2}, 1*s)
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {

@@ -11,7 +11,7 @@ import (
 	"github.com/leaselimit/leaselimit/policy"
 )
 
-// step is one operation on an Entry at a fixed timestamp.
+// step is one operation on an entry at a fixed timestamp.
 type step struct {
 	at   int64
 	op   string // take, install, deny, expire, drain, tokens, denied
@@ -20,7 +20,7 @@ type step struct {
 	want int64  // take: left; install: refund; expire, drain: returned; tokens: Tokens(); denied: the wait
 }
 
-func runSteps(t *testing.T, z Sizer, e *Entry, steps []step) {
+func runSteps(t *testing.T, z sizer, e *entry, steps []step) {
 	t.Helper()
 	for i, st := range steps {
 		switch st.op {
@@ -30,12 +30,12 @@ func runSteps(t *testing.T, z Sizer, e *Entry, steps []step) {
 				t.Fatalf("step %d at %v: Take(%d) = %v, %d; want %v, %d", i, time.Duration(st.at), st.n, ok, left, st.ok, st.want)
 			}
 		case "install":
-			req := Request{Want: st.n, Min: 1}
+			req := request{Want: st.n, Min: 1}
 			if got := z.Install(e, req, Outcome{Granted: st.n, Remaining: bigRemaining, Min: 1}, st.at); got != st.want {
 				t.Fatalf("step %d at %v: Install(granted %d) refund = %d; want %d", i, time.Duration(st.at), st.n, got, st.want)
 			}
 		case "deny":
-			req := Request{Want: 1, Min: 1}
+			req := request{Want: 1, Min: 1}
 			if got := z.Install(e, req, Outcome{Granted: 0, RetryAfter: time.Duration(st.n), Min: 1}, st.at); got != 0 {
 				t.Fatalf("step %d at %v: Install(denied) refund = %d; want 0", i, time.Duration(st.at), got)
 			}
@@ -52,7 +52,7 @@ func runSteps(t *testing.T, z Sizer, e *Entry, steps []step) {
 				t.Fatalf("step %d: Tokens = %d; want %d", i, got, st.want)
 			}
 		case "denied":
-			d, wait := e.Denied(st.at)
+			d, wait := cached(e, st.at)
 			if d != st.ok || int64(wait) != st.want {
 				t.Fatalf("step %d at %v: Denied = %v, %v; want %v, %v", i, time.Duration(st.at), d, wait, st.ok, time.Duration(st.want))
 			}
@@ -76,7 +76,7 @@ func TestTakeSteps(t *testing.T) {
 		t8 = t7 + 1*ms
 		t9 = t8 + 1*s
 	)
-	runSteps(t, z, &Entry{key: "k"}, []step{
+	runSteps(t, z, &entry{key: "k"}, []step{
 		// A never-filled entry serves nothing, at any time.
 		{at: 0, op: "take", n: 1, ok: false, want: 0},
 		{at: t0, op: "take", n: 1, ok: false, want: 0},
@@ -119,8 +119,8 @@ func TestTakeSteps(t *testing.T) {
 
 func TestTakeZeroCost(t *testing.T) {
 	z := newSizer(policy.PerSecond(10), policy.Lease{})
-	e := &Entry{key: "k"}
-	z.Install(e, Request{Want: 2, Min: 1}, Outcome{Granted: 2}, 1*s)
+	e := &entry{key: "k"}
+	z.Install(e, request{Want: 2, Min: 1}, Outcome{Granted: 2}, 1*s)
 	if ok, left := e.Take(0, 1*s); !ok || left != 2 {
 		t.Errorf("Take(0) = %v, %d; want true, 2", ok, left)
 	}
@@ -136,7 +136,7 @@ func TestExpireAndDrainSteps(t *testing.T) {
 		t4 = t0 + 300*ms
 		t5 = t4 + 50*ms
 	)
-	runSteps(t, z, &Entry{key: "k"}, []step{
+	runSteps(t, z, &entry{key: "k"}, []step{
 		{at: t0, op: "install", n: 20, want: 0},
 		{at: t1, op: "take", n: 5, ok: true, want: 15},
 		{at: t0, op: "expire", want: 0},
@@ -160,9 +160,9 @@ func TestExpireAndDrainSteps(t *testing.T) {
 func TestTakeConcurrent(t *testing.T) {
 	const installed = 20000
 	z := newSizer(policy.PerSecond(installed), policy.Lease{})
-	e := &Entry{key: "k"}
+	e := &entry{key: "k"}
 	const now = 5 * s
-	z.Install(e, Request{Want: installed, Min: 1}, Outcome{Granted: installed}, now)
+	z.Install(e, request{Want: installed, Min: 1}, Outcome{Granted: installed}, now)
 
 	const workers = 64
 	var (
@@ -217,7 +217,7 @@ func TestTakeConcurrent(t *testing.T) {
 // Install never spend a token that was also returned for refunding.
 func TestTakeConcurrentWithExpireAndInstall(t *testing.T) {
 	z := newSizer(policy.PerSecond(1000), policy.Lease{TTL: time.Millisecond})
-	e := &Entry{key: "k"}
+	e := &entry{key: "k"}
 	const rounds = 200
 	var spent, refunded, installed atomic.Int64
 	var wg sync.WaitGroup
@@ -240,7 +240,7 @@ func TestTakeConcurrentWithExpireAndInstall(t *testing.T) {
 		}()
 	}
 	for i := int64(1); i <= rounds; i++ {
-		z.Install(e, Request{Want: 50, Min: 1}, Outcome{Granted: 50}, i*s)
+		z.Install(e, request{Want: 50, Min: 1}, Outcome{Granted: 50}, i*s)
 		installed.Add(50)
 		if i%2 == 0 {
 			refunded.Add(e.Expire(i*s + 2*ms))
@@ -258,9 +258,9 @@ func TestTakeConcurrentWithExpireAndInstall(t *testing.T) {
 
 func TestPlanColdEntry(t *testing.T) {
 	z := newSizer(policy.PerSecond(100), policy.Lease{})
-	e := &Entry{key: "k"}
+	e := &entry{key: "k"}
 	req := plan(t, z, e, 1*s)
-	if req != (Request{Want: 1, Min: 1}) {
+	if req != (request{Want: 1, Min: 1}) {
 		t.Errorf("cold Plan with nothing pending = %+v; want {Want:1 Min:1}", req)
 	}
 }
@@ -272,13 +272,13 @@ func TestPlanColdEntryAsksForNeedOnly(t *testing.T) {
 	z := newSizer(policy.PerSecond(100), policy.Lease{})
 	for _, tc := range []struct {
 		pending []int64
-		want    Request
+		want    request
 	}{
-		{[]int64{1}, Request{Want: 1, Min: 1, Need: 1}},
-		{[]int64{3}, Request{Want: 3, Min: 3, Need: 3}},
-		{[]int64{5, 2, 9}, Request{Want: 16, Min: 2, Need: 16}},
+		{[]int64{1}, request{Want: 1, Min: 1, Need: 1}},
+		{[]int64{3}, request{Want: 3, Min: 3, Need: 3}},
+		{[]int64{5, 2, 9}, request{Want: 16, Min: 2, Need: 16}},
 	} {
-		e := &Entry{key: "k"}
+		e := &entry{key: "k"}
 		for _, n := range tc.pending {
 			e.AddPending(n)
 		}
@@ -306,7 +306,7 @@ func TestPlanPending(t *testing.T) {
 		{[]int64{20, 20, 20}, 20, 20}, // Min stays <= Want
 	}
 	for _, tc := range tests {
-		e := &Entry{key: "k"}
+		e := &entry{key: "k"}
 		for _, n := range tc.pending {
 			e.AddPending(n)
 		}
@@ -326,7 +326,7 @@ func TestPlanPending(t *testing.T) {
 
 func TestAddPendingConcurrent(t *testing.T) {
 	z := newSizer(policy.PerSecond(1_000_000), policy.Lease{})
-	e := &Entry{key: "k"}
+	e := &entry{key: "k"}
 	var wg sync.WaitGroup
 	for w := int64(0); w < 50; w++ {
 		wg.Add(1)
@@ -371,7 +371,7 @@ func TestPlanGrowsWithDemand(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			z := newSizer(tc.limit, tc.settings)
-			e := &Entry{key: "k"}
+			e := &entry{key: "k"}
 			now := 1 * s
 			var sizes []int64
 			for sec := 0; sec < 6; sec++ {
@@ -390,8 +390,8 @@ func TestPlanGrowsWithDemand(t *testing.T) {
 			// What the next refill asks for respects the same caps.
 			e.AddPending(1)
 			req := plan(t, z, e, now)
-			if req.Want > z.Settings().MaxTokens+1 || req.Want > tc.limit.Burst {
-				t.Errorf("Plan after warm-up = %+v; caps MaxTokens %d, Burst %d", req, z.Settings().MaxTokens, tc.limit.Burst)
+			if req.Want > z.settings.MaxTokens+1 || req.Want > tc.limit.Burst {
+				t.Errorf("Plan after warm-up = %+v; caps MaxTokens %d, Burst %d", req, z.settings.MaxTokens, tc.limit.Burst)
 			}
 		})
 	}
@@ -419,7 +419,7 @@ func TestSlowStart(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			z := newSizer(policy.PerSecond(100000), tc.settings)
-			e := &Entry{key: "k"}
+			e := &entry{key: "k"}
 			driveR(t, z, e, 1*s, 500*us, 8000, tc.remaining)
 			if got := e.size.Load(); got < tc.lo || got > tc.hi {
 				t.Errorf("lease size after 4s of 2000/s = %d; want [%d, %d]", got, tc.lo, tc.hi)
@@ -428,7 +428,7 @@ func TestSlowStart(t *testing.T) {
 	}
 
 	z := newSizer(policy.PerSecond(100000), policy.Lease{TTL: time.Second})
-	e := &Entry{key: "k"}
+	e := &entry{key: "k"}
 	drive(t, z, e, 1*s, 500*us, 8000)
 	if e.grow < 1333 {
 		t.Fatalf("slow-start size after warm-up = %d", e.grow)
@@ -460,11 +460,11 @@ func TestSlowStartNeedsSpending(t *testing.T) {
 		spend int64
 		grows bool
 	}{{0, false}, {10, false}, {49, false}, {50, true}, {100, true}} {
-		e := &Entry{key: "k"}
+		e := &entry{key: "k"}
 		now := 1 * s
 		e.AddPending(1)
 		plan(t, z, e, now) // cold: exact
-		z.Install(e, Request{Want: 101, Min: 1, Need: 1}, Outcome{Granted: 101, Remaining: bigRemaining, Min: 1}, now)
+		z.Install(e, request{Want: 101, Min: 1, Need: 1}, Outcome{Granted: 101, Remaining: bigRemaining, Min: 1}, now)
 		if !e.TakeReserved(1) {
 			t.Fatal("no reservation for the waiting caller")
 		}
@@ -492,12 +492,12 @@ func TestSlowStartNeedsSpending(t *testing.T) {
 func TestSlowStartEscapesClosedLoop(t *testing.T) {
 	run := func(remaining int64) float64 {
 		z := newSizer(policy.PerSecond(1_000_000_000), policy.Lease{})
-		entries := make([]*Entry, 1000)
+		entries := make([]*entry, 1000)
 		for i := range entries {
-			entries[i] = &Entry{key: "k" + strconv.Itoa(i)}
+			entries[i] = &entry{key: "k" + strconv.Itoa(i)}
 		}
 		now := 1 * s
-		refill := func(e *Entry) {
+		refill := func(e *entry) {
 			req := plan(t, z, e, now)
 			z.Install(e, req, grantAll(req, remaining), now)
 			now += 350 * us
@@ -545,7 +545,7 @@ func TestSlowStartEscapesClosedLoop(t *testing.T) {
 func TestPlanWantNeverExceedsBurst(t *testing.T) {
 	for _, burst := range []int64{1, 2, 3, 10, 100} {
 		z := newSizer(policy.PerSecond(100000).WithBurst(burst), policy.Lease{})
-		e := &Entry{key: "k"}
+		e := &entry{key: "k"}
 		now := 1 * s
 		for i := 0; i < 2000; i++ {
 			n := int64(i%int(burst)) + 1
@@ -566,7 +566,7 @@ func TestPlanWantNeverExceedsBurst(t *testing.T) {
 
 func TestPlanClockBackwards(t *testing.T) {
 	z := newSizer(policy.PerSecond(10000), policy.Lease{})
-	e := &Entry{key: "k"}
+	e := &entry{key: "k"}
 	now := drive(t, z, e, 1*s, 500*us, 4000)
 	before := e.size.Load()
 	// A Plan at an earlier now leaves the estimate alone and plans sanely.
@@ -590,7 +590,7 @@ func TestNegativeCacheCold(t *testing.T) {
 		t3 = t0 + 300*ms
 		t4 = t3 + 1*s
 	)
-	e := &Entry{key: "k"}
+	e := &entry{key: "k"}
 	req := plan(t, z, e, t0)
 	if back := z.Install(e, req, Outcome{Granted: 0, RetryAfter: 300 * time.Millisecond, Min: req.Min}, t0); back != 0 {
 		t.Fatalf("Install(denied) refund = %d", back)
@@ -615,7 +615,7 @@ func TestNegativeCacheCapAndClear(t *testing.T) {
 		t4 = t3 + 5*ms
 		t5 = t4 + 1*ms
 	)
-	e := &Entry{key: "k"}
+	e := &entry{key: "k"}
 	runSteps(t, z, e, []step{
 		{at: t0, op: "deny", n: int64(5 * time.Second)}, // capped at 200ms
 		{at: t0, op: "denied", ok: true, want: 200 * ms},
@@ -650,7 +650,7 @@ func TestNegativeCacheLeaseExtension(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			z := newSizer(l, policy.Lease{DenyCap: tc.denyCap})
-			e := &Entry{key: "k"}
+			e := &entry{key: "k"}
 			// 2000/s near the limit: size about 500.
 			now := driveR(t, z, e, 1*s, 500*us, 6000, nearEmpty)
 			e.Drain()
@@ -668,13 +668,13 @@ func TestNegativeCacheLeaseExtension(t *testing.T) {
 				want += l.Interval(extra) // 100µs per token
 			}
 			want = min(want, tc.denyCap)
-			if d, wait := e.Denied(now); !d || wait != want {
+			if d, wait := cached(e, now); !d || wait != want {
 				t.Errorf("size %d, Min %d, RetryAfter %v: Denied = %v, %v; want true, %v", size, req.Min, tc.retry, d, wait, want)
 			}
-			if d, _ := e.Denied(now + int64(want) - 1); !d {
+			if d, _ := cached(e, now+int64(want)-1); !d {
 				t.Errorf("not denied 1ns before %v", want)
 			}
-			if d, _ := e.Denied(now + int64(want)); d {
+			if d, _ := cached(e, now+int64(want)); d {
 				t.Errorf("still denied at %v", want)
 			}
 			if tc.name == "Min 1" && want <= tc.retry {
@@ -693,7 +693,7 @@ func TestNegativeCacheLeaseExtension(t *testing.T) {
 func TestBatchesAtLimit(t *testing.T) {
 	l := policy.PerSecond(1000) // 1ms per token, burst 1000
 	z := newSizer(l, policy.Lease{DenyCap: 5 * time.Second})
-	e := &Entry{key: "k"}
+	e := &entry{key: "k"}
 	now := driveR(t, z, e, 1*s, ms/4, 4000, nearEmpty) // 4000/s: size about 1000
 	e.Drain()
 	size := e.size.Load()
@@ -770,7 +770,7 @@ func TestBatchAfterLargeDenial(t *testing.T) {
 	for _, warm := range []bool{false, true} {
 		l := policy.PerSecond(100) // 10ms per token, burst 100
 		z := newSizer(l, policy.Lease{DenyCap: time.Minute})
-		e := &Entry{key: "a"}
+		e := &entry{key: "a"}
 		now := 1 * s
 		if warm { // a busy key: its batch is more than one token
 			now = driveR(t, z, e, now, 10*ms, 300, nearEmpty)
@@ -805,7 +805,7 @@ func TestBatchCappedByBurst(t *testing.T) {
 	for _, burst := range []int64{8, 40, 100} {
 		l := policy.PerSecond(100000).WithBurst(burst)
 		z := newSizer(l, policy.Lease{})
-		e := &Entry{key: "k"}
+		e := &entry{key: "k"}
 		now := driveR(t, z, e, 1*s, 10*us, 20000, nearEmpty)
 		e.Drain()
 		if e.size.Load() != burst {
@@ -827,7 +827,7 @@ func TestBatchCappedByBurst(t *testing.T) {
 // refill ran are returned for refunding, not installed.
 func TestInstallAfterEviction(t *testing.T) {
 	z := newSizer(policy.PerSecond(100), policy.Lease{})
-	tab := NewTable(1) // one entry per shard
+	tab := newTable(1) // one entry per shard
 	const (
 		t0 = 1 * s
 		t1 = t0 + 20*ms
@@ -864,7 +864,7 @@ func TestInstallAfterEviction(t *testing.T) {
 
 func TestNeedsPrefetch(t *testing.T) {
 	z := newSizer(policy.PerSecond(10000), policy.Lease{Prefetch: 0.25})
-	e := &Entry{key: "k"}
+	e := &entry{key: "k"}
 	// Cold: the low-water mark is 0 and nothing prefetches.
 	plan(t, z, e, 1*s)
 	for _, left := range []int64{0, 1, 5} {
@@ -922,7 +922,7 @@ func TestNeedsPrefetch(t *testing.T) {
 
 func TestNeedsPrefetchDisabled(t *testing.T) {
 	z := newSizer(policy.PerSecond(10000), policy.Lease{Prefetch: -1})
-	e := &Entry{key: "k"}
+	e := &entry{key: "k"}
 	drive(t, z, e, 1*s, 500*us, 6000)
 	if e.size.Load() < 50 {
 		t.Fatalf("warm-up left size %d", e.size.Load())
@@ -936,7 +936,7 @@ func TestNeedsPrefetchDisabled(t *testing.T) {
 // served from the lease; refills with a waiting caller are rare.
 func TestSteadyDemandRarelyMisses(t *testing.T) {
 	z := newSizer(policy.PerSecond(10000), policy.Lease{})
-	e := &Entry{key: "k"}
+	e := &entry{key: "k"}
 	now := drive(t, z, e, 1*s, 500*us, 4000) // warm-up
 	misses := 0
 	for i := 0; i < 4000; i++ {
@@ -952,53 +952,53 @@ func TestSteadyDemandRarelyMisses(t *testing.T) {
 
 func TestEntryAccessors(t *testing.T) {
 	z := newSizer(policy.PerSecond(10), policy.Lease{})
-	e := &Entry{key: "user:42"}
+	e := &entry{key: "user:42"}
 	if e.Key() != "user:42" {
 		t.Errorf("Key() = %q", e.Key())
 	}
 	if e.Remote() != 0 || e.Tokens() != 0 {
 		t.Errorf("fresh entry: Remote %d, Tokens %d", e.Remote(), e.Tokens())
 	}
-	z.Install(e, Request{Want: 2, Min: 1}, Outcome{Granted: 2, Remaining: 6}, 1*s)
+	z.Install(e, request{Want: 2, Min: 1}, Outcome{Granted: 2, Remaining: 6}, 1*s)
 	if e.Remote() != 6 {
 		t.Errorf("Remote() = %d after a grant reporting 6", e.Remote())
 	}
-	z.Install(e, Request{Want: 2, Min: 1}, Outcome{Granted: 0, Remaining: 0, RetryAfter: time.Millisecond}, 2*s)
+	z.Install(e, request{Want: 2, Min: 1}, Outcome{Granted: 0, Remaining: 0, RetryAfter: time.Millisecond}, 2*s)
 	if e.Remote() != 0 {
 		t.Errorf("Remote() = %d after a denial reporting 0", e.Remote())
 	}
-	b := e.Local()
-	if b == nil || e.Local() != b {
-		t.Errorf("Local() is not stable")
+	b := e.fallbackBucket()
+	if b == nil || e.fallbackBucket() != b {
+		t.Errorf("localBucket() is not stable")
 	}
-	if got := z.Settings(); got != (policy.Lease{}).WithDefaults() {
+	if got := z.settings; got != (policy.Lease{}).WithDefaults() {
 		t.Errorf("Settings() = %+v; want defaults", got)
 	}
 }
 
 func TestLocalCreatedOnce(t *testing.T) {
-	e := &Entry{key: "k"}
+	e := &entry{key: "k"}
 	var wg sync.WaitGroup
-	got := make([]*Local, 32)
+	got := make([]*localBucket, 32)
 	for i := range got {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			got[i] = e.Local()
+			got[i] = e.fallbackBucket()
 		}()
 	}
 	wg.Wait()
 	for i := range got {
 		if got[i] != got[0] {
-			t.Fatalf("Local() returned different buckets")
+			t.Fatalf("localBucket() returned different buckets")
 		}
 	}
 }
 
 func TestEntryNoAllocs(t *testing.T) {
 	z := newSizer(policy.PerSecond(10), policy.Lease{})
-	e := &Entry{key: "k"}
-	z.Install(e, Request{Want: 1, Min: 1}, Outcome{Granted: math.MaxInt64 / 2}, 1*s)
+	e := &entry{key: "k"}
+	z.Install(e, request{Want: 1, Min: 1}, Outcome{Granted: math.MaxInt64 / 2}, 1*s)
 	now := 1 * s
 	if a := testing.AllocsPerRun(1000, func() {
 		now++
@@ -1006,10 +1006,10 @@ func TestEntryNoAllocs(t *testing.T) {
 			panic("Take failed")
 		}
 	}); a != 0 {
-		t.Errorf("Entry.Take allocates %v times per call", a)
+		t.Errorf("entry.Take allocates %v times per call", a)
 	}
 	if a := testing.AllocsPerRun(1000, func() {
-		e.Denied(now)
+		cached(e, now)
 		e.NeedsPrefetch(1 << 40)
 		e.Touch(now)
 	}); a != 0 {

@@ -8,12 +8,12 @@ import (
 	"github.com/leaselimit/leaselimit/policy"
 )
 
-// Local is an in-process token bucket, used while Redis is unavailable under
+// localBucket is an in-process token bucket, used while Redis is unavailable under
 // policy.FailLocal. Its state is exact integers as in the Redis script:
 // whole tokens and the fraction of the next one in units of 1/p, for the
 // limit's rate r and period p in µs reduced by their gcd (r tokens every p
 // µs), with 128-bit products (math/bits), so any valid limit is exact.
-type Local struct {
+type localBucket struct {
 	mu     sync.Mutex
 	w, f   uint64 // w + f/p tokens; valid at last
 	last   int64  // now of the state, in µs
@@ -60,7 +60,7 @@ func untilTokens(m, f, r, p uint64) time.Duration {
 }
 
 // refill brings b to nowUs under l. Called with b.mu held.
-func (b *Local) refill(l policy.Limit, nowUs int64) {
+func (b *localBucket) refill(l policy.Limit, nowUs int64) {
 	if !b.inited {
 		b.w, b.f, b.last, b.inited = uint64(l.Burst), 0, nowUs, true
 	}
@@ -90,7 +90,7 @@ func refilled(l policy.Limit, w, f uint64, last, nowUs int64) (uint64, uint64, i
 // Allow takes n tokens from b under limit l at now (nanoseconds), all or
 // nothing. It returns whether it did, the whole tokens left, and when denied
 // the time until n tokens are available, or Never when n > l.Burst.
-func (b *Local) Allow(l policy.Limit, n, now int64) (ok bool, remaining int64, retry time.Duration) {
+func (b *localBucket) Allow(l policy.Limit, n, now int64) (ok bool, remaining int64, retry time.Duration) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.refill(l, now/int64(time.Microsecond))
@@ -119,7 +119,7 @@ func Share(l policy.Limit, fleet int) policy.Limit {
 
 // Full reports whether b, under limit l, has refilled to its burst by now:
 // its state then says nothing a fresh bucket would not.
-func (b *Local) Full(l policy.Limit, now int64) bool {
+func (b *localBucket) Full(l policy.Limit, now int64) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if !b.inited {

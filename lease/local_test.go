@@ -37,7 +37,7 @@ func TestLocalSteps(t *testing.T) {
 		{t0 + 5*s, 1, false, 0, 500 * time.Millisecond, "time going backwards adds nothing"},
 		{t0 + 10*s + 500*ms, 1, true, 0, 0, "and does not lose the refill"},
 	}
-	b := new(Local)
+	b := new(localBucket)
 	for i, st := range steps {
 		ok, rem, retry := b.Allow(l, st.n, st.at)
 		if ok != st.ok || rem != st.rem || retry != st.retry {
@@ -51,7 +51,7 @@ func rateLimiter(l policy.Limit) *rate.Limiter {
 	return rate.NewLimiter(rate.Limit(float64(l.Rate)/l.Period.Seconds()), int(l.Burst))
 }
 
-// TestLocalMatchesXTimeRate feeds Local and golang.org/x/time/rate the same
+// TestLocalMatchesXTimeRate feeds localBucket and golang.org/x/time/rate the same
 // requests at the same times and expects the same decisions. Times step by
 // an amount incommensurate with the token interval, so no decision falls on
 // an exact token boundary where float rounding in x/time/rate could differ.
@@ -68,7 +68,7 @@ func TestLocalMatchesXTimeRate(t *testing.T) {
 	steps := []int64{123457 * us, 98761 * us, 7919 * us, 1_000_003 * us}
 	for _, l := range limits {
 		for _, step := range steps {
-			b := new(Local)
+			b := new(localBucket)
 			ref := rateLimiter(l)
 			r := rand.New(rand.NewPCG(uint64(l.Rate), uint64(step)))
 			now := 3 * s
@@ -82,7 +82,7 @@ func TestLocalMatchesXTimeRate(t *testing.T) {
 				ok, rem, _ := b.Allow(l, n, now)
 				want := ref.AllowN(base.Add(time.Duration(now)), int(n))
 				if ok != want {
-					t.Fatalf("%v step %v: call %d at %v: Local.Allow(%d) = %v; x/time/rate AllowN = %v",
+					t.Fatalf("%v step %v: call %d at %v: localBucket.Allow(%d) = %v; x/time/rate AllowN = %v",
 						l, time.Duration(step), i, time.Duration(now), n, ok, want)
 				}
 				if wantRem := int64(ref.TokensAt(base.Add(time.Duration(now)))); rem != wantRem {
@@ -109,7 +109,7 @@ func TestLocalMatchesXTimeRateExact(t *testing.T) {
 	for _, perSec := range []int64{1, 2, 4, 16, 64, 1024} {
 		for _, burst := range []int64{1, 3, 64} {
 			l := policy.PerSecond(perSec).WithBurst(burst)
-			b := new(Local)
+			b := new(localBucket)
 			ref := rateLimiter(l)
 			r := rand.New(rand.NewPCG(uint64(perSec), uint64(burst)))
 			now := 1 * s
@@ -120,7 +120,7 @@ func TestLocalMatchesXTimeRateExact(t *testing.T) {
 				at := base.Add(time.Duration(now))
 				want := ref.AllowN(at, int(n))
 				if ok != want {
-					t.Fatalf("%v: call %d at %v: Local.Allow(%d) = %v; x/time/rate AllowN = %v", l, i, time.Duration(now), n, ok, want)
+					t.Fatalf("%v: call %d at %v: localBucket.Allow(%d) = %v; x/time/rate AllowN = %v", l, i, time.Duration(now), n, ok, want)
 				}
 				if wantRem := int64(ref.TokensAt(at)); rem != wantRem {
 					t.Fatalf("%v: call %d at %v: remaining %d; x/time/rate has %d", l, i, time.Duration(now), rem, wantRem)
@@ -130,7 +130,7 @@ func TestLocalMatchesXTimeRateExact(t *testing.T) {
 	}
 }
 
-// TestLocalRetryIsExact: when Local denies n <= Burst tokens with retry r,
+// TestLocalRetryIsExact: when localBucket denies n <= Burst tokens with retry r,
 // the same request is admitted at now+r and still denied 1µs earlier.
 func TestLocalRetryIsExact(t *testing.T) {
 	r := rand.New(rand.NewPCG(7, 7))
@@ -141,13 +141,13 @@ func TestLocalRetryIsExact(t *testing.T) {
 		{Name: "a", Rate: 13, Period: 1234567 * time.Microsecond, Burst: 9},
 	}
 	for _, l := range limits {
-		b := new(Local)
+		b := new(localBucket)
 		now := 1 * s
 		denials := 0
 		for i := 0; i < 2000; i++ {
 			now += r.Int64N(int64(l.Interval(l.Burst))/2 + 1)
 			n := 1 + r.Int64N(l.Burst)
-			snap := Local{w: b.w, f: b.f, last: b.last, inited: b.inited}
+			snap := localBucket{w: b.w, f: b.f, last: b.last, inited: b.inited}
 			ok, _, retry := b.Allow(l, n, now)
 			if ok {
 				if retry != 0 {
@@ -174,13 +174,15 @@ func TestLocalRetryIsExact(t *testing.T) {
 	}
 }
 
-func (b *Local) clone() *Local { return &Local{w: b.w, f: b.f, last: b.last, inited: b.inited} }
+func (b *localBucket) clone() *localBucket {
+	return &localBucket{w: b.w, f: b.f, last: b.last, inited: b.inited}
+}
 
 // TestLocalLongIdle: a bucket idle for a long time (or at the far end of the
 // time range) refills to exactly Burst without overflowing.
 func TestLocalLongIdle(t *testing.T) {
 	l := policy.Limit{Name: "a", Rate: 1 << 40, Period: time.Microsecond, Burst: 1000}
-	b := new(Local)
+	b := new(localBucket)
 	b.Allow(l, 1000, 0)
 	ok, rem, _ := b.Allow(l, 1, 1<<62)
 	if !ok || rem != 999 {
@@ -190,7 +192,7 @@ func TestLocalLongIdle(t *testing.T) {
 	if err := big.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	b = new(Local)
+	b = new(localBucket)
 	b.Allow(big, big.Burst, 1*s)
 	if ok, rem, _ := b.Allow(big, 1, 1*s+int64(time.Hour)); !ok || rem != 0 {
 		t.Errorf("one token after an hour: %v, %d; want true, 0", ok, rem)
@@ -237,7 +239,7 @@ func TestShare(t *testing.T) {
 // period leaves int64 (10^12 a day, MaxRate per MaxPeriod) stay exact.
 func TestLocalHugeQuota(t *testing.T) {
 	day := policy.PerDay(1e12)
-	b := new(Local)
+	b := new(localBucket)
 	if ok, rem, _ := b.Allow(day, 1e12, s); !ok || rem != 0 {
 		t.Fatalf("Allow(1e12) on a full bucket = %v, %d", ok, rem)
 	}
@@ -246,7 +248,7 @@ func TestLocalHugeQuota(t *testing.T) {
 		t.Errorf("Allow(12) 1µs later = %v, %d, %v; want denied, 11 left, 1µs", ok, rem, retry)
 	}
 	max := policy.Limit{Name: "max", Rate: policy.MaxRate, Period: policy.MaxPeriod, Burst: policy.MaxRate}
-	b = new(Local)
+	b = new(localBucket)
 	if ok, _, _ := b.Allow(max, policy.MaxRate, s); !ok {
 		t.Fatal("Allow(MaxRate) on a full bucket denied")
 	}

@@ -6,6 +6,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/leaselimit/leaselimit/authority"
 	"github.com/leaselimit/leaselimit/policy"
 )
 
@@ -29,12 +30,12 @@ const nearEmpty = 0
 
 // grantAll is an authority with unlimited tokens: it grants every Want and
 // reports remaining tokens left in the bucket.
-func grantAll(req Request, remaining int64) Outcome {
+func grantAll(req request, remaining int64) Outcome {
 	return Outcome{Granted: req.Want, Remaining: remaining, Min: req.Min}
 }
 
-// plan calls z.Plan and checks the invariants every Request must keep.
-func plan(t testing.TB, z Sizer, e *Entry, now int64) Request {
+// plan calls z.Plan and checks the invariants every request must keep.
+func plan(t testing.TB, z sizer, e *entry, now int64) request {
 	t.Helper()
 	req := z.Plan(e, now)
 	if req.Min < 1 || req.Min > req.Want {
@@ -46,54 +47,75 @@ func plan(t testing.TB, z Sizer, e *Entry, now int64) Request {
 	return req
 }
 
-// serve decides one request for n tokens of e at now the way the root
-// package does, against an authority that grants everything: lease hit
-// (with prefetch), else one refill with the request pending, then take.
-// It reports whether the request was admitted and whether it was served
-// from the existing lease.
-func serve(t testing.TB, z Sizer, e *Entry, n, now int64) (ok, hit bool) {
+// serve decides one request for n tokens of e at now through the protocol
+// (Leases), against an authority that grants everything: a lease hit (with
+// its prefetch run at once), else one refill with the request joined, then
+// collected. It reports whether the request was admitted and whether it
+// was served from the existing lease.
+func serve(t testing.TB, z sizer, e *entry, n, now int64) (ok, hit bool) {
 	t.Helper()
 	return serveR(t, z, e, n, now, bigRemaining)
 }
 
 // serveR is serve against an authority that reports remaining tokens left
 // after each grant (slow start only grows leases when that is large).
-func serveR(t testing.TB, z Sizer, e *Entry, n, now, remaining int64) (ok, hit bool) {
+func serveR(t testing.TB, z sizer, e *entry, n, now, remaining int64) (ok, hit bool) {
 	t.Helper()
-	if ok, left := e.Take(n, now); ok {
-		if e.NeedsPrefetch(left) {
-			req := plan(t, z, e, now)
-			if back := z.Install(e, req, grantAll(req, remaining), now); back != 0 {
-				t.Fatalf("Install refunded %d on a live entry", back)
-			}
-			e.PrefetchDone()
+	ls := over(z)
+	refill := func(tk Ticket) Outcome {
+		r := ls.Plan(tk, now)
+		checkRefill(t, z, r, now)
+		o, back := ls.Complete(r, authority.Grant{Granted: r.Want, Remaining: remaining}, now)
+		if back != 0 {
+			t.Fatalf("Complete returned %d tokens of a live entry", back)
+		}
+		return o
+	}
+	a := ls.decide(e.key, e, n, now)
+	switch a.Status {
+	case Leased:
+		if a.Prefetch {
+			refill(a.Ticket)
+			ls.Prefetched(a.Ticket)
 		}
 		return true, true
-	}
-	if d, _ := e.Denied(now); d {
+	case Cached:
 		return false, false
+	case Miss:
+	default:
+		t.Fatalf("Decide = %+v; want Leased, Cached or Miss", a)
 	}
-	e.AddPending(n)
-	req := plan(t, z, e, now)
-	if back := z.Install(e, req, grantAll(req, remaining), now); back != 0 {
-		t.Fatalf("Install refunded %d on a live entry", back)
+	ls.Join(a.Ticket)
+	a = ls.Collect(a.Ticket, refill(a.Ticket), now)
+	return a.Status == Granted, false
+}
+
+// over returns the protocol around z, for entries that live in no table
+// (decide is given the entry; nothing here evicts).
+func over(z sizer) *Leases {
+	return &Leases{limit: z.limit, local: z.limit, sizer: z, maxShare: z.settings.MaxShare, idle: int64(z.settings.IdleTTL)}
+}
+
+// checkRefill checks the invariants every refill must keep.
+func checkRefill(t testing.TB, z sizer, r Refill, now int64) {
+	t.Helper()
+	if r.Min < 1 || r.Min > r.Want {
+		t.Fatalf("Plan at %d = %+v: want 1 <= Min <= Want", now, r)
 	}
-	if e.TakeReserved(n) {
-		return true, false
+	if r.Want > z.limit.Burst {
+		t.Fatalf("Plan at %d = %+v: Want exceeds Burst %d", now, r, z.limit.Burst)
 	}
-	ok, _ = e.Take(n, now)
-	return ok, false
 }
 
 // drive serves steady demand of one token every step from start for count
 // requests and returns the time after the last one.
-func drive(t testing.TB, z Sizer, e *Entry, start, step int64, count int) int64 {
+func drive(t testing.TB, z sizer, e *entry, start, step int64, count int) int64 {
 	t.Helper()
 	return driveR(t, z, e, start, step, count, bigRemaining)
 }
 
 // driveR is drive against an authority that reports remaining tokens left.
-func driveR(t testing.TB, z Sizer, e *Entry, start, step int64, count int, remaining int64) int64 {
+func driveR(t testing.TB, z sizer, e *entry, start, step int64, count int, remaining int64) int64 {
 	t.Helper()
 	now := start
 	for i := 0; i < count; i++ {
@@ -105,12 +127,30 @@ func driveR(t testing.TB, z Sizer, e *Entry, start, step int64, count int, remai
 	return now
 }
 
-func newSizer(l policy.Limit, s policy.Lease) Sizer {
+func newSizer(l policy.Limit, s policy.Lease) sizer {
 	if err := l.Validate(); err != nil {
 		panic(err)
 	}
 	if err := s.Validate(); err != nil {
 		panic(err)
 	}
-	return NewSizer(l, s)
+	return makeSizer(l, s)
+}
+
+// cached reports whether e's negative cache is set at now, and for how
+// long (whatever the size of a request).
+func cached(e *entry, now int64) (bool, time.Duration) {
+	if d := e.denyUntil.Load(); now < d {
+		return true, time.Duration(d - now)
+	}
+	return false, 0
+}
+
+// capacity returns the most entries t holds.
+func capacity(t *table) int {
+	n := 0
+	for i := range t.shards {
+		n += t.shards[i].max
+	}
+	return n
 }

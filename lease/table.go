@@ -7,25 +7,20 @@ import (
 
 const numShards = 64
 
-// Table is a bounded map from user key to Entry, split into shards with a
+// table is a bounded map from user key to entry, split into shards with a
 // read-write lock each. A lookup of a present key takes a read lock and does
 // not allocate. It holds at most about MaxKeys entries: inserting into a full
 // shard evicts one of that shard's entries not used for a while.
-type Table struct {
+type table struct {
 	seed   maphash.Seed
 	shards [numShards]shard
-	keep   func(e *Entry, now int64) bool // Sweep never removes an entry it approves
+	keep   func(e *entry, now int64) bool // if set, Sweep never removes an entry it approves
 }
-
-// SetKeep sets a rule that stops Sweep from removing idle entries that still
-// hold state worth keeping (for example a fallback bucket that has not
-// refilled). Call it before the table is shared.
-func (t *Table) SetKeep(keep func(e *Entry, now int64) bool) { t.keep = keep }
 
 type shard struct {
 	mu    sync.RWMutex
-	m     map[string]*Entry
-	ring  []*Entry // the entries of m, in no order, for the CLOCK hand
+	m     map[string]*entry
+	ring  []*entry // the entries of m, in no order, for the CLOCK hand
 	hand  int      // next ring position the eviction hand looks at
 	moves int      // entries the hand has passed (for tests of its cost)
 	max   int      // entries this shard may hold
@@ -33,14 +28,14 @@ type shard struct {
 }
 
 // add puts e in s. Called with s.mu held.
-func (s *shard) add(e *Entry) {
+func (s *shard) add(e *entry) {
 	s.m[e.key] = e
 	e.slot = len(s.ring)
 	s.ring = append(s.ring, e)
 }
 
 // remove takes e out of s and marks it removed. Called with s.mu held.
-func (s *shard) remove(e *Entry) {
+func (s *shard) remove(e *entry) {
 	delete(s.m, e.key)
 	last := len(s.ring) - 1
 	moved := s.ring[last]
@@ -56,7 +51,7 @@ func (s *shard) remove(e *Entry) {
 // ring; an entry used since the hand last passed it gets another round
 // (its use is noted in seen), the first one not used is the victim. Called
 // with s.mu held, on a non-empty shard.
-func (s *shard) victim() *Entry {
+func (s *shard) victim() *entry {
 	for range 2*len(s.ring) + 1 {
 		if s.hand >= len(s.ring) {
 			s.hand = 0
@@ -73,17 +68,17 @@ func (s *shard) victim() *Entry {
 	return s.ring[0] // every entry in use on each pass: any will do
 }
 
-// MinCapacity is the smallest capacity of a Table: one entry per shard.
-const MinCapacity = numShards
+// minCapacity is the smallest capacity of a table: one entry per shard.
+const minCapacity = numShards
 
-// NewTable returns a table bounded at maxKeys entries, or MinCapacity if
+// newTable returns a table bounded at maxKeys entries, or minCapacity if
 // that is larger. The bound is split evenly over the shards, so a shard that
 // gets more than its share of keys evicts before the table as a whole is full.
-func NewTable(maxKeys int) *Table {
-	maxKeys = max(maxKeys, MinCapacity)
-	t := &Table{seed: maphash.MakeSeed()}
+func newTable(maxKeys int) *table {
+	maxKeys = max(maxKeys, minCapacity)
+	t := &table{seed: maphash.MakeSeed()}
 	for i := range t.shards {
-		t.shards[i].m = make(map[string]*Entry)
+		t.shards[i].m = make(map[string]*entry)
 		t.shards[i].max = maxKeys / numShards
 		if i < maxKeys%numShards {
 			t.shards[i].max++
@@ -92,21 +87,12 @@ func NewTable(maxKeys int) *Table {
 	return t
 }
 
-// Capacity returns the most entries the table holds.
-func (t *Table) Capacity() int {
-	n := 0
-	for i := range t.shards {
-		n += t.shards[i].max
-	}
-	return n
-}
-
-func (t *Table) shard(key string) *shard {
+func (t *table) shard(key string) *shard {
 	return &t.shards[maphash.String(t.seed, key)%numShards]
 }
 
 // Get returns the entry of key, or nil.
-func (t *Table) Get(key string) *Entry {
+func (t *table) Get(key string) *entry {
 	s := t.shard(key)
 	s.mu.RLock()
 	e := s.m[key]
@@ -118,7 +104,7 @@ func (t *Table) Get(key string) *Entry {
 // the shard is full it evicts an entry not used for a while (CLOCK, see
 // victim: O(1) amortised, never a scan of the shard) and returns it as
 // evicted (with removed set), so the caller can refund its tokens with Drain.
-func (t *Table) GetOrCreate(key string, now int64) (e, evicted *Entry) {
+func (t *table) GetOrCreate(key string, now int64) (e, evicted *entry) {
 	s := t.shard(key)
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -129,14 +115,14 @@ func (t *Table) GetOrCreate(key string, now int64) (e, evicted *Entry) {
 		evicted = s.victim()
 		s.remove(evicted)
 	}
-	e = &Entry{key: key, seen: now} // not used since it was made
+	e = &entry{key: key, seen: now} // not used since it was made
 	e.lastUse.Store(now)
 	s.add(e)
 	return e, evicted
 }
 
 // Len returns the number of entries.
-func (t *Table) Len() int {
+func (t *table) Len() int {
 	n := 0
 	for i := range t.shards {
 		s := &t.shards[i]
@@ -151,8 +137,8 @@ func (t *Table) Len() int {
 // the tokens taken back) and removes entries idle for longer than idle whose
 // lease is empty and whose negative cache has ended. refund is called without
 // any table lock held.
-func (t *Table) Sweep(now, idle int64, refund func(e *Entry, tokens int64)) {
-	var batch []*Entry
+func (t *table) Sweep(now, idle int64, refund func(e *entry, tokens int64)) {
+	var batch []*entry
 	for i := range t.shards {
 		s := &t.shards[i]
 		batch = batch[:0]
@@ -161,7 +147,7 @@ func (t *Table) Sweep(now, idle int64, refund func(e *Entry, tokens int64)) {
 			batch = append(batch, e)
 		}
 		s.mu.RUnlock()
-		var stale []*Entry
+		var stale []*entry
 		for _, e := range batch {
 			if n := e.Expire(now); n > 0 {
 				refund(e, n)
@@ -192,12 +178,12 @@ func (t *Table) Sweep(now, idle int64, refund func(e *Entry, tokens int64)) {
 }
 
 // Drain removes every entry and calls refund for each non-empty lease.
-func (t *Table) Drain(refund func(e *Entry, tokens int64)) {
+func (t *table) Drain(refund func(e *entry, tokens int64)) {
 	for i := range t.shards {
 		s := &t.shards[i]
 		s.mu.Lock()
 		m := s.m
-		s.m = make(map[string]*Entry)
+		s.m = make(map[string]*entry)
 		s.ring, s.hand = nil, 0
 		s.mu.Unlock()
 		for _, e := range m {

@@ -14,7 +14,7 @@ import (
 
 // keyInShardOf returns a key starting with prefix that lands in the same
 // shard of tab as key.
-func keyInShardOf(t testing.TB, tab *Table, key, prefix string) string {
+func keyInShardOf(t testing.TB, tab *table, key, prefix string) string {
 	t.Helper()
 	want := tab.shard(key)
 	for i := 0; i < 1_000_000; i++ {
@@ -37,18 +37,18 @@ func TestTableCapacity(t *testing.T) {
 		{1000, 1000},
 		{10000, 10000},
 	} {
-		got := NewTable(tc.maxKeys).Capacity()
+		got := capacity(newTable(tc.maxKeys))
 		if got != tc.want {
-			t.Errorf("NewTable(%d).Capacity() = %d; want %d", tc.maxKeys, got, tc.want)
+			t.Errorf("capacity(newTable(%d)) = %d; want %d", tc.maxKeys, got, tc.want)
 		}
-		if got != max(tc.maxKeys, MinCapacity) {
-			t.Errorf("NewTable(%d).Capacity() = %d; want exactly max(maxKeys, MinCapacity)", tc.maxKeys, got)
+		if got != max(tc.maxKeys, minCapacity) {
+			t.Errorf("capacity(newTable(%d)) = %d; want exactly max(maxKeys, minCapacity)", tc.maxKeys, got)
 		}
 	}
 }
 
 func TestTableGetOrCreate(t *testing.T) {
-	tab := NewTable(1000)
+	tab := newTable(1000)
 	const t0, t1 = 1 * s, 2 * s
 	if e := tab.Get("a"); e != nil {
 		t.Fatalf("Get on an empty table = %v", e)
@@ -86,12 +86,12 @@ func TestTableGetOrCreate(t *testing.T) {
 }
 
 func TestTableConcurrentGetOrCreate(t *testing.T) {
-	tab := NewTable(100000)
+	tab := newTable(100000)
 	const keys = 500
-	got := make([][]*Entry, 16)
+	got := make([][]*entry, 16)
 	var wg sync.WaitGroup
 	for w := range got {
-		got[w] = make([]*Entry, keys)
+		got[w] = make([]*entry, keys)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -121,8 +121,8 @@ func TestTableConcurrentGetOrCreate(t *testing.T) {
 // capacity, and every eviction hands back a removed entry.
 func TestTableFlood(t *testing.T) {
 	for _, maxKeys := range []int{1, 100, 1000} {
-		tab := NewTable(maxKeys)
-		c := tab.Capacity()
+		tab := newTable(maxKeys)
+		c := capacity(tab)
 		evicted := 0
 		const n = 50000
 		for i := 0; i < n; i++ {
@@ -161,7 +161,7 @@ func TestTableFlood(t *testing.T) {
 // useGrain, so uses here are further apart).
 func TestTableEvictsLeastRecentlyUsed(t *testing.T) {
 	z := newSizer(policy.PerSecond(100), policy.Lease{})
-	tab := NewTable(2 * numShards) // two entries per shard
+	tab := newTable(2 * numShards) // two entries per shard
 	a := "a"
 	b := keyInShardOf(t, tab, a, "b")
 	c := keyInShardOf(t, tab, a, "c")
@@ -185,7 +185,7 @@ func TestTableEvictsLeastRecentlyUsed(t *testing.T) {
 		t.Fatalf("insert into another shard evicted %q", ev.Key())
 	}
 	// Use a (by Take) after b was created: b is now the least recently used.
-	z.Install(ea, Request{Want: 1, Min: 1}, Outcome{Granted: 1}, t2)
+	z.Install(ea, request{Want: 1, Min: 1}, Outcome{Granted: 1}, t2)
 	if ok, _ := ea.Take(1, t2); !ok {
 		t.Fatal("Take failed")
 	}
@@ -215,10 +215,10 @@ func TestTableEvictsLeastRecentlyUsed(t *testing.T) {
 // with Drain, and a refill racing the eviction refunds through Install.
 func TestTableEvictedLeaseDrains(t *testing.T) {
 	z := newSizer(policy.PerSecond(100), policy.Lease{})
-	tab := NewTable(1)
+	tab := newTable(1)
 	const t0, t1 = 1 * s, 1*s + 50*ms
 	ea, _ := tab.GetOrCreate("a", t0)
-	z.Install(ea, Request{Want: 5, Min: 1}, Outcome{Granted: 5}, t0)
+	z.Install(ea, request{Want: 5, Min: 1}, Outcome{Granted: 5}, t0)
 	_, ev := tab.GetOrCreate(keyInShardOf(t, tab, "a", "x"), t1)
 	if ev != ea {
 		t.Fatalf("evicted %v; want a", ev)
@@ -233,7 +233,7 @@ func TestTableEvictedLeaseDrains(t *testing.T) {
 
 func TestTableSweep(t *testing.T) {
 	z := newSizer(policy.PerSecond(10000), policy.Lease{TTL: time.Second, IdleTTL: 5 * time.Second, DenyCap: 10 * time.Second})
-	tab := NewTable(1000)
+	tab := newTable(1000)
 	const idle = 5 * s
 	const (
 		tw = 1 * s  // warm-up of the prefetching key starts
@@ -251,7 +251,7 @@ func TestTableSweep(t *testing.T) {
 	var refunds []refund
 	sweep := func(now int64) {
 		refunds = refunds[:0]
-		tab.Sweep(now, idle, func(e *Entry, n int64) {
+		tab.Sweep(now, idle, func(e *entry, n int64) {
 			if n <= 0 {
 				t.Errorf("refund callback with %d tokens for %q", n, e.Key())
 			}
@@ -285,15 +285,15 @@ func TestTableSweep(t *testing.T) {
 	}
 	// expired: a lease of 10, 2 spent, expires at t1+1s.
 	exp, _ := tab.GetOrCreate("expired", t0)
-	z.Install(exp, Request{Want: 10, Min: 1}, Outcome{Granted: 10}, t1)
+	z.Install(exp, request{Want: 10, Min: 1}, Outcome{Granted: 10}, t1)
 	exp.Take(2, t1)
 	// idle: never used after creation.
 	idl, _ := tab.GetOrCreate("idle", t0)
 	// denied: negative cache until t0+7s.
 	den, _ := tab.GetOrCreate("denied", t0)
-	z.Install(den, Request{Want: 1, Min: 1}, Outcome{Granted: 0, RetryAfter: 7 * time.Second}, t0)
+	z.Install(den, request{Want: 1, Min: 1}, Outcome{Granted: 0, RetryAfter: 7 * time.Second}, t0)
 	// fresh: created now, with a live lease.
-	var fresh *Entry
+	var fresh *entry
 
 	// t1: nothing expired, nothing idle.
 	sweep(t1)
@@ -304,7 +304,7 @@ func TestTableSweep(t *testing.T) {
 
 	// t2: expired's lease is refunded; nothing is idle for 5s yet.
 	fresh, _ = tab.GetOrCreate("fresh", t2)
-	z.Install(fresh, Request{Want: 3, Min: 1}, Outcome{Granted: 3}, t2)
+	z.Install(fresh, request{Want: 3, Min: 1}, Outcome{Granted: 3}, t2)
 	sweep(t2)
 	wantRefunds("t2", refund{"expired", 8})
 	if exp.Tokens() != 0 || tab.Get("expired") != exp || exp.removed.Load() {
@@ -319,12 +319,12 @@ func TestTableSweep(t *testing.T) {
 	// (refill claimed).
 	sweep(t3)
 	wantRefunds("t3", refund{"fresh", 3})
-	for _, gone := range []*Entry{idl, exp} {
+	for _, gone := range []*entry{idl, exp} {
 		if tab.Get(gone.Key()) != nil || !gone.removed.Load() {
 			t.Errorf("t3: %q not removed", gone.Key())
 		}
 	}
-	for _, kept := range []*Entry{den, fresh, pre} {
+	for _, kept := range []*entry{den, fresh, pre} {
 		if tab.Get(kept.Key()) != kept || kept.removed.Load() {
 			t.Errorf("t3: %q removed", kept.Key())
 		}
@@ -334,7 +334,7 @@ func TestTableSweep(t *testing.T) {
 	// 6s ago: removed. prefetching still claimed.
 	sweep(t4)
 	wantRefunds("t4")
-	for _, gone := range []*Entry{den, fresh} {
+	for _, gone := range []*entry{den, fresh} {
 		if tab.Get(gone.Key()) != nil || !gone.removed.Load() {
 			t.Errorf("t4: %q not removed", gone.Key())
 		}
@@ -356,16 +356,16 @@ func TestTableSweep(t *testing.T) {
 // is kept until the lease expires, then refunded and removed together.
 func TestTableSweepIdleWithLiveLease(t *testing.T) {
 	z := newSizer(policy.PerSecond(100), policy.Lease{TTL: 10 * time.Second, IdleTTL: 10 * time.Second})
-	tab := NewTable(64)
+	tab := newTable(64)
 	const (
 		t0 = 1 * s
 		t1 = t0 + 5*s  // idle for 5s (> idle 2s), lease live
 		t2 = t0 + 10*s // lease expired
 	)
 	e, _ := tab.GetOrCreate("k", t0)
-	z.Install(e, Request{Want: 4, Min: 1}, Outcome{Granted: 4}, t0)
+	z.Install(e, request{Want: 4, Min: 1}, Outcome{Granted: 4}, t0)
 	var got int64
-	refund := func(_ *Entry, n int64) { got += n }
+	refund := func(_ *entry, n int64) { got += n }
 	tab.Sweep(t1, 2*s, refund)
 	if got != 0 || tab.Get("k") != e {
 		t.Fatalf("t1: refunded %d, present %v; want 0, true", got, tab.Get("k") != nil)
@@ -375,22 +375,22 @@ func TestTableSweepIdleWithLiveLease(t *testing.T) {
 		t.Errorf("t2: refunded %d, present %v, removed %v; want 4, false, true", got, tab.Get("k") != nil, e.removed.Load())
 	}
 	// A refill that was running when the entry was swept refunds its grant.
-	if back := z.Install(e, Request{Want: 2, Min: 1}, Outcome{Granted: 2}, t2); back != 2 {
+	if back := z.Install(e, request{Want: 2, Min: 1}, Outcome{Granted: 2}, t2); back != 2 {
 		t.Errorf("Install after sweep removal refund = %d; want 2", back)
 	}
 }
 
 func TestTableDrain(t *testing.T) {
 	z := newSizer(policy.PerSecond(100), policy.Lease{TTL: time.Second})
-	tab := NewTable(1000)
+	tab := newTable(1000)
 	const t0, t1 = 1 * s, 3 * s
 	live, _ := tab.GetOrCreate("live", t0)
-	z.Install(live, Request{Want: 5, Min: 1}, Outcome{Granted: 5}, t1)
+	z.Install(live, request{Want: 5, Min: 1}, Outcome{Granted: 5}, t1)
 	stale, _ := tab.GetOrCreate("stale", t0)
-	z.Install(stale, Request{Want: 3, Min: 1}, Outcome{Granted: 3}, t0) // expired by t1, not yet swept
+	z.Install(stale, request{Want: 3, Min: 1}, Outcome{Granted: 3}, t0) // expired by t1, not yet swept
 	empty, _ := tab.GetOrCreate("empty", t0)
 	spent, _ := tab.GetOrCreate("spent", t0)
-	z.Install(spent, Request{Want: 2, Min: 1}, Outcome{Granted: 2}, t1)
+	z.Install(spent, request{Want: 2, Min: 1}, Outcome{Granted: 2}, t1)
 	spent.Take(2, t1)
 	for i := 0; i < 100; i++ {
 		tab.GetOrCreate("more"+strconv.Itoa(i), t1)
@@ -398,7 +398,7 @@ func TestTableDrain(t *testing.T) {
 
 	got := map[string]int64{}
 	calls := 0
-	tab.Drain(func(e *Entry, n int64) {
+	tab.Drain(func(e *entry, n int64) {
 		calls++
 		got[e.Key()] += n
 	})
@@ -408,24 +408,24 @@ func TestTableDrain(t *testing.T) {
 	if tab.Len() != 0 {
 		t.Errorf("Len() = %d after Drain", tab.Len())
 	}
-	for _, e := range []*Entry{live, stale, empty, spent} {
+	for _, e := range []*entry{live, stale, empty, spent} {
 		if !e.removed.Load() || tab.Get(e.Key()) != nil || e.Tokens() != 0 {
 			t.Errorf("%q after Drain: removed %v, present %v, tokens %d", e.Key(), e.removed.Load(), tab.Get(e.Key()) != nil, e.Tokens())
 		}
 	}
 	// A refill finishing after Drain refunds.
-	if back := z.Install(live, Request{Want: 1, Min: 1}, Outcome{Granted: 1}, t1); back != 1 {
+	if back := z.Install(live, request{Want: 1, Min: 1}, Outcome{Granted: 1}, t1); back != 1 {
 		t.Errorf("Install after Drain refund = %d; want 1", back)
 	}
 	// The table still works.
 	if e, _ := tab.GetOrCreate("live", t1); e == live || e == nil {
 		t.Errorf("GetOrCreate after Drain returned the drained entry")
 	}
-	tab.Drain(func(e *Entry, n int64) { t.Errorf("second Drain refunded %d for %q", n, e.Key()) })
+	tab.Drain(func(e *entry, n int64) { t.Errorf("second Drain refunded %d for %q", n, e.Key()) })
 }
 
 func TestTableGetNoAllocs(t *testing.T) {
-	tab := NewTable(1000)
+	tab := newTable(1000)
 	keys := make([]string, 100)
 	for i := range keys {
 		keys[i] = "user-" + strconv.Itoa(i)
@@ -438,7 +438,7 @@ func TestTableGetNoAllocs(t *testing.T) {
 		}
 		i++
 	}); a != 0 {
-		t.Errorf("Table.Get of a present key allocates %v times per call", a)
+		t.Errorf("table.Get of a present key allocates %v times per call", a)
 	}
 	// A present key through GetOrCreate does not allocate either.
 	if a := testing.AllocsPerRun(1000, func() {
@@ -452,7 +452,7 @@ func TestTableGetNoAllocs(t *testing.T) {
 			panic("present")
 		}
 	}); a != 0 {
-		t.Errorf("Table.Get of an absent key allocates %v times per call", a)
+		t.Errorf("table.Get of an absent key allocates %v times per call", a)
 	}
 }
 
@@ -461,7 +461,7 @@ func TestTableGetNoAllocs(t *testing.T) {
 // either spent by a Take or handed back for refunding, exactly once.
 func TestTableConservationConcurrent(t *testing.T) {
 	z := newSizer(policy.PerSecond(100000).WithBurst(50), policy.Lease{TTL: time.Millisecond, IdleTTL: 2 * time.Millisecond})
-	tab := NewTable(numShards) // one entry per shard: constant eviction
+	tab := newTable(numShards) // one entry per shard: constant eviction
 	var clock, granted, spent, refunded atomic.Int64
 	clock.Store(1 * s)
 	tick := func() int64 { return clock.Add(50 * us) }
@@ -477,7 +477,7 @@ func TestTableConservationConcurrent(t *testing.T) {
 				return
 			default:
 			}
-			tab.Sweep(tick(), 5*ms, func(_ *Entry, n int64) { refunded.Add(n) })
+			tab.Sweep(tick(), 5*ms, func(_ *entry, n int64) { refunded.Add(n) })
 		}
 	}()
 	const workers, ops = 8, 20000
@@ -492,7 +492,7 @@ func TestTableConservationConcurrent(t *testing.T) {
 				now := tick()
 				e := tab.Get(key)
 				if e == nil {
-					var ev *Entry
+					var ev *entry
 					e, ev = tab.GetOrCreate(key, now)
 					if ev != nil {
 						refunded.Add(ev.Drain())
@@ -520,7 +520,7 @@ func TestTableConservationConcurrent(t *testing.T) {
 	work.Wait()
 	close(stop)
 	wg.Wait()
-	tab.Drain(func(_ *Entry, n int64) { refunded.Add(n) })
+	tab.Drain(func(_ *entry, n int64) { refunded.Add(n) })
 	if tab.Len() != 0 {
 		t.Errorf("Len() = %d after Drain", tab.Len())
 	}
@@ -538,13 +538,13 @@ func TestTableConservationConcurrent(t *testing.T) {
 // under the write lock (about 1,560 entries per insert at the default size).
 func TestEvictionCost(t *testing.T) {
 	const maxKeys = 100_000
-	tab := NewTable(maxKeys)
+	tab := newTable(maxKeys)
 	now := int64(s)
 	for i := range maxKeys {
 		tab.GetOrCreate(fmt.Sprint("old-", i), now)
 	}
 	// Some old keys stay busy; they must survive.
-	busy := map[string]*Entry{}
+	busy := map[string]*entry{}
 	for i := range 100 {
 		k := fmt.Sprint("old-", i)
 		busy[k] = tab.Get(k)

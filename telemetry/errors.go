@@ -6,36 +6,27 @@ import (
 	"net"
 	"reflect"
 	"strings"
+
+	"github.com/leaselimit/leaselimit/breaker"
+	"github.com/redis/go-redis/v9"
 )
 
 // timeoutError is implemented by errors that know whether they are timeouts.
 type timeoutError interface{ Timeout() bool }
 
+// isTimeout reports a call that ran out of time: its context's deadline,
+// the Limiter's time budget, or a network timeout.
 func isTimeout(err error) bool {
-	if errors.Is(err, context.DeadlineExceeded) {
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, breaker.ErrBudget) {
 		return true
 	}
 	var te timeoutError
-	if errors.As(err, &te) && te.Timeout() {
-		return true
-	}
-	return strings.Contains(err.Error(), "time budget exceeded")
+	return errors.As(err, &te) && te.Timeout()
 }
 
-// isCallerError reports errors that are the caller's doing (bad input, a
-// cancelled context, a closed limiter): not infrastructure failures, so they
-// do not mark a span as an error.
-func isCallerError(err error) bool {
-	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-		return true
-	}
-	msg := err.Error()
-	return strings.HasPrefix(msg, "leaselimit: invalid") || strings.HasPrefix(msg, "leaselimit: limiter closed") ||
-		strings.HasPrefix(msg, "leaselimit: wait would exceed")
-}
-
-// errorType is the error.type attribute: "timeout", a Redis error prefix
-// such as "NOSCRIPT" or "LOADING", or the Go type of the error.
+// errorType is the error.type attribute: "timeout", "network", the error
+// code of a Redis error reply (its first word, such as "NOSCRIPT" or
+// "LOADING"), or the Go type of the error.
 func errorType(err error) string {
 	if isTimeout(err) {
 		return "timeout"
@@ -44,9 +35,10 @@ func errorType(err error) string {
 	if errors.As(err, &ne) {
 		return "network"
 	}
-	msg := err.Error()
-	if i := strings.IndexByte(msg, ' '); i > 0 && strings.ToUpper(msg[:i]) == msg[:i] {
-		return msg[:i]
+	var re redis.Error
+	if errors.As(err, &re) {
+		code, _, _ := strings.Cut(re.Error(), " ")
+		return code
 	}
 	return reflect.TypeOf(err).String()
 }

@@ -20,6 +20,7 @@ import (
 	"reflect"
 	"time"
 
+	"github.com/leaselimit/leaselimit/breaker"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -96,14 +97,14 @@ const (
 	SaturatedAbandoned = "abandoned" // given up at the hard cap
 )
 
-// sources and their names, indexed like leaselimit.Source.
-var sourceNames = [4]string{"lease", "authority", "cache", "fallback"}
-
 // Config configures a Recorder.
 type Config struct {
 	TracerProvider trace.TracerProvider // nil: the global provider
 	MeterProvider  metric.MeterProvider // nil: the global provider
 	LimitName      string
+	// Sources names the decision sources, indexed by the Source value a
+	// decision carries (leaselimit.Source: the names are defined there).
+	Sources []string
 	// Events records each decision as an event on the caller's span
 	// instead of a child span.
 	Events bool
@@ -134,7 +135,8 @@ type Recorder struct {
 	meter       metric.Meter
 	reg         metric.Registration
 
-	decisionOpts  [2][4][]metric.AddOption
+	sources       []string
+	decisionOpts  [2][][]metric.AddOption
 	limitAdd      []metric.AddOption
 	limitRecord   []metric.RecordOption
 	outcomeOpts   map[string][]metric.RecordOption
@@ -145,7 +147,7 @@ type Recorder struct {
 
 // New returns a Recorder. It fails only if the meter rejects an instrument.
 func New(c Config) (*Recorder, error) {
-	r := &Recorder{events: c.Events, redact: c.Redact, limitAttr: AttrLimitName.String(c.LimitName)}
+	r := &Recorder{events: c.Events, redact: c.Redact, limitAttr: AttrLimitName.String(c.LimitName), sources: c.Sources}
 	tp := c.TracerProvider
 	if tp == nil {
 		tp = otel.GetTracerProvider()
@@ -209,9 +211,10 @@ func New(c Config) (*Recorder, error) {
 	}
 	r.meter = m
 
-	for a := 0; a < 2; a++ {
-		for s := 0; s < 4; s++ {
-			set := attribute.NewSet(r.limitAttr, AttrAllowed.Bool(a == 1), AttrSource.String(sourceNames[s]))
+	for a := range r.decisionOpts {
+		r.decisionOpts[a] = make([][]metric.AddOption, len(r.sources))
+		for s, name := range r.sources {
+			set := attribute.NewSet(r.limitAttr, AttrAllowed.Bool(a == 1), AttrSource.String(name))
 			r.decisionOpts[a][s] = []metric.AddOption{metric.WithAttributeSet(set)}
 		}
 	}
@@ -230,8 +233,8 @@ func New(c Config) (*Recorder, error) {
 	for _, o := range []string{SaturatedAnswered, SaturatedAbandoned} {
 		r.saturatedOpts[o] = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(r.limitAttr, AttrOutcome.String(o)))}
 	}
-	for i, s := range []string{"closed", "half-open", "open"} {
-		r.stateOpts[i] = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(r.limitAttr, AttrState.String(s)))}
+	for _, s := range []breaker.State{breaker.Closed, breaker.HalfOpen, breaker.Open} {
+		r.stateOpts[s] = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(r.limitAttr, AttrState.String(s.String())))}
 	}
 	return r, nil
 }
@@ -240,10 +243,12 @@ func New(c Config) (*Recorder, error) {
 // Call it once, after everything state and keys read exists: a metric
 // reader may collect at any moment from then on, even before Observe
 // returns. Close unregisters it.
-func (r *Recorder) Observe(state, keys func() int64) error {
+// The state gauge reads a breaker.State as its number: 0 closed, 1
+// half-open, 2 open.
+func (r *Recorder) Observe(state func() breaker.State, keys func() int64) error {
 	obs := metric.WithAttributeSet(attribute.NewSet(r.limitAttr))
 	reg, err := r.meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
-		o.ObserveInt64(r.state, state(), obs)
+		o.ObserveInt64(r.state, int64(state()), obs)
 		o.ObserveInt64(r.keys, keys(), obs)
 		return nil
 	}, r.state, r.keys)
@@ -282,9 +287,6 @@ func (r *Recorder) Tracing() bool {
 	return true
 }
 
-// Events reports whether decisions are recorded as events on the caller's span.
-func (r *Recorder) Events() bool { return r.events }
-
 // StartDecision starts the decision span (span mode) or returns the caller's
 // span (event mode). Call only when Tracing is true.
 func (r *Recorder) StartDecision(ctx context.Context) (context.Context, trace.Span) {
@@ -297,12 +299,15 @@ func (r *Recorder) StartDecision(ctx context.Context) (context.Context, trace.Sp
 // Outcome describes a finished decision for EndDecision.
 type Outcome struct {
 	Allowed    bool
-	Source     int // index into the source names: lease, authority, cache, fallback
+	Source     int // index into Config.Sources
 	Cost       int64
 	Remaining  int64
 	RetryAfter time.Duration
 	Key        string
 	Err        error
+	// CallerError marks Err as the caller's doing (bad input, its context
+	// ending, a closed limiter): recorded, but not as a span error.
+	CallerError bool
 }
 
 // EndDecision records o on span (and ends it in span mode).
@@ -311,7 +316,7 @@ func (r *Recorder) EndDecision(span trace.Span, o Outcome) {
 		attrs := make([]attribute.KeyValue, 0, 8)
 		attrs = append(attrs, r.limitAttr, AttrCost.Int64(o.Cost))
 		if o.Err == nil {
-			attrs = append(attrs, AttrAllowed.Bool(o.Allowed), AttrSource.String(sourceName(o.Source)),
+			attrs = append(attrs, AttrAllowed.Bool(o.Allowed), AttrSource.String(r.sourceName(o.Source)),
 				AttrRemaining.Int64(o.Remaining))
 			if !o.Allowed {
 				attrs = append(attrs, AttrRetryAfter.Float64(o.RetryAfter.Seconds()))
@@ -324,7 +329,7 @@ func (r *Recorder) EndDecision(span trace.Span, o Outcome) {
 			span.AddEvent(DecisionSpan, trace.WithAttributes(attrs...))
 		} else {
 			span.SetAttributes(attrs...)
-			if o.Err != nil && !isCallerError(o.Err) {
+			if o.Err != nil && !o.CallerError {
 				span.SetStatus(codes.Error, o.Err.Error())
 				span.SetAttributes(AttrErrorType.String(errorType(o.Err)))
 			}
@@ -341,7 +346,7 @@ func (r *Recorder) CountDecision(ctx context.Context, allowed bool, source int) 
 	if allowed {
 		a = 1
 	}
-	if source < 0 || source > 3 {
+	if source < 0 || source >= len(r.sources) {
 		return
 	}
 	r.decisions.Add(ctx, 1, r.decisionOpts[a][source]...)
@@ -418,10 +423,10 @@ func (r *Recorder) CountDroppedRefund(ctx context.Context, tokens int64) {
 	r.dropped.Add(ctx, tokens, r.limitAdd...)
 }
 
-// CountTransition adds one breaker transition to state (0 closed, 1
-// half-open, 2 open). It only records, so it is safe under the breaker's lock.
-func (r *Recorder) CountTransition(state int) {
-	if state >= 0 && state < 3 {
+// CountTransition adds one breaker transition to state. It only records,
+// so it is safe under the breaker's lock.
+func (r *Recorder) CountTransition(state breaker.State) {
+	if state >= 0 && int(state) < len(r.stateOpts) {
 		r.transitions.Add(context.Background(), 1, r.stateOpts[state]...)
 	}
 }
@@ -438,9 +443,9 @@ func KeyDigest(secret []byte) func(string) string {
 	}
 }
 
-func sourceName(s int) string {
-	if s >= 0 && s < len(sourceNames) {
-		return sourceNames[s]
+func (r *Recorder) sourceName(s int) string {
+	if s >= 0 && s < len(r.sources) {
+		return r.sources[s]
 	}
 	return "unknown"
 }

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/leaselimit/leaselimit/breaker"
+	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel/trace/noop"
 )
 
@@ -23,23 +25,27 @@ func TestKeyDigest(t *testing.T) {
 	}
 }
 
+// replyError is an error reply as go-redis returns one (a redis.Error).
+type replyError string
+
+func (e replyError) Error() string { return string(e) }
+func (replyError) RedisError()     {}
+
 func TestErrorType(t *testing.T) {
 	for _, tc := range []struct {
 		err  error
 		want string
 	}{
 		{context.DeadlineExceeded, "timeout"},
-		{fmt.Errorf("breaker: time budget exceeded: no reply"), "timeout"},
-		{errors.New("LOADING Redis is loading the dataset in memory"), "LOADING"},
-		{errors.New("NOSCRIPT No matching script"), "NOSCRIPT"},
+		{fmt.Errorf("%w: no reply", breaker.ErrBudget), "timeout"},
+		{replyError("LOADING Redis is loading the dataset in memory"), "LOADING"},
+		{fmt.Errorf("evalsha: %w", redis.ErrNoScript), "NOSCRIPT"},
+		{errors.New("LOADING as plain text, not a Redis reply"), "*errors.errorString"},
 		{errors.New("something else"), "*errors.errorString"},
 	} {
 		if got := errorType(tc.err); got != tc.want {
 			t.Errorf("errorType(%v) = %q; want %q", tc.err, got, tc.want)
 		}
-	}
-	if !isCallerError(context.Canceled) || isCallerError(errors.New("dial tcp: connection refused")) {
-		t.Error("isCallerError misclassifies")
 	}
 }
 

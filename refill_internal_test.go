@@ -25,7 +25,7 @@ func TestPrefetchSlots(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := cap(l.bg); got != 2 {
+	if got := cap(l.slots); got != 2 {
 		t.Fatalf("prefetch slots for a pool of 4 = %d; want 2", got)
 	}
 	// Warm the script and a connection, so the hung calls below hang in a
@@ -37,9 +37,9 @@ func TestPrefetchSlots(t *testing.T) {
 	srv.Pause(t)
 	base := runtime.NumGoroutine()
 	for i := 0; i < 10; i++ {
-		l.prefetch(context.Background(), l.getOrCreate("k"+strconv.Itoa(i), l.now()))
+		l.prefetch(context.Background(), l.leases.Decide("k"+strconv.Itoa(i), 1, l.clock.now()).Ticket)
 	}
-	if got := len(l.bg); got != 2 {
+	if got := len(l.slots); got != 2 {
 		t.Errorf("slots in use after 10 prefetches on a hung Redis = %d; want 2", got)
 	}
 	time.Sleep(100 * time.Millisecond) // let the two calls reach Redis
@@ -51,7 +51,7 @@ func TestPrefetchSlots(t *testing.T) {
 	if err := l.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if got := len(l.bg); got != 0 {
+	if got := len(l.slots); got != 0 {
 		t.Errorf("slots in use after Close = %d; want 0", got)
 	}
 }

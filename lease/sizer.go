@@ -1,146 +1,36 @@
-// Package lease keeps the per-key local leases of a leaselimit Limiter: a
-// bounded table of entries, each holding tokens already debited from the
-// Redis bucket, spent with a lock-free compare-and-swap.
-//
-// Nothing here reads a clock or talks to Redis. Every time-dependent function
-// takes now, a monotonic reading in nanoseconds from an origin of the
-// caller's choosing; the caller (the root package) owns the clock, the Redis
-// calls and the goroutines. That keeps the lease logic testable with step
-// tables over fixed timestamps.
 package lease
 
 import (
 	"math"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/leaselimit/leaselimit/policy"
 )
 
-// Entry is the local state of one key. The fast path (Take, Denied) uses only
-// atomics; refills and expiry serialise on the entry's mutex.
-type Entry struct {
-	key string
-
-	tokens    atomic.Int64          // leased tokens not yet spent
-	reserved  atomic.Int64          // tokens the last refill set aside for the callers that waited on it
-	expires   atomic.Int64          // now at which the lease stops serving
-	denyUntil atomic.Int64          // negative cache: deny until this now
-	denyMin   atomic.Int64          // the request size the negative cache was set for
-	availAt   atomic.Int64          // now at which denyMin tokens are due in the bucket, as Redis last said
-	lastUse   atomic.Int64          // coarse: updated at most once per useGrain
-	remote    atomic.Int64          // tokens the bucket held at the last grant
-	size      atomic.Int64          // target lease size at the last refill
-	low       atomic.Int64          // prefetch when tokens fall below this
-	refilling atomic.Bool           // a prefetch is queued or running
-	removed   atomic.Bool           // evicted from the table; refills must refund
-	local     atomic.Pointer[Local] // the FailLocal bucket, made on first use
-
-	slot int   // position in its shard's ring; guarded by the shard's lock
-	seen int64 // lastUse when the eviction hand last passed; guarded by the shard's lock
-
-	pendSum atomic.Int64 // tokens wanted by callers waiting on a refill
-	pendMin atomic.Int64 // smallest such want (0: none)
-
-	mu         sync.Mutex
-	rate       float64 // EWMA of locally served tokens per second
-	lastRefill int64   // now of the last refill
-	refilled   bool    // lastRefill is set
-	level      int64   // tokens right after the last install
-	lastNeed   int64   // tokens the last install reserved for waiting callers
-	granted    bool    // the last refill was a grant (not a denial)
-	grow       int64   // slow-start lease size (see Plan)
-	batch      int64   // at its limit: the fewest tokens the next refill takes (see Install)
+// request is what one refill asks of the authority.
+type request struct {
+	Want int64 // tokens to ask for
+	Min  int64 // fewest tokens worth taking (all-or-nothing below it)
+	Need int64 // tokens the waiting callers asked for, reserved for them on a grant
+	// Whole asks for up to Want whatever the bucket holds (no MaxShare
+	// cap): a key at its limit taking the batch it waited for.
+	Whole bool
 }
 
-// useGrain is how stale Entry.lastUse may be; it keeps hot keys from writing
-// a shared cache line on every hit.
-const useGrain = int64(10 * time.Millisecond)
-
-// Key returns the user key of e.
-func (e *Entry) Key() string { return e.key }
-
-// Tokens returns the leased tokens not yet spent.
-func (e *Entry) Tokens() int64 { return e.tokens.Load() }
-
-// Local returns e's local fallback bucket, creating it on first use.
-func (e *Entry) Local() *Local {
-	if b := e.local.Load(); b != nil {
-		return b
-	}
-	e.local.CompareAndSwap(nil, new(Local))
-	return e.local.Load()
+// sizer turns a key's observed demand into a lease size. It is immutable and
+// shared by all entries of a table.
+type sizer struct {
+	limit    policy.Limit
+	settings policy.Lease
+	horizon  float64 // seconds
+	perToken float64 // nanoseconds of refill per token
 }
 
-// LocalBucket returns e's local fallback bucket, or nil if it has none.
-func (e *Entry) LocalBucket() *Local { return e.local.Load() }
-
-// Reserved returns the tokens set aside for callers waiting on a refill.
-func (e *Entry) Reserved() int64 { return e.reserved.Load() }
-
-// Remote returns how many tokens the bucket held at the last grant.
-func (e *Entry) Remote() int64 { return e.remote.Load() }
-
-// Removed reports whether e was evicted from its table; a caller holding it
-// should look the key up again.
-func (e *Entry) Removed() bool { return e.removed.Load() }
-
-// Take spends n tokens (n >= 1) of a live lease. It reports whether it did and how
-// many leased tokens are left. It never blocks and never allocates.
-func (e *Entry) Take(n, now int64) (ok bool, left int64) {
-	if now >= e.expires.Load() {
-		return false, 0
-	}
-	e.Touch(now)
-	for {
-		t := e.tokens.Load()
-		if t < n {
-			return false, t
-		}
-		if e.tokens.CompareAndSwap(t, t-n) {
-			return true, t - n
-		}
-	}
-}
-
-// TakeReserved spends n of the tokens the last refill set aside for the
-// callers that waited on it (see Install), so that callers on the fast path
-// cannot take them first. It reports whether it did.
-func (e *Entry) TakeReserved(n int64) bool {
-	for {
-		r := e.reserved.Load()
-		if r < n {
-			return false
-		}
-		if e.reserved.CompareAndSwap(r, r-n) {
-			return true
-		}
-	}
-}
-
-// NeedsPrefetch reports whether a lease with left tokens is low enough to be
-// refilled ahead of time, and claims the refill when it is: a true result
-// must be followed by a refill and then PrefetchDone.
-func (e *Entry) NeedsPrefetch(left int64) bool {
-	if left >= e.low.Load() || e.refilling.Load() {
-		return false
-	}
-	return e.refilling.CompareAndSwap(false, true)
-}
-
-// PrefetchDone releases the claim taken by NeedsPrefetch.
-func (e *Entry) PrefetchDone() { e.refilling.Store(false) }
-
-// Denied reports whether the negative cache denies e at now for a request of
-// denyMin tokens (the size Redis denied, or 1 while the key waits for its
-// next batch), and for how long. Sizer.Denied adjusts it to a request's size.
-func (e *Entry) Denied(now int64) (bool, time.Duration) {
-	d := e.denyUntil.Load()
-	if now < d {
-		return true, time.Duration(d - now)
-	}
-	return false, 0
+// makeSizer returns a sizer for limit l with settings s (defaults applied).
+func makeSizer(l policy.Limit, s policy.Lease) sizer {
+	s = s.WithDefaults()
+	return sizer{limit: l, settings: s, horizon: s.Horizon.Seconds(),
+		perToken: float64(l.Period) / float64(l.Rate)}
 }
 
 // Denied reports whether the negative cache denies n tokens of e at now,
@@ -154,7 +44,7 @@ func (e *Entry) Denied(now int64) (bool, time.Duration) {
 // holds n tokens, as Redis last said (availAt, the refill time of the
 // difference from denyMin added or taken off), and not before the cache
 // ends.
-func (z Sizer) Denied(e *Entry, n, now int64) (bool, time.Duration) {
+func (z sizer) Denied(e *entry, n, now int64) (bool, time.Duration) {
 	d := e.denyUntil.Load()
 	if now >= d {
 		return false, 0
@@ -170,64 +60,13 @@ func (z Sizer) Denied(e *Entry, n, now int64) (bool, time.Duration) {
 	return true, time.Duration(max(d, due) - now)
 }
 
-// Touch records a use of e at now.
-func (e *Entry) Touch(now int64) {
-	if now-e.lastUse.Load() > useGrain {
-		e.lastUse.Store(now)
-	}
-}
-
-// AddPending registers a caller that waits for a refill and needs n tokens.
-// The next Plan includes it.
-func (e *Entry) AddPending(n int64) {
-	e.pendSum.Add(n)
-	for {
-		m := e.pendMin.Load()
-		if m != 0 && m <= n {
-			return
-		}
-		if e.pendMin.CompareAndSwap(m, n) {
-			return
-		}
-	}
-}
-
-// Request is what one refill asks of the authority.
-type Request struct {
-	Want int64 // tokens to ask for
-	Min  int64 // fewest tokens worth taking (all-or-nothing below it)
-	Need int64 // tokens the waiting callers asked for, reserved for them on a grant
-	// Whole asks for up to Want whatever the bucket holds (no MaxShare
-	// cap): a key at its limit taking the batch it waited for.
-	Whole bool
-}
-
-// Sizer turns a key's observed demand into a lease size. It is immutable and
-// shared by all entries of a table.
-type Sizer struct {
-	limit    policy.Limit
-	settings policy.Lease
-	horizon  float64 // seconds
-	perToken float64 // nanoseconds of refill per token
-}
-
-// NewSizer returns a Sizer for limit l with settings s (defaults applied).
-func NewSizer(l policy.Limit, s policy.Lease) Sizer {
-	s = s.WithDefaults()
-	return Sizer{limit: l, settings: s, horizon: s.Horizon.Seconds(),
-		perToken: float64(l.Period) / float64(l.Rate)}
-}
-
-// Settings returns the lease settings with defaults applied.
-func (z Sizer) Settings() policy.Lease { return z.settings }
-
 // ewmaTau is the time constant of the demand estimate.
 const ewmaTau = float64(time.Second)
 
 // Plan starts a refill of e at now: it updates the demand estimate, takes the
 // pending wants, and returns what to ask the authority for. The caller must
 // hold no lock; Plan and Install lock e themselves.
-func (z Sizer) Plan(e *Entry, now int64) Request {
+func (z sizer) Plan(e *entry, now int64) request {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	// Reserved tokens not claimed by now (a waiter gave up) join the lease.
@@ -288,7 +127,7 @@ func (z Sizer) Plan(e *Entry, now int64) Request {
 	}
 	want = clamp(want, 1, z.limit.Burst)
 	m := clamp(minWant, 1, want)
-	return Request{Want: want, Min: m, Need: min(need, want), Whole: whole}
+	return request{Want: want, Min: m, Need: min(need, want), Whole: whole}
 }
 
 // growHeadroom is how many leases of the slow-start size the bucket must
@@ -307,7 +146,7 @@ const growHeadroom = 16
 // lease that reached its TTL halves it, once per TTL that passed. The size
 // never exceeds 1/growHeadroom of what the bucket held at the last grant, so
 // it is zero for a key near its limit. e.mu must be held.
-func (z Sizer) slowStart(e *Entry, now, served int64) {
+func (z sizer) slowStart(e *entry, now, served int64) {
 	if !e.refilled {
 		return
 	}
@@ -328,12 +167,12 @@ func (z Sizer) slowStart(e *Entry, now, served int64) {
 	e.grow = min(e.grow, e.remote.Load()/growHeadroom, z.settings.MaxTokens, z.limit.Burst)
 }
 
-// Outcome is the authority's answer to a Request.
+// Outcome is the authority's answer to a request.
 type Outcome struct {
 	Granted    int64
 	Remaining  int64
 	RetryAfter time.Duration // when Granted == 0: until Min tokens are available
-	Min        int64         // the Request's Min
+	Min        int64         // the request's Min
 }
 
 // maxBatchWait caps how long a key at its limit waits to gather a batch
@@ -350,7 +189,7 @@ const batchDiv = 4
 // batchFor returns the tokens a key at its limit with lease size size waits
 // to gather: the size, capped by what accrues in maxBatchWait and by
 // Burst/batchDiv.
-func (z Sizer) batchFor(size int64) int64 {
+func (z sizer) batchFor(size int64) int64 {
 	b := min(size, z.limit.Burst/batchDiv)
 	if t := float64(maxBatchWait) / z.perToken; t < float64(b) {
 		b = int64(t)
@@ -365,14 +204,14 @@ func (z Sizer) batchFor(size int64) int64 {
 // A key at its limit is refilled in batches. On a denial the key is denied
 // locally until a batch is available: RetryAfter plus the refill time of the
 // rest of a batch (see batchFor), capped by DenyCap; the next refill then
-// asks for the batch and takes all of it (Request.Whole). While the key stays
+// asks for the batch and takes all of it (request.Whole). While the key stays
 // at its limit (a grant leaves the bucket less than a batch), the negative
 // cache is set again at the grant, to when the next batch will have accrued;
 // it only denies once the lease is spent. A key far over its limit so costs
 // one Redis call per batch, not one per token. For a cold key the batch is 1
 // and the cache lasts exactly RetryAfter; a wait cut short by DenyCap ends
 // batching.
-func (z Sizer) Install(e *Entry, req Request, o Outcome, now int64) (refund int64) {
+func (z sizer) Install(e *entry, req request, o Outcome, now int64) (refund int64) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.lastRefill, e.refilled = now, true
@@ -432,35 +271,6 @@ func (z Sizer) Install(e *Entry, req Request, o Outcome, now int64) (refund int6
 		e.low.Store(0)
 	}
 	return 0
-}
-
-// Expire takes back the tokens of e's lease when it has expired at now and
-// returns them for refunding.
-func (e *Entry) Expire(now int64) int64 {
-	if now < e.expires.Load() || e.tokens.Load()+e.reserved.Load() <= 0 {
-		return 0
-	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if now < e.expires.Load() {
-		return 0
-	}
-	return e.takeAll()
-}
-
-// Drain takes back every leased token of e, expired or not (for Close and
-// eviction).
-func (e *Entry) Drain() int64 {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.takeAll()
-}
-
-// takeAll empties the lease and its reservation; e.mu must be held.
-func (e *Entry) takeAll() int64 {
-	t := e.tokens.Swap(0) + e.reserved.Swap(0)
-	e.level = 0
-	return max(t, 0)
 }
 
 func clamp(v, lo, hi int64) int64 {

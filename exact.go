@@ -1,0 +1,30 @@
+package leaselimit
+
+import (
+	"context"
+
+	"github.com/leaselimit/leaselimit/breaker"
+	"github.com/leaselimit/leaselimit/telemetry"
+)
+
+// allowExact decides by asking Redis for exactly n tokens (exact mode).
+func (l *Limiter) allowExact(ctx context.Context, key string, n int64) (Decision, error) {
+	brk, rkey := l.route(key)
+	if brk.Rejects(l.clock.wall()) {
+		return l.fallback(ctx, brk, key, n, telemetry.ReasonBreakerOpen), nil
+	}
+	if rkey == "" {
+		rkey = l.auth.Key(l.limit, key)
+	}
+	return l.callExact(ctx, brk, rkey, key, n)
+}
+
+// callExact asks Redis for exactly n tokens of key outside any lease; a
+// grant that arrives after the caller left is refunded.
+func (l *Limiter) callExact(ctx context.Context, brk *breaker.Breaker, rkey, key string, n int64) (Decision, error) {
+	r := l.calls.authorize(ctx, call{brk: brk, rkey: rkey, want: n, min: n, share: 1})
+	if r.err != nil {
+		return l.onError(ctx, brk, key, n, r.err)
+	}
+	return fromGrant(l.limit, r.grant, SourceAuthority), nil
+}

@@ -1,0 +1,104 @@
+package leaselimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/leaselimit/leaselimit/authority"
+	"github.com/leaselimit/leaselimit/breaker"
+	"github.com/leaselimit/leaselimit/lease"
+	"github.com/leaselimit/leaselimit/policy"
+	"github.com/leaselimit/leaselimit/telemetry"
+	"github.com/redis/go-redis/v9"
+)
+
+// onError turns a failed authority call into the caller's result: an error
+// for ctx ending, Close, leaselimit's own bugs and Redis replies that mean
+// misconfiguration; the failure policy's decision for an unavailable Redis
+// (or a reply this process was too busy to read).
+func (l *Limiter) onError(ctx context.Context, brk *breaker.Breaker, key string, n int64, err error) (Decision, error) {
+	switch {
+	case errors.Is(err, ErrClosed):
+		return Decision{Source: SourceNone}, ErrClosed
+	case errors.Is(err, authority.ErrScript), errors.Is(err, authority.ErrReply):
+		return Decision{Source: SourceNone}, fmt.Errorf("leaselimit: %w", err)
+	case errors.Is(err, errSaturated):
+		// Redis may be fine; this process could not read its reply in time.
+		return l.fallback(ctx, brk, key, n, telemetry.ReasonSaturated), nil
+	case ctx.Err() != nil && !errors.Is(err, breaker.ErrBudget) && !errors.Is(err, breaker.ErrOpen):
+		return Decision{Source: SourceNone}, ctx.Err()
+	case !breaker.Counts(err) && !errors.Is(err, breaker.ErrOpen) && !breaker.Excluded(err):
+		// Redis answered, but not with a decision: NOPERM (an ACL that is
+		// too narrow), WRONGTYPE (another program's key under our prefix)
+		// and the like. That is misconfiguration, not an outage: say so
+		// rather than let the failure policy hide it.
+		l.log.misconfig(err)
+		return Decision{Source: SourceNone}, fmt.Errorf("leaselimit: redis: %w", err)
+	}
+	if redis.IsReadOnlyError(err) {
+		l.log.readonly(err)
+	}
+	reason := telemetry.ReasonError
+	switch {
+	case errors.Is(err, breaker.ErrOpen):
+		reason = telemetry.ReasonBreakerOpen
+	case errors.Is(err, breaker.ErrBudget), errors.Is(err, context.DeadlineExceeded):
+		reason = telemetry.ReasonTimeout
+	}
+	return l.fallback(ctx, brk, key, n, reason), nil
+}
+
+// fallback is the failure policy's decision for n tokens of key, made for
+// reason while brk holds Redis calls back or a call failed. Leases already
+// held keep serving until they expire.
+func (l *Limiter) fallback(ctx context.Context, brk *breaker.Breaker, key string, n int64, reason string) Decision {
+	l.tel.CountFallback(ctx, reason)
+	l.log.fallback(l.cfg.mode.String(), reason)
+	if sp, ok := recording(ctx); ok {
+		sp.SetAttributes(telemetry.AttrReason.String(reason), telemetry.AttrBreaker.String(brk.State().String()))
+	}
+	wall := l.clock.wall()
+	now := l.clock.mono(wall)
+	if !l.cfg.noLease {
+		if a, ok := l.leases.Held(key, n, now); ok {
+			return l.decided(a)
+		}
+	}
+	switch l.cfg.mode {
+	case policy.FailClosed:
+		return denial(l.limit, 0, l.untilProbe(brk, wall), SourceFallback)
+	case policy.FailLocal:
+		b := l.leases.AllowLocal(key, n, now)
+		l.refunds.addReturns(b.Evicted)
+		retry := b.RetryAfter
+		if retry == lease.Never {
+			// Above this instance's share: wait for Redis to come back.
+			retry = l.untilProbe(brk, wall)
+		}
+		// The share decided: report it as the Limit, and its ResetAfter.
+		share := l.leases.LocalShare()
+		d := Decision{Allowed: b.Allowed, Limit: share, Remaining: b.Remaining,
+			ResetAfter: share.Interval(share.Burst - b.Remaining), Source: SourceFallback}
+		if !b.Allowed {
+			d.RetryAfter = max(retry, time.Microsecond)
+		}
+		return d
+	}
+	// FailOpen. Remaining is the best knowledge: what Redis last said for a
+	// key seen before, else a full bucket.
+	rem := l.leases.LastKnown(key)
+	return Decision{Allowed: true, Limit: l.limit, Remaining: rem,
+		ResetAfter: l.limit.Interval(l.limit.Burst - rem), Source: SourceFallback}
+}
+
+// untilProbe is the RetryAfter of a fallback denial: until the breaker lets
+// a probe through, at least the time budget.
+func (l *Limiter) untilProbe(brk *breaker.Breaker, wall time.Time) time.Duration {
+	retry := time.Duration(0)
+	if u := brk.OpenUntil(); !u.IsZero() {
+		retry = u.Sub(wall)
+	}
+	return max(retry, l.cfg.timeout)
+}

@@ -1,0 +1,169 @@
+package lease
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// entry is the local state of one key. The fast path (Take, Denied) uses only
+// atomics; refills and expiry serialise on the entry's mutex.
+type entry struct {
+	key string
+
+	tokens    atomic.Int64                // leased tokens not yet spent
+	reserved  atomic.Int64                // tokens the last refill set aside for the callers that waited on it
+	expires   atomic.Int64                // now at which the lease stops serving
+	denyUntil atomic.Int64                // negative cache: deny until this now
+	denyMin   atomic.Int64                // the request size the negative cache was set for
+	availAt   atomic.Int64                // now at which denyMin tokens are due in the bucket, as Redis last said
+	lastUse   atomic.Int64                // coarse: updated at most once per useGrain
+	remote    atomic.Int64                // tokens the bucket held at the last grant
+	size      atomic.Int64                // target lease size at the last refill
+	low       atomic.Int64                // prefetch when tokens fall below this
+	refilling atomic.Bool                 // a prefetch is queued or running
+	removed   atomic.Bool                 // evicted from the table; refills must refund
+	fallback  atomic.Pointer[localBucket] // the FailLocal bucket, made on first use
+
+	slot int   // position in its shard's ring; guarded by the shard's lock
+	seen int64 // lastUse when the eviction hand last passed; guarded by the shard's lock
+
+	pendSum atomic.Int64 // tokens wanted by callers waiting on a refill
+	pendMin atomic.Int64 // smallest such want (0: none)
+
+	mu         sync.Mutex
+	rate       float64 // EWMA of locally served tokens per second
+	lastRefill int64   // now of the last refill
+	refilled   bool    // lastRefill is set
+	level      int64   // tokens right after the last install
+	lastNeed   int64   // tokens the last install reserved for waiting callers
+	granted    bool    // the last refill was a grant (not a denial)
+	grow       int64   // slow-start lease size (see Plan)
+	batch      int64   // at its limit: the fewest tokens the next refill takes (see Install)
+}
+
+// useGrain is how stale entry.lastUse may be; it keeps hot keys from writing
+// a shared cache line on every hit.
+const useGrain = int64(10 * time.Millisecond)
+
+// Key returns the user key of e.
+func (e *entry) Key() string { return e.key }
+
+// Tokens returns the leased tokens not yet spent.
+func (e *entry) Tokens() int64 { return e.tokens.Load() }
+
+// fallbackBucket returns e's FailLocal bucket, creating it on first use.
+func (e *entry) fallbackBucket() *localBucket {
+	if b := e.fallback.Load(); b != nil {
+		return b
+	}
+	e.fallback.CompareAndSwap(nil, new(localBucket))
+	return e.fallback.Load()
+}
+
+// Reserved returns the tokens set aside for callers waiting on a refill.
+func (e *entry) Reserved() int64 { return e.reserved.Load() }
+
+// Remote returns how many tokens the bucket held at the last grant.
+func (e *entry) Remote() int64 { return e.remote.Load() }
+
+// Removed reports whether e was evicted from its table; a caller holding it
+// should look the key up again.
+func (e *entry) Removed() bool { return e.removed.Load() }
+
+// Take spends n tokens (n >= 1) of a live lease. It reports whether it did and how
+// many leased tokens are left. It never blocks and never allocates.
+func (e *entry) Take(n, now int64) (ok bool, left int64) {
+	if now >= e.expires.Load() {
+		return false, 0
+	}
+	e.Touch(now)
+	for {
+		t := e.tokens.Load()
+		if t < n {
+			return false, t
+		}
+		if e.tokens.CompareAndSwap(t, t-n) {
+			return true, t - n
+		}
+	}
+}
+
+// TakeReserved spends n of the tokens the last refill set aside for the
+// callers that waited on it (see Install), so that callers on the fast path
+// cannot take them first. It reports whether it did.
+func (e *entry) TakeReserved(n int64) bool {
+	for {
+		r := e.reserved.Load()
+		if r < n {
+			return false
+		}
+		if e.reserved.CompareAndSwap(r, r-n) {
+			return true
+		}
+	}
+}
+
+// NeedsPrefetch reports whether a lease with left tokens is low enough to be
+// refilled ahead of time, and claims the refill when it is: a true result
+// must be followed by a refill and then PrefetchDone.
+func (e *entry) NeedsPrefetch(left int64) bool {
+	if left >= e.low.Load() || e.refilling.Load() {
+		return false
+	}
+	return e.refilling.CompareAndSwap(false, true)
+}
+
+// PrefetchDone releases the claim taken by NeedsPrefetch.
+func (e *entry) PrefetchDone() { e.refilling.Store(false) }
+
+// Touch records a use of e at now.
+func (e *entry) Touch(now int64) {
+	if now-e.lastUse.Load() > useGrain {
+		e.lastUse.Store(now)
+	}
+}
+
+// AddPending registers a caller that waits for a refill and needs n tokens.
+// The next Plan includes it.
+func (e *entry) AddPending(n int64) {
+	e.pendSum.Add(n)
+	for {
+		m := e.pendMin.Load()
+		if m != 0 && m <= n {
+			return
+		}
+		if e.pendMin.CompareAndSwap(m, n) {
+			return
+		}
+	}
+}
+
+// Expire takes back the tokens of e's lease when it has expired at now and
+// returns them for refunding.
+func (e *entry) Expire(now int64) int64 {
+	if now < e.expires.Load() || e.tokens.Load()+e.reserved.Load() <= 0 {
+		return 0
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if now < e.expires.Load() {
+		return 0
+	}
+	return e.takeAll()
+}
+
+// Drain takes back every leased token of e, expired or not (for Close and
+// eviction).
+func (e *entry) Drain() int64 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.takeAll()
+}
+
+// takeAll empties the lease and its reservation; e.mu must be held.
+func (e *entry) takeAll() int64 {
+	t := e.tokens.Swap(0) + e.reserved.Swap(0)
+	e.level = 0
+	return max(t, 0)
+}

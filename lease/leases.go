@@ -1,0 +1,314 @@
+package lease
+
+import (
+	"time"
+
+	"github.com/leaselimit/leaselimit/authority"
+	"github.com/leaselimit/leaselimit/policy"
+)
+
+// Leases is the local decision protocol of one Limiter and all of its local
+// state: a bounded table of keys, each with a lease of tokens already
+// debited from the authority's bucket, a negative cache and a FailLocal
+// bucket. It does no I/O and reads no clock: every call takes now, and
+// what the authority must be asked comes back as a Refill for the caller to
+// perform.
+//
+// One decision for n tokens of a key:
+//
+//	a := Decide(key, n, now)
+//	Leased   admitted from the lease; if a.Prefetch, refill a.Ticket in
+//	         the background (Plan, Complete), then call Prefetched
+//	Cached   denied by the negative cache
+//	Miss     Join(a.Ticket), then wait for the refill of the key (one
+//	         caller runs it: r := Plan(t, now), ask the authority,
+//	         Complete(r, grant, now)); then Collect(t, outcome, now):
+//	  Granted   admitted from that refill's tokens
+//	  Refused   the authority denied
+//	  Cached    the refill went to others and the key is now denied
+//	  Miss      the refill went to others: Join again
+//	  Exact     the refills went to others too often: ask the authority
+//	            for exactly n outside the lease
+//
+// Tokens that must go back to the authority (an evicted or expired lease, a
+// refill that arrived for an evicted key) come back as Returns.
+type Leases struct {
+	limit    policy.Limit
+	local    policy.Limit // FailLocal's per-instance share of limit
+	sizer    sizer
+	table    *table
+	maxShare float64 // a refill takes at most this share of the bucket
+	idle     int64   // an unused key is forgotten after this long
+}
+
+// New returns the protocol for limit with lease settings s (defaults
+// applied), at most about maxKeys keys, and FailLocal shares for a fleet of
+// fleetSize instances. limit and s must be valid.
+func New(limit policy.Limit, s policy.Lease, maxKeys, fleetSize int) *Leases {
+	s = s.WithDefaults()
+	ls := &Leases{
+		limit:    limit,
+		local:    Share(limit, fleetSize),
+		sizer:    makeSizer(limit, s),
+		table:    newTable(maxKeys),
+		maxShare: s.MaxShare,
+		idle:     int64(s.IdleTTL),
+	}
+	// A FailLocal bucket is kept until it has refilled, so an idle key does
+	// not get a fresh burst in the middle of an outage.
+	ls.table.keep = ls.holdsFallback
+	return ls
+}
+
+// Status says what an Answer decided, or what the caller must do next.
+type Status uint8
+
+const (
+	// Leased: admitted from tokens the lease already held.
+	Leased Status = iota
+	// Cached: denied by the negative cache, set by an earlier denial.
+	Cached
+	// Granted: admitted from the tokens of the refill the caller waited for.
+	Granted
+	// Refused: the authority denied the refill the caller waited for.
+	Refused
+	// Miss: undecided; Join the Ticket and wait for a refill of the key.
+	Miss
+	// Exact: undecided; ask the authority for exactly n tokens outside the
+	// lease (refills of the key keep going to other callers first).
+	Exact
+)
+
+// Answer is the protocol's reply to one request.
+type Answer struct {
+	Status     Status
+	Remaining  int64         // tokens left for the key, best knowledge (decided answers)
+	RetryAfter time.Duration // denied answers: until the request can be admitted
+	// Ticket is the caller's place in a refill of its key (Miss, Exact),
+	// or the prefetch it claimed (Leased with Prefetch).
+	Ticket Ticket
+	// Prefetch asks the caller of a Leased answer to refill Ticket in the
+	// background before the lease runs dry, then to call Prefetched.
+	Prefetch bool
+	// Evicted holds tokens of another key's lease, evicted to make room for
+	// this key: they must be returned to the authority.
+	Evicted Return
+}
+
+// Ticket is one caller's place in the refills of its key.
+type Ticket struct {
+	e     *entry
+	n     int64 // tokens the caller needs
+	tries int   // refills that went to other callers
+}
+
+// Key returns the user key the ticket is for.
+func (t Ticket) Key() string { return t.e.key }
+
+// Return is unused tokens of a key's lease, to give back to its bucket.
+type Return struct {
+	Key    string // user key
+	Tokens int64
+}
+
+// Refill is one refill of a key's lease: what to ask the authority for.
+// Acquire between Min and Want tokens, at most max(Min, Share × the
+// bucket's tokens), all or nothing below Min.
+type Refill struct {
+	Want, Min int64
+	Share     float64
+	e         *entry
+	req       request
+}
+
+// maxTries is how many refills a caller waits for before it asks the
+// authority for exactly its n (Exact): a busy key never denies a request
+// the bucket can serve because concurrent callers took each refill first.
+const maxTries = 4
+
+// Decide answers a request for n tokens of key at now: admitted from the
+// lease, denied by the negative cache, or a Miss to be refilled. It never
+// blocks; a lease hit does not allocate.
+func (ls *Leases) Decide(key string, n, now int64) Answer {
+	return ls.decide(key, ls.table.Get(key), n, now)
+}
+
+// decide is Decide for key's entry e (nil if it has none).
+func (ls *Leases) decide(key string, e *entry, n, now int64) Answer {
+	if e != nil {
+		if ok, left := e.Take(n, now); ok {
+			a := Answer{Status: Leased, Remaining: ls.remaining(e, left)}
+			if e.NeedsPrefetch(left) {
+				a.Prefetch, a.Ticket = true, Ticket{e: e}
+			}
+			return a
+		}
+		if denied, wait := ls.sizer.Denied(e, n, now); denied {
+			e.Touch(now)
+			return Answer{Status: Cached, Remaining: e.Remote(), RetryAfter: wait}
+		}
+	}
+	a := Answer{Status: Miss, Ticket: Ticket{e: e, n: n}}
+	if e == nil || e.Removed() {
+		a.Ticket.e, a.Evicted = ls.getOrCreate(key, now)
+	}
+	return a
+}
+
+// Join counts t's caller in the next refill of its key: call it before
+// waiting for that refill. A caller that stops waiting leaves its count in;
+// the tokens it would have taken then join the lease.
+func (ls *Leases) Join(t Ticket) { t.e.AddPending(t.n) }
+
+// Plan starts the refill that the callers joined to t's key wait for: the
+// one caller that performs it calls Plan once, asks the authority, and
+// hands the grant to Complete.
+func (ls *Leases) Plan(t Ticket, now int64) Refill {
+	req := ls.sizer.Plan(t.e, now)
+	share := ls.maxShare
+	if req.Whole {
+		share = 1
+	}
+	return Refill{Want: req.Want, Min: req.Min, Share: share, e: t.e, req: req}
+}
+
+// Complete installs the authority's grant for r at now: granted tokens go
+// to the lease (reserved for the callers counted in the plan), a denial
+// starts the negative cache. It returns the outcome each waiting caller
+// collects, and the tokens to return to the bucket because the key was
+// evicted meanwhile. A refill that failed is not completed.
+func (ls *Leases) Complete(r Refill, g authority.Grant, now int64) (o Outcome, returned int64) {
+	o = Outcome{Granted: g.Granted, Remaining: g.Remaining, RetryAfter: g.RetryAfter, Min: r.req.Min}
+	return o, ls.sizer.Install(r.e, r.req, o, now)
+}
+
+// Collect answers t's caller once the refill it waited for completed with
+// o: admitted from the tokens reserved for it (or any left in the lease),
+// denied as the authority said, or, when the refill's tokens went to
+// others, Cached, Miss (Join t again) or Exact.
+func (ls *Leases) Collect(t Ticket, o Outcome, now int64) Answer {
+	e, n := t.e, t.n
+	if e.TakeReserved(n) {
+		return Answer{Status: Granted, Remaining: ls.remaining(e, e.Tokens())}
+	}
+	if ok, left := e.Take(n, now); ok {
+		return Answer{Status: Granted, Remaining: ls.remaining(e, left)}
+	}
+	if o.Granted == 0 {
+		retry := o.RetryAfter
+		if o.Min < n {
+			// The authority said when Min tokens are due; n need more.
+			retry += ls.limit.Interval(n - o.Min)
+		}
+		return Answer{Status: Refused, Remaining: o.Remaining, RetryAfter: retry}
+	}
+	if denied, wait := ls.sizer.Denied(e, n, now); denied {
+		return Answer{Status: Cached, Remaining: e.Remote(), RetryAfter: wait}
+	}
+	t.tries++
+	if t.tries >= maxTries {
+		return Answer{Status: Exact, Ticket: t}
+	}
+	a := Answer{Status: Miss, Ticket: t}
+	if e.Removed() {
+		a.Ticket.e, a.Evicted = ls.getOrCreate(e.key, now)
+	}
+	return a
+}
+
+// Prefetched releases the prefetch claimed by a Leased answer once its
+// refill has run, failed or been skipped.
+func (ls *Leases) Prefetched(t Ticket) { t.e.PrefetchDone() }
+
+// Held admits n tokens of key from a lease it still holds at now, without
+// the authority: while the authority is unavailable, leases keep serving
+// until they expire.
+func (ls *Leases) Held(key string, n, now int64) (Answer, bool) {
+	e := ls.table.Get(key)
+	if e == nil {
+		return Answer{}, false
+	}
+	ok, left := e.Take(n, now)
+	if !ok {
+		return Answer{}, false
+	}
+	return Answer{Status: Leased, Remaining: ls.remaining(e, left)}, true
+}
+
+// Local is a decision of the FailLocal bucket: this instance's share of
+// the limit, enforced alone while the authority is unavailable.
+type Local struct {
+	Allowed    bool
+	Remaining  int64
+	RetryAfter time.Duration // denied: until n tokens are due, or Never above the share's burst
+	Evicted    Return        // as in Answer
+}
+
+// AllowLocal takes n tokens of key's FailLocal bucket at now, all or
+// nothing (see Share for the bucket's limit).
+func (ls *Leases) AllowLocal(key string, n, now int64) Local {
+	e, ev := ls.getOrCreate(key, now)
+	e.Touch(now)
+	ok, rem, retry := e.fallbackBucket().Allow(ls.local, n, now)
+	return Local{Allowed: ok, Remaining: rem, RetryAfter: retry, Evicted: ev}
+}
+
+// LocalShare returns the limit of the FailLocal buckets: this instance's
+// share of the fleet's limit.
+func (ls *Leases) LocalShare() policy.Limit { return ls.local }
+
+// LastKnown returns the best local knowledge of key's remaining tokens:
+// what the authority last said plus the lease, or a full bucket for a key
+// it has not been asked about.
+func (ls *Leases) LastKnown(key string) int64 {
+	if e := ls.table.Get(key); e != nil && e.Remote() > 0 {
+		return min(e.Remote()+e.Tokens(), ls.limit.Burst)
+	}
+	return ls.limit.Burst
+}
+
+// Sweep expires leases and forgets keys idle since before now-IdleTTL,
+// returning the tokens to give back.
+func (ls *Leases) Sweep(now int64) []Return {
+	var out []Return
+	ls.table.Sweep(now, ls.idle, func(e *entry, n int64) {
+		out = append(out, Return{Key: e.key, Tokens: n})
+	})
+	return out
+}
+
+// Drain forgets every key and returns the tokens of every lease (for
+// Close).
+func (ls *Leases) Drain() []Return {
+	var out []Return
+	ls.table.Drain(func(e *entry, n int64) {
+		out = append(out, Return{Key: e.key, Tokens: n})
+	})
+	return out
+}
+
+// Len returns how many keys have local state.
+func (ls *Leases) Len() int { return ls.table.Len() }
+
+// remaining is a lease decision's Remaining: what the bucket held at the
+// last grant plus what this instance holds, at most a burst.
+func (ls *Leases) remaining(e *entry, left int64) int64 {
+	return min(left+e.Reserved()+e.Remote(), ls.limit.Burst)
+}
+
+// getOrCreate returns key's entry, and the tokens of an entry evicted to
+// make room.
+func (ls *Leases) getOrCreate(key string, now int64) (*entry, Return) {
+	e, ev := ls.table.GetOrCreate(key, now)
+	if ev == nil {
+		return e, Return{}
+	}
+	return e, Return{Key: ev.key, Tokens: ev.Drain()}
+}
+
+// holdsFallback reports whether e's FailLocal bucket has not refilled by
+// now: forgetting it would hand the key a fresh burst.
+func (ls *Leases) holdsFallback(e *entry, now int64) bool {
+	b := e.fallback.Load()
+	return b != nil && !b.Full(ls.local, now)
+}

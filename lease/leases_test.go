@@ -1,0 +1,312 @@
+package lease
+
+import (
+	"testing"
+	"time"
+
+	"github.com/leaselimit/leaselimit/authority"
+	"github.com/leaselimit/leaselimit/policy"
+)
+
+// newLeases returns the protocol for limit with default lease settings.
+func newLeases(limit policy.Limit, maxKeys, fleet int) *Leases {
+	if err := limit.Validate(); err != nil {
+		panic(err)
+	}
+	return New(limit, policy.Lease{}, maxKeys, fleet)
+}
+
+// refill plays the one caller that performs t's refill against an
+// authority that answers g, and returns what the waiters collect.
+func refill(t *testing.T, ls *Leases, tk Ticket, g authority.Grant, now int64) Outcome {
+	t.Helper()
+	r := ls.Plan(tk, now)
+	if r.Min < 1 || r.Min > r.Want || r.Share <= 0 || r.Share > 1 {
+		t.Fatalf("Plan = %+v; want 1 <= Min <= Want and 0 < Share <= 1", r)
+	}
+	if g.Granted > r.Want {
+		g.Granted = r.Want
+	}
+	o, back := ls.Complete(r, g, now)
+	if back != 0 {
+		t.Fatalf("Complete returned %d tokens of a live key", back)
+	}
+	return o
+}
+
+// warm makes key busy at now, so that slow start grows its lease past one
+// token, and returns the time after.
+func warm(t *testing.T, ls *Leases, key string, now int64) int64 {
+	t.Helper()
+	a := ls.Decide(key, 1, now)
+	if a.Status != Miss {
+		t.Fatalf("Decide for a new key = %+v; want Miss", a)
+	}
+	now = drive(t, ls.sizer, a.Ticket.e, now, 10*us, 5000)
+	if a.Ticket.e.Tokens() < 2 {
+		t.Fatalf("warm: lease of %d tokens; want more than one", a.Ticket.e.Tokens())
+	}
+	return now
+}
+
+// TestProtocolMissGrantLease: a new key misses and asks for exactly what
+// its caller needs (a cold key leases nothing); the grant goes to the
+// caller that waited (Granted). A busy key's lease serves requests locally
+// (Leased), Remaining counting the lease and the bucket, until it runs dry.
+func TestProtocolMissGrantLease(t *testing.T) {
+	ls := newLeases(policy.PerSecond(100_000), 1000, 1)
+	now := int64(s)
+	a := ls.Decide("k", 2, now)
+	if a.Status != Miss || a.Ticket.Key() != "k" || a.Evicted.Tokens != 0 {
+		t.Fatalf("first Decide = %+v; want a Miss for k", a)
+	}
+	ls.Join(a.Ticket)
+	r := ls.Plan(a.Ticket, now)
+	if r.Min != 2 || r.Want != 2 {
+		t.Fatalf("Plan for one caller of 2 on a cold key = %+v; want Min = Want = 2", r)
+	}
+	o, _ := ls.Complete(r, authority.Grant{Granted: 2, Remaining: 90}, now)
+	if got := ls.Collect(a.Ticket, o, now); got.Status != Granted || got.Remaining != 90 {
+		t.Fatalf("Collect = %+v; want Granted, Remaining 90", got)
+	}
+	if a := ls.Decide("k", 1, now); a.Status != Miss {
+		t.Fatalf("cold key after its grant: %+v; want Miss (nothing leased)", a)
+	}
+
+	now = warm(t, ls, "w", now)
+	e := ls.table.Get("w")
+	held := e.Tokens()
+	for i := int64(0); i < held; i++ {
+		a := ls.Decide("w", 1, now)
+		if a.Status != Leased || a.Remaining != min(held-i-1+e.Reserved()+e.Remote(), ls.limit.Burst) {
+			t.Fatalf("request %d of %d leased tokens: %+v; want Leased", i, held, a)
+		}
+		if a.Prefetch {
+			ls.Prefetched(a.Ticket) // not run: the lease runs dry
+		}
+	}
+	if a := ls.Decide("w", 1, now); a.Status != Miss {
+		t.Fatalf("after the lease ran dry: %+v; want Miss", a)
+	}
+}
+
+// TestProtocolRefusedThenCached: a denial by the authority is the caller's
+// (Refused, with RetryAfter for its own n), and sets the negative cache, so
+// the next request is denied locally (Cached) until the tokens are due.
+func TestProtocolRefusedThenCached(t *testing.T) {
+	l := policy.PerSecond(10)
+	ls := newLeases(l, 1000, 1)
+	now := int64(s)
+	a := ls.Decide("k", 1, now)
+	ls.Join(a.Ticket)
+	o := refill(t, ls, a.Ticket, authority.Grant{Remaining: 0, RetryAfter: 100 * time.Millisecond}, now)
+	got := ls.Collect(a.Ticket, o, now)
+	if got.Status != Refused || got.RetryAfter != 100*time.Millisecond {
+		t.Fatalf("Collect after a denial = %+v; want Refused, RetryAfter 100ms", got)
+	}
+	c := ls.Decide("k", 1, now+int64(50*time.Millisecond))
+	if c.Status != Cached || c.RetryAfter != 50*time.Millisecond {
+		t.Fatalf("Decide 50ms after the denial = %+v; want Cached, RetryAfter 50ms", c)
+	}
+	// A larger request waits for its own tokens too.
+	if c := ls.Decide("k", 3, now+int64(50*time.Millisecond)); c.Status != Cached || c.RetryAfter != 250*time.Millisecond {
+		t.Fatalf("Decide(3) 50ms after a denial of 1 = %+v; want Cached, RetryAfter 250ms", c)
+	}
+	if a := ls.Decide("k", 1, now+int64(100*time.Millisecond)); a.Status != Miss {
+		t.Fatalf("Decide when the token is due = %+v; want Miss", a)
+	}
+}
+
+// TestProtocolCoalescedWaiters: callers joined to one refill all collect
+// from it: the plan asks for what they all need, and each takes its own.
+func TestProtocolCoalescedWaiters(t *testing.T) {
+	ls := newLeases(policy.PerSecond(1000), 1000, 1)
+	now := int64(s)
+	var tickets []Ticket
+	for _, n := range []int64{1, 2, 3} {
+		a := ls.Decide("k", n, now)
+		if a.Status != Miss {
+			t.Fatalf("Decide(%d) = %+v; want Miss", n, a)
+		}
+		ls.Join(a.Ticket)
+		tickets = append(tickets, a.Ticket)
+	}
+	r := ls.Plan(tickets[0], now)
+	if r.Want < 6 || r.Min != 1 {
+		t.Fatalf("Plan for callers of 1, 2 and 3 = %+v; want Want >= 6, Min 1", r)
+	}
+	o, _ := ls.Complete(r, authority.Grant{Granted: 6, Remaining: 500}, now)
+	for i, tk := range tickets {
+		if got := ls.Collect(tk, o, now); got.Status != Granted {
+			t.Errorf("caller %d: Collect = %+v; want Granted", i, got)
+		}
+	}
+}
+
+// TestProtocolExactAfterLostRefills: a caller whose refills keep going to
+// others is told, on its fourth, to ask for exactly its n (Exact).
+func TestProtocolExactAfterLostRefills(t *testing.T) {
+	ls := newLeases(policy.PerSecond(1000), 1000, 1)
+	now := int64(s)
+	a := ls.Decide("k", 5, now)
+	for try := 1; ; try++ {
+		if a.Status != Miss {
+			t.Fatalf("try %d: %+v; want Miss", try, a)
+		}
+		ls.Join(a.Ticket)
+		o := refill(t, ls, a.Ticket, authority.Grant{Granted: 5, Remaining: 500}, now)
+		// Another caller takes the tokens first.
+		if !a.Ticket.e.TakeReserved(5) {
+			t.Fatal("no reserved tokens to lose")
+		}
+		a = ls.Collect(a.Ticket, o, now)
+		if a.Status == Exact {
+			if try != maxTries {
+				t.Fatalf("Exact after %d lost refills; want %d", try, maxTries)
+			}
+			return
+		}
+	}
+}
+
+// TestProtocolEvictionReturns: a full table evicts a key to make room and
+// hands back its lease's tokens; a refill that completes for an evicted key
+// returns its grant.
+func TestProtocolEvictionReturns(t *testing.T) {
+	ls := newLeases(policy.PerSecond(100_000), 1, 1) // one key per shard
+	now := warm(t, ls, "a", int64(s))
+	a := ls.table.Get("a")
+	held := a.Tokens() + a.Reserved()
+	// Find a key in a's shard: inserting it must evict a.
+	var b string
+	for i := 0; ; i++ {
+		b = "b" + string(rune('a'+i%26)) + string(rune('a'+i/26%26))
+		if ls.table.shard(b) == ls.table.shard("a") {
+			break
+		}
+	}
+	later := now + int64(time.Second)
+	ev := ls.Decide(b, 1, later)
+	if ev.Evicted.Key != "a" || ev.Evicted.Tokens != held {
+		t.Fatalf("Decide(%q) in a full shard evicted %+v; want a's %d leased tokens", b, ev.Evicted, held)
+	}
+	// A refill of a's old entry that lands now goes back whole.
+	r := ls.Plan(Ticket{e: a}, later)
+	if _, back := ls.Complete(r, authority.Grant{Granted: 4, Remaining: 500}, later); back != 4 {
+		t.Errorf("Complete for an evicted key returned %d; want the 4 granted", back)
+	}
+}
+
+// TestProtocolHeldAndLastKnown: during an outage a held lease keeps serving;
+// LastKnown is what the authority said plus the lease, or a full bucket.
+func TestProtocolHeldAndLastKnown(t *testing.T) {
+	l := policy.PerSecond(100_000)
+	ls := newLeases(l, 1000, 1)
+	now := int64(s)
+	if _, ok := ls.Held("k", 1, now); ok {
+		t.Fatal("Held for an unknown key")
+	}
+	if got := ls.LastKnown("k"); got != l.Burst {
+		t.Errorf("LastKnown of an unknown key = %d; want the burst %d", got, l.Burst)
+	}
+	now = warm(t, ls, "k", now)
+	e := ls.table.Get("k")
+	// The authority last said the bucket held 40.
+	e.remote.Store(40)
+	left := e.Tokens() - 2
+	if h, ok := ls.Held("k", 2, now); !ok || h.Status != Leased || h.Remaining != min(left+e.Reserved()+40, l.Burst) {
+		t.Errorf("Held(2) = %+v, %v; want Leased, Remaining %d leased + 40", h, ok, left)
+	}
+	if got := ls.LastKnown("k"); got != min(e.Tokens()+40, l.Burst) {
+		t.Errorf("LastKnown = %d; want 40 in the bucket + %d leased", got, e.Tokens())
+	}
+	if _, ok := ls.Held("k", 1, now+int64(policy.DefaultLease().TTL)); ok {
+		t.Error("Held served from an expired lease")
+	}
+}
+
+// TestProtocolLocalShareKept: the FailLocal bucket enforces this
+// instance's share, and Sweep keeps an idle key whose bucket has not
+// refilled (forgetting it would hand out a fresh burst mid-outage).
+func TestProtocolLocalShareKept(t *testing.T) {
+	l := policy.PerMinute(60) // burst 60
+	ls := newLeases(l, 1000, 4)
+	if got := ls.LocalShare(); got.Rate != 15 || got.Burst != 15 {
+		t.Fatalf("LocalShare for 4 instances = %+v; want 15/min, burst 15", got)
+	}
+	now := int64(s)
+	for i := 0; i < 15; i++ {
+		if b := ls.AllowLocal("k", 1, now); !b.Allowed {
+			t.Fatalf("local request %d denied: %+v", i, b)
+		}
+	}
+	if b := ls.AllowLocal("k", 1, now); b.Allowed || b.RetryAfter != 4*time.Second {
+		t.Fatalf("16th local request = %+v; want denied, RetryAfter 4s (15/min)", b)
+	}
+	if b := ls.AllowLocal("k", 16, now); b.RetryAfter != Never {
+		t.Errorf("AllowLocal above the share's burst: RetryAfter %v; want Never", b.RetryAfter)
+	}
+	idle := now + int64(policy.DefaultLease().IdleTTL) + s
+	ls.Sweep(idle)
+	if ls.Len() != 1 {
+		t.Fatalf("Sweep forgot a key whose FailLocal bucket is still refilling")
+	}
+	ls.Sweep(idle + int64(2*time.Minute))
+	if ls.Len() != 0 {
+		t.Errorf("Sweep kept an idle key whose FailLocal bucket has refilled: %d keys", ls.Len())
+	}
+}
+
+// TestProtocolSweepAndDrainReturn: expired and drained leases come back as
+// Returns by user key.
+func TestProtocolSweepAndDrainReturn(t *testing.T) {
+	ls := newLeases(policy.PerSecond(100_000), 1000, 1)
+	now := int64(s)
+	want := map[string]int64{}
+	for _, k := range []string{"a", "b"} {
+		now = warm(t, ls, k, now)
+		e := ls.table.Get(k)
+		want[k] = e.Tokens() + e.Reserved()
+	}
+	expired := now + int64(policy.DefaultLease().TTL)
+	got := map[string]int64{}
+	for _, r := range ls.Sweep(expired) {
+		got[r.Key] += r.Tokens
+	}
+	if got["a"] != want["a"] || got["b"] != want["b"] || len(got) != 2 {
+		t.Errorf("Sweep after the TTL returned %v; want %v", got, want)
+	}
+	if rs := ls.Drain(); len(rs) != 0 {
+		t.Errorf("Drain after the leases were returned = %v; want nothing", rs)
+	}
+	if ls.Len() != 0 {
+		t.Errorf("Len after Drain = %d", ls.Len())
+	}
+}
+
+// TestProtocolPrefetchClaim: a hit that brings the lease under its refill
+// point claims one prefetch until Prefetched releases it.
+func TestProtocolPrefetchClaim(t *testing.T) {
+	ls := newLeases(policy.PerSecond(1_000_000), 1000, 1)
+	now := warm(t, ls, "k", int64(s))
+	e := ls.table.Get("k")
+	claims := 0
+	var tk Ticket
+	for i := 0; i < 10_000 && claims < 2; i++ {
+		a := ls.Decide("k", 1, now)
+		if a.Status != Leased {
+			break
+		}
+		if a.Prefetch {
+			claims++
+			tk = a.Ticket
+		}
+	}
+	if claims != 1 {
+		t.Fatalf("%d prefetch claims before the first was released; want 1", claims)
+	}
+	ls.Prefetched(tk)
+	if e.refilling.Load() {
+		t.Error("claim still held after Prefetched")
+	}
+}

@@ -1,0 +1,99 @@
+package leaselimit
+
+import (
+	"context"
+
+	"github.com/leaselimit/leaselimit/breaker"
+	"github.com/leaselimit/leaselimit/lease"
+	"github.com/leaselimit/leaselimit/telemetry"
+	"golang.org/x/sync/singleflight"
+)
+
+// miss decides a request the lease protocol could not decide locally
+// (a.Status is Miss): the caller joins the refill of its key, one per key
+// at a time (concurrent misses of a key share one Redis call), and collects
+// its decision from the tokens it brings. When refills keep going to other
+// callers first, it asks Redis for exactly its n instead.
+func (l *Limiter) miss(ctx context.Context, key string, n int64, a lease.Answer) (Decision, error) {
+	l.refunds.addReturns(a.Evicted)
+	brk, rkey := l.route(key)
+	if brk.Rejects(l.clock.wall()) {
+		return l.fallback(ctx, brk, key, n, telemetry.ReasonBreakerOpen), nil
+	}
+	if rkey == "" {
+		rkey = l.auth.Key(l.limit, key)
+	}
+	for a.Status == lease.Miss {
+		t := a.Ticket
+		l.leases.Join(t)
+		ch := l.sf.DoChan(key, func() (any, error) { return l.refill(ctx, brk, rkey, t) })
+		var r singleflight.Result
+		select {
+		case r = <-ch:
+		case <-ctx.Done():
+			// The refill goes on; what it brings for us stays in the lease.
+			return Decision{Source: SourceNone}, ctx.Err()
+		}
+		if sp, ok := recording(ctx); ok {
+			sp.SetAttributes(telemetry.AttrCoalesced.Bool(r.Shared), telemetry.AttrBreaker.String(brk.State().String()))
+		}
+		if r.Err != nil {
+			return l.onError(ctx, brk, key, n, r.Err)
+		}
+		a = l.leases.Collect(t, r.Val.(lease.Outcome), l.clock.now())
+		l.refunds.addReturns(a.Evicted)
+	}
+	if a.Status == lease.Exact {
+		return l.callExact(ctx, brk, rkey, key, n)
+	}
+	return l.decided(a), nil
+}
+
+// refill performs one refill of t's key: the work of the one caller that
+// runs a coalesced miss or a prefetch. ctx is that caller's context, used
+// only for its values (the trace); the call itself is bounded by the time
+// budget, and its grant is installed even if every waiter has left.
+func (l *Limiter) refill(ctx context.Context, brk *breaker.Breaker, rkey string, t lease.Ticket) (any, error) {
+	r := l.leases.Plan(t, l.clock.now())
+	rep := l.calls.authorize(context.WithoutCancel(ctx), call{brk: brk, rkey: rkey, want: r.Want, min: r.Min, share: r.Share, refill: &r})
+	if rep.err != nil {
+		return nil, rep.err
+	}
+	return rep.outcome, nil
+}
+
+// prefetchSlots is how many background refills of a Limiter may run at
+// once: half the client's connection pool (one node's pool on a Cluster; the
+// slots are shared by all nodes), so that prefetches of many keys coming due
+// together never queue on the pool ahead of callers that wait for a refill.
+// A prefetch finding no slot is skipped; the key refills on a later hit or a
+// miss. A slot is freed when its prefetch stops waiting (at the latest at
+// the time budget), so against a slow Redis more calls than this can still
+// be outstanding.
+func prefetchSlots(pool int) int { return max(pool/2, 1) }
+
+// prefetch refills t's key in the background before its lease runs dry
+// (the protocol claimed the prefetch for this caller), sharing the refill
+// with misses of the key that arrive meanwhile.
+func (l *Limiter) prefetch(ctx context.Context, t lease.Ticket) {
+	select {
+	case l.slots <- struct{}{}:
+	default:
+		l.leases.Prefetched(t)
+		return
+	}
+	ok := l.gate.spawn(func() {
+		defer func() { <-l.slots }()
+		defer l.leases.Prefetched(t)
+		rkey := l.auth.Key(l.limit, t.Key())
+		brk := l.brks.forKey(rkey, l.cfg.timeout)
+		if brk.Rejects(l.clock.wall()) {
+			return
+		}
+		_, _, _ = l.sf.Do(t.Key(), func() (any, error) { return l.refill(ctx, brk, rkey, t) })
+	})
+	if !ok {
+		<-l.slots
+		l.leases.Prefetched(t)
+	}
+}
