@@ -112,13 +112,9 @@ const (
 type detached struct{ *calls }
 
 func (a detached) authorize(ctx context.Context, c call) reply {
-	done, err := c.brk.Allow()
+	done, err := a.admit(c)
 	if err != nil {
 		return reply{err: err}
-	}
-	if !a.gate.enter() {
-		done(nil)
-		return reply{err: ErrClosed}
 	}
 	budget := a.budget
 	start := time.Now()
@@ -259,13 +255,9 @@ func (a detached) authorize(ctx context.Context, c call) reply {
 type direct struct{ *calls }
 
 func (a direct) authorize(ctx context.Context, c call) reply {
-	done, err := c.brk.Allow()
+	done, err := a.admit(c)
 	if err != nil {
 		return reply{err: err}
-	}
-	if !a.gate.enter() {
-		done(nil)
-		return reply{err: ErrClosed}
 	}
 	defer a.gate.leave()
 	budget := a.budget
@@ -292,6 +284,20 @@ func (a direct) authorize(ctx context.Context, c call) reply {
 	}
 	done(r.err)
 	return r
+}
+
+// admit lets c through its breaker and registers it with the gate; the
+// caller must call done with the call's outcome and then gate.leave.
+func (a *calls) admit(c call) (done func(error), err error) {
+	done, err = c.brk.Allow()
+	if err != nil {
+		return nil, err
+	}
+	if !a.gate.enter() {
+		done(nil)
+		return nil, ErrClosed
+	}
+	return done, nil
 }
 
 // acquire makes the script call on ctx, which carries the deadline, with

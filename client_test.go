@@ -7,6 +7,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -267,4 +268,24 @@ func TestEmptyPrefixRefused(t *testing.T) {
 	if _, err := leaselimit.New(c, policy.PerSecond(1), leaselimit.WithPrefix("")); !errors.Is(err, authority.ErrPrefix) {
 		t.Errorf("New with WithPrefix(\"\") = %v; want an error wrapping authority.ErrPrefix", err)
 	}
+}
+
+// fakeClock is a Clock moved by hand.
+type fakeClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func newFakeClock() *fakeClock { return &fakeClock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)} }
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *fakeClock) Add(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
 }

@@ -34,6 +34,28 @@
 // 1/FleetSize of the limit. Such decisions carry SourceFallback and are not
 // errors. New makes no Redis call, so it succeeds while Redis is down.
 //
+// # How a decision flows
+//
+// AllowN validates its input, then asks the lease protocol
+// (lease.Leases.Decide), which decides from local state alone: a lease hit
+// (SourceLease), a denial by the negative cache (SourceCache), or a miss.
+// On a miss the caller joins the refill of its key (one per key at a time,
+// golang.org/x/sync/singleflight); the one caller that runs it asks the
+// protocol what to request (Plan), makes one budgeted authority call
+// through the key's breaker, and hands the grant back (Complete); each
+// waiting caller then collects its decision (Collect: SourceAuthority). A
+// call that fails, or a breaker that holds calls back, goes to the failure
+// policy (SourceFallback). Data flows one way: the Limiter performs I/O,
+// the protocol keeps state and decides, the authority runs the scripts.
+//
+// The root package holds one concern per file: client.go (the Limiter, New
+// and the public methods), refill.go (misses, coalesced refills, prefetch),
+// exact.go (one call for exactly n), authorize.go (the budgeted call, its
+// two variants chosen at New), fallback.go (the failure policy),
+// refunds.go and janitor.go (tokens on their way back, the background
+// goroutine), breakers.go (one breaker per node), gate.go (what Close waits
+// for), check.go (readiness), logger.go, options.go and decision.go.
+//
 // # Keys
 //
 // Keys are opaque bytes, 1 to MaxKeyLen long. Redis sees only a digest:
