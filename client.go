@@ -37,7 +37,7 @@ type Limiter struct {
 	limit policy.Limit
 	cfg   config
 	clock localClock
-	gate  *gate // Close waits for every call and goroutine it admitted
+	gate  gate // Close waits for every call and goroutine it admitted
 	tel   *telemetry.Recorder
 	log   *logger // nil without WithLogger
 
@@ -97,14 +97,13 @@ func New(client redis.UniversalClient, limit policy.Limit, opts ...Option) (*Lim
 		limit:  limit,
 		cfg:    cfg,
 		clock:  newLocalClock(cfg.clock),
-		gate:   new(gate),
 		tel:    tel,
 		log:    newLogger(cfg.logger, limit.Name),
 		auth:   auth,
 		leases: lease.New(limit, cfg.lease, cfg.maxKeys, cfg.fleetSize),
 		slots:  make(chan struct{}, prefetchSlots(poolSize(client))),
 	}
-	l.brks = newBreakers(client, "leaselimit:"+limit.Name, l.breakerSettings(), l.gate)
+	l.brks = newBreakers(client, "leaselimit:"+limit.Name, l.breakerSettings(), &l.gate)
 	// A metric reader may collect at once: the gauges read the breakers
 	// and the key table, which exist from here on.
 	if err := tel.Observe(l.brks.worst, func() int64 { return int64(l.leases.Len()) }); err != nil {
@@ -112,7 +111,7 @@ func New(client redis.UniversalClient, limit policy.Limit, opts ...Option) (*Lim
 	}
 	l.refunds = newRefundQueue(auth, limit, l.brks, tel, cfg.timeout, l.clock)
 	l.calls = newAuthorizer(client, &calls{auth: auth, limit: limit, budget: cfg.timeout, pool: poolSize(client),
-		brks: l.brks, leases: l.leases, refunds: l.refunds, gate: l.gate, clock: l.clock, tel: tel, log: l.log})
+		brks: l.brks, leases: l.leases, refunds: l.refunds, gate: &l.gate, clock: l.clock, tel: tel, log: l.log})
 	l.janitor = startJanitor(l.leases, l.refunds, l.brks, l.log, l.clock, cfg.lease.TTL)
 	return l, nil
 }
@@ -228,7 +227,7 @@ func (l *Limiter) allowN(ctx context.Context, key string, n int64) (Decision, er
 		if a.Prefetch {
 			l.prefetch(ctx, a.Ticket)
 		}
-		return l.decided(a), nil
+		return admitted(l.limit, a.Remaining, SourceLease), nil
 	case lease.Cached:
 		return l.decided(a), nil
 	}

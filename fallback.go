@@ -71,7 +71,7 @@ func (l *Limiter) fallback(ctx context.Context, brk *breaker.Breaker, key string
 		return denial(l.limit, 0, l.untilProbe(brk, wall), SourceFallback)
 	case policy.FailLocal:
 		b := l.leases.AllowLocal(key, n, now)
-		l.refunds.addReturns(b.Evicted)
+		l.refunds.addReturn(b.Evicted)
 		retry := b.RetryAfter
 		if retry == lease.Never {
 			// Above this instance's share: wait for Redis to come back.

@@ -15,7 +15,7 @@ import (
 // its decision from the tokens it brings. When refills keep going to other
 // callers first, it asks Redis for exactly its n instead.
 func (l *Limiter) miss(ctx context.Context, key string, n int64, a lease.Answer) (Decision, error) {
-	l.refunds.addReturns(a.Evicted)
+	l.refunds.addReturn(a.Evicted)
 	brk, rkey := l.route(key)
 	if brk.Rejects(l.clock.wall()) {
 		return l.fallback(ctx, brk, key, n, telemetry.ReasonBreakerOpen), nil
@@ -41,7 +41,7 @@ func (l *Limiter) miss(ctx context.Context, key string, n int64, a lease.Answer)
 			return l.onError(ctx, brk, key, n, r.Err)
 		}
 		a = l.leases.Collect(t, r.Val.(lease.Outcome), l.clock.now())
-		l.refunds.addReturns(a.Evicted)
+		l.refunds.addReturn(a.Evicted)
 	}
 	if a.Status == lease.Exact {
 		return l.callExact(ctx, brk, rkey, key, n)

@@ -51,9 +51,14 @@ func (q *refundQueue) add(rkey string, n int64) {
 // addReturns queues tokens the lease protocol gave back, by user key.
 func (q *refundQueue) addReturns(rs ...lease.Return) {
 	for _, r := range rs {
-		if r.Tokens > 0 {
-			q.add(q.auth.Key(q.limit, r.Key), r.Tokens)
-		}
+		q.addReturn(&r)
+	}
+}
+
+// addReturn queues r, if any (an Answer's Evicted).
+func (q *refundQueue) addReturn(r *lease.Return) {
+	if r != nil && r.Tokens > 0 {
+		q.add(q.auth.Key(q.limit, r.Key), r.Tokens)
 	}
 }
 

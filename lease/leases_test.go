@@ -57,7 +57,7 @@ func TestProtocolMissGrantLease(t *testing.T) {
 	ls := newLeases(policy.PerSecond(100_000), 1000, 1)
 	now := int64(s)
 	a := ls.Decide("k", 2, now)
-	if a.Status != Miss || a.Ticket.Key() != "k" || a.Evicted.Tokens != 0 {
+	if a.Status != Miss || a.Ticket.Key() != "k" || a.Evicted != nil {
 		t.Fatalf("first Decide = %+v; want a Miss for k", a)
 	}
 	ls.Join(a.Ticket)
@@ -187,7 +187,7 @@ func TestProtocolEvictionReturns(t *testing.T) {
 	}
 	later := now + int64(time.Second)
 	ev := ls.Decide(b, 1, later)
-	if ev.Evicted.Key != "a" || ev.Evicted.Tokens != held {
+	if ev.Evicted == nil || ev.Evicted.Key != "a" || ev.Evicted.Tokens != held {
 		t.Fatalf("Decide(%q) in a full shard evicted %+v; want a's %d leased tokens", b, ev.Evicted, held)
 	}
 	// A refill of a's old entry that lands now goes back whole.
