@@ -229,7 +229,7 @@ func (l *Limiter) allowN(ctx context.Context, key string, n int64) (Decision, er
 		}
 		return admitted(l.limit, a.Remaining, SourceLease), nil
 	case lease.Cached:
-		return l.decided(a), nil
+		return denial(l.limit, a.Remaining, a.RetryAfter, SourceCache), nil
 	}
 	return l.miss(ctx, key, n, a)
 }

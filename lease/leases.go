@@ -138,30 +138,6 @@ const maxTries = 4
 func (ls *Leases) Decide(key string, n, now int64) Answer {
 	e := ls.table.Get(key)
 	if e != nil {
-		// The lease hit, here rather than in decide: the hot path stays
-		// one call deep.
-		if ok, left := e.Take(n, now); ok {
-			a := Answer{Status: Leased, Remaining: ls.remaining(e, left)}
-			if e.NeedsPrefetch(left) {
-				a.Prefetch, a.Ticket = true, Ticket{e: e}
-			}
-			return a
-		}
-	}
-	return ls.decide(key, e, n, now)
-}
-
-// evicted returns r as an Answer's Evicted: nil when it holds no tokens.
-func evicted(r Return) *Return {
-	if r.Tokens <= 0 {
-		return nil
-	}
-	return &r
-}
-
-// decide is Decide for key's entry e (nil if it has none).
-func (ls *Leases) decide(key string, e *entry, n, now int64) Answer {
-	if e != nil {
 		if ok, left := e.Take(n, now); ok {
 			a := Answer{Status: Leased, Remaining: ls.remaining(e, left)}
 			if e.NeedsPrefetch(left) {
@@ -181,6 +157,14 @@ func (ls *Leases) decide(key string, e *entry, n, now int64) Answer {
 		a.Evicted = evicted(ev)
 	}
 	return a
+}
+
+// evicted returns r as an Answer's Evicted: nil when it holds no tokens.
+func evicted(r Return) *Return {
+	if r.Tokens <= 0 {
+		return nil
+	}
+	return &r
 }
 
 // Join counts t's caller in the next refill of its key: call it before

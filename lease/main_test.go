@@ -1,6 +1,7 @@
 package lease
 
 import (
+	"sync"
 	"testing"
 	"time"
 
@@ -61,7 +62,7 @@ func serve(t testing.TB, z sizer, e *entry, n, now int64) (ok, hit bool) {
 // after each grant (slow start only grows leases when that is large).
 func serveR(t testing.TB, z sizer, e *entry, n, now, remaining int64) (ok, hit bool) {
 	t.Helper()
-	ls := over(z)
+	ls := over(z, e)
 	refill := func(tk Ticket) Outcome {
 		r := ls.Plan(tk, now)
 		checkRefill(t, z, r, now)
@@ -71,7 +72,7 @@ func serveR(t testing.TB, z sizer, e *entry, n, now, remaining int64) (ok, hit b
 		}
 		return o
 	}
-	a := ls.decide(e.key, e, n, now)
+	a := ls.Decide(e.key, n, now)
 	switch a.Status {
 	case Leased:
 		if a.Prefetch {
@@ -90,10 +91,21 @@ func serveR(t testing.TB, z sizer, e *entry, n, now, remaining int64) (ok, hit b
 	return a.Status == Granted, false
 }
 
-// over returns the protocol around z, for entries that live in no table
-// (decide is given the entry; nothing here evicts).
-func over(z sizer) *Leases {
-	return &Leases{limit: z.limit, local: z.limit, sizer: z, maxShare: z.settings.MaxShare, idle: int64(z.settings.IdleTTL)}
+// protocols holds the protocol over each entry that serve has driven.
+var protocols sync.Map // *entry → *Leases
+
+// over returns the protocol around z that finds e by its key. e is only
+// looked up there, never evicted or swept: it may belong to a table of a
+// test, whose bookkeeping (its ring) is left alone.
+func over(z sizer, e *entry) *Leases {
+	if ls, ok := protocols.Load(e); ok {
+		return ls.(*Leases)
+	}
+	ls := &Leases{table: newTable(minCapacity), limit: z.limit, local: z.limit, sizer: z,
+		maxShare: z.settings.MaxShare, idle: int64(z.settings.IdleTTL)}
+	ls.table.shard(e.key).m[e.key] = e
+	protocols.Store(e, ls)
+	return ls
 }
 
 // checkRefill checks the invariants every refill must keep.
