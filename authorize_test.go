@@ -8,7 +8,9 @@ package leaselimit_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -41,10 +43,21 @@ func tripCounter() (breaker.Settings, *atomic.Int64) {
 	}}, &trips
 }
 
+// testLog is an io.Writer onto t.Log.
+type testLog struct{ t *testing.T }
+
+func (w testLog) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSuffix(string(p), "\n"))
+	return len(p), nil
+}
+
 // newBudgeted is New with the default time budget (mustNew's is 10s, for
-// tests about decisions rather than time).
+// tests about decisions rather than time). What the Limiter logs (a
+// fallback's reason, a saturated call) goes to the test's log, so that a
+// failure says why.
 func newBudgeted(t *testing.T, c redis.UniversalClient, l policy.Limit, opts ...leaselimit.Option) *leaselimit.Limiter {
 	t.Helper()
+	opts = append([]leaselimit.Option{leaselimit.WithLogger(slog.New(slog.NewTextHandler(testLog{t}, nil)))}, opts...)
 	lim, err := leaselimit.New(c, l, opts...)
 	if err != nil {
 		t.Fatalf("New(%v) = %v", l, err)

@@ -105,8 +105,8 @@ func (e *entry) TakeReserved(n int64) bool {
 }
 
 // NeedsPrefetch reports whether a lease with left tokens is low enough to be
-// refilled ahead of time, and claims the refill when it is: a true result
-// must be followed by a refill and then PrefetchDone.
+// refilled ahead of time, and claims the refill when it is (Decide hands
+// the claim to its caller as Answer.Prefetch; Prefetched releases it).
 func (e *entry) NeedsPrefetch(left int64) bool {
 	if left >= e.low.Load() || e.refilling.Load() {
 		return false

@@ -175,12 +175,20 @@ func infoCommands(ctx context.Context, c redis.UniversalClient) (int64, error) {
 	return 0, errors.New("INFO stats has no total_commands_processed")
 }
 
-// stop stops the embedded Redis (the outage).
+// stop stops the embedded Redis (the outage). It first refuses new
+// commands for a moment (LOADING, as a Redis going down and coming back
+// answers), so that no script is running when the server closes: miniredis
+// fails a script whose server closes under it with a Lua error reply
+// ("Error compiling script ... nil pointer dereference"), which a real
+// Redis never sends and leaselimit rightly reports as an error.
 func (b *backend) stop() {
 	b.mu.Lock()
 	b.down = true
 	b.mu.Unlock()
+	b.mini.SetError("LOADING Redis is loading the dataset in memory")
+	time.Sleep(20 * time.Millisecond)
 	b.mini.Close()
+	b.mini.SetError("") // not on the restarted server
 }
 
 // restart starts the embedded Redis again on the same port, with its data.
