@@ -92,6 +92,15 @@ end
 -- 0 <= a, b, f < 2^53 and 1 <= c < 2^53; a quotient of HUGE or more comes
 -- back as HUGE (remainder 0).
 local function muldiv(a, b, f, c)
+  -- The common case: a*b + f below 2^53, exact in a double. (A product of
+  -- 2^53 or more computes as at least 2^53, so the test never passes
+  -- wrongly.)
+  local x = a * b
+  if x < MAX - f then
+    local q, r = divmod(x + f, c)
+    if q >= HUGE then return HUGE, 0 end
+    return q, r
+  end
   local qa, ra = divmod(a, c)
   local q, r = divmod(f, c)
   if qa > 0 then
