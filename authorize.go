@@ -306,7 +306,7 @@ func (a *calls) admit(c call) (done func(error), err error) {
 func (a *calls) acquire(ctx context.Context, c call) reply {
 	cctx, span := a.tel.StartAuthority(ctx, c.want, c.min)
 	start := time.Now()
-	g, err := a.auth.Acquire(cctx, c.rkey, a.limit, c.want, c.min, c.share)
+	g, err := a.brks.laneFor(c.brk).acquire(cctx, authority.Acquisition{Key: c.rkey, Limit: a.limit, Want: c.want, Min: c.min, Share: c.share})
 	a.tel.EndAuthority(cctx, span, time.Since(start), g.Granted, err)
 	if !breaker.Counts(err) {
 		c.brk.Replied()

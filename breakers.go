@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/leaselimit/leaselimit/authority"
 	"github.com/leaselimit/leaselimit/breaker"
 	"github.com/redis/go-redis/v9"
 )
@@ -18,10 +19,13 @@ type breakers struct {
 	settings breaker.Settings
 	now      func() time.Time     // the Limiter's clock
 	one      *breaker.Breaker     // non-cluster clients, and cluster keys whose node is unknown
+	oneLane  *lane                // one's batches
 	cluster  *redis.ClusterClient // nil unless the client is a cluster
+	newLane  func() *lane         // a lane for a new node's breaker
 
 	mu     sync.RWMutex
 	byNode map[string]*nodeBreaker // master address → breaker
+	lanes  map[*breaker.Breaker]*lane
 
 	lastReload atomic.Int64 // unix ns of the last slot-map reload we asked for
 
@@ -46,12 +50,18 @@ type nodeBreaker struct {
 	routed atomic.Int64 // unix ns, coarse
 }
 
-func newBreakers(client redis.UniversalClient, name string, s breaker.Settings, g *gate) *breakers {
+// newBreakers returns the breakers of client, each with its lane of
+// batched calls (see lane) to auth.
+func newBreakers(client redis.UniversalClient, name string, s breaker.Settings, g *gate, auth *authority.Redis, budget time.Duration) *breakers {
 	now := s.Now
 	if now == nil {
 		now = time.Now
 	}
-	b := &breakers{name: name, settings: s, now: now, one: breaker.New(name, s), byNode: map[string]*nodeBreaker{}, gate: g}
+	pool := poolSize(client)
+	b := &breakers{name: name, settings: s, now: now, one: breaker.New(name, s), byNode: map[string]*nodeBreaker{}, gate: g,
+		newLane: func() *lane { return newLane(auth, pool, (1+saturationGrace+1)*budget) }}
+	b.oneLane = b.newLane()
+	b.lanes = map[*breaker.Breaker]*lane{b.one: b.oneLane}
 	if cc, ok := client.(*redis.ClusterClient); ok {
 		b.cluster = cc
 	}
@@ -88,6 +98,7 @@ func (b *breakers) forKey(rkey string, budget time.Duration) *breaker.Breaker {
 			}
 			nb = &nodeBreaker{Breaker: breaker.New(b.name+"@"+addr, b.settings)}
 			b.byNode[addr] = nb
+			b.lanes[nb.Breaker] = b.newLane()
 		}
 		b.mu.Unlock()
 	}
@@ -95,6 +106,17 @@ func (b *breakers) forKey(rkey string, budget time.Duration) *breaker.Breaker {
 		nb.routed.Store(now)
 	}
 	return nb.Breaker
+}
+
+// laneFor returns the lane of brk, a breaker forKey returned.
+func (b *breakers) laneFor(brk *breaker.Breaker) *lane {
+	if brk == b.one {
+		return b.oneLane
+	}
+	b.mu.RLock()
+	ln := b.lanes[brk]
+	b.mu.RUnlock()
+	return ln
 }
 
 // loadMap starts one background load of the cluster's slot map.

@@ -103,7 +103,7 @@ func New(client redis.UniversalClient, limit policy.Limit, opts ...Option) (*Lim
 		leases: lease.New(limit, cfg.lease, cfg.maxKeys, cfg.fleetSize),
 		slots:  make(chan struct{}, prefetchSlots(poolSize(client))),
 	}
-	l.brks = newBreakers(client, "leaselimit:"+limit.Name, l.breakerSettings(), &l.gate)
+	l.brks = newBreakers(client, "leaselimit:"+limit.Name, l.breakerSettings(), &l.gate, auth, cfg.timeout)
 	// A metric reader may collect at once: the gauges read the breakers
 	// and the key table, which exist from here on.
 	if err := tel.Observe(l.brks.worst, func() int64 { return int64(l.leases.Len()) }); err != nil {

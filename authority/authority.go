@@ -198,23 +198,109 @@ func (r *Redis) nextID(kind string) string {
 // most max(min, available×share) of them, where share is in (0, 1]; or none
 // when fewer than min are available. It needs 1 <= min <= want <= l.Burst.
 func (r *Redis) Acquire(ctx context.Context, key string, l policy.Limit, want, min int64, share float64) (Grant, error) {
-	if min < 1 || min > want || want > l.Burst {
-		return Grant{}, fmt.Errorf("%w: acquire want=%d min=%d burst=%d", ErrScript, want, min, l.Burst)
+	a := Acquisition{Key: key, Limit: l, Want: want, Min: min, Share: share}
+	r.AcquireAll(ctx, []*Acquisition{&a})
+	return a.Grant, a.Err
+}
+
+// Acquisition is one acquire call of a batch (see AcquireAll): its
+// arguments, then its outcome.
+type Acquisition struct {
+	Key       string
+	Limit     policy.Limit
+	Want, Min int64
+	Share     float64
+
+	Grant Grant
+	Err   error
+
+	args []any      // the script's arguments, the request id last
+	cmd  *redis.Cmd // in a pipeline
+}
+
+// prepare checks a's arguments and builds the script's, with a fresh
+// request id: a resent call (go-redis retries a command or pipeline whose
+// connection broke) returns the first call's grant instead of taking
+// tokens twice. It reports false, with a.Err set, for arguments the script
+// would reject.
+func (r *Redis) prepare(a *Acquisition) bool {
+	l := a.Limit
+	if a.Min < 1 || a.Min > a.Want || a.Want > l.Burst {
+		a.Err = fmt.Errorf("%w: acquire want=%d min=%d burst=%d", ErrScript, a.Want, a.Min, l.Burst)
+		return false
 	}
 	ppm := int64(1e6)
-	if share < 1 { // NaN and values above 1 mean "no cap"
-		ppm = max(int64(share*1e6), 1)
+	if a.Share < 1 { // NaN and values above 1 mean "no cap"
+		ppm = max(int64(a.Share*1e6), 1)
 	}
-	// The request id makes a resent call (go-redis retries a command whose
-	// connection broke) return the first call's grant instead of taking
-	// tokens twice.
-	id := r.nextID("")
 	rate, period := Reduced(l)
-	v, err := r.run(ctx, acquireScript, key, rate, period, l.Burst, want, min, ppm, id)
-	if err != nil {
-		return Grant{}, err
+	a.args = []any{rate, period, l.Burst, a.Want, a.Min, ppm, r.nextID("")}
+	return true
+}
+
+// AcquireAll makes several acquire calls at once: one script call when
+// there is one, else one pipeline (on a Cluster, go-redis splits it by
+// node), with the calls the server answered NOSCRIPT sent again by EVAL in
+// a second one. Each call gets its own outcome in its Grant and Err.
+func (r *Redis) AcquireAll(ctx context.Context, as []*Acquisition) {
+	if len(as) == 1 {
+		a := as[0]
+		if !r.prepare(a) {
+			return
+		}
+		v, err := r.run(ctx, acquireScript, a.Key, a.args...)
+		if err != nil {
+			a.Err = err
+			return
+		}
+		a.Grant, a.Err = DecodeGrant(v)
+		return
 	}
-	return DecodeGrant(v)
+	pipe := r.client.Pipeline()
+	sent := 0
+	for _, a := range as {
+		if r.prepare(a) {
+			a.cmd = pipe.EvalSha(ctx, acquireScript.sha, []string{a.Key}, a.args...)
+			sent++
+		}
+	}
+	if sent == 0 {
+		return
+	}
+	_, _ = pipe.Exec(ctx) // errors are read per command below
+	var retry redis.Pipeliner
+	for _, a := range as {
+		if a.cmd == nil {
+			continue
+		}
+		if isNoScript(a.cmd.Err()) {
+			if retry == nil {
+				retry = r.client.Pipeline()
+			}
+			a.cmd = retry.Eval(ctx, acquireScript.src, []string{a.Key}, a.args...)
+			continue
+		}
+		a.finish()
+	}
+	if retry != nil {
+		_, _ = retry.Exec(ctx)
+		for _, a := range as {
+			if a.cmd != nil {
+				a.finish()
+			}
+		}
+	}
+}
+
+// finish reads a's outcome from its pipelined command.
+func (a *Acquisition) finish() {
+	v, err := a.cmd.Result()
+	a.cmd = nil
+	if err != nil {
+		a.Err = classify(err)
+		return
+	}
+	a.Grant, a.Err = DecodeGrant(v)
 }
 
 // exact takes exactly n tokens or none: Acquire(ctx, key, l, n, n, 1).

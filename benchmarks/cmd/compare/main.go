@@ -1,7 +1,7 @@
 // Command compare runs leaselimit and the designs it replaces side by side,
 // in one process, on one real redis-server, and prints a Markdown table.
 //
-//	go run ./cmd/compare [-redis ADDR] [-duration 5s] [-warmup 5s] [-goroutines 64] [-designs a,b] [-short]
+//	go run ./cmd/compare [-redis ADDR] [-duration 5s] [-warmup 5s] [-goroutines 64] [-designs a,b] [-workloads prefix,...] [-short]
 //
 // Without -redis it starts redis-server (from PATH) on a free loopback port
 // and stops it on exit. Each cell (workload × design) runs for -duration;
@@ -40,6 +40,7 @@ type workload struct {
 	instances int     // separate clients and limiters sharing the keys
 	limited   bool    // demand exceeds the limit: report admitted / ideal
 	overload  float64 // > 0: open loop, demand paced at overload × the limit's rate
+	cold      bool    // measured from cold: no warm-up on its own keys
 }
 
 var (
@@ -58,6 +59,11 @@ var (
 			keys: 1, instances: 1, limited: true, overload: 100},
 		{name: "8 instances, 1 key", limit: policy.Limit{Name: "cmp-fleet", Rate: 2000, Period: time.Second, Burst: 200},
 			keys: 1, instances: 8, limited: true},
+		// The long tail of a real API: many keys, each seen a few times a
+		// minute, under a real limit: leases cannot help, every decision
+		// is a Redis call (measured from cold, no warm-up on its keys).
+		{name: "cold long tail: 200k keys, 600/min each", limit: policy.Limit{Name: "cmp-tail", Rate: 600, Period: time.Minute, Burst: 600},
+			keys: 200_000, instances: 1, cold: true},
 	}
 )
 
@@ -68,6 +74,20 @@ type config struct {
 	goroutines int
 	runID      string
 	out        io.Writer
+}
+
+// selected reports whether workload name is picked by -workloads: a
+// comma-separated list of name prefixes, empty for all.
+func selected(name, prefixes string) bool {
+	if prefixes == "" {
+		return true
+	}
+	for _, p := range strings.Split(prefixes, ",") {
+		if p = strings.TrimSpace(p); p != "" && strings.HasPrefix(name, p) {
+			return true
+		}
+	}
+	return false
 }
 
 func main() {
@@ -85,6 +105,7 @@ func run() error {
 		short      = flag.Bool("short", false, "1s cells and a 100ms warm-up, for CI")
 		warmup     = flag.Duration("warmup", 5*time.Second, "how long the first three workloads (those that need not start from a full bucket) run on their own keys before each measurement, so leases reach their steady size")
 		only       = flag.String("designs", strings.Join(design.Names, ","), "comma-separated designs to run")
+		which      = flag.String("workloads", "", "run only the workloads whose name starts with one of these comma-separated prefixes (default: all)")
 	)
 	flag.Parse()
 	if flag.NArg() > 0 {
@@ -139,6 +160,9 @@ func run() error {
 
 	var results []cellResult
 	for _, wl := range workloads {
+		if !selected(wl.name, *which) {
+			continue
+		}
 		for _, d := range designs {
 			if ctx.Err() != nil {
 				return ctx.Err()
@@ -258,7 +282,7 @@ func runCell(ctx context.Context, cfg config, wl workload, name string) (res cel
 			return res, fmt.Errorf("warm-up: %w", werr)
 		}
 	}
-	if !wl.limited && cfg.warmup > 0 {
+	if !wl.limited && !wl.cold && cfg.warmup > 0 {
 		if _, err := drive(ctx, cfg, wl, decs, keys, cfg.warmup, false); err != nil {
 			return res, fmt.Errorf("warm-up: %w", err)
 		}

@@ -1,0 +1,143 @@
+package leaselimit
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/leaselimit/leaselimit/authority"
+)
+
+// lane batches the acquire calls to one Redis node (one per breaker): calls
+// that arrive while the lane's pipelines are all in flight wait and travel
+// together in the next one, as auto-pipelining clients do. There is no wait
+// window: a call that finds a free pipeline goes at once, alone if nothing
+// else waits, so an idle Limiter pays no latency for batching; under load,
+// a batch forms during each round trip. The lane starts no goroutine: the
+// caller that finds a free pipeline sends it, and hands the batch that
+// formed meanwhile to one of its members.
+type lane struct {
+	auth     *authority.Redis
+	max      int           // pipelines in flight at once
+	fallback time.Duration // a batch's deadline when no member has one
+
+	mu       sync.Mutex
+	queue    []*pending
+	inflight int
+}
+
+// pending is one call waiting in a lane.
+type pending struct {
+	a        authority.Acquisition
+	deadline time.Time
+	done     chan struct{} // closed when a holds the outcome, or when this call leads
+	lead     []*pending    // set before done is closed: the batch this call must send
+}
+
+// maxBatch bounds a pipeline, so that one round trip never carries an
+// unbounded queue and replies start flowing back early.
+const maxBatch = 128
+
+// lanePipelines is how many pipelines a lane keeps in flight at once: a
+// quarter of the pool, at most 8 (so that batches leave connections to
+// refunds and checks). With one, Redis sits idle while each batch's
+// replies travel back; measured on the cold long tail (64 goroutines,
+// exact mode), 1, 2, 4 and 8 pipelines gave 26k, 38k, 34k and 44k
+// decisions/s in one noisy run.
+func lanePipelines(pool int) int { return min(max(pool/4, 1), 8) }
+
+func newLane(auth *authority.Redis, pool int, fallback time.Duration) *lane {
+	return &lane{auth: auth, max: lanePipelines(pool), fallback: fallback}
+}
+
+// acquire makes call a on the lane, bounded by ctx: alone if a pipeline is
+// free, else in the next batch. A call that leaves on ctx before its batch
+// is sent is taken out of it; one whose batch is under way waits for it
+// (bounded by the batch's deadline, the latest of its members').
+func (ln *lane) acquire(ctx context.Context, a authority.Acquisition) (authority.Grant, error) {
+	p := &pending{a: a, done: make(chan struct{})}
+	p.deadline, _ = ctx.Deadline()
+	ln.mu.Lock()
+	if ln.inflight < ln.max {
+		ln.inflight++
+		batch := append(ln.take(), p)
+		ln.mu.Unlock()
+		ln.send(ctx, batch)
+		return p.a.Grant, p.a.Err
+	}
+	ln.queue = append(ln.queue, p)
+	ln.mu.Unlock()
+	select {
+	case <-p.done:
+	case <-ctx.Done():
+		ln.mu.Lock()
+		for i, q := range ln.queue {
+			if q == p {
+				ln.queue = append(ln.queue[:i], ln.queue[i+1:]...)
+				ln.mu.Unlock()
+				return authority.Grant{}, ctx.Err()
+			}
+		}
+		ln.mu.Unlock()
+		<-p.done // already in a batch: its outcome, or the lead, is coming
+	}
+	if p.lead != nil {
+		ln.send(ctx, p.lead)
+	}
+	return p.a.Grant, p.a.Err
+}
+
+// take removes up to maxBatch waiting calls from the queue; ln.mu must be
+// held.
+func (ln *lane) take() []*pending {
+	n := min(len(ln.queue), maxBatch)
+	if n == 0 {
+		return nil
+	}
+	batch := make([]*pending, n, n+1)
+	copy(batch, ln.queue)
+	rest := copy(ln.queue, ln.queue[n:])
+	clear(ln.queue[rest:])
+	ln.queue = ln.queue[:rest]
+	return batch
+}
+
+// send sends batch as one pipeline (the caller holds one of the lane's
+// pipelines), delivers each member's outcome, and passes the pipeline on
+// to the batch that formed meanwhile, or frees it. ctx carries only values:
+// the pipeline's deadline is its members' latest.
+func (ln *lane) send(ctx context.Context, batch []*pending) {
+	var deadline time.Time
+	for _, p := range batch {
+		if p.deadline.After(deadline) {
+			deadline = p.deadline
+		}
+	}
+	if deadline.IsZero() {
+		deadline = time.Now().Add(ln.fallback)
+	}
+	as := make([]*authority.Acquisition, len(batch))
+	for i, p := range batch {
+		as[i] = &p.a
+	}
+	cctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
+	ln.auth.AcquireAll(cctx, as)
+	cancel()
+	ln.mu.Lock()
+	next := ln.take()
+	if next == nil {
+		ln.inflight--
+	}
+	ln.mu.Unlock()
+	for _, p := range batch {
+		if p.lead == nil { // a leader's done was closed to make it lead
+			close(p.done)
+		}
+	}
+	if next != nil {
+		// The first waiting call sends the next batch; this caller
+		// returns with its outcome now.
+		next[0].lead = next
+		close(next[0].done)
+	}
+}

@@ -1,0 +1,222 @@
+package leaselimit
+
+import (
+	"context"
+	"sync/atomic"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/leaselimit/leaselimit/authority"
+	"github.com/leaselimit/leaselimit/internal/redistest"
+	"github.com/leaselimit/leaselimit/policy"
+)
+
+// gatedHook holds the first single command until release is closed, and
+// records the size of every pipeline of script calls.
+type gatedHook struct {
+	release chan struct{}
+	once    sync.Once
+	mu      sync.Mutex
+	sizes   []int
+}
+
+func (h *gatedHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *gatedHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.once.Do(func() { <-h.release })
+		return next(ctx, cmd)
+	}
+}
+
+func (h *gatedHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if cmds[0].Name() == "evalsha" { // not the connection's handshake
+			h.mu.Lock()
+			h.sizes = append(h.sizes, len(cmds))
+			h.mu.Unlock()
+		}
+		return next(ctx, cmds)
+	}
+}
+
+func newTestLane(t *testing.T, pipelines int) (*lane, *authority.Redis, *gatedHook) {
+	t.Helper()
+	m := miniredis.RunT(t)
+	c := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	t.Cleanup(func() { _ = c.Close() })
+	h := &gatedHook{release: make(chan struct{})}
+	c.AddHook(h)
+	auth, err := authority.New(c, "leaselimit")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln := newLane(auth, 4, time.Second)
+	ln.max = pipelines
+	return ln, auth, h
+}
+
+// TestLaneBatchesWhileInFlight: with the lane's one pipeline busy, calls
+// that arrive wait and go together in the next pipeline, each with its
+// own outcome; an idle lane sends a call alone, at once.
+func TestLaneBatchesWhileInFlight(t *testing.T) {
+	ln, auth, h := newTestLane(t, 1)
+	l := policy.PerSecond(10)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	acq := func(key string, n int64) (authority.Grant, error) {
+		return ln.acquire(ctx, authority.Acquisition{Key: auth.Key(l, key), Limit: l, Want: n, Min: n, Share: 1})
+	}
+	first := make(chan error, 1)
+	go func() { _, err := acq("first", 1); first <- err }()
+	// Wait until the first call holds the pipeline.
+	for deadline := time.Now().Add(2 * time.Second); ; {
+		ln.mu.Lock()
+		busy := ln.inflight == 1
+		ln.mu.Unlock()
+		if busy {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the first call never took the lane's pipeline")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	const waiting = 10
+	var wg sync.WaitGroup
+	grants := make([]authority.Grant, waiting)
+	errs := make([]error, waiting)
+	for i := range waiting {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			n := int64(1)
+			if i == 0 {
+				n = 11 // above the burst: fails alone
+			}
+			grants[i], errs[i] = acq("k"+strconv.Itoa(i%2), n)
+		}()
+	}
+	for deadline := time.Now().Add(2 * time.Second); ; {
+		ln.mu.Lock()
+		queued := len(ln.queue)
+		ln.mu.Unlock()
+		if queued == waiting {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d calls queued behind the busy pipeline; want %d", queued, waiting)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	close(h.release)
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	if errs[0] == nil {
+		t.Error("a call above the burst succeeded in a batch")
+	}
+	for i := 1; i < waiting; i++ {
+		if errs[i] != nil || grants[i].Granted != 1 {
+			t.Errorf("call %d: %+v, %v; want 1 token", i, grants[i], errs[i])
+		}
+	}
+	h.mu.Lock()
+	sizes := append([]int(nil), h.sizes...)
+	h.mu.Unlock()
+	if len(sizes) != 1 || sizes[0] != waiting-1 {
+		t.Errorf("pipelines sent: %v; want one of the %d valid calls that waited", sizes, waiting-1)
+	}
+	if ln.inflight != 0 || len(ln.queue) != 0 {
+		t.Errorf("lane after the batch: %d in flight, %d queued; want none", ln.inflight, len(ln.queue))
+	}
+}
+
+// TestLaneCallLeavesQueue: a queued call whose context ends leaves the
+// queue at once with its context's error, and the batch goes on without it.
+func TestLaneCallLeavesQueue(t *testing.T) {
+	ln, auth, h := newTestLane(t, 1)
+	l := policy.PerSecond(10)
+	bg := context.Background()
+	first := make(chan error, 1)
+	go func() {
+		_, err := ln.acquire(bg, authority.Acquisition{Key: auth.Key(l, "a"), Limit: l, Want: 1, Min: 1, Share: 1})
+		first <- err
+	}()
+	for {
+		ln.mu.Lock()
+		busy := ln.inflight == 1
+		ln.mu.Unlock()
+		if busy {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	ctx, cancel := context.WithTimeout(bg, 20*time.Millisecond)
+	defer cancel()
+	if _, err := ln.acquire(ctx, authority.Acquisition{Key: auth.Key(l, "b"), Limit: l, Want: 1, Min: 1, Share: 1}); err != context.DeadlineExceeded {
+		t.Errorf("queued call past its deadline: %v; want context.DeadlineExceeded", err)
+	}
+	ln.mu.Lock()
+	queued := len(ln.queue)
+	ln.mu.Unlock()
+	if queued != 0 {
+		t.Errorf("%d calls left in the queue", queued)
+	}
+	close(h.release)
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// BenchmarkLane measures one acquire call on a real redis-server from
+// RunParallel goroutines (64 per processor, so calls batch): straight to
+// the authority (one round trip per call), and through a lane (allocations
+// per call include the lane's own: the pending call and its channel).
+func BenchmarkLane(b *testing.B) {
+	srv := redistest.Start(b)
+	c := srv.Client(b)
+	auth, err := authority.New(c, "leaselimit")
+	if err != nil {
+		b.Fatal(err)
+	}
+	l := policy.Limit{Name: "bench", Rate: 1_000_000_000, Period: time.Second, Burst: 1_000_000_000}
+	keys := make([]string, 1024)
+	for i := range keys {
+		keys[i] = auth.Key(l, strconv.Itoa(i))
+	}
+	ctx := context.Background()
+	run := func(b *testing.B, acquire func(a authority.Acquisition) error) {
+		var next atomic.Int64
+		b.ReportAllocs()
+		b.SetParallelism(32)
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				k := keys[next.Add(1)%int64(len(keys))]
+				if err := acquire(authority.Acquisition{Key: k, Limit: l, Want: 1, Min: 1, Share: 1}); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	}
+	b.Run("direct", func(b *testing.B) {
+		run(b, func(a authority.Acquisition) error {
+			_, err := auth.Acquire(ctx, a.Key, a.Limit, a.Want, a.Min, a.Share)
+			return err
+		})
+	})
+	b.Run("lane", func(b *testing.B) {
+		ln := newLane(auth, poolSize(c), time.Second)
+		run(b, func(a authority.Acquisition) error {
+			_, err := ln.acquire(ctx, a)
+			return err
+		})
+	})
+}
