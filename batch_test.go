@@ -2,9 +2,9 @@ package leaselimit
 
 import (
 	"context"
-	"sync/atomic"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
