@@ -60,7 +60,7 @@ func (ln *lane) acquire(ctx context.Context, a authority.Acquisition) (authority
 	ln.mu.Lock()
 	if ln.inflight < ln.max {
 		ln.inflight++
-		batch := append(ln.take(), p)
+		batch := ln.take(p)
 		ln.mu.Unlock()
 		ln.send(ctx, batch)
 		return p.a.Grant, p.a.Err
@@ -87,18 +87,32 @@ func (ln *lane) acquire(ctx context.Context, a authority.Acquisition) (authority
 	return p.a.Grant, p.a.Err
 }
 
-// take removes up to maxBatch waiting calls from the queue; ln.mu must be
-// held.
-func (ln *lane) take() []*pending {
-	n := min(len(ln.queue), maxBatch)
-	if n == 0 {
+// take removes up to maxBatch waiting calls from the queue (after first,
+// the caller's own, if not nil), in order, at
+// most one per key (a pipeline go-redis resends after a broken connection
+// then replays each call by its request id; see authority.AcquireAll);
+// later calls on a key wait for the next batch. ln.mu must be held.
+func (ln *lane) take(first *pending) []*pending {
+	if len(ln.queue) == 0 && first == nil {
 		return nil
 	}
-	batch := make([]*pending, n, n+1)
-	copy(batch, ln.queue)
-	rest := copy(ln.queue, ln.queue[n:])
-	clear(ln.queue[rest:])
-	ln.queue = ln.queue[:rest]
+	batch := make([]*pending, 0, min(len(ln.queue), maxBatch)+1)
+	keys := make(map[string]struct{}, cap(batch))
+	if first != nil {
+		batch = append(batch, first)
+		keys[first.a.Key] = struct{}{}
+	}
+	rest := ln.queue[:0]
+	for _, p := range ln.queue {
+		if _, dup := keys[p.a.Key]; dup || len(batch) == maxBatch {
+			rest = append(rest, p)
+			continue
+		}
+		keys[p.a.Key] = struct{}{}
+		batch = append(batch, p)
+	}
+	clear(ln.queue[len(rest):])
+	ln.queue = rest
 	return batch
 }
 
@@ -124,7 +138,7 @@ func (ln *lane) send(ctx context.Context, batch []*pending) {
 	ln.auth.AcquireAll(cctx, as)
 	cancel()
 	ln.mu.Lock()
-	next := ln.take()
+	next := ln.take(nil)
 	if next == nil {
 		ln.inflight--
 	}

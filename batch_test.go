@@ -17,12 +17,13 @@ import (
 )
 
 // gatedHook holds the first single command until release is closed, and
-// records the size of every pipeline of script calls.
+// records the keys of every pipeline of script calls.
 type gatedHook struct {
 	release chan struct{}
 	once    sync.Once
 	mu      sync.Mutex
-	sizes   []int
+	sizes   []int // keys per pipeline
+	singles int   // script calls sent alone
 }
 
 func (h *gatedHook) DialHook(next redis.DialHook) redis.DialHook { return next }
@@ -30,6 +31,11 @@ func (h *gatedHook) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (h *gatedHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		h.once.Do(func() { <-h.release })
+		if cmd.Name() == "evalsha" {
+			h.mu.Lock()
+			h.singles++
+			h.mu.Unlock()
+		}
 		return next(ctx, cmd)
 	}
 }
@@ -37,8 +43,12 @@ func (h *gatedHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 func (h *gatedHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		if cmds[0].Name() == "evalsha" { // not the connection's handshake
+			keys := 0
+			for _, c := range cmds {
+				keys += int(c.Args()[2].(int))
+			}
 			h.mu.Lock()
-			h.sizes = append(h.sizes, len(cmds))
+			h.sizes = append(h.sizes, keys)
 			h.mu.Unlock()
 		}
 		return next(ctx, cmds)
@@ -99,7 +109,7 @@ func TestLaneBatchesWhileInFlight(t *testing.T) {
 			if i == 0 {
 				n = 11 // above the burst: fails alone
 			}
-			grants[i], errs[i] = acq("k"+strconv.Itoa(i%2), n)
+			grants[i], errs[i] = acq("k"+strconv.Itoa(i), n)
 		}()
 	}
 	for deadline := time.Now().Add(2 * time.Second); ; {
@@ -131,7 +141,7 @@ func TestLaneBatchesWhileInFlight(t *testing.T) {
 	sizes := append([]int(nil), h.sizes...)
 	h.mu.Unlock()
 	if len(sizes) != 1 || sizes[0] != waiting-1 {
-		t.Errorf("pipelines sent: %v; want one of the %d valid calls that waited", sizes, waiting-1)
+		t.Errorf("keys of the pipelines sent: %v; want one pipeline of the %d valid calls that waited", sizes, waiting-1)
 	}
 	if ln.inflight != 0 || len(ln.queue) != 0 {
 		t.Errorf("lane after the batch: %d in flight, %d queued; want none", ln.inflight, len(ln.queue))
@@ -219,4 +229,69 @@ func BenchmarkLane(b *testing.B) {
 			return err
 		})
 	})
+}
+
+// TestLaneOneCallPerKey: calls on one key never share a batch (a resent
+// pipeline must replay each call's grant by its request id, and a bucket
+// remembers only its last grant's id): five calls on one key, queued behind
+// a busy pipeline, go in five batches, each granted.
+func TestLaneOneCallPerKey(t *testing.T) {
+	ln, auth, h := newTestLane(t, 1)
+	l := policy.PerSecond(10)
+	ctx := context.Background()
+	acq := func(key string) error {
+		_, err := ln.acquire(ctx, authority.Acquisition{Key: auth.Key(l, key), Limit: l, Want: 1, Min: 1, Share: 1})
+		return err
+	}
+	first := make(chan error, 1)
+	go func() { first <- acq("first") }()
+	for {
+		ln.mu.Lock()
+		busy := ln.inflight == 1
+		ln.mu.Unlock()
+		if busy {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 5)
+	for range 5 {
+		wg.Add(1)
+		go func() { defer wg.Done(); errs <- acq("same") }()
+	}
+	for {
+		ln.mu.Lock()
+		queued := len(ln.queue)
+		ln.mu.Unlock()
+		if queued == 5 {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	close(h.release)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Error(err)
+		}
+	}
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	calls := 0
+	for _, keys := range h.sizes {
+		if keys != 1 {
+			t.Errorf("a pipeline carried %d calls; want one per key (%v)", keys, h.sizes)
+		}
+		calls += keys
+	}
+	// A batch of one goes as a single call, without a pipeline: the first
+	// call and the five, each alone.
+	if calls+h.singles != 6 {
+		t.Errorf("%d script calls (%d alone, pipelines %v); want the 6 calls one by one", calls+h.singles, h.singles, h.sizes)
+	}
 }

@@ -14,55 +14,9 @@
 --          retry_after_us: 0 when granted, else µs until min tokens are available.
 --          reset_after_us: µs until the bucket is full again.
 --          Both saturate at 2^52 µs (about 142 years).
-local r, p, burst, want, min, share = int(1), int(2), int(3), int(4), int(5), int(6)
-if not (r and p and burst and want and min and share)
-    or share > 1000000 or min > want or want > burst or burst > HUGE then
-  return redis.error_reply('ERR leaselimit: invalid acquire arguments')
-end
-
-local id = ARGV[7]
-if id ~= nil and not valid_id(id) then
-  return redis.error_reply('ERR leaselimit: invalid acquire arguments')
-end
-
 local now, err = now_us()
 if err then return err end
-
-local b
-b, err = load(KEYS[1])
+local reply
+reply, err = take(KEYS[1], 0, now)
 if err then return err end
-if b and id ~= nil then
-  local rid, g, rem, t = string.match(b.tail, '^ (%S+) (%d+) (%d+) (%d+)$')
-  if rid == id then return {tonumber(g), tonumber(rem), 0, tonumber(t)} end
-end
-local w, f, last = burst, 0, now
-if b then w, f, last = b.w, b.f, b.t end
-w, f, last = refill(w, f, last, now, r, p, burst)
-
-local granted = 0
-if w >= min then
-  -- floor(w * share / 1e6), exactly: split w so no product passes 2^53.
-  granted = math.floor(w / 1000000) * share + math.floor((w % 1000000) * share / 1000000)
-  if granted < min then granted = min end
-  if granted > want then granted = want end
-  w = w - granted
-end
-
-local reset = 0
-if w < burst then reset = until_tokens(burst - w, f, r, p) end
-if granted > 0 then
-  local tail = ''
-  if id ~= nil then
-    tail = ' ' .. id .. ' ' .. int_str(granted) .. ' ' .. int_str(w) .. ' ' .. int_str(reset)
-  end
-  local rid = '-'
-  if b then rid = b.rid end
-  err = store(KEYS[1], w, f, last, rid, tail, ttl_ms(reset))
-  if err then return err end
-end
-
-local retry = 0
-if granted == 0 then
-  retry = until_tokens(min - w, f, r, p)
-end
-return {granted, w, retry, reset}
+return reply

@@ -28,16 +28,23 @@ import (
 //go:embed common.lua
 var commonSrc string
 
+//go:embed take.lua
+var takeSrc string
+
 //go:embed acquire.lua
 var acquireBody string
+
+//go:embed acquire_many.lua
+var acquireManyBody string
 
 //go:embed refund.lua
 var refundBody string
 
 // The scripts as sent to Redis: the shared prelude, then the body.
 var (
-	acquireSrc = commonSrc + acquireBody
-	refundSrc  = commonSrc + refundBody
+	acquireSrc     = commonSrc + takeSrc + acquireBody
+	acquireManySrc = commonSrc + takeSrc + acquireManyBody
+	refundSrc      = commonSrc + refundBody
 )
 
 // MaxPrefixLen is the longest key prefix accepted.
@@ -89,8 +96,9 @@ type script struct {
 }
 
 var (
-	acquireScript = newScript(acquireSrc)
-	refundScript  = newScript(refundSrc)
+	acquireScript     = newScript(acquireSrc)
+	acquireManyScript = newScript(acquireManySrc)
+	refundScript      = newScript(refundSrc)
 )
 
 func newScript(src string) script {
@@ -238,10 +246,20 @@ func (r *Redis) prepare(a *Acquisition) bool {
 	return true
 }
 
-// AcquireAll makes several acquire calls at once: one script call when
-// there is one, else one pipeline (on a Cluster, go-redis splits it by
-// node), with the calls the server answered NOSCRIPT sent again by EVAL in
-// a second one. Each call gets its own outcome in its Grant and Err.
+// maxPerScript bounds the calls one acquire_many invocation decides:
+// Redis runs a script to its end before serving anything else.
+const maxPerScript = 64
+
+// AcquireAll makes several acquire calls at once, each with its own outcome
+// in its Grant and Err. One call is one script call. Several go in one
+// pipeline: on a single node (or Sentinel) as acquire_many invocations of
+// up to maxPerScript calls each, which share the script call's fixed cost;
+// on a Cluster or Ring, whose keys live on several nodes and slots, as one
+// acquire call per key (go-redis splits the pipeline by node). Calls the
+// server answers NOSCRIPT are sent again by EVAL in a second pipeline. A
+// key must appear at most once in as, so that a pipeline go-redis resends
+// after a broken connection replays each call's grant by its request id
+// instead of taking it twice.
 func (r *Redis) AcquireAll(ctx context.Context, as []*Acquisition) {
 	if len(as) == 1 {
 		a := as[0]
@@ -256,23 +274,26 @@ func (r *Redis) AcquireAll(ctx context.Context, as []*Acquisition) {
 		a.Grant, a.Err = DecodeGrant(v)
 		return
 	}
-	pipe := r.client.Pipeline()
-	sent := 0
+	ready := make([]*Acquisition, 0, len(as))
 	for _, a := range as {
 		if r.prepare(a) {
-			a.cmd = pipe.EvalSha(ctx, acquireScript.sha, []string{a.Key}, a.args...)
-			sent++
+			ready = append(ready, a)
 		}
 	}
-	if sent == 0 {
+	if len(ready) == 0 {
 		return
+	}
+	if r.multiKey() {
+		r.acquireMany(ctx, ready)
+		return
+	}
+	pipe := r.client.Pipeline()
+	for _, a := range ready {
+		a.cmd = pipe.EvalSha(ctx, acquireScript.sha, []string{a.Key}, a.args...)
 	}
 	_, _ = pipe.Exec(ctx) // errors are read per command below
 	var retry redis.Pipeliner
-	for _, a := range as {
-		if a.cmd == nil {
-			continue
-		}
+	for _, a := range ready {
 		if isNoScript(a.cmd.Err()) {
 			if retry == nil {
 				retry = r.client.Pipeline()
@@ -284,10 +305,86 @@ func (r *Redis) AcquireAll(ctx context.Context, as []*Acquisition) {
 	}
 	if retry != nil {
 		_, _ = retry.Exec(ctx)
-		for _, a := range as {
+		for _, a := range ready {
 			if a.cmd != nil {
 				a.finish()
 			}
+		}
+	}
+}
+
+// multiKey reports whether one script may take several keys: every key
+// lives on the one node (not a Cluster or Ring).
+func (r *Redis) multiKey() bool {
+	switch r.client.(type) {
+	case *redis.ClusterClient, *redis.Ring:
+		return false
+	}
+	return true
+}
+
+// acquireMany decides as in acquire_many invocations of up to
+// maxPerScript calls, pipelined.
+func (r *Redis) acquireMany(ctx context.Context, as []*Acquisition) {
+	type chunk struct {
+		calls []*Acquisition
+		keys  []string
+		args  []any
+		cmd   *redis.Cmd
+	}
+	var chunks []*chunk
+	for i := 0; i < len(as); i += maxPerScript {
+		c := &chunk{calls: as[i:min(i+maxPerScript, len(as))]}
+		for _, a := range c.calls {
+			c.keys = append(c.keys, a.Key)
+			c.args = append(c.args, a.args...)
+		}
+		chunks = append(chunks, c)
+	}
+	send := func(s script, eval bool, cs []*chunk) {
+		pipe := r.client.Pipeline()
+		for _, c := range cs {
+			if eval {
+				c.cmd = pipe.Eval(ctx, s.src, c.keys, c.args...)
+			} else {
+				c.cmd = pipe.EvalSha(ctx, s.sha, c.keys, c.args...)
+			}
+		}
+		_, _ = pipe.Exec(ctx)
+	}
+	send(acquireManyScript, false, chunks)
+	var retry []*chunk
+	for _, c := range chunks {
+		if isNoScript(c.cmd.Err()) {
+			retry = append(retry, c)
+		}
+	}
+	if len(retry) > 0 {
+		send(acquireManyScript, true, retry)
+	}
+	for _, c := range chunks {
+		v, err := c.cmd.Result()
+		if err != nil {
+			err = classify(err)
+			for _, a := range c.calls {
+				a.Err = err
+			}
+			continue
+		}
+		arr, ok := v.([]any)
+		if !ok || len(arr) != len(c.calls) {
+			err := fmt.Errorf("%w: acquire_many returned %T of %d for %d calls", ErrReply, v, len(arr), len(c.calls))
+			for _, a := range c.calls {
+				a.Err = err
+			}
+			continue
+		}
+		for i, a := range c.calls {
+			if e, ok := arr[i].(error); ok {
+				a.Err = classify(e)
+				continue
+			}
+			a.Grant, a.Err = DecodeGrant(arr[i])
 		}
 	}
 }

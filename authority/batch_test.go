@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/leaselimit/leaselimit/policy"
@@ -11,42 +12,65 @@ import (
 
 // suiteAcquireAll: a batch decides each call as the same calls made one by
 // one would, each with its own outcome: a call with bad arguments fails
-// alone, two calls on one key see each other in order, and calls the server
-// answers NOSCRIPT (after SCRIPT FLUSH) are sent again by EVAL.
+// alone before anything is sent, a call on another program's key fails
+// alone in Redis, and calls the server answers NOSCRIPT (after SCRIPT
+// FLUSH) are sent again by EVAL. 150 calls span several acquire_many
+// invocations.
 func suiteAcquireAll(t *testing.T, nb backendFactory) {
 	ctx := context.Background()
 	b := nb(t)
 	r := b.newAuthority(t, testPrefix)
 	l := policy.PerSecond(10) // burst 10
 	k := func(i int) string { return r.Key(l, "batch-"+strconv.Itoa(i)) }
-	batch := []*Acquisition{
-		{Key: k(0), Limit: l, Want: 4, Min: 4, Share: 1},
-		{Key: k(1), Limit: l, Want: 10, Min: 10, Share: 1},
-		{Key: k(2), Limit: l, Want: 11, Min: 1, Share: 1}, // want > burst: our bug, not sent
-		{Key: k(0), Limit: l, Want: 7, Min: 7, Share: 1},  // 6 left after the first: denied
-		{Key: k(0), Limit: l, Want: 6, Min: 6, Share: 1},
+	foreign := r.Key(l, "foreign")
+	if err := b.client.LPush(ctx, foreign, "x").Err(); err != nil {
+		t.Fatal(err)
 	}
+	const n = 150
+	var batch []*Acquisition
+	for i := range n {
+		batch = append(batch, &Acquisition{Key: k(i), Limit: l, Want: int64(1 + i%10), Min: int64(1 + i%10), Share: 1})
+	}
+	batch[7].Want = 11 // above the burst: our bug, not sent
+	batch[100].Key = foreign
 	b.flushScripts(t)
 	r.AcquireAll(ctx, batch)
-	want := []struct {
-		granted, remaining int64
-		err                error
-	}{{4, 6, nil}, {10, 0, nil}, {0, 0, ErrScript}, {0, 6, nil}, {6, 0, nil}}
-	for i, w := range want {
-		a := batch[i]
-		if !errors.Is(a.Err, w.err) || (w.err == nil && a.Err != nil) {
-			t.Errorf("call %d: err %v; want %v", i, a.Err, w.err)
-			continue
-		}
-		if a.Grant.Granted != w.granted || (w.err == nil && a.Grant.Remaining != w.remaining) {
-			t.Errorf("call %d: %+v; want granted %d, remaining %d", i, a.Grant, w.granted, w.remaining)
+	for i, a := range batch {
+		switch i {
+		case 7:
+			if !errors.Is(a.Err, ErrScript) {
+				t.Errorf("call %d above the burst: err %v; want ErrScript", i, a.Err)
+			}
+		case 100:
+			if a.Err == nil || !strings.Contains(a.Err.Error(), "WRONGTYPE") {
+				t.Errorf("call %d on a list: err %v; want WRONGTYPE", i, a.Err)
+			}
+		default:
+			want := int64(1 + i%10)
+			if a.Err != nil || a.Grant.Granted != want || a.Grant.Remaining != l.Burst-want {
+				t.Errorf("call %d: %+v, %v; want %d granted, %d left", i, a.Grant, a.Err, want, l.Burst-want)
+			}
 		}
 	}
-	if batch[3].Grant.RetryAfter <= 0 {
-		t.Errorf("denied call in a batch: RetryAfter %v; want > 0", batch[3].Grant.RetryAfter)
+	// The same calls again: every bucket but the ones above holds 10-want;
+	// those that asked for 6 or more are denied, with a RetryAfter.
+	again := make([]*Acquisition, 0, n)
+	for i := range n {
+		if i != 7 && i != 100 {
+			again = append(again, &Acquisition{Key: k(i), Limit: l, Want: int64(1 + i%10), Min: int64(1 + i%10), Share: 1})
+		}
 	}
-	if got := b.keys(t); len(got) != 2 {
-		t.Errorf("keys after the batch: %v; want the two granted buckets", got)
+	r.AcquireAll(ctx, again)
+	for _, a := range again {
+		w := a.Want
+		switch {
+		case a.Err != nil:
+			t.Errorf("%s again: %v", a.Key, a.Err)
+		case 2*w <= l.Burst && a.Grant.Granted != w:
+			t.Errorf("%s again for %d: %+v; want granted", a.Key, w, a.Grant)
+		case 2*w > l.Burst && (a.Grant.Granted != 0 || a.Grant.RetryAfter <= 0):
+			t.Errorf("%s again for %d: %+v; want denied with a RetryAfter", a.Key, w, a.Grant)
+		}
 	}
 }
 

@@ -1,0 +1,55 @@
+
+-- take decides one acquire call on key at now (µs, the server's clock),
+-- its arguments at ARGV[base+1 .. base+7]: r, p, burst, want, min,
+-- share_ppm (all integers), and optionally a request id (see acquire.lua).
+-- It returns the reply {granted, remaining, retry_after_us, reset_after_us},
+-- or nil and an error reply.
+local function take(key, base, now)
+  local r, p, burst, want, min, share = int(base + 1), int(base + 2), int(base + 3), int(base + 4), int(base + 5), int(base + 6)
+  if not (r and p and burst and want and min and share)
+      or share > 1000000 or min > want or want > burst or burst > HUGE then
+    return nil, redis.error_reply('ERR leaselimit: invalid acquire arguments')
+  end
+  local id = ARGV[base + 7]
+  if id ~= nil and not valid_id(id) then
+    return nil, redis.error_reply('ERR leaselimit: invalid acquire arguments')
+  end
+
+  local b, err = load(key)
+  if err then return nil, err end
+  if b and id ~= nil then
+    local rid, g, rem, t = string.match(b.tail, '^ (%S+) (%d+) (%d+) (%d+)$')
+    if rid == id then return {tonumber(g), tonumber(rem), 0, tonumber(t)} end
+  end
+  local w, f, last = burst, 0, now
+  if b then w, f, last = b.w, b.f, b.t end
+  w, f, last = refill(w, f, last, now, r, p, burst)
+
+  local granted = 0
+  if w >= min then
+    -- floor(w * share / 1e6), exactly: split w so no product passes 2^53.
+    granted = math.floor(w / 1000000) * share + math.floor((w % 1000000) * share / 1000000)
+    if granted < min then granted = min end
+    if granted > want then granted = want end
+    w = w - granted
+  end
+
+  local reset = 0
+  if w < burst then reset = until_tokens(burst - w, f, r, p) end
+  if granted > 0 then
+    local tail = ''
+    if id ~= nil then
+      tail = ' ' .. id .. ' ' .. int_str(granted) .. ' ' .. int_str(w) .. ' ' .. int_str(reset)
+    end
+    local rid = '-'
+    if b then rid = b.rid end
+    err = store(key, w, f, last, rid, tail, ttl_ms(reset))
+    if err then return nil, err end
+  end
+
+  local retry = 0
+  if granted == 0 then
+    retry = until_tokens(min - w, f, r, p)
+  end
+  return {granted, w, retry, reset}
+end
