@@ -76,18 +76,21 @@ func bucketKey(l policy.Limit, userKey string) string {
 }
 
 // scriptSHA returns the SHA1 of a script as the authority sends it: the
-// shared prelude common.lua followed by body.
-func scriptSHA(t *testing.T, body string) string {
+// shared prelude common.lua followed by parts.
+func scriptSHA(t *testing.T, parts ...string) string {
 	t.Helper()
-	common, err := os.ReadFile(filepath.Join("authority", "common.lua"))
+	src, err := os.ReadFile(filepath.Join("authority", "common.lua"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := os.ReadFile(filepath.Join("authority", body))
-	if err != nil {
-		t.Fatal(err)
+	for _, p := range parts {
+		b, err := os.ReadFile(filepath.Join("authority", p))
+		if err != nil {
+			t.Fatal(err)
+		}
+		src = append(src, b...)
 	}
-	h := sha1.Sum(append(common, b...))
+	h := sha1.Sum(src)
 	return hex.EncodeToString(h[:])
 }
 
@@ -560,7 +563,7 @@ func TestClusterDecisions(t *testing.T) {
 func TestClusterManualFailover(t *testing.T) {
 	c := redistest.StartCluster(t, 3, 1)
 	cc := c.Client(t)
-	acquireSHA := scriptSHA(t, "acquire.lua")
+	acquireSHA := scriptSHA(t, "take.lua", "acquire.lua")
 	opts := []leaselimit.Option{leaselimit.WithTimeout(2 * time.Second), leaselimit.WithFailureMode(policy.FailClosed)}
 	limit := policy.PerSecond(1_000_000)
 	exact := mustNew(t, cc, limit.WithName("cl-mf-exact"), append(opts, leaselimit.WithoutLease())...)
@@ -943,7 +946,7 @@ func TestSentinelFailover(t *testing.T) {
 		t.Fatalf("%d fallback decisions before the kill", fb)
 	}
 
-	acquireSHA := scriptSHA(t, "acquire.lua")
+	acquireSHA := scriptSHA(t, "take.lua", "acquire.lua")
 	replicaCached := scriptCached(t, s.Replicas[0], acquireSHA)
 	old := s.Master
 	kill := time.Now()
