@@ -589,6 +589,9 @@ type Stats struct {
 	// commandstats (e.g. "evalsha", "eval", "hset", or "script|flush" for a
 	// subcommand), to its number of calls. Commands never called are absent.
 	Calls map[string]int64
+	// CPU is the server's CPU time so far (used_cpu_sys + used_cpu_user
+	// from INFO cpu), main thread and all.
+	CPU time.Duration
 
 	seq int64 // 1-based number of the Server.Stats call that took this snapshot
 }
@@ -657,6 +660,12 @@ func parseStats(info string) (Stats, error) {
 			continue
 		}
 		switch {
+		case key == "used_cpu_sys" || key == "used_cpu_user":
+			secs, err := strconv.ParseFloat(val, 64)
+			if err != nil {
+				return Stats{}, fmt.Errorf("parse %s: %w", key, err)
+			}
+			st.CPU += time.Duration(secs * float64(time.Second))
 		case key == "total_commands_processed":
 			n, err := strconv.ParseInt(val, 10, 64)
 			if err != nil {
@@ -706,6 +715,7 @@ func (s Stats) Sub(earlier Stats) Stats {
 	d := Stats{
 		TotalCommands: s.TotalCommands - earlier.TotalCommands - own,
 		Calls:         make(map[string]int64),
+		CPU:           s.CPU - earlier.CPU,
 	}
 	for name, n := range s.Calls {
 		d.Calls[name] = n

@@ -216,6 +216,7 @@ type cellResult struct {
 	hist      latency.Hist
 	cmds      int64 // Redis total_commands_processed, minus our INFO calls
 	reqs      int64 // commands sent by the clients
+	cpu       time.Duration // Redis's CPU time in the measured interval
 }
 
 func (r *cellResult) rate() float64 { return float64(r.decisions) / r.elapsed.Seconds() }
@@ -302,7 +303,9 @@ func runCell(ctx context.Context, cfg config, wl workload, name string) (res cel
 		return res, err
 	}
 	res.reqs = reqs.Load() - r0
-	res.cmds = c1.Sub(c0).TotalCommands - 1 // the first INFO is counted in the second reading
+	d := c1.Sub(c0)
+	res.cmds = d.TotalCommands - 1 // the first INFO is counted in the second reading
+	res.cpu = d.CPU
 	res.decisions, res.admitted, res.fallbacks = m.decisions, m.admitted, m.fallbacks
 	res.elapsed, res.hist = m.elapsed, m.hist
 	return res, nil
@@ -420,8 +423,8 @@ func printTable(cfg config, version string, results []cellResult) {
 	w := cfg.out
 	fmt.Fprintf(w, "Redis %s, %d goroutines, %v per cell, GOMAXPROCS %d (NumCPU %d), %s/%s, %s%s\n\n",
 		version, cfg.goroutines, cfg.duration, runtime.GOMAXPROCS(0), runtime.NumCPU(), runtime.GOOS, runtime.GOARCH, runtime.Version(), loadAvg())
-	fmt.Fprintln(w, "| workload | design | decisions/s | vs redis_rate | p50 | p99 | p99.9 | Redis cmds/decision | requests/decision | admitted / ideal | fallbacks |")
-	fmt.Fprintln(w, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+	fmt.Fprintln(w, "| workload | design | decisions/s | vs redis_rate | p50 | p99 | p99.9 | Redis cmds/decision | requests/decision | Redis CPU/decision | admitted / ideal | fallbacks |")
+	fmt.Fprintln(w, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 	base := map[string]float64{}
 	for _, r := range results {
 		if r.design == design.RedisRate {
@@ -445,10 +448,10 @@ func printTable(cfg config, version string, results []cellResult) {
 		if r.fallbacks > 0 {
 			fb = fmt.Sprintf("**%.3g%%**", 100*float64(r.fallbacks)/n)
 		}
-		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
+		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
 			r.workload.name, r.design, count(r.rate()), ratio,
 			dur(r.hist.Quantile(0.5)), dur(r.hist.Quantile(0.99)), dur(r.hist.Quantile(0.999)),
-			perDecision(float64(r.cmds)/n), perDecision(float64(r.reqs)/n), adm, fb)
+			perDecision(float64(r.cmds)/n), perDecision(float64(r.reqs)/n), dur(time.Duration(float64(r.cpu)/n)), adm, fb)
 	}
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "Workloads: hot key and 10k keys use a limit of 1e9/s (burst 1e9), so every decision should be admitted;")
@@ -457,6 +460,7 @@ func printTable(cfg config, version string, results []cellResult) {
 	fmt.Fprintln(w, "\"100× over\" is 100/s burst 100 with demand paced at 10,000/s across the goroutines (open loop);")
 	fmt.Fprintln(w, "\"8 instances\" is 8 clients and limiters sharing one key at 2000/s burst 200, callers as fast as they can.")
 	fmt.Fprintln(w, "lua_per_request is a minimal classic token-bucket script of our own (design.tokenBucket), one EVALSHA per decision.")
+	fmt.Fprintln(w, "Redis CPU/decision is the server's used_cpu_sys + used_cpu_user (INFO cpu) over the cell, per decision.")
 	for _, r := range results {
 		if r.fallbacks > 0 {
 			fmt.Fprintln(w, "\nfallbacks: decisions made by leaselimit's failure policy (FailOpen: admit) because Redis did not answer")
