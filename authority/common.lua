@@ -61,7 +61,7 @@ end
 
 -- store writes the bucket at key with a TTL of ttl_ms, in one command.
 local function store(key, w, f, t, rid, tail, ttl_ms)
-  local v = int_str(w) .. ' ' .. int_str(f) .. ' ' .. int_str(t) .. ' ' .. rid .. tail
+  local v = string.format('%.0f %.0f %.0f %s%s', w, f, t, rid, tail)
   local _, err = call('SET', key, v, 'PX', int_str(ttl_ms))
   return err
 end

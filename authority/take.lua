@@ -17,7 +17,9 @@ local function take(key, base, now)
 
   local b, err = load(key)
   if err then return nil, err end
-  if b and id ~= nil then
+  -- A replay only when the tail starts with this call's id (compared
+  -- before any pattern is matched: almost every call is new).
+  if b and id ~= nil and string.sub(b.tail, 2, #id + 1) == id then
     local rid, g, rem, t = string.match(b.tail, '^ (%S+) (%d+) (%d+) (%d+)$')
     if rid == id then return {tonumber(g), tonumber(rem), 0, tonumber(t)} end
   end
@@ -39,7 +41,7 @@ local function take(key, base, now)
   if granted > 0 then
     local tail = ''
     if id ~= nil then
-      tail = ' ' .. id .. ' ' .. int_str(granted) .. ' ' .. int_str(w) .. ' ' .. int_str(reset)
+      tail = string.format(' %s %.0f %.0f %.0f', id, granted, w, reset)
     end
     local rid = '-'
     if b then rid = b.rid end
