@@ -214,8 +214,8 @@ type cellResult struct {
 	fallbacks int64
 	elapsed   time.Duration
 	hist      latency.Hist
-	cmds      int64 // Redis total_commands_processed, minus our INFO calls
-	reqs      int64 // commands sent by the clients
+	cmds      int64         // Redis total_commands_processed, minus our INFO calls
+	reqs      int64         // commands sent by the clients
 	cpu       time.Duration // Redis's CPU time in the measured interval
 }
 
