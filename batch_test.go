@@ -71,6 +71,27 @@ func newTestLane(t *testing.T, pipelines int) (*lane, *authority.Redis, *gatedHo
 	return ln, auth, h
 }
 
+// waitLane waits, for at most 2s, until cond holds of ln (read under its
+// lock), and fails the test with what otherwise.
+func waitLane(t *testing.T, ln *lane, what string, cond func(ln *lane) bool) {
+	t.Helper()
+	for deadline := time.Now().Add(2 * time.Second); ; {
+		ln.mu.Lock()
+		ok := cond(ln)
+		ln.mu.Unlock()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal(what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// busy reports whether ln's one pipeline is taken.
+func busy(ln *lane) bool { return ln.inflight == 1 }
+
 // TestLaneBatchesWhileInFlight: with the lane's one pipeline busy, calls
 // that arrive wait and go together in the next pipeline, each with its
 // own outcome; an idle lane sends a call alone, at once.
@@ -84,19 +105,7 @@ func TestLaneBatchesWhileInFlight(t *testing.T) {
 	}
 	first := make(chan error, 1)
 	go func() { _, err := acq("first", 1); first <- err }()
-	// Wait until the first call holds the pipeline.
-	for deadline := time.Now().Add(2 * time.Second); ; {
-		ln.mu.Lock()
-		busy := ln.inflight == 1
-		ln.mu.Unlock()
-		if busy {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the first call never took the lane's pipeline")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	waitLane(t, ln, "the first call never took the lane's pipeline", busy)
 	const waiting = 10
 	var wg sync.WaitGroup
 	grants := make([]authority.Grant, waiting)
@@ -112,18 +121,7 @@ func TestLaneBatchesWhileInFlight(t *testing.T) {
 			grants[i], errs[i] = acq("k"+strconv.Itoa(i), n)
 		}()
 	}
-	for deadline := time.Now().Add(2 * time.Second); ; {
-		ln.mu.Lock()
-		queued := len(ln.queue)
-		ln.mu.Unlock()
-		if queued == waiting {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d calls queued behind the busy pipeline; want %d", queued, waiting)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	waitLane(t, ln, "the calls never all queued behind the busy pipeline", func(ln *lane) bool { return len(ln.queue) == waiting })
 	close(h.release)
 	if err := <-first; err != nil {
 		t.Fatal(err)
@@ -159,15 +157,7 @@ func TestLaneCallLeavesQueue(t *testing.T) {
 		_, err := ln.acquire(bg, authority.Acquisition{Key: auth.Key(l, "a"), Limit: l, Want: 1, Min: 1, Share: 1})
 		first <- err
 	}()
-	for {
-		ln.mu.Lock()
-		busy := ln.inflight == 1
-		ln.mu.Unlock()
-		if busy {
-			break
-		}
-		time.Sleep(time.Millisecond)
-	}
+	waitLane(t, ln, "the first call never took the lane's pipeline", busy)
 	ctx, cancel := context.WithTimeout(bg, 20*time.Millisecond)
 	defer cancel()
 	if _, err := ln.acquire(ctx, authority.Acquisition{Key: auth.Key(l, "b"), Limit: l, Want: 1, Min: 1, Share: 1}); err != context.DeadlineExceeded {
@@ -245,30 +235,14 @@ func TestLaneOneCallPerKey(t *testing.T) {
 	}
 	first := make(chan error, 1)
 	go func() { first <- acq("first") }()
-	for {
-		ln.mu.Lock()
-		busy := ln.inflight == 1
-		ln.mu.Unlock()
-		if busy {
-			break
-		}
-		time.Sleep(time.Millisecond)
-	}
+	waitLane(t, ln, "the first call never took the lane's pipeline", busy)
 	var wg sync.WaitGroup
 	errs := make(chan error, 5)
 	for range 5 {
 		wg.Add(1)
 		go func() { defer wg.Done(); errs <- acq("same") }()
 	}
-	for {
-		ln.mu.Lock()
-		queued := len(ln.queue)
-		ln.mu.Unlock()
-		if queued == 5 {
-			break
-		}
-		time.Sleep(time.Millisecond)
-	}
+	waitLane(t, ln, "the five calls never queued", func(ln *lane) bool { return len(ln.queue) == 5 })
 	close(h.release)
 	wg.Wait()
 	close(errs)
