@@ -93,8 +93,11 @@ func (ln *lane) acquire(ctx context.Context, a authority.Acquisition) (authority
 // then replays each call by its request id; see authority.AcquireAll);
 // later calls on a key wait for the next batch. ln.mu must be held.
 func (ln *lane) take(first *pending) []*pending {
-	if len(ln.queue) == 0 && first == nil {
-		return nil
+	if len(ln.queue) == 0 {
+		if first == nil {
+			return nil
+		}
+		return []*pending{first} // an idle lane: no batch to form
 	}
 	batch := make([]*pending, 0, min(len(ln.queue), maxBatch)+1)
 	keys := make(map[string]struct{}, cap(batch))

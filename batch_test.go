@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/leaselimit/leaselimit/authority"
@@ -57,9 +56,7 @@ func (h *gatedHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 
 func newTestLane(t *testing.T, pipelines int) (*lane, *authority.Redis, *gatedHook) {
 	t.Helper()
-	m := miniredis.RunT(t)
-	c := redis.NewClient(&redis.Options{Addr: m.Addr()})
-	t.Cleanup(func() { _ = c.Close() })
+	_, c := newMini(t, nil)
 	h := &gatedHook{release: make(chan struct{})}
 	c.AddHook(h)
 	auth, err := authority.New(c, "leaselimit")

@@ -61,7 +61,7 @@ func newBreakers(client redis.UniversalClient, name string, s breaker.Settings, 
 	b := &breakers{name: name, settings: s, now: now, one: breaker.New(name, s), byNode: map[string]*nodeBreaker{}, gate: g,
 		newLane: func() *lane { return newLane(auth, pool, (1+saturationGrace+1)*budget) }}
 	b.oneLane = b.newLane()
-	b.lanes = map[*breaker.Breaker]*lane{b.one: b.oneLane}
+	b.lanes = map[*breaker.Breaker]*lane{} // the node breakers'; one has oneLane
 	if cc, ok := client.(*redis.ClusterClient); ok {
 		b.cluster = cc
 	}

@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
@@ -19,9 +18,7 @@ import (
 // counted, in tokens, on ratelimit.lease.refunds.dropped. Regression: they
 // were counted in a field nothing exposed.
 func TestDroppedRefundsCounted(t *testing.T) {
-	m := miniredis.RunT(t)
-	c := redis.NewClient(&redis.Options{Addr: m.Addr()})
-	t.Cleanup(func() { _ = c.Close() })
+	_, c := newMini(t, nil)
 	reader := sdkmetric.NewManualReader()
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
@@ -66,9 +63,7 @@ func droppedTokens(t *testing.T, reader *sdkmetric.ManualReader) int64 {
 // for the next round; a pipeline that fails once sent is dropped (never
 // resent, so never applied twice) and counted.
 func TestRefundQueueFlush(t *testing.T) {
-	m := miniredis.RunT(t)
-	c := redis.NewClient(&redis.Options{Addr: m.Addr(), MaxRetries: -1})
-	t.Cleanup(func() { _ = c.Close() })
+	m, c := newMini(t, &redis.Options{MaxRetries: -1})
 	reader := sdkmetric.NewManualReader()
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })

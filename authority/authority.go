@@ -222,8 +222,7 @@ type Acquisition struct {
 	Grant Grant
 	Err   error
 
-	args []any      // the script's arguments, the request id last
-	cmd  *redis.Cmd // in a pipeline
+	args []any // the script's arguments, the request id last
 }
 
 // prepare checks a's arguments and builds the script's, with a fresh
@@ -287,29 +286,18 @@ func (r *Redis) AcquireAll(ctx context.Context, as []*Acquisition) {
 		r.acquireMany(ctx, ready)
 		return
 	}
-	pipe := r.client.Pipeline()
-	for _, a := range ready {
-		a.cmd = pipe.EvalSha(ctx, acquireScript.sha, []string{a.Key}, a.args...)
+	invs := make([]*invocation, len(ready))
+	for i, a := range ready {
+		invs[i] = &invocation{keys: []string{a.Key}, args: a.args}
 	}
-	_, _ = pipe.Exec(ctx) // errors are read per command below
-	var retry redis.Pipeliner
-	for _, a := range ready {
-		if isNoScript(a.cmd.Err()) {
-			if retry == nil {
-				retry = r.client.Pipeline()
-			}
-			a.cmd = retry.Eval(ctx, acquireScript.src, []string{a.Key}, a.args...)
+	r.runAll(ctx, acquireScript, invs)
+	for i, a := range ready {
+		v, err := invs[i].cmd.Result()
+		if err != nil {
+			a.Err = classify(err)
 			continue
 		}
-		a.finish()
-	}
-	if retry != nil {
-		_, _ = retry.Exec(ctx)
-		for _, a := range ready {
-			if a.cmd != nil {
-				a.finish()
-			}
-		}
+		a.Grant, a.Err = DecodeGrant(v)
 	}
 }
 
@@ -328,11 +316,10 @@ func (r *Redis) multiKey() bool {
 func (r *Redis) acquireMany(ctx context.Context, as []*Acquisition) {
 	type chunk struct {
 		calls []*Acquisition
-		keys  []string
-		args  []any
-		cmd   *redis.Cmd
+		invocation
 	}
 	var chunks []*chunk
+	invs := make([]*invocation, 0, (len(as)+maxPerScript-1)/maxPerScript)
 	for i := 0; i < len(as); i += maxPerScript {
 		c := &chunk{calls: as[i:min(i+maxPerScript, len(as))]}
 		for _, a := range c.calls {
@@ -340,28 +327,9 @@ func (r *Redis) acquireMany(ctx context.Context, as []*Acquisition) {
 			c.args = append(c.args, a.args...)
 		}
 		chunks = append(chunks, c)
+		invs = append(invs, &c.invocation)
 	}
-	send := func(s script, eval bool, cs []*chunk) {
-		pipe := r.client.Pipeline()
-		for _, c := range cs {
-			if eval {
-				c.cmd = pipe.Eval(ctx, s.src, c.keys, c.args...)
-			} else {
-				c.cmd = pipe.EvalSha(ctx, s.sha, c.keys, c.args...)
-			}
-		}
-		_, _ = pipe.Exec(ctx)
-	}
-	send(acquireManyScript, false, chunks)
-	var retry []*chunk
-	for _, c := range chunks {
-		if isNoScript(c.cmd.Err()) {
-			retry = append(retry, c)
-		}
-	}
-	if len(retry) > 0 {
-		send(acquireManyScript, true, retry)
-	}
+	r.runAll(ctx, acquireManyScript, invs)
 	for _, c := range chunks {
 		v, err := c.cmd.Result()
 		if err != nil {
@@ -387,17 +355,6 @@ func (r *Redis) acquireMany(ctx context.Context, as []*Acquisition) {
 			a.Grant, a.Err = DecodeGrant(arr[i])
 		}
 	}
-}
-
-// finish reads a's outcome from its pipelined command.
-func (a *Acquisition) finish() {
-	v, err := a.cmd.Result()
-	a.cmd = nil
-	if err != nil {
-		a.Err = classify(err)
-		return
-	}
-	a.Grant, a.Err = DecodeGrant(v)
 }
 
 // exact takes exactly n tokens or none: Acquire(ctx, key, l, n, n, 1).
@@ -428,71 +385,73 @@ func (r *Redis) refundOne(ctx context.Context, key string, l policy.Limit, n int
 // returns the first error; the outcome of a refund that failed after it was
 // sent is unknown, so a caller must not send it again under a new id.
 func (r *Redis) Refund(ctx context.Context, refunds []Refund) error {
-	type item struct {
-		rf  Refund
-		id  string
-		cmd *redis.Cmd
-	}
 	merged := make(map[string]int, len(refunds))
-	items := make([]item, 0, len(refunds))
+	items := make([]Refund, 0, len(refunds))
 	for _, rf := range refunds {
 		if rf.Tokens < 1 {
 			continue
 		}
 		if i, ok := merged[rf.Key]; ok {
-			items[i].rf.Tokens += rf.Tokens
+			items[i].Tokens += rf.Tokens
 			continue
 		}
 		merged[rf.Key] = len(items)
-		items = append(items, item{rf: rf, id: r.nextID("r")})
+		items = append(items, rf)
 	}
 	if len(items) == 0 {
 		return nil
 	}
-	pipe := r.client.Pipeline()
+	invs := make([]*invocation, len(items))
 	for i := range items {
-		rf := &items[i].rf
-		if rf.Tokens > rf.Limit.Burst {
-			rf.Tokens = rf.Limit.Burst
-		}
+		rf := &items[i]
+		rf.Tokens = min(rf.Tokens, rf.Limit.Burst)
 		rate, period := Reduced(rf.Limit)
-		items[i].cmd = pipe.EvalSha(ctx, refundScript.sha, []string{rf.Key}, rate, period, rf.Limit.Burst, rf.Tokens, items[i].id)
+		invs[i] = &invocation{keys: []string{rf.Key}, args: []any{rate, period, rf.Limit.Burst, rf.Tokens, r.nextID("r")}}
 	}
-	_, _ = pipe.Exec(ctx) // errors are read per command below
-	var retry []item
+	r.runAll(ctx, refundScript, invs)
 	var first error
-	for _, it := range items {
-		err := it.cmd.Err()
-		switch {
-		case err == nil:
-			_, _, err = decodeRefund(it.cmd.Val())
-		case isNoScript(err):
-			retry = append(retry, it)
-			continue
+	for _, in := range invs {
+		err := in.cmd.Err()
+		if err == nil {
+			_, _, err = decodeRefund(in.cmd.Val())
 		}
 		if err != nil && first == nil {
 			first = classify(err)
 		}
 	}
-	if len(retry) > 0 {
-		pipe := r.client.Pipeline()
-		for i := range retry {
-			rf := retry[i].rf
-			rate, period := Reduced(rf.Limit)
-			retry[i].cmd = pipe.Eval(ctx, refundScript.src, []string{rf.Key}, rate, period, rf.Limit.Burst, rf.Tokens, retry[i].id)
-		}
-		_, _ = pipe.Exec(ctx)
-		for _, it := range retry {
-			err := it.cmd.Err()
-			if err == nil {
-				_, _, err = decodeRefund(it.cmd.Val())
+	return first
+}
+
+// invocation is one script call of a pipeline: its keys and arguments,
+// then, once sent, its command holding the reply.
+type invocation struct {
+	keys []string
+	args []any
+	cmd  *redis.Cmd
+}
+
+// runAll sends every invocation of s in one pipeline by EVALSHA, and those
+// the server answers NOSCRIPT (after SCRIPT FLUSH, a restart or a failover)
+// again by EVAL, which caches the script, in a second one. Each
+// invocation's reply or error is then in its cmd.
+func (r *Redis) runAll(ctx context.Context, s script, invs []*invocation) {
+	pipe := r.client.Pipeline()
+	for _, in := range invs {
+		in.cmd = pipe.EvalSha(ctx, s.sha, in.keys, in.args...)
+	}
+	_, _ = pipe.Exec(ctx) // errors are read per command
+	var retry redis.Pipeliner
+	for _, in := range invs {
+		if isNoScript(in.cmd.Err()) {
+			if retry == nil {
+				retry = r.client.Pipeline()
 			}
-			if err != nil && first == nil {
-				first = classify(err)
-			}
+			in.cmd = retry.Eval(ctx, s.src, in.keys, in.args...)
 		}
 	}
-	return first
+	if retry != nil {
+		_, _ = retry.Exec(ctx)
+	}
 }
 
 // run calls EVALSHA and, when the server has not cached the script (NOSCRIPT:
