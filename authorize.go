@@ -39,6 +39,9 @@ type call struct {
 	// still waits. Without it (an exact call) a grant that arrives after
 	// the caller stopped waiting is refunded.
 	refill *lease.Refill
+	// sent, if set, is stamped (Unix ns) when the call leaves this process
+	// (see queued).
+	sent *atomic.Int64
 }
 
 // reply is a call's result: the grant and, for a refill, the outcome its
@@ -125,6 +128,8 @@ func (a detached) authorize(ctx context.Context, c call) reply {
 	// pooled connection, which late readers hold longer.
 	cctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), hardCap.Add(budget))
 	var state atomic.Int32
+	var sent atomic.Int64
+	c.sent = &sent
 	// The call writes its result before it claims the outcome, so a waiter
 	// that finds the outcome claimed reads the result at once: a goroutine
 	// preempted between the claim and a channel send would otherwise keep
@@ -218,7 +223,7 @@ func (a detached) authorize(ctx context.Context, c call) reply {
 		// on a busy process): Redis is blamed only if no probe found the
 		// process behind within the last half budget.
 		behind = behind || overload.Recent(now, budget/2)
-		behind = behind || a.congested(c.brk, replies)
+		behind = behind || a.congested(c.brk, replies) || a.queued(c.brk, replies, &sent)
 		if behind && !held {
 			overload.Hold()
 			held = true
@@ -271,10 +276,12 @@ func (a direct) authorize(ctx context.Context, c call) reply {
 	}
 	cctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
+	var sent atomic.Int64
+	c.sent = &sent
 	r := a.acquire(cctx, c)
 	switch {
 	case r.err != nil && errors.Is(r.err, breaker.ErrBudget) && ctx.Err() == nil:
-		if overload.Measure(a.gate.spawn, overload.Threshold(budget)) || a.congested(c.brk, replies) {
+		if overload.Measure(a.gate.spawn, overload.Threshold(budget)) || a.congested(c.brk, replies) || a.queued(c.brk, replies, &sent) {
 			a.sawSaturation(ctx, telemetry.SaturatedAbandoned)
 			a.log.saturated()
 			r.err = fmt.Errorf("%w: %v", errSaturated, time.Since(start).Round(time.Millisecond))
@@ -306,7 +313,7 @@ func (a *calls) admit(c call) (done func(error), err error) {
 func (a *calls) acquire(ctx context.Context, c call) reply {
 	cctx, span := a.tel.StartAuthority(ctx, c.want, c.min)
 	start := time.Now()
-	g, err := a.brks.laneFor(c.brk).acquire(cctx, authority.Acquisition{Key: c.rkey, Limit: a.limit, Want: c.want, Min: c.min, Share: c.share})
+	g, err := a.brks.laneFor(c.brk).acquire(cctx, authority.Acquisition{Key: c.rkey, Limit: a.limit, Want: c.want, Min: c.min, Share: c.share}, c.sent)
 	a.tel.EndAuthority(cctx, span, time.Since(start), g.Granted, err)
 	if !breaker.Counts(err) {
 		c.brk.Replied()
@@ -336,6 +343,16 @@ func (a *calls) acquire(ctx context.Context, c call) reply {
 // than connections, or too little CPU to turn them round).
 func (a *calls) congested(brk *breaker.Breaker, replies int64) bool {
 	return brk.Replies()-replies >= int64(a.pool)
+}
+
+// queued reports whether a call begun when brk had counted replies has
+// not left this process yet (see call.sent) while Redis has answered other
+// calls since: it waits in its lane behind batches that Redis is turning
+// round, which is this process's queue (calls on one key go one per batch),
+// not Redis failing. On a hung Redis nothing is answered, and the call is
+// blamed at the budget as before.
+func (a *calls) queued(brk *breaker.Breaker, replies int64, sent *atomic.Int64) bool {
+	return sent.Load() == 0 && brk.Replies() > replies
 }
 
 // sawLate records a delivered call that ended past its budget: abandoned

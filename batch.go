@@ -3,6 +3,7 @@ package leaselimit
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/leaselimit/leaselimit/authority"
@@ -30,6 +31,7 @@ type lane struct {
 type pending struct {
 	a        authority.Acquisition
 	deadline time.Time
+	sent     *atomic.Int64 // if set, stamped when the call's batch is sent
 	done     chan struct{} // closed when a holds the outcome, or when this call leads
 	lead     []*pending    // set before done is closed: the batch this call must send
 }
@@ -51,11 +53,12 @@ func newLane(auth *authority.Redis, pool int, fallback time.Duration) *lane {
 }
 
 // acquire makes call a on the lane, bounded by ctx: alone if a pipeline is
-// free, else in the next batch. A call that leaves on ctx before its batch
+// free, else in the next batch. sent, if not nil, is stamped when a's
+// batch leaves. A call that leaves on ctx before its batch
 // is sent is taken out of it; one whose batch is under way waits for it
 // (bounded by the batch's deadline, the latest of its members').
-func (ln *lane) acquire(ctx context.Context, a authority.Acquisition) (authority.Grant, error) {
-	p := &pending{a: a, done: make(chan struct{})}
+func (ln *lane) acquire(ctx context.Context, a authority.Acquisition, sent *atomic.Int64) (authority.Grant, error) {
+	p := &pending{a: a, sent: sent, done: make(chan struct{})}
 	p.deadline, _ = ctx.Deadline()
 	ln.mu.Lock()
 	if ln.inflight < ln.max {
@@ -134,8 +137,12 @@ func (ln *lane) send(ctx context.Context, batch []*pending) {
 		deadline = time.Now().Add(ln.fallback)
 	}
 	as := make([]*authority.Acquisition, len(batch))
+	now := time.Now().UnixNano()
 	for i, p := range batch {
 		as[i] = &p.a
+		if p.sent != nil {
+			p.sent.Store(now)
+		}
 	}
 	cctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
 	ln.auth.AcquireAll(cctx, as)

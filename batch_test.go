@@ -98,7 +98,7 @@ func TestLaneBatchesWhileInFlight(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	acq := func(key string, n int64) (authority.Grant, error) {
-		return ln.acquire(ctx, authority.Acquisition{Key: auth.Key(l, key), Limit: l, Want: n, Min: n, Share: 1})
+		return ln.acquire(ctx, authority.Acquisition{Key: auth.Key(l, key), Limit: l, Want: n, Min: n, Share: 1}, nil)
 	}
 	first := make(chan error, 1)
 	go func() { _, err := acq("first", 1); first <- err }()
@@ -151,13 +151,13 @@ func TestLaneCallLeavesQueue(t *testing.T) {
 	bg := context.Background()
 	first := make(chan error, 1)
 	go func() {
-		_, err := ln.acquire(bg, authority.Acquisition{Key: auth.Key(l, "a"), Limit: l, Want: 1, Min: 1, Share: 1})
+		_, err := ln.acquire(bg, authority.Acquisition{Key: auth.Key(l, "a"), Limit: l, Want: 1, Min: 1, Share: 1}, nil)
 		first <- err
 	}()
 	waitLane(t, ln, "the first call never took the lane's pipeline", busy)
 	ctx, cancel := context.WithTimeout(bg, 20*time.Millisecond)
 	defer cancel()
-	if _, err := ln.acquire(ctx, authority.Acquisition{Key: auth.Key(l, "b"), Limit: l, Want: 1, Min: 1, Share: 1}); err != context.DeadlineExceeded {
+	if _, err := ln.acquire(ctx, authority.Acquisition{Key: auth.Key(l, "b"), Limit: l, Want: 1, Min: 1, Share: 1}, nil); err != context.DeadlineExceeded {
 		t.Errorf("queued call past its deadline: %v; want context.DeadlineExceeded", err)
 	}
 	ln.mu.Lock()
@@ -212,7 +212,7 @@ func BenchmarkLane(b *testing.B) {
 	b.Run("lane", func(b *testing.B) {
 		ln := newLane(auth, poolSize(c), time.Second)
 		run(b, func(a authority.Acquisition) error {
-			_, err := ln.acquire(ctx, a)
+			_, err := ln.acquire(ctx, a, nil)
 			return err
 		})
 	})
@@ -227,7 +227,7 @@ func TestLaneOneCallPerKey(t *testing.T) {
 	l := policy.PerSecond(10)
 	ctx := context.Background()
 	acq := func(key string) error {
-		_, err := ln.acquire(ctx, authority.Acquisition{Key: auth.Key(l, key), Limit: l, Want: 1, Min: 1, Share: 1})
+		_, err := ln.acquire(ctx, authority.Acquisition{Key: auth.Key(l, key), Limit: l, Want: 1, Min: 1, Share: 1}, nil)
 		return err
 	}
 	first := make(chan error, 1)

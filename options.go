@@ -68,9 +68,11 @@ func defaultConfig() config {
 //
 // A call unanswered at the budget is blamed on Redis only if this process is
 // keeping up. When the process itself is behind (its goroutines wait an
-// eighth of the budget or more to run, or Redis has answered a whole
-// connection pool's worth of other calls meanwhile), the reply may have
-// arrived and not been read yet: the decision keeps waiting, up to 5× the
+// eighth of the budget or more to run, Redis has answered a whole
+// connection pool's worth of other calls meanwhile, or the call is still
+// queued in this process behind batches Redis is answering), the reply may
+// have arrived and not been read yet, or the call not been sent: the
+// decision keeps waiting, up to 5× the
 // budget in all, and a call abandoned then is decided by the failure policy
 // with reason "saturated" without counting against the breaker.
 func WithTimeout(d time.Duration) Option {
