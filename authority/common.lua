@@ -41,27 +41,31 @@ local function now_us()
   return tonumber(clock[1]) * 1000000 + tonumber(clock[2])
 end
 
--- int_str formats an integer below 2^53 without an exponent.
+-- int_str formats an integer below 2^53 without an exponent (%d: Redis's
+-- Lua converts to a 64-bit integer, exact below 2^53, and formats it at half
+-- the cost of %.0f).
 local function int_str(v)
-  return string.format('%.0f', v)
+  return string.format('%d', v)
 end
 
--- load reads the bucket at key: nil for a missing (full) bucket, else
--- {w, f, t, rid, tail}, tail being the grant part (" <id> <granted> <remaining> <reset>" or "").
+-- load reads the bucket at key: found false for a missing (full) bucket,
+-- else found true and w, f, t, rid, tail, tail being the grant part
+-- (" <id> <granted> <remaining> <reset>" or ""). The fields come back as
+-- values, not a table: this runs once per decision.
 local function load(key)
   local v, err = call('GET', key)
-  if err then return nil, err end
-  if not v then return nil end
+  if err then return false, err end
+  if not v then return false end
   local w, f, t, rid, tail = string.match(v, '^(%d+) (%d+) (%d+) (%S+)(.*)$')
   if not w then
-    return nil, redis.error_reply('ERR leaselimit: bucket ' .. key .. ' holds an unknown value')
+    return false, redis.error_reply('ERR leaselimit: bucket ' .. key .. ' holds an unknown value')
   end
-  return {w = tonumber(w), f = tonumber(f), t = tonumber(t), rid = rid, tail = tail}
+  return true, nil, tonumber(w), tonumber(f), tonumber(t), rid, tail
 end
 
 -- store writes the bucket at key with a TTL of ttl_ms, in one command.
 local function store(key, w, f, t, rid, tail, ttl_ms)
-  local v = string.format('%.0f %.0f %.0f %s%s', w, f, t, rid, tail)
+  local v = string.format('%d %d %d %s%s', w, f, t, rid, tail)
   local _, err = call('SET', key, v, 'PX', int_str(ttl_ms))
   return err
 end

@@ -19,16 +19,16 @@ if id ~= nil and (not valid_id(id) or id == '-') then
   return redis.error_reply('ERR leaselimit: invalid refund arguments')
 end
 
-local b, err = load(KEYS[1])
+local found, err, w0, f0, t0, rid, tail = load(KEYS[1])
 if err then return err end
-if not b then
+if not found then
   return {burst, 0}
 end
 local now
 now, err = now_us()
 if err then return err end
-local w, f, last = refill(b.w, b.f, b.t, now, r, p, burst)
-if id ~= nil and b.rid == id then
+local w, f, last = refill(w0, f0, t0, now, r, p, burst)
+if id ~= nil and rid == id then
   -- Applied already: report the bucket, change nothing.
   local reset = 0
   if w < burst then reset = until_tokens(burst - w, f, r, p) end
@@ -45,6 +45,6 @@ end
 local reset = until_tokens(burst - w, f, r, p)
 -- The tail (the last grant's request id and reply) is kept: a resent
 -- acquire must still find it.
-err = store(KEYS[1], w, f, last, id or b.rid, b.tail, ttl_ms(reset))
+err = store(KEYS[1], w, f, last, id or rid, tail, ttl_ms(reset))
 if err then return err end
 return {w, reset}

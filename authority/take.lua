@@ -15,16 +15,16 @@ local function take(key, base, now)
     return nil, redis.error_reply('ERR leaselimit: invalid acquire arguments')
   end
 
-  local b, err = load(key)
+  local found, err, bw, bf, bt, rid, btail = load(key)
   if err then return nil, err end
   -- A replay only when the tail starts with this call's id (compared
   -- before any pattern is matched: almost every call is new).
-  if b and id ~= nil and string.sub(b.tail, 2, #id + 1) == id then
-    local rid, g, rem, t = string.match(b.tail, '^ (%S+) (%d+) (%d+) (%d+)$')
-    if rid == id then return {tonumber(g), tonumber(rem), 0, tonumber(t)} end
+  if found and id ~= nil and string.sub(btail, 2, #id + 1) == id then
+    local tid, g, rem, t = string.match(btail, '^ (%S+) (%d+) (%d+) (%d+)$')
+    if tid == id then return {tonumber(g), tonumber(rem), 0, tonumber(t)} end
   end
   local w, f, last = burst, 0, now
-  if b then w, f, last = b.w, b.f, b.t end
+  if found then w, f, last = bw, bf, bt end
   w, f, last = refill(w, f, last, now, r, p, burst)
 
   local granted = 0
@@ -41,10 +41,9 @@ local function take(key, base, now)
   if granted > 0 then
     local tail = ''
     if id ~= nil then
-      tail = string.format(' %s %.0f %.0f %.0f', id, granted, w, reset)
+      tail = string.format(' %s %d %d %d', id, granted, w, reset)
     end
-    local rid = '-'
-    if b then rid = b.rid end
+    if not found then rid = '-' end
     err = store(key, w, f, last, rid, tail, ttl_ms(reset))
     if err then return nil, err end
   end
