@@ -157,7 +157,7 @@ func (a detached) authorize(ctx context.Context, c call) reply {
 		}
 		if r.err == nil && c.refill == nil {
 			// The caller left before the grant arrived: give it back.
-			a.refunds.add(c.rkey, r.grant.Granted)
+			a.refunds.add(c.rkey, a.limit, r.grant.Granted)
 		}
 	}()
 	// settle ends the wait with what the waiter decided, unless the call
@@ -331,7 +331,7 @@ func (a *calls) acquire(ctx context.Context, c call) reply {
 	if c.refill != nil {
 		var back int64
 		r.outcome, back = a.leases.Complete(*c.refill, g, a.clock.now())
-		a.refunds.add(c.rkey, back)
+		a.refunds.add(c.rkey, a.limit, back)
 	}
 	return r
 }

@@ -34,21 +34,15 @@ import (
 // errors. A Limiter is safe for concurrent use; Close it to refund leased
 // tokens and stop its background goroutine.
 type Limiter struct {
-	limit policy.Limit
-	cfg   config
-	clock localClock
-	gate  gate // Close waits for every call and goroutine it admitted
-	tel   *telemetry.Recorder
-	log   *logger // nil without WithLogger
+	*engine // shared with every Limiter of the same New (see For)
 
-	auth    *authority.Redis   // the bucket scripts and key names
-	brks    *breakers          // one per node
-	leases  *lease.Leases      // the local decision protocol and state
-	refunds *refundQueue       // unused tokens on their way back
+	limit   policy.Limit
+	invalid error // set by For for an invalid limit: every call returns it
+	tel     *telemetry.Recorder
+	log     *logger            // nil without WithLogger
+	leases  *lease.Leases      // this limit's local decision protocol and state
 	calls   authorizer         // budgeted authority calls
-	janitor *janitor           // expiry, eviction and refunds in the background
 	sf      singleflight.Group // one refill per key at a time (refill.go)
-	slots   chan struct{}      // one per background refill in flight (refill.go)
 }
 
 // New returns a Limiter that enforces limit per key on client, which may be
@@ -57,7 +51,8 @@ type Limiter struct {
 // Redis is down; decisions follow the failure policy until Redis answers.
 //
 // The Limiter starts one background goroutine (lease expiry, refunds and
-// idle-key eviction); Close stops it.
+// idle-key eviction); Close stops it. For returns Limiters for other limits
+// that share it (see For).
 func New(client redis.UniversalClient, limit policy.Limit, opts ...Option) (*Limiter, error) {
 	if client == nil {
 		return nil, errors.New("leaselimit: nil redis client")
@@ -81,7 +76,7 @@ func New(client redis.UniversalClient, limit policy.Limit, opts ...Option) (*Lim
 	if err != nil {
 		return nil, fmt.Errorf("leaselimit: %w", err)
 	}
-	tel, err := telemetry.New(telemetry.Config{
+	meters, err := telemetry.New(telemetry.Config{
 		TracerProvider: cfg.tracerProvider,
 		MeterProvider:  cfg.meterProvider,
 		LimitName:      limit.Name,
@@ -93,42 +88,26 @@ func New(client redis.UniversalClient, limit policy.Limit, opts ...Option) (*Lim
 		return nil, fmt.Errorf("leaselimit: telemetry: %w", err)
 	}
 	// Each part is built once what it needs exists, and handed it.
-	l := &Limiter{
-		limit:  limit,
+	e := &engine{
 		cfg:    cfg,
 		clock:  newLocalClock(cfg.clock),
-		tel:    tel,
-		log:    newLogger(cfg.logger, limit.Name),
+		client: client,
 		auth:   auth,
-		leases: lease.New(limit, cfg.lease, cfg.maxKeys, cfg.fleetSize),
+		table:  lease.NewTable(cfg.maxKeys, cfg.lease),
 		slots:  make(chan struct{}, prefetchSlots(poolSize(client))),
+		meters: meters,
 	}
-	l.brks = newBreakers(client, "leaselimit:"+limit.Name, l.breakerSettings(), &l.gate, auth, cfg.timeout)
+	e.brks = newBreakers(client, "leaselimit:"+limit.Name, e.breakerSettings(), &e.gate, auth, cfg.timeout)
 	// A metric reader may collect at once: the gauges read the breakers
 	// and the key table, which exist from here on.
-	if err := tel.Observe(l.brks.worst, func() int64 { return int64(l.leases.Len()) }); err != nil {
+	if err := meters.Observe(e.brks.worst, func() int64 { return int64(e.table.Len()) }); err != nil {
 		return nil, fmt.Errorf("leaselimit: telemetry: %w", err)
 	}
-	l.refunds = newRefundQueue(auth, limit, l.brks, tel, cfg.timeout, l.clock)
-	l.calls = newAuthorizer(client, &calls{auth: auth, limit: limit, budget: cfg.timeout, pool: poolSize(client),
-		brks: l.brks, leases: l.leases, refunds: l.refunds, gate: &l.gate, clock: l.clock, tel: tel, log: l.log})
-	l.janitor = startJanitor(l.leases, l.refunds, l.brks, l.log, l.clock, cfg.lease.TTL)
-	return l, nil
-}
-
-// breakerSettings are the configured breaker settings on the Limiter's
-// clock, with transitions counted.
-func (l *Limiter) breakerSettings() breaker.Settings {
-	s := l.cfg.breaker
-	s.Now = l.cfg.clock.Now // one clock for retry-afters (WithClock)
-	user := s.OnStateChange
-	s.OnStateChange = func(from, to breaker.State) {
-		l.tel.CountTransition(to)
-		if user != nil {
-			user(from, to)
-		}
-	}
-	return s
+	e.refunds = newRefundQueue(auth, e.brks, meters, cfg.timeout, e.clock)
+	e.root = e.newLimiter(limit)
+	e.limits.Store(&map[policy.Limit]*Limiter{limit: e.root})
+	e.janitor = startJanitor(e.table, e.refunds, e.brks, e.root.log, e.clock, cfg.lease.TTL)
+	return e.root, nil
 }
 
 // Limit returns the limit the Limiter enforces.
@@ -136,11 +115,13 @@ func (l *Limiter) Limit() policy.Limit { return l.limit }
 
 // BreakerState returns the state of the circuit breaker around Redis calls.
 // On a Redis Cluster, each master node has its own breaker; this is the most
-// severe of their states.
+// severe of their states. The breakers are the engine's: every Limiter of
+// one New reports the same state.
 func (l *Limiter) BreakerState() breaker.State { return l.brks.worst() }
 
-// LocalKeys returns how many keys the Limiter holds local state for.
-func (l *Limiter) LocalKeys() int { return l.leases.Len() }
+// LocalKeys returns how many keys the engine holds local state for, over
+// every limit of one New (the table that WithMaxKeys bounds).
+func (l *Limiter) LocalKeys() int { return l.table.Len() }
 
 // Allow is shorthand for AllowN(ctx, key, 1).
 func (l *Limiter) Allow(ctx context.Context, key string) (Decision, error) {
@@ -208,8 +189,8 @@ func (l *Limiter) route(key string) (brk *breaker.Breaker, rkey string) {
 // allowN is one decision: validated, then made by the lease protocol (or,
 // in exact mode, by Redis), asking Redis when the protocol says so.
 func (l *Limiter) allowN(ctx context.Context, key string, n int64) (Decision, error) {
-	if l.gate.isClosed() {
-		return Decision{Source: SourceNone}, ErrClosed
+	if err := l.usable(); err != nil {
+		return Decision{Source: SourceNone}, err
 	}
 	// While a Redis reply is overdue because this process is behind, each
 	// decision gives up the processor once, so that callers which never
@@ -234,12 +215,32 @@ func (l *Limiter) allowN(ctx context.Context, key string, n int64) (Decision, er
 	return l.miss(ctx, key, n, a)
 }
 
+// usable returns the error every call of l returns before it does
+// anything: the invalid limit For was given, or ErrClosed.
+func (l *Limiter) usable() error {
+	if l.invalid != nil {
+		return l.invalid
+	}
+	if l.gate.isClosed() {
+		return ErrClosed
+	}
+	return nil
+}
+
 func (l *Limiter) check(key string, n int64) error {
-	if len(key) == 0 || len(key) > MaxKeyLen {
-		return fmt.Errorf("%w: length %d, want 1 to %d bytes", ErrInvalidKey, len(key), MaxKeyLen)
+	if err := checkKey(key); err != nil {
+		return err
 	}
 	if n < 1 || n > l.limit.Burst {
 		return fmt.Errorf("%w: n = %d, want 1 <= n <= burst %d", ErrInvalidCost, n, l.limit.Burst)
+	}
+	return nil
+}
+
+// checkKey returns ErrInvalidKey for a key outside 1 to MaxKeyLen bytes.
+func checkKey(key string) error {
+	if len(key) == 0 || len(key) > MaxKeyLen {
+		return fmt.Errorf("%w: length %d, want 1 to %d bytes", ErrInvalidKey, len(key), MaxKeyLen)
 	}
 	return nil
 }
@@ -294,18 +295,28 @@ func (l *Limiter) WaitN(ctx context.Context, key string, n int64) (err error) {
 	}
 }
 
+// errCloseFor is Close's error on a Limiter from For.
+var errCloseFor = errors.New("leaselimit: Close on a Limiter from For does nothing: close the Limiter from New, which closes every Limiter of its engine")
+
 // Close refunds the unused leased tokens, waits for Redis calls in flight
 // (at most the client's read timeout on a hung Redis) and stops the
 // background goroutine. Later calls return ErrClosed. The error is that of
 // the final refund: tokens it could not return stay debited until their
 // bucket refills, which never over-admits.
+//
+// Close on the Limiter from New closes every Limiter that For made from it
+// (they share one engine). Close on a Limiter from For does nothing and
+// returns an error that says so.
 func (l *Limiter) Close() error {
+	if l != l.root {
+		return errCloseFor
+	}
 	if !l.gate.close() {
 		return ErrClosed
 	}
-	defer l.tel.Close()
+	defer l.meters.Close()
 	l.janitor.halt()
 	l.gate.wait()
-	l.refunds.addReturns(l.leases.Drain()...)
+	l.refunds.addReturns(l.table.Drain()...)
 	return l.refunds.final()
 }

@@ -6,10 +6,11 @@ import (
 	"github.com/leaselimit/leaselimit/lease"
 )
 
-// janitor is a Limiter's one background goroutine: it expires leases,
-// forgets idle keys, sends refunds in batches and logs breaker changes.
+// janitor is an engine's one background goroutine: it expires leases,
+// forgets idle keys (of every limit), sends refunds in batches and logs
+// breaker changes.
 type janitor struct {
-	leases  *lease.Leases
+	table   *lease.Table
 	refunds *refundQueue
 	brks    *breakers
 	log     *logger
@@ -21,8 +22,8 @@ type janitor struct {
 
 // startJanitor starts the janitor; it runs every quarter of the lease TTL,
 // between 5ms and 250ms.
-func startJanitor(leases *lease.Leases, refunds *refundQueue, brks *breakers, log *logger, clock localClock, ttl time.Duration) *janitor {
-	j := &janitor{leases: leases, refunds: refunds, brks: brks, log: log, clock: clock,
+func startJanitor(table *lease.Table, refunds *refundQueue, brks *breakers, log *logger, clock localClock, ttl time.Duration) *janitor {
+	j := &janitor{table: table, refunds: refunds, brks: brks, log: log, clock: clock,
 		every: min(max(ttl/4, 5*time.Millisecond), 250*time.Millisecond),
 		stop:  make(chan struct{}), done: make(chan struct{})}
 	go j.run()
@@ -40,7 +41,7 @@ func (j *janitor) run() {
 		case <-t.C:
 		}
 		j.log.breakerState(j.brks.worst())
-		j.refunds.addReturns(j.leases.Sweep(j.clock.now())...)
+		j.refunds.addReturns(j.table.Sweep(j.clock.now())...)
 		j.refunds.flush()
 	}
 }

@@ -33,45 +33,55 @@ type floodResult struct {
 	slowest  time.Duration // the slowest single call
 }
 
+// tightLoops starts n goroutines, each calling call(w, i) for i = 0, 1, …
+// in a tight loop (no yield, no sleep: what a request flood does) until
+// call returns false or stop is called; stop waits for them.
+func tightLoops(n int, call func(w, i int) bool) (stop func()) {
+	var wg sync.WaitGroup
+	var stopped atomic.Bool
+	for w := 0; w < n; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; !stopped.Load() && call(w, i); i++ {
+			}
+		}()
+	}
+	return func() {
+		stopped.Store(true)
+		wg.Wait()
+	}
+}
+
 // flood runs workers goroutines per Limiter in lims, each calling Allow in a
-// tight loop (no yield, no sleep: what a request flood does) for d. Worker
-// w (numbered across all Limiters) asks for key(w, i) on its i-th call.
+// tight loop for d. Worker w (numbered across all Limiters) asks for
+// key(w, i) on its i-th call.
 func flood(t *testing.T, lims []*leaselimit.Limiter, workers int, d time.Duration, key func(w, i int) string) floodResult {
 	t.Helper()
-	var wg sync.WaitGroup
 	var srcs [4]atomic.Int64
 	var ok, no, slowest atomic.Int64
-	var stop atomic.Bool
 	ctx := context.Background()
 	start := time.Now()
-	for li, lim := range lims {
-		for w := li * workers; w < (li+1)*workers; w++ {
-			wg.Add(1)
-			go func(lim *leaselimit.Limiter, w int) {
-				defer wg.Done()
-				for i := 0; !stop.Load(); i++ {
-					t0 := time.Now()
-					dec, err := lim.Allow(ctx, key(w, i))
-					if el := int64(time.Since(t0)); el > slowest.Load() {
-						storeMax(&slowest, el)
-					}
-					if err != nil {
-						t.Error(err)
-						return
-					}
-					srcs[dec.Source].Add(1)
-					if dec.Allowed {
-						ok.Add(1)
-					} else {
-						no.Add(1)
-					}
-				}
-			}(lim, w)
+	stop := tightLoops(len(lims)*workers, func(w, i int) bool {
+		t0 := time.Now()
+		dec, err := lims[w/workers].Allow(ctx, key(w, i))
+		if el := int64(time.Since(t0)); el > slowest.Load() {
+			storeMax(&slowest, el)
 		}
-	}
+		if err != nil {
+			t.Error(err)
+			return false
+		}
+		srcs[dec.Source].Add(1)
+		if dec.Allowed {
+			ok.Add(1)
+		} else {
+			no.Add(1)
+		}
+		return true
+	})
 	time.Sleep(d)
-	stop.Store(true)
-	wg.Wait()
+	stop()
 	r := floodResult{admitted: ok.Load(), denied: no.Load(), elapsed: time.Since(start), slowest: time.Duration(slowest.Load())}
 	for i := range srcs {
 		r.bySource[i] = srcs[i].Load()

@@ -25,7 +25,6 @@ const maxQueuedRefunds = 100_000
 // counters (ratelimit.lease.refunds and …refunds.dropped).
 type refundQueue struct {
 	auth   *authority.Redis
-	limit  policy.Limit
 	brks   *breakers
 	tel    *telemetry.Recorder
 	budget time.Duration
@@ -36,19 +35,20 @@ type refundQueue struct {
 	max   int // maxQueuedRefunds; tests lower it
 }
 
-func newRefundQueue(auth *authority.Redis, limit policy.Limit, brks *breakers, tel *telemetry.Recorder, budget time.Duration, clock localClock) *refundQueue {
-	return &refundQueue{auth: auth, limit: limit, brks: brks, tel: tel, budget: budget, clock: clock, max: maxQueuedRefunds}
+func newRefundQueue(auth *authority.Redis, brks *breakers, tel *telemetry.Recorder, budget time.Duration, clock localClock) *refundQueue {
+	return &refundQueue{auth: auth, brks: brks, tel: tel, budget: budget, clock: clock, max: maxQueuedRefunds}
 }
 
-// add queues n unused tokens of the bucket at rkey.
-func (q *refundQueue) add(rkey string, n int64) {
+// add queues n unused tokens of the bucket of limit at rkey.
+func (q *refundQueue) add(rkey string, limit policy.Limit, n int64) {
 	if n <= 0 {
 		return
 	}
-	q.put([]authority.Refund{{Key: rkey, Limit: q.limit, Tokens: n}})
+	q.put([]authority.Refund{{Key: rkey, Limit: limit, Tokens: n}})
 }
 
-// addReturns queues tokens the lease protocol gave back, by user key.
+// addReturns queues tokens the lease protocol gave back, by limit and user
+// key.
 func (q *refundQueue) addReturns(rs ...lease.Return) {
 	for _, r := range rs {
 		q.addReturn(&r)
@@ -58,7 +58,7 @@ func (q *refundQueue) addReturns(rs ...lease.Return) {
 // addReturn queues r, if any (an Answer's Evicted).
 func (q *refundQueue) addReturn(r *lease.Return) {
 	if r != nil && r.Tokens > 0 {
-		q.add(q.auth.Key(q.limit, r.Key), r.Tokens)
+		q.add(q.auth.Key(r.Limit, r.Key), r.Limit, r.Tokens)
 	}
 }
 

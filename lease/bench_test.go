@@ -30,13 +30,13 @@ func BenchmarkTableGet(b *testing.B) {
 	keys := make([]string, 10000)
 	for i := range keys {
 		keys[i] = "user-" + strconv.Itoa(i)
-		tab.GetOrCreate(keys[i], 1*s)
+		tab.GetOrCreate(nil, keys[i], 1*s)
 	}
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {
 		i := 0
 		for pb.Next() {
-			if tab.Get(keys[i%len(keys)]) == nil {
+			if tab.Get(nil, keys[i%len(keys)]) == nil {
 				b.Error("missing key")
 				return
 			}
@@ -48,12 +48,12 @@ func BenchmarkTableGet(b *testing.B) {
 func BenchmarkTableGetTake(b *testing.B) {
 	z := makeSizer(policy.PerSecond(1000), policy.Lease{})
 	tab := newTable(1000)
-	e, _ := tab.GetOrCreate("hot", 1*s)
+	e, _ := tab.GetOrCreate(nil, "hot", 1*s)
 	z.Install(e, request{Want: 1, Min: 1}, Outcome{Granted: math.MaxInt64 / 2}, 1*s)
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
-			if ok, _ := tab.Get("hot").Take(1, 1*s); !ok {
+			if ok, _ := tab.Get(nil, "hot").Take(1, 1*s); !ok {
 				b.Error("Take failed")
 				return
 			}

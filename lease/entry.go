@@ -9,7 +9,8 @@ import (
 // entry is the local state of one key. The fast path (Take, Denied) uses only
 // atomics; refills and expiry serialise on the entry's mutex.
 type entry struct {
-	key string
+	owner *Leases // the protocol of the entry's limit
+	key   string
 
 	tokens    atomic.Int64                // leased tokens not yet spent
 	reserved  atomic.Int64                // tokens the last refill set aside for the callers that waited on it

@@ -833,12 +833,12 @@ func TestInstallAfterEviction(t *testing.T) {
 		t1 = t0 + 20*ms
 		t2 = t0 + 40*ms
 	)
-	a, _ := tab.GetOrCreate("a", t0)
+	a, _ := tab.GetOrCreate(nil, "a", t0)
 	a.AddPending(1)
 	req := plan(t, z, a, t0)
 
 	b := keyInShardOf(t, tab, "a", "b")
-	if _, ev := tab.GetOrCreate(b, t1); ev != a {
+	if _, ev := tab.GetOrCreate(nil, b, t1); ev != a {
 		t.Fatalf("GetOrCreate(%q) evicted %v; want entry a", b, ev)
 	}
 	if !a.removed.Load() {

@@ -7,12 +7,12 @@ import (
 	"github.com/leaselimit/leaselimit/policy"
 )
 
-// Leases is the local decision protocol of one Limiter and all of its local
-// state: a bounded table of keys, each with a lease of tokens already
-// debited from the authority's bucket, a negative cache and a FailLocal
-// bucket. It does no I/O and reads no clock: every call takes now, and
-// what the authority must be asked comes back as a Refill for the caller to
-// perform.
+// Leases is the local decision protocol of one limit and its local state:
+// the keys of a Table (shared by every limit of one engine) that are under
+// this limit, each with a lease of tokens already debited from the
+// authority's bucket, a negative cache and a FailLocal bucket. It does no
+// I/O and reads no clock: every call takes now, and what the authority must
+// be asked comes back as a Refill for the caller to perform.
 //
 // One decision for n tokens of a key:
 //
@@ -38,7 +38,6 @@ type Leases struct {
 	local    policy.Limit // FailLocal's per-instance share of limit
 	sizer    sizer
 	maxShare float64 // a refill takes at most this share of the bucket
-	idle     int64   // an unused key is forgotten after this long
 	// Every lease hit reads the fields above; the memory allocator may put
 	// an entry, written on every hit, right after this struct, sharing its
 	// last cache line (measured: +16% on a hot key). The pad keeps them
@@ -46,24 +45,23 @@ type Leases struct {
 	_ [64]byte
 }
 
-// New returns the protocol for limit with lease settings s (defaults
-// applied), at most about maxKeys keys, and FailLocal shares for a fleet of
-// fleetSize instances. limit and s must be valid.
-func New(limit policy.Limit, s policy.Lease, maxKeys, fleetSize int) *Leases {
+// New returns the protocol for limit in table t, with lease settings s
+// (defaults applied) and FailLocal shares for a fleet of fleetSize
+// instances. limit and s must be valid. Each limit of an engine has one
+// Leases: its keys are its own, apart from those of other limits in t.
+func New(t *Table, limit policy.Limit, s policy.Lease, fleetSize int) *Leases {
 	s = s.WithDefaults()
-	ls := &Leases{
+	return &Leases{
 		limit:    limit,
 		local:    Share(limit, fleetSize),
 		sizer:    makeSizer(limit, s),
-		table:    newTable(maxKeys),
+		table:    t.t,
 		maxShare: s.MaxShare,
-		idle:     int64(s.IdleTTL),
 	}
-	// A FailLocal bucket is kept until it has refilled, so an idle key does
-	// not get a fresh burst in the middle of an outage.
-	ls.table.keep = ls.holdsFallback
-	return ls
 }
+
+// Limit returns the limit the protocol decides for.
+func (ls *Leases) Limit() policy.Limit { return ls.limit }
 
 // Status says what an Answer decided, or what the caller must do next.
 type Status uint8
@@ -113,7 +111,8 @@ func (t Ticket) Key() string { return t.e.key }
 
 // Return is unused tokens of a key's lease, to give back to its bucket.
 type Return struct {
-	Key    string // user key
+	Limit  policy.Limit // the limit of the lease's bucket
+	Key    string       // user key
 	Tokens int64
 }
 
@@ -136,7 +135,7 @@ const maxTries = 4
 // lease, denied by the negative cache, or a Miss to be refilled. It never
 // blocks; a lease hit does not allocate.
 func (ls *Leases) Decide(key string, n, now int64) Answer {
-	e := ls.table.Get(key)
+	e := ls.table.Get(ls, key)
 	if e != nil {
 		if ok, left := e.Take(n, now); ok {
 			a := Answer{Status: Leased, Remaining: ls.remaining(e, left)}
@@ -238,7 +237,7 @@ func (ls *Leases) Prefetched(t Ticket) { t.e.PrefetchDone() }
 // the authority: while the authority is unavailable, leases keep serving
 // until they expire.
 func (ls *Leases) Held(key string, n, now int64) (Answer, bool) {
-	e := ls.table.Get(key)
+	e := ls.table.Get(ls, key)
 	if e == nil {
 		return Answer{}, false
 	}
@@ -275,34 +274,33 @@ func (ls *Leases) LocalShare() policy.Limit { return ls.local }
 // what the authority last said plus the lease, or a full bucket for a key
 // it has not been asked about.
 func (ls *Leases) LastKnown(key string) int64 {
-	if e := ls.table.Get(key); e != nil && e.Remote() > 0 {
+	if e := ls.table.Get(ls, key); e != nil && e.Remote() > 0 {
 		return min(e.Remote()+e.Tokens(), ls.limit.Burst)
 	}
 	return ls.limit.Burst
 }
 
-// Sweep expires leases and forgets keys idle since before now-IdleTTL,
-// returning the tokens to give back.
-func (ls *Leases) Sweep(now int64) []Return {
-	var out []Return
-	ls.table.Sweep(now, ls.idle, func(e *entry, n int64) {
-		out = append(out, Return{Key: e.key, Tokens: n})
-	})
-	return out
+// Holding returns the tokens this instance holds for key at now: its live
+// lease and the tokens set aside for callers waiting on a refill. They are
+// debited from the bucket already, so a reader of the bucket counts them as
+// available.
+func (ls *Leases) Holding(key string, now int64) int64 {
+	e := ls.table.Get(ls, key)
+	if e == nil || now >= e.expires.Load() {
+		return 0
+	}
+	return max(e.Tokens(), 0) + e.Reserved()
 }
 
-// Drain forgets every key and returns the tokens of every lease (for
-// Close).
-func (ls *Leases) Drain() []Return {
-	var out []Return
-	ls.table.Drain(func(e *entry, n int64) {
-		out = append(out, Return{Key: e.key, Tokens: n})
-	})
-	return out
+// Forget drops key's local state at once: its lease (the tokens are not
+// returned: the bucket they came from is gone), its negative cache and its
+// FailLocal bucket. A refill in flight for key installs into nothing and
+// returns its tokens, as for an evicted key.
+func (ls *Leases) Forget(key string) {
+	if e := ls.table.Remove(ls, key); e != nil {
+		e.Drain()
+	}
 }
-
-// Len returns how many keys have local state.
-func (ls *Leases) Len() int { return ls.table.Len() }
 
 // remaining is a lease decision's Remaining: what the bucket held at the
 // last grant plus what this instance holds, at most a burst.
@@ -313,11 +311,11 @@ func (ls *Leases) remaining(e *entry, left int64) int64 {
 // getOrCreate returns key's entry, and the tokens of an entry evicted to
 // make room.
 func (ls *Leases) getOrCreate(key string, now int64) (*entry, Return) {
-	e, ev := ls.table.GetOrCreate(key, now)
+	e, ev := ls.table.GetOrCreate(ls, key, now)
 	if ev == nil {
 		return e, Return{}
 	}
-	return e, Return{Key: ev.key, Tokens: ev.Drain()}
+	return e, ev.back(ev.Drain())
 }
 
 // holdsFallback reports whether e's FailLocal bucket has not refilled by

@@ -13,7 +13,12 @@ func newLeases(limit policy.Limit, maxKeys, fleet int) *Leases {
 	if err := limit.Validate(); err != nil {
 		panic(err)
 	}
-	return New(limit, policy.Lease{}, maxKeys, fleet)
+	return New(NewTable(maxKeys, policy.Lease{}), limit, policy.Lease{}, fleet)
+}
+
+// tableOf returns the Table that ls's keys live in.
+func tableOf(ls *Leases) *Table {
+	return &Table{t: ls.table, idle: int64(policy.Lease{}.WithDefaults().IdleTTL)}
 }
 
 // refill plays the one caller that performs t's refill against an
@@ -74,7 +79,7 @@ func TestProtocolMissGrantLease(t *testing.T) {
 	}
 
 	now = warm(t, ls, "w", now)
-	e := ls.table.Get("w")
+	e := ls.table.Get(ls, "w")
 	held := e.Tokens()
 	for i := int64(0); i < held; i++ {
 		a := ls.Decide("w", 1, now)
@@ -175,7 +180,7 @@ func TestProtocolExactAfterLostRefills(t *testing.T) {
 func TestProtocolEvictionReturns(t *testing.T) {
 	ls := newLeases(policy.PerSecond(100_000), 1, 1) // one key per shard
 	now := warm(t, ls, "a", int64(s))
-	a := ls.table.Get("a")
+	a := ls.table.Get(ls, "a")
 	held := a.Tokens() + a.Reserved()
 	// Find a key in a's shard: inserting it must evict a.
 	var b string
@@ -210,7 +215,7 @@ func TestProtocolHeldAndLastKnown(t *testing.T) {
 		t.Errorf("LastKnown of an unknown key = %d; want the burst %d", got, l.Burst)
 	}
 	now = warm(t, ls, "k", now)
-	e := ls.table.Get("k")
+	e := ls.table.Get(ls, "k")
 	// The authority last said the bucket held 40.
 	e.remote.Store(40)
 	left := e.Tokens() - 2
@@ -247,13 +252,13 @@ func TestProtocolLocalShareKept(t *testing.T) {
 		t.Errorf("AllowLocal above the share's burst: RetryAfter %v; want Never", b.RetryAfter)
 	}
 	idle := now + int64(policy.DefaultLease().IdleTTL) + s
-	ls.Sweep(idle)
-	if ls.Len() != 1 {
+	tableOf(ls).Sweep(idle)
+	if tableOf(ls).Len() != 1 {
 		t.Fatalf("Sweep forgot a key whose FailLocal bucket is still refilling")
 	}
-	ls.Sweep(idle + int64(2*time.Minute))
-	if ls.Len() != 0 {
-		t.Errorf("Sweep kept an idle key whose FailLocal bucket has refilled: %d keys", ls.Len())
+	tableOf(ls).Sweep(idle + int64(2*time.Minute))
+	if tableOf(ls).Len() != 0 {
+		t.Errorf("Sweep kept an idle key whose FailLocal bucket has refilled: %d keys", tableOf(ls).Len())
 	}
 }
 
@@ -265,22 +270,22 @@ func TestProtocolSweepAndDrainReturn(t *testing.T) {
 	want := map[string]int64{}
 	for _, k := range []string{"a", "b"} {
 		now = warm(t, ls, k, now)
-		e := ls.table.Get(k)
+		e := ls.table.Get(ls, k)
 		want[k] = e.Tokens() + e.Reserved()
 	}
 	expired := now + int64(policy.DefaultLease().TTL)
 	got := map[string]int64{}
-	for _, r := range ls.Sweep(expired) {
+	for _, r := range tableOf(ls).Sweep(expired) {
 		got[r.Key] += r.Tokens
 	}
 	if got["a"] != want["a"] || got["b"] != want["b"] || len(got) != 2 {
 		t.Errorf("Sweep after the TTL returned %v; want %v", got, want)
 	}
-	if rs := ls.Drain(); len(rs) != 0 {
+	if rs := tableOf(ls).Drain(); len(rs) != 0 {
 		t.Errorf("Drain after the leases were returned = %v; want nothing", rs)
 	}
-	if ls.Len() != 0 {
-		t.Errorf("Len after Drain = %d", ls.Len())
+	if tableOf(ls).Len() != 0 {
+		t.Errorf("Len after Drain = %d", tableOf(ls).Len())
 	}
 }
 
@@ -289,7 +294,7 @@ func TestProtocolSweepAndDrainReturn(t *testing.T) {
 func TestProtocolPrefetchClaim(t *testing.T) {
 	ls := newLeases(policy.PerSecond(1_000_000), 1000, 1)
 	now := warm(t, ls, "k", int64(s))
-	e := ls.table.Get("k")
+	e := ls.table.Get(ls, "k")
 	claims := 0
 	var tk Ticket
 	for i := 0; i < 10_000 && claims < 2; i++ {

@@ -102,8 +102,8 @@ func over(z sizer, e *entry) *Leases {
 		return ls.(*Leases)
 	}
 	ls := &Leases{table: newTable(minCapacity), limit: z.limit, local: z.limit, sizer: z,
-		maxShare: z.settings.MaxShare, idle: int64(z.settings.IdleTTL)}
-	ls.table.shard(e.key).m[e.key] = e
+		maxShare: z.settings.MaxShare}
+	ls.table.shard(e.key).m[tkey{ls, e.key}] = e
 	protocols.Store(e, ls)
 	return ls
 }

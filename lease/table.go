@@ -7,19 +7,26 @@ import (
 
 const numShards = 64
 
-// table is a bounded map from user key to entry, split into shards with a
-// read-write lock each. A lookup of a present key takes a read lock and does
-// not allocate. It holds at most about MaxKeys entries: inserting into a full
-// shard evicts one of that shard's entries not used for a while.
+// table is a bounded map from (limit, user key) to entry, split into shards
+// with a read-write lock each. A lookup of a present key takes a read lock
+// and does not allocate. It holds at most about MaxKeys entries, whatever
+// their limits: inserting into a full shard evicts one of that shard's
+// entries not used for a while.
 type table struct {
 	seed   maphash.Seed
 	shards [numShards]shard
-	keep   func(e *entry, now int64) bool // if set, Sweep never removes an entry it approves
+}
+
+// tkey is an entry's place in the table: the protocol of its limit (nil in
+// tests of the table alone) and the user key.
+type tkey struct {
+	owner *Leases
+	key   string
 }
 
 type shard struct {
 	mu    sync.RWMutex
-	m     map[string]*entry
+	m     map[tkey]*entry
 	ring  []*entry // the entries of m, in no order, for the CLOCK hand
 	hand  int      // next ring position the eviction hand looks at
 	moves int      // entries the hand has passed (for tests of its cost)
@@ -29,14 +36,14 @@ type shard struct {
 
 // add puts e in s. Called with s.mu held.
 func (s *shard) add(e *entry) {
-	s.m[e.key] = e
+	s.m[tkey{e.owner, e.key}] = e
 	e.slot = len(s.ring)
 	s.ring = append(s.ring, e)
 }
 
 // remove takes e out of s and marks it removed. Called with s.mu held.
 func (s *shard) remove(e *entry) {
-	delete(s.m, e.key)
+	delete(s.m, tkey{e.owner, e.key})
 	last := len(s.ring) - 1
 	moved := s.ring[last]
 	s.ring[e.slot] = moved
@@ -78,7 +85,7 @@ func newTable(maxKeys int) *table {
 	maxKeys = max(maxKeys, minCapacity)
 	t := &table{seed: maphash.MakeSeed()}
 	for i := range t.shards {
-		t.shards[i].m = make(map[string]*entry)
+		t.shards[i].m = make(map[tkey]*entry)
 		t.shards[i].max = maxKeys / numShards
 		if i < maxKeys%numShards {
 			t.shards[i].max++
@@ -91,11 +98,11 @@ func (t *table) shard(key string) *shard {
 	return &t.shards[maphash.String(t.seed, key)%numShards]
 }
 
-// Get returns the entry of key, or nil.
-func (t *table) Get(key string) *entry {
+// Get returns the entry of key under owner's limit, or nil.
+func (t *table) Get(owner *Leases, key string) *entry {
 	s := t.shard(key)
 	s.mu.RLock()
-	e := s.m[key]
+	e := s.m[tkey{owner, key}]
 	s.mu.RUnlock()
 	return e
 }
@@ -104,21 +111,34 @@ func (t *table) Get(key string) *entry {
 // the shard is full it evicts an entry not used for a while (CLOCK, see
 // victim: O(1) amortised, never a scan of the shard) and returns it as
 // evicted (with removed set), so the caller can refund its tokens with Drain.
-func (t *table) GetOrCreate(key string, now int64) (e, evicted *entry) {
+func (t *table) GetOrCreate(owner *Leases, key string, now int64) (e, evicted *entry) {
 	s := t.shard(key)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if e := s.m[key]; e != nil {
+	if e := s.m[tkey{owner, key}]; e != nil {
 		return e, nil
 	}
 	if len(s.m) >= s.max {
 		evicted = s.victim()
 		s.remove(evicted)
 	}
-	e = &entry{key: key, seen: now} // not used since it was made
+	e = &entry{owner: owner, key: key, seen: now} // not used since it was made
 	e.lastUse.Store(now)
 	s.add(e)
 	return e, evicted
+}
+
+// Remove takes key's entry under owner's limit out of the table, if there
+// is one, and returns it (marked removed).
+func (t *table) Remove(owner *Leases, key string) *entry {
+	s := t.shard(key)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.m[tkey{owner, key}]
+	if e != nil {
+		s.remove(e)
+	}
+	return e
 }
 
 // Len returns the number of entries.
@@ -135,8 +155,9 @@ func (t *table) Len() int {
 
 // Sweep visits every entry at now: it expires leases (calling refund with
 // the tokens taken back) and removes entries idle for longer than idle whose
-// lease is empty and whose negative cache has ended. refund is called without
-// any table lock held.
+// lease is empty and whose negative cache has ended (and, for an entry with
+// an owner, whose FailLocal bucket has refilled: see holdsFallback). refund
+// is called without any table lock held.
 func (t *table) Sweep(now, idle int64, refund func(e *entry, tokens int64)) {
 	var batch []*entry
 	for i := range t.shards {
@@ -153,7 +174,7 @@ func (t *table) Sweep(now, idle int64, refund func(e *entry, tokens int64)) {
 				refund(e, n)
 			}
 			if now-e.lastUse.Load() > idle && e.tokens.Load() == 0 && now >= e.denyUntil.Load() && !e.refilling.Load() &&
-				(t.keep == nil || !t.keep(e, now)) {
+				(e.owner == nil || !e.owner.holdsFallback(e, now)) {
 				stale = append(stale, e)
 			}
 		}
@@ -162,7 +183,7 @@ func (t *table) Sweep(now, idle int64, refund func(e *entry, tokens int64)) {
 		}
 		s.mu.Lock()
 		for _, e := range stale {
-			if s.m[e.key] == e && now-e.lastUse.Load() > idle && e.tokens.Load() == 0 {
+			if s.m[tkey{e.owner, e.key}] == e && now-e.lastUse.Load() > idle && e.tokens.Load() == 0 {
 				s.remove(e)
 			}
 		}
@@ -183,7 +204,7 @@ func (t *table) Drain(refund func(e *entry, tokens int64)) {
 		s := &t.shards[i]
 		s.mu.Lock()
 		m := s.m
-		s.m = make(map[string]*entry)
+		s.m = make(map[tkey]*entry)
 		s.ring, s.hand = nil, 0
 		s.mu.Unlock()
 		for _, e := range m {

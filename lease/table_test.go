@@ -50,26 +50,26 @@ func TestTableCapacity(t *testing.T) {
 func TestTableGetOrCreate(t *testing.T) {
 	tab := newTable(1000)
 	const t0, t1 = 1 * s, 2 * s
-	if e := tab.Get("a"); e != nil {
+	if e := tab.Get(nil, "a"); e != nil {
 		t.Fatalf("Get on an empty table = %v", e)
 	}
 	if tab.Len() != 0 {
 		t.Fatalf("Len() = %d on an empty table", tab.Len())
 	}
-	a, ev := tab.GetOrCreate("a", t0)
+	a, ev := tab.GetOrCreate(nil, "a", t0)
 	if a == nil || ev != nil {
 		t.Fatalf("GetOrCreate(a) = %v, %v", a, ev)
 	}
 	if a.Key() != "a" || a.removed.Load() {
 		t.Errorf("new entry: key %q, removed %v", a.Key(), a.removed.Load())
 	}
-	if got := tab.Get("a"); got != a {
+	if got := tab.Get(nil, "a"); got != a {
 		t.Errorf("Get(a) = %p; want %p", got, a)
 	}
-	if got, ev := tab.GetOrCreate("a", t1); got != a || ev != nil {
+	if got, ev := tab.GetOrCreate(nil, "a", t1); got != a || ev != nil {
 		t.Errorf("second GetOrCreate(a) = %p, %v; want the same entry", got, ev)
 	}
-	b, _ := tab.GetOrCreate("b", t1)
+	b, _ := tab.GetOrCreate(nil, "b", t1)
 	if b == a {
 		t.Errorf("distinct keys share an entry")
 	}
@@ -78,8 +78,8 @@ func TestTableGetOrCreate(t *testing.T) {
 	}
 	// Keys are compared as bytes: odd keys are distinct entries.
 	for _, k := range []string{"", "{a}", "a\x00", "A", "ä", "a "} {
-		e, _ := tab.GetOrCreate(k, t1)
-		if e == a || tab.Get(k) != e || e.Key() != k {
+		e, _ := tab.GetOrCreate(nil, k, t1)
+		if e == a || tab.Get(nil, k) != e || e.Key() != k {
 			t.Errorf("key %q: entry confused with another key", k)
 		}
 	}
@@ -96,7 +96,7 @@ func TestTableConcurrentGetOrCreate(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := 0; i < keys; i++ {
-				e, ev := tab.GetOrCreate("k"+strconv.Itoa(i), int64(i))
+				e, ev := tab.GetOrCreate(nil, "k"+strconv.Itoa(i), int64(i))
 				if ev != nil {
 					t.Errorf("eviction in a table far below capacity")
 				}
@@ -128,7 +128,7 @@ func TestTableFlood(t *testing.T) {
 		for i := 0; i < n; i++ {
 			now := int64(i) * ms
 			key := "flood-" + strconv.Itoa(i)
-			e, ev := tab.GetOrCreate(key, now)
+			e, ev := tab.GetOrCreate(nil, key, now)
 			if e == nil || e.Key() != key {
 				t.Fatalf("GetOrCreate(%q) = %v", key, e)
 			}
@@ -137,7 +137,7 @@ func TestTableFlood(t *testing.T) {
 				if !ev.removed.Load() {
 					t.Fatalf("evicted entry %q has removed unset", ev.Key())
 				}
-				if tab.Get(ev.Key()) != nil {
+				if tab.Get(nil, ev.Key()) != nil {
 					t.Fatalf("evicted entry %q still in the table", ev.Key())
 				}
 				if ev == e {
@@ -178,10 +178,10 @@ func TestTableEvictsLeastRecentlyUsed(t *testing.T) {
 		t4 = t0 + 400*ms
 		t5 = t0 + 500*ms
 	)
-	ea, _ := tab.GetOrCreate(a, t0)
-	eb, _ := tab.GetOrCreate(b, t1)
+	ea, _ := tab.GetOrCreate(nil, a, t0)
+	eb, _ := tab.GetOrCreate(nil, b, t1)
 	// A key in another shard does not evict from this one.
-	if _, ev := tab.GetOrCreate(other, t1); ev != nil {
+	if _, ev := tab.GetOrCreate(nil, other, t1); ev != nil {
 		t.Fatalf("insert into another shard evicted %q", ev.Key())
 	}
 	// Use a (by Take) after b was created: b is now the least recently used.
@@ -189,21 +189,21 @@ func TestTableEvictsLeastRecentlyUsed(t *testing.T) {
 	if ok, _ := ea.Take(1, t2); !ok {
 		t.Fatal("Take failed")
 	}
-	ec, ev := tab.GetOrCreate(c, t3)
+	ec, ev := tab.GetOrCreate(nil, c, t3)
 	if ev != eb {
 		t.Fatalf("inserting %q evicted %v; want %q (least recently used)", c, ev, b)
 	}
-	if !eb.removed.Load() || tab.Get(b) != nil || tab.Get(a) != ea || tab.Get(c) != ec {
-		t.Fatalf("table after eviction: a %v, b %v, c %v", tab.Get(a), tab.Get(b), tab.Get(c))
+	if !eb.removed.Load() || tab.Get(nil, b) != nil || tab.Get(nil, a) != ea || tab.Get(nil, c) != ec {
+		t.Fatalf("table after eviction: a %v, b %v, c %v", tab.Get(nil, a), tab.Get(nil, b), tab.Get(nil, c))
 	}
 	// Touch c (a denial served from the negative cache counts as a use):
 	// now a is the oldest.
 	ec.Touch(t4)
-	_, ev = tab.GetOrCreate(d, t5)
+	_, ev = tab.GetOrCreate(nil, d, t5)
 	if ev != ea {
 		t.Fatalf("inserting %q evicted %v; want %q", d, ev, a)
 	}
-	if tab.Get(other) == nil {
+	if tab.Get(nil, other) == nil {
 		t.Errorf("entry in another shard was evicted")
 	}
 	if !ea.removed.Load() || ec.removed.Load() {
@@ -217,9 +217,9 @@ func TestTableEvictedLeaseDrains(t *testing.T) {
 	z := newSizer(policy.PerSecond(100), policy.Lease{})
 	tab := newTable(1)
 	const t0, t1 = 1 * s, 1*s + 50*ms
-	ea, _ := tab.GetOrCreate("a", t0)
+	ea, _ := tab.GetOrCreate(nil, "a", t0)
 	z.Install(ea, request{Want: 5, Min: 1}, Outcome{Granted: 5}, t0)
-	_, ev := tab.GetOrCreate(keyInShardOf(t, tab, "a", "x"), t1)
+	_, ev := tab.GetOrCreate(nil, keyInShardOf(t, tab, "a", "x"), t1)
 	if ev != ea {
 		t.Fatalf("evicted %v; want a", ev)
 	}
@@ -277,20 +277,20 @@ func TestTableSweep(t *testing.T) {
 	}
 
 	// prefetching: a hot key whose prefetch is claimed and never finishes.
-	pre, _ := tab.GetOrCreate("prefetching", tw)
+	pre, _ := tab.GetOrCreate(nil, "prefetching", tw)
 	drive(t, z, pre, tw, 500*us, 6000)
 	pre.Drain()
 	if !pre.NeedsPrefetch(0) {
 		t.Fatal("could not claim a prefetch")
 	}
 	// expired: a lease of 10, 2 spent, expires at t1+1s.
-	exp, _ := tab.GetOrCreate("expired", t0)
+	exp, _ := tab.GetOrCreate(nil, "expired", t0)
 	z.Install(exp, request{Want: 10, Min: 1}, Outcome{Granted: 10}, t1)
 	exp.Take(2, t1)
 	// idle: never used after creation.
-	idl, _ := tab.GetOrCreate("idle", t0)
+	idl, _ := tab.GetOrCreate(nil, "idle", t0)
 	// denied: negative cache until t0+7s.
-	den, _ := tab.GetOrCreate("denied", t0)
+	den, _ := tab.GetOrCreate(nil, "denied", t0)
 	z.Install(den, request{Want: 1, Min: 1}, Outcome{Granted: 0, RetryAfter: 7 * time.Second}, t0)
 	// fresh: created now, with a live lease.
 	var fresh *entry
@@ -303,12 +303,12 @@ func TestTableSweep(t *testing.T) {
 	}
 
 	// t2: expired's lease is refunded; nothing is idle for 5s yet.
-	fresh, _ = tab.GetOrCreate("fresh", t2)
+	fresh, _ = tab.GetOrCreate(nil, "fresh", t2)
 	z.Install(fresh, request{Want: 3, Min: 1}, Outcome{Granted: 3}, t2)
 	sweep(t2)
 	wantRefunds("t2", refund{"expired", 8})
-	if exp.Tokens() != 0 || tab.Get("expired") != exp || exp.removed.Load() {
-		t.Errorf("t2: expired entry: tokens %d, present %v, removed %v", exp.Tokens(), tab.Get("expired") != nil, exp.removed.Load())
+	if exp.Tokens() != 0 || tab.Get(nil, "expired") != exp || exp.removed.Load() {
+		t.Errorf("t2: expired entry: tokens %d, present %v, removed %v", exp.Tokens(), tab.Get(nil, "expired") != nil, exp.removed.Load())
 	}
 	sweep(t2)
 	wantRefunds("t2 again") // refunded only once
@@ -320,12 +320,12 @@ func TestTableSweep(t *testing.T) {
 	sweep(t3)
 	wantRefunds("t3", refund{"fresh", 3})
 	for _, gone := range []*entry{idl, exp} {
-		if tab.Get(gone.Key()) != nil || !gone.removed.Load() {
+		if tab.Get(nil, gone.Key()) != nil || !gone.removed.Load() {
 			t.Errorf("t3: %q not removed", gone.Key())
 		}
 	}
 	for _, kept := range []*entry{den, fresh, pre} {
-		if tab.Get(kept.Key()) != kept || kept.removed.Load() {
+		if tab.Get(nil, kept.Key()) != kept || kept.removed.Load() {
 			t.Errorf("t3: %q removed", kept.Key())
 		}
 	}
@@ -335,16 +335,16 @@ func TestTableSweep(t *testing.T) {
 	sweep(t4)
 	wantRefunds("t4")
 	for _, gone := range []*entry{den, fresh} {
-		if tab.Get(gone.Key()) != nil || !gone.removed.Load() {
+		if tab.Get(nil, gone.Key()) != nil || !gone.removed.Load() {
 			t.Errorf("t4: %q not removed", gone.Key())
 		}
 	}
-	if tab.Get("prefetching") != pre {
+	if tab.Get(nil, "prefetching") != pre {
 		t.Errorf("t4: entry with a claimed prefetch removed")
 	}
 	pre.PrefetchDone()
 	sweep(t5)
-	if tab.Get("prefetching") != nil || !pre.removed.Load() {
+	if tab.Get(nil, "prefetching") != nil || !pre.removed.Load() {
 		t.Errorf("t5: idle entry not removed after PrefetchDone")
 	}
 	if tab.Len() != 0 {
@@ -362,17 +362,17 @@ func TestTableSweepIdleWithLiveLease(t *testing.T) {
 		t1 = t0 + 5*s  // idle for 5s (> idle 2s), lease live
 		t2 = t0 + 10*s // lease expired
 	)
-	e, _ := tab.GetOrCreate("k", t0)
+	e, _ := tab.GetOrCreate(nil, "k", t0)
 	z.Install(e, request{Want: 4, Min: 1}, Outcome{Granted: 4}, t0)
 	var got int64
 	refund := func(_ *entry, n int64) { got += n }
 	tab.Sweep(t1, 2*s, refund)
-	if got != 0 || tab.Get("k") != e {
-		t.Fatalf("t1: refunded %d, present %v; want 0, true", got, tab.Get("k") != nil)
+	if got != 0 || tab.Get(nil, "k") != e {
+		t.Fatalf("t1: refunded %d, present %v; want 0, true", got, tab.Get(nil, "k") != nil)
 	}
 	tab.Sweep(t2, 2*s, refund)
-	if got != 4 || tab.Get("k") != nil || !e.removed.Load() {
-		t.Errorf("t2: refunded %d, present %v, removed %v; want 4, false, true", got, tab.Get("k") != nil, e.removed.Load())
+	if got != 4 || tab.Get(nil, "k") != nil || !e.removed.Load() {
+		t.Errorf("t2: refunded %d, present %v, removed %v; want 4, false, true", got, tab.Get(nil, "k") != nil, e.removed.Load())
 	}
 	// A refill that was running when the entry was swept refunds its grant.
 	if back := z.Install(e, request{Want: 2, Min: 1}, Outcome{Granted: 2}, t2); back != 2 {
@@ -384,16 +384,16 @@ func TestTableDrain(t *testing.T) {
 	z := newSizer(policy.PerSecond(100), policy.Lease{TTL: time.Second})
 	tab := newTable(1000)
 	const t0, t1 = 1 * s, 3 * s
-	live, _ := tab.GetOrCreate("live", t0)
+	live, _ := tab.GetOrCreate(nil, "live", t0)
 	z.Install(live, request{Want: 5, Min: 1}, Outcome{Granted: 5}, t1)
-	stale, _ := tab.GetOrCreate("stale", t0)
+	stale, _ := tab.GetOrCreate(nil, "stale", t0)
 	z.Install(stale, request{Want: 3, Min: 1}, Outcome{Granted: 3}, t0) // expired by t1, not yet swept
-	empty, _ := tab.GetOrCreate("empty", t0)
-	spent, _ := tab.GetOrCreate("spent", t0)
+	empty, _ := tab.GetOrCreate(nil, "empty", t0)
+	spent, _ := tab.GetOrCreate(nil, "spent", t0)
 	z.Install(spent, request{Want: 2, Min: 1}, Outcome{Granted: 2}, t1)
 	spent.Take(2, t1)
 	for i := 0; i < 100; i++ {
-		tab.GetOrCreate("more"+strconv.Itoa(i), t1)
+		tab.GetOrCreate(nil, "more"+strconv.Itoa(i), t1)
 	}
 
 	got := map[string]int64{}
@@ -409,8 +409,8 @@ func TestTableDrain(t *testing.T) {
 		t.Errorf("Len() = %d after Drain", tab.Len())
 	}
 	for _, e := range []*entry{live, stale, empty, spent} {
-		if !e.removed.Load() || tab.Get(e.Key()) != nil || e.Tokens() != 0 {
-			t.Errorf("%q after Drain: removed %v, present %v, tokens %d", e.Key(), e.removed.Load(), tab.Get(e.Key()) != nil, e.Tokens())
+		if !e.removed.Load() || tab.Get(nil, e.Key()) != nil || e.Tokens() != 0 {
+			t.Errorf("%q after Drain: removed %v, present %v, tokens %d", e.Key(), e.removed.Load(), tab.Get(nil, e.Key()) != nil, e.Tokens())
 		}
 	}
 	// A refill finishing after Drain refunds.
@@ -418,7 +418,7 @@ func TestTableDrain(t *testing.T) {
 		t.Errorf("Install after Drain refund = %d; want 1", back)
 	}
 	// The table still works.
-	if e, _ := tab.GetOrCreate("live", t1); e == live || e == nil {
+	if e, _ := tab.GetOrCreate(nil, "live", t1); e == live || e == nil {
 		t.Errorf("GetOrCreate after Drain returned the drained entry")
 	}
 	tab.Drain(func(e *entry, n int64) { t.Errorf("second Drain refunded %d for %q", n, e.Key()) })
@@ -429,11 +429,11 @@ func TestTableGetNoAllocs(t *testing.T) {
 	keys := make([]string, 100)
 	for i := range keys {
 		keys[i] = "user-" + strconv.Itoa(i)
-		tab.GetOrCreate(keys[i], 1*s)
+		tab.GetOrCreate(nil, keys[i], 1*s)
 	}
 	i := 0
 	if a := testing.AllocsPerRun(1000, func() {
-		if tab.Get(keys[i%len(keys)]) == nil {
+		if tab.Get(nil, keys[i%len(keys)]) == nil {
 			panic("missing key")
 		}
 		i++
@@ -442,13 +442,13 @@ func TestTableGetNoAllocs(t *testing.T) {
 	}
 	// A present key through GetOrCreate does not allocate either.
 	if a := testing.AllocsPerRun(1000, func() {
-		tab.GetOrCreate(keys[3], 2*s)
+		tab.GetOrCreate(nil, keys[3], 2*s)
 	}); a != 0 {
 		t.Errorf("GetOrCreate of a present key allocates %v times per call", a)
 	}
 	// A miss does not allocate.
 	if a := testing.AllocsPerRun(1000, func() {
-		if tab.Get("absent") != nil {
+		if tab.Get(nil, "absent") != nil {
 			panic("present")
 		}
 	}); a != 0 {
@@ -490,10 +490,10 @@ func TestTableConservationConcurrent(t *testing.T) {
 			for i := 0; i < ops; i++ {
 				key := "k" + strconv.Itoa(r.IntN(200))
 				now := tick()
-				e := tab.Get(key)
+				e := tab.Get(nil, key)
 				if e == nil {
 					var ev *entry
-					e, ev = tab.GetOrCreate(key, now)
+					e, ev = tab.GetOrCreate(nil, key, now)
 					if ev != nil {
 						refunded.Add(ev.Drain())
 					}
@@ -541,13 +541,13 @@ func TestEvictionCost(t *testing.T) {
 	tab := newTable(maxKeys)
 	now := int64(s)
 	for i := range maxKeys {
-		tab.GetOrCreate(fmt.Sprint("old-", i), now)
+		tab.GetOrCreate(nil, fmt.Sprint("old-", i), now)
 	}
 	// Some old keys stay busy; they must survive.
 	busy := map[string]*entry{}
 	for i := range 100 {
 		k := fmt.Sprint("old-", i)
-		busy[k] = tab.Get(k)
+		busy[k] = tab.Get(nil, k)
 	}
 	evictions, moves := 0, 0
 	for i := range 20_000 {
@@ -557,7 +557,7 @@ func TestEvictionCost(t *testing.T) {
 				e.Touch(now)
 			}
 		}
-		if _, ev := tab.GetOrCreate(fmt.Sprint("new-", i), now); ev != nil {
+		if _, ev := tab.GetOrCreate(nil, fmt.Sprint("new-", i), now); ev != nil {
 			evictions++
 		}
 	}

@@ -5,7 +5,8 @@
 //
 // The raw rate-limit key never appears in spans, events or metrics unless
 // the user opts in with a redactor (KeyDigest makes a keyed digest). Metric
-// attributes are prebuilt per Limiter and never hold anything per key.
+// attributes are built once per limit (on first use) and never hold
+// anything per key.
 //
 // With no provider configured (the OpenTelemetry global no-op), recording a
 // decision does not allocate: no span is started, and metric calls go to
@@ -18,6 +19,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"reflect"
+	"sync/atomic"
 	"time"
 
 	"github.com/leaselimit/leaselimit/breaker"
@@ -115,13 +117,22 @@ type Config struct {
 
 // Recorder records decisions. It is safe for concurrent use.
 type Recorder struct {
+	*instruments                    // shared by every Recorder of one New
+	limitAttr    attribute.KeyValue // ratelimit.limit.name
+	reg          metric.Registration
+	sets         *limitSets
+}
+
+// instruments is what the Recorders of one engine share: the tracer, the
+// meter and its instruments.
+type instruments struct {
 	tracer     trace.Tracer
 	tp         trace.TracerProvider
 	globalIdle trace.TracerProvider // the untouched global provider, if we use it
 	noTrace    bool
 	events     bool
 	redact     func(string) string
-	limitAttr  attribute.KeyValue
+	sources    []string
 
 	decisions   metric.Int64Counter
 	authority   metric.Float64Histogram
@@ -133,21 +144,83 @@ type Recorder struct {
 	dropped     metric.Int64Counter
 	state, keys metric.Int64ObservableGauge
 	meter       metric.Meter
-	reg         metric.Registration
+}
 
-	sources       []string
-	decisionOpts  [2][][]metric.AddOption
-	limitAdd      []metric.AddOption
-	limitRecord   []metric.RecordOption
-	outcomeOpts   map[string][]metric.RecordOption
-	reasonOpts    map[string][]metric.AddOption
-	saturatedOpts map[string][]metric.AddOption
-	stateOpts     [3][]metric.AddOption
+// limitSets are the metric options of one limit's attribute sets, each
+// built on its first use, so that recording allocates nothing and a limit
+// pays only for the sets it records with (a thousand limits through For
+// would otherwise hold thousands of sets they never use).
+type limitSets struct {
+	decision  [2][]atomic.Pointer[[]metric.AddOption] // by allowed, source
+	limitAdd  atomic.Pointer[[]metric.AddOption]
+	limitRec  atomic.Pointer[[]metric.RecordOption]
+	outcome   [len(outcomes)]atomic.Pointer[[]metric.RecordOption]
+	reason    [len(reasons)]atomic.Pointer[[]metric.AddOption]
+	saturated [len(saturatedOutcomes)]atomic.Pointer[[]metric.AddOption]
+	state     [3]atomic.Pointer[[]metric.AddOption] // by breaker.State
+}
+
+// The values of the attributes a limit's sets are built from, in slot order.
+var (
+	outcomes          = [...]string{"granted", "denied", ReasonTimeout, ReasonError}
+	reasons           = [...]string{ReasonBreakerOpen, ReasonTimeout, ReasonError, ReasonSaturated}
+	saturatedOutcomes = [...]string{SaturatedAnswered, SaturatedAbandoned}
+)
+
+func newLimitSets(sources int) *limitSets {
+	s := &limitSets{}
+	for a := range s.decision {
+		s.decision[a] = make([]atomic.Pointer[[]metric.AddOption], sources)
+	}
+	return s
+}
+
+// addOpts returns the Add options of the set {limit name, kvs[:n]}, built
+// in slot on first use.
+func (r *Recorder) addOpts(slot *atomic.Pointer[[]metric.AddOption], a, b attribute.KeyValue, n int) []metric.AddOption {
+	if o := slot.Load(); o != nil {
+		return *o
+	}
+	o := []metric.AddOption{metric.WithAttributeSet(r.set(a, b, n))}
+	slot.Store(&o)
+	return o
+}
+
+// recordOpts is addOpts for Record options.
+func (r *Recorder) recordOpts(slot *atomic.Pointer[[]metric.RecordOption], a, b attribute.KeyValue, n int) []metric.RecordOption {
+	if o := slot.Load(); o != nil {
+		return *o
+	}
+	o := []metric.RecordOption{metric.WithAttributeSet(r.set(a, b, n))}
+	slot.Store(&o)
+	return o
+}
+
+// set returns the attribute set {limit name, a, b}, of the first n of a, b.
+func (r *Recorder) set(a, b attribute.KeyValue, n int) attribute.Set {
+	switch n {
+	case 0:
+		return attribute.NewSet(r.limitAttr)
+	case 1:
+		return attribute.NewSet(r.limitAttr, a)
+	}
+	return attribute.NewSet(r.limitAttr, a, b)
+}
+
+// slot returns the index of v in values, or -1.
+func slot[T comparable](values []T, v T) int {
+	for i, x := range values {
+		if x == v {
+			return i
+		}
+	}
+	return -1
 }
 
 // New returns a Recorder. It fails only if the meter rejects an instrument.
 func New(c Config) (*Recorder, error) {
-	r := &Recorder{events: c.Events, redact: c.Redact, limitAttr: AttrLimitName.String(c.LimitName), sources: c.Sources}
+	r := &Recorder{instruments: &instruments{events: c.Events, redact: c.Redact, sources: c.Sources},
+		limitAttr: AttrLimitName.String(c.LimitName), sets: newLimitSets(len(c.Sources))}
 	tp := c.TracerProvider
 	if tp == nil {
 		tp = otel.GetTracerProvider()
@@ -211,32 +284,15 @@ func New(c Config) (*Recorder, error) {
 	}
 	r.meter = m
 
-	for a := range r.decisionOpts {
-		r.decisionOpts[a] = make([][]metric.AddOption, len(r.sources))
-		for s, name := range r.sources {
-			set := attribute.NewSet(r.limitAttr, AttrAllowed.Bool(a == 1), AttrSource.String(name))
-			r.decisionOpts[a][s] = []metric.AddOption{metric.WithAttributeSet(set)}
-		}
-	}
-	lim := attribute.NewSet(r.limitAttr)
-	r.limitAdd = []metric.AddOption{metric.WithAttributeSet(lim)}
-	r.limitRecord = []metric.RecordOption{metric.WithAttributeSet(lim)}
-	r.outcomeOpts = map[string][]metric.RecordOption{}
-	for _, o := range []string{"granted", "denied", ReasonTimeout, ReasonError} {
-		r.outcomeOpts[o] = []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(r.limitAttr, AttrOutcome.String(o)))}
-	}
-	r.reasonOpts = map[string][]metric.AddOption{}
-	for _, o := range []string{ReasonBreakerOpen, ReasonTimeout, ReasonError, ReasonSaturated} {
-		r.reasonOpts[o] = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(r.limitAttr, AttrReason.String(o)))}
-	}
-	r.saturatedOpts = map[string][]metric.AddOption{}
-	for _, o := range []string{SaturatedAnswered, SaturatedAbandoned} {
-		r.saturatedOpts[o] = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(r.limitAttr, AttrOutcome.String(o)))}
-	}
-	for _, s := range []breaker.State{breaker.Closed, breaker.HalfOpen, breaker.Open} {
-		r.stateOpts[s] = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(r.limitAttr, AttrState.String(s.String())))}
-	}
 	return r, nil
+}
+
+// WithLimit returns a Recorder for another limit of the same engine: the
+// same tracer and instruments, its own ratelimit.limit.name. It has no
+// gauges (Observe is the engine's, on the Recorder from New) and its Close
+// does nothing.
+func (r *Recorder) WithLimit(name string) *Recorder {
+	return &Recorder{instruments: r.instruments, limitAttr: AttrLimitName.String(name), sets: newLimitSets(len(r.sources))}
 }
 
 // Observe registers the callback of the breaker-state and key-table gauges.
@@ -349,21 +405,21 @@ func (r *Recorder) CountDecision(ctx context.Context, allowed bool, source int) 
 	if source < 0 || source >= len(r.sources) {
 		return
 	}
-	r.decisions.Add(ctx, 1, r.decisionOpts[a][source]...)
+	r.decisions.Add(ctx, 1, r.addOpts(&r.sets.decision[a][source], AttrAllowed.Bool(allowed), AttrSource.String(r.sources[source]), 2)...)
 }
 
 // CountFallback adds one decision to ratelimit.fallbacks with a reason.
 func (r *Recorder) CountFallback(ctx context.Context, reason string) {
-	if o, ok := r.reasonOpts[reason]; ok {
-		r.fallbacks.Add(ctx, 1, o...)
+	if i := slot(reasons[:], reason); i >= 0 {
+		r.fallbacks.Add(ctx, 1, r.addOpts(&r.sets.reason[i], AttrReason.String(reason), attribute.KeyValue{}, 1)...)
 	}
 }
 
 // CountSaturated adds one call to ratelimit.saturated: it ran past the
 // time budget while the process was behind, and was answered or abandoned.
 func (r *Recorder) CountSaturated(ctx context.Context, outcome string) {
-	if o, ok := r.saturatedOpts[outcome]; ok {
-		r.saturated.Add(ctx, 1, o...)
+	if i := slot(saturatedOutcomes[:], outcome); i >= 0 {
+		r.saturated.Add(ctx, 1, r.addOpts(&r.sets.saturated[i], AttrOutcome.String(outcome), attribute.KeyValue{}, 1)...)
 	}
 }
 
@@ -399,9 +455,10 @@ func (r *Recorder) EndAuthority(ctx context.Context, span trace.Span, d time.Dur
 	case granted == 0:
 		outcome = "denied"
 	}
-	r.authority.Record(ctx, d.Seconds(), r.outcomeOpts[outcome]...)
+	i := slot(outcomes[:], outcome)
+	r.authority.Record(ctx, d.Seconds(), r.recordOpts(&r.sets.outcome[i], AttrOutcome.String(outcome), attribute.KeyValue{}, 1)...)
 	if err == nil && granted > 0 {
-		r.grantSize.Record(ctx, granted, r.limitRecord...)
+		r.grantSize.Record(ctx, granted, r.recordOpts(&r.sets.limitRec, attribute.KeyValue{}, attribute.KeyValue{}, 0)...)
 	}
 	if span.IsRecording() {
 		span.SetAttributes(AttrGranted.Int64(granted), AttrOutcome.String(outcome))
@@ -415,19 +472,19 @@ func (r *Recorder) EndAuthority(ctx context.Context, span trace.Span, d time.Dur
 
 // CountRefund adds tokens to ratelimit.lease.refunds.
 func (r *Recorder) CountRefund(ctx context.Context, tokens int64) {
-	r.refunds.Add(ctx, tokens, r.limitAdd...)
+	r.refunds.Add(ctx, tokens, r.addOpts(&r.sets.limitAdd, attribute.KeyValue{}, attribute.KeyValue{}, 0)...)
 }
 
 // CountDroppedRefund adds tokens to ratelimit.lease.refunds.dropped.
 func (r *Recorder) CountDroppedRefund(ctx context.Context, tokens int64) {
-	r.dropped.Add(ctx, tokens, r.limitAdd...)
+	r.dropped.Add(ctx, tokens, r.addOpts(&r.sets.limitAdd, attribute.KeyValue{}, attribute.KeyValue{}, 0)...)
 }
 
 // CountTransition adds one breaker transition to state. It only records,
 // so it is safe under the breaker's lock.
 func (r *Recorder) CountTransition(state breaker.State) {
-	if state >= 0 && int(state) < len(r.stateOpts) {
-		r.transitions.Add(context.Background(), 1, r.stateOpts[state]...)
+	if state >= 0 && int(state) < len(r.sets.state) {
+		r.transitions.Add(context.Background(), 1, r.addOpts(&r.sets.state[state], AttrState.String(state.String()), attribute.KeyValue{}, 1)...)
 	}
 }
 

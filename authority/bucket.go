@@ -1,0 +1,48 @@
+package authority
+
+import (
+	"context"
+	_ "embed"
+	"time"
+
+	"github.com/leaselimit/leaselimit/policy"
+)
+
+//go:embed peek.lua
+var peekBody string
+
+var peekScript = newScript(commonSrc + peekBody)
+
+// Bucket is a bucket's state as Peek read it.
+type Bucket struct {
+	Tokens     int64         // whole tokens it holds
+	RetryAfter time.Duration // until it holds one token (0 when it does)
+	ResetAfter time.Duration // until it is full
+}
+
+// Peek reads key's bucket under l on Redis's clock without changing it: one
+// read-only script call (EVALSHA_RO, Redis 7.0+), so Redis refuses any
+// write it could make. A missing bucket is full.
+func (r *Redis) Peek(ctx context.Context, key string, l policy.Limit) (Bucket, error) {
+	rate, period := Reduced(l)
+	keys := []string{key}
+	v, err := r.client.EvalShaRO(ctx, peekScript.sha, keys, rate, period, l.Burst).Result()
+	if err != nil && isNoScript(err) {
+		v, err = r.client.EvalRO(ctx, peekScript.src, keys, rate, period, l.Burst).Result()
+	}
+	if err != nil {
+		return Bucket{}, classify(err)
+	}
+	var n [3]int64
+	if err := decodeInts(v, n[:]); err != nil {
+		return Bucket{}, err
+	}
+	return Bucket{Tokens: n[0], RetryAfter: time.Duration(n[1]) * time.Microsecond,
+		ResetAfter: time.Duration(n[2]) * time.Microsecond}, nil
+}
+
+// Reset deletes key's bucket: it is full again for every instance (a
+// missing bucket is full), and a request id recorded in it goes with it.
+func (r *Redis) Reset(ctx context.Context, key string) error {
+	return classify(r.client.Del(ctx, key).Err())
+}

@@ -1,0 +1,136 @@
+package leaselimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/leaselimit/leaselimit/authority"
+	"github.com/leaselimit/leaselimit/breaker"
+)
+
+// ErrUnavailable is wrapped by the errors of Peek and Reset when Redis
+// cannot be asked (the breaker is open) or does not answer in the time
+// budget: they read or write the bucket itself, so no failure policy can
+// answer for them.
+var ErrUnavailable = errors.New("leaselimit: redis unavailable")
+
+// Peek returns key's bucket as it is now, without taking anything:
+// Remaining counts the bucket's tokens and those this instance holds in
+// leases for key (taken from the bucket already, but still to be spent);
+// RetryAfter is how long until one token is available (0 when Remaining is
+// at least 1); ResetAfter is how long until the bucket is full; Allowed
+// reports whether a request for one token would be admitted now, as far as
+// the bucket and this instance know (other instances' leases are not
+// counted: they were taken from the bucket). Source is SourceAuthority.
+//
+// Peek makes one Redis call, a read-only script (EVALSHA_RO, which Redis
+// refuses to let write), and no write; it changes no local state either.
+// While Redis is unavailable it returns an error wrapping ErrUnavailable.
+func (l *Limiter) Peek(ctx context.Context, key string) (Decision, error) {
+	if err := l.usable(); err != nil {
+		return Decision{Source: SourceNone}, err
+	}
+	if err := checkKey(key); err != nil {
+		return Decision{Source: SourceNone}, err
+	}
+	brk, rkey := l.route(key)
+	if rkey == "" {
+		rkey = l.auth.Key(l.limit, key)
+	}
+	var b authority.Bucket
+	err := l.oneCall(ctx, brk, func(ctx context.Context) (err error) {
+		b, err = l.auth.Peek(ctx, rkey, l.limit)
+		return err
+	})
+	if err != nil {
+		return Decision{Source: SourceNone}, err
+	}
+	d := Decision{Limit: l.limit, Remaining: b.Tokens, RetryAfter: b.RetryAfter, ResetAfter: b.ResetAfter, Source: SourceAuthority}
+	if held := l.leases.Holding(key, l.clock.now()); held > 0 {
+		d.Remaining = min(b.Tokens+held, l.limit.Burst)
+		d.RetryAfter = 0
+		d.ResetAfter = max(b.ResetAfter-l.limit.Interval(held), 0)
+	}
+	d.Allowed = d.Remaining >= 1
+	return d, nil
+}
+
+// Reset makes key's bucket full again, for every instance: it deletes the
+// bucket in Redis (a missing bucket is full), then drops this instance's
+// local state of key at once: its lease (whose tokens are not given back:
+// the bucket they came from is gone) and its negative cache. Other
+// instances learn of the reset on their next Redis call for key: a lease
+// they hold keeps serving until it runs out or expires (the lease TTL, 2s
+// by default), and a denial they cached lasts at most DenyCap (1s by
+// default). Until then they may deny requests the full bucket would admit,
+// or admit from their leases, which the old bucket paid for.
+//
+// Reset makes one Redis call (DEL). While Redis is unavailable it returns
+// an error wrapping ErrUnavailable and changes nothing here.
+func (l *Limiter) Reset(ctx context.Context, key string) error {
+	if err := l.usable(); err != nil {
+		return err
+	}
+	if err := checkKey(key); err != nil {
+		return err
+	}
+	brk, rkey := l.route(key)
+	if rkey == "" {
+		rkey = l.auth.Key(l.limit, key)
+	}
+	if err := l.oneCall(ctx, brk, func(ctx context.Context) error { return l.auth.Reset(ctx, rkey) }); err != nil {
+		return err
+	}
+	l.leases.Forget(key)
+	return nil
+}
+
+// oneCall makes one Redis call, op, through brk within the time budget.
+// op runs in a goroutine of the gate (Close waits for it), on a context
+// detached from ctx, since go-redis's default options do not honour
+// deadlines on reads; the breaker is told op's real outcome whenever it
+// comes. The error is ErrClosed, ctx's, or wraps ErrUnavailable (the
+// breaker is open, a failure that counts against it, no reply in the
+// budget); Redis replies that mean misconfiguration (NOPERM and the like)
+// are returned as they are.
+func (l *Limiter) oneCall(ctx context.Context, brk *breaker.Breaker, op func(context.Context) error) error {
+	if brk.Rejects(l.clock.wall()) {
+		return fmt.Errorf("%w: %w", ErrUnavailable, breaker.ErrOpen)
+	}
+	done, err := brk.Allow()
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	budget := l.cfg.timeout
+	ch := make(chan error, 1)
+	if !l.gate.spawn(func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), (1+saturationGrace)*budget)
+		defer cancel()
+		err := op(cctx)
+		done(err)
+		ch <- err
+	}) {
+		done(nil)
+		return ErrClosed
+	}
+	timer := time.NewTimer(budget)
+	defer timer.Stop()
+	select {
+	case err = <-ch:
+	case <-timer.C:
+		return fmt.Errorf("%w: no reply within %v", ErrUnavailable, budget)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, authority.ErrScript), errors.Is(err, authority.ErrReply):
+		return fmt.Errorf("leaselimit: %w", err)
+	case breaker.Counts(err):
+		return fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	return fmt.Errorf("leaselimit: redis: %w", err)
+}

@@ -1,0 +1,305 @@
+package leaselimit_test
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/leaselimit/leaselimit"
+	"github.com/leaselimit/leaselimit/internal/redistest"
+	"github.com/leaselimit/leaselimit/policy"
+	"github.com/redis/go-redis/v9"
+)
+
+// TestPeekChangesNothing: Peek reads the bucket without writing it (its
+// stored value and TTL are unchanged, no write command runs) and agrees
+// with the next Allow, in exact and lease mode on a real redis-server.
+func TestPeekChangesNothing(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	for _, mode := range []string{"exact", "lease"} {
+		t.Run(mode, func(t *testing.T) {
+			l := policy.Limit{Name: "peek-" + mode, Rate: 10, Period: time.Hour, Burst: 50}
+			var opts []leaselimit.Option
+			if mode == "exact" {
+				opts = append(opts, leaselimit.WithoutLease())
+			}
+			lim := mustNew(t, srv.Client(t), l, opts...)
+
+			d, err := lim.Peek(ctx, "fresh")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !d.Allowed || d.Remaining != l.Burst || d.RetryAfter != 0 || d.ResetAfter != 0 || d.Source != leaselimit.SourceAuthority {
+				t.Errorf("Peek of an unused key = %+v; want a full bucket", d)
+			}
+			for i := 0; i < 7; i++ {
+				if d, err := lim.Allow(ctx, "k"); err != nil || !d.Allowed {
+					t.Fatalf("Allow = %+v, %v", d, err)
+				}
+			}
+			keys := toStrings(srv.Do(t, "KEYS", "*peek-"+mode+"*"))
+			if len(keys) != 1 {
+				t.Fatalf("buckets in Redis: %v; want 1", keys)
+			}
+			before := srv.Do(t, "GET", keys[0])
+			writes := writeCommands(t, srv)
+			d, err = lim.Peek(ctx, "k")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if after := srv.Do(t, "GET", keys[0]); after != before {
+				t.Errorf("Peek changed the bucket: %v → %v", before, after)
+			}
+			if w := writeCommands(t, srv); w != writes {
+				t.Errorf("Peek ran %d write commands", w-writes)
+			}
+			if got := toStrings(srv.Do(t, "KEYS", "*peek-"+mode+"*")); len(got) != 1 {
+				t.Errorf("buckets after Peek of an unused key: %v", got)
+			}
+			if d.Remaining != l.Burst-7 || !d.Allowed || d.RetryAfter != 0 || d.ResetAfter <= 0 {
+				t.Errorf("Peek after 7 of 50 = %+v; want Remaining 43, Allowed, ResetAfter > 0", d)
+			}
+			next, err := lim.Allow(ctx, "k")
+			if err != nil || !next.Allowed {
+				t.Fatalf("Allow = %+v, %v", next, err)
+			}
+			if next.Remaining != d.Remaining-1 {
+				t.Errorf("Allow after Peek: Remaining %d; Peek said %d", next.Remaining, d.Remaining)
+			}
+		})
+	}
+}
+
+// writeCommands returns how many SET and DEL commands Redis has run, inside
+// scripts or not.
+func writeCommands(t *testing.T, srv *redistest.Server) int64 {
+	t.Helper()
+	st := srv.Stats(t)
+	var n int64
+	for _, cmd := range []string{"set", "del", "pexpire", "hset"} {
+		n += st.Calls[cmd]
+	}
+	return n
+}
+
+// TestPeekEmptyBucket: an exhausted bucket peeks as denied, with the time
+// to one token and to a full bucket.
+func TestPeekEmptyBucket(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	l := policy.Limit{Name: "peek-empty", Rate: 1, Period: time.Minute, Burst: 3}
+	lim := mustNew(t, srv.Client(t), l, leaselimit.WithoutLease())
+	if _, err := lim.AllowN(ctx, "k", 3); err != nil {
+		t.Fatal(err)
+	}
+	d, err := lim.Peek(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Allowed || d.Remaining != 0 {
+		t.Errorf("Peek of an empty bucket = %+v; want denied, 0 remaining", d)
+	}
+	if d.RetryAfter < 55*time.Second || d.RetryAfter > time.Minute {
+		t.Errorf("RetryAfter = %v; want about 1m (1 token per minute)", d.RetryAfter)
+	}
+	if d.ResetAfter < 2*time.Minute+55*time.Second || d.ResetAfter > 3*time.Minute {
+		t.Errorf("ResetAfter = %v; want about 3m", d.ResetAfter)
+	}
+	next, err := lim.Allow(ctx, "k")
+	if err != nil || next.Allowed {
+		t.Errorf("Allow after Peek said empty = %+v, %v", next, err)
+	}
+}
+
+// TestResetThisInstance: after Reset the bucket is full and this instance
+// admits at once: its lease is dropped (not refunded) and its negative
+// cache with it.
+func TestResetThisInstance(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	for _, mode := range []string{"exact", "lease"} {
+		t.Run(mode, func(t *testing.T) {
+			l := policy.Limit{Name: "reset-" + mode, Rate: 1, Period: time.Hour, Burst: 10}
+			var opts []leaselimit.Option
+			if mode == "exact" {
+				opts = append(opts, leaselimit.WithoutLease())
+			}
+			lim := mustNew(t, srv.Client(t), l, opts...)
+			for i := 0; i < 12; i++ {
+				if _, err := lim.Allow(ctx, "k"); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if d, _ := lim.Allow(ctx, "k"); d.Allowed {
+				t.Fatal("admitted past the burst")
+			}
+			if err := lim.Reset(ctx, "k"); err != nil {
+				t.Fatal(err)
+			}
+			d, err := lim.Allow(ctx, "k")
+			if err != nil || !d.Allowed {
+				t.Fatalf("Allow right after Reset = %+v, %v; want admitted", d, err)
+			}
+			p, err := lim.Peek(ctx, "k")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if p.Remaining != l.Burst-1 {
+				t.Errorf("Peek after Reset and one Allow: Remaining %d; want %d", p.Remaining, l.Burst-1)
+			}
+		})
+	}
+}
+
+// TestResetFleet: 4 instances call a key far over its limit in tight loops
+// until every one of them denies; another instance resets the key. The
+// bound Reset documents holds: once DenyCap has passed on the instances'
+// clock (a clock moved by hand, so the test measures no wall time), no
+// instance denies from the cache it had before the reset (a denial from the
+// cache is only ever one Redis gave it since), each asks Redis again, and
+// the fleet admits what the fresh bucket holds and no more.
+func TestResetFleet(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short")
+	}
+	srv := redistest.Start(t)
+	l := policy.Limit{Name: "reset-fleet", Rate: 1, Period: time.Hour, Burst: 400}
+	settings := policy.Lease{DenyCap: 200 * time.Millisecond}
+	clk := newFakeClock()
+	const instances = 4
+	lims := make([]*leaselimit.Limiter, instances)
+	var calls [instances]callCounter // Redis calls of each instance
+	for i := range lims {
+		c := srv.Client(t)
+		c.AddHook(&calls[i])
+		lims[i] = mustNew(t, c, l, leaselimit.WithLease(settings), leaselimit.WithClock(clk),
+			leaselimit.WithFailureMode(policy.FailClosed))
+	}
+	admin := mustNew(t, srv.Client(t), l)
+	ctx := context.Background()
+
+	// phase: 0 spending the bucket, 1 reset done, 2 DenyCap passed since.
+	var phase atomic.Int32
+	var admitted [3]atomic.Int64
+	var denying [instances]atomic.Bool
+	var callsAtAdvance [instances]int64
+	var staleCache, fallbacks atomic.Int64
+	stop := tightLoops(2*instances, func(w, _ int) bool {
+		i := w / 2
+		p := phase.Load()
+		d, err := lims[i].Allow(ctx, "k")
+		if err != nil {
+			t.Error(err)
+			return false
+		}
+		switch {
+		case d.Source == leaselimit.SourceFallback:
+			fallbacks.Add(1)
+		case p == 2 && d.Source == leaselimit.SourceCache && calls[i].n.Load() == callsAtAdvance[i]:
+			staleCache.Add(1)
+		}
+		if d.Allowed {
+			admitted[p].Add(1)
+		} else {
+			denying[i].Store(true)
+		}
+		return true
+	})
+	waitFor := func(what string, ok func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		for !ok() {
+			if time.Now().After(deadline) {
+				stop()
+				t.Fatalf("timed out waiting until %s", what)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	waitFor("every instance denies", func() bool {
+		for i := range denying {
+			if !denying[i].Load() {
+				return false
+			}
+		}
+		return true
+	})
+	if err := admin.Reset(ctx, "k"); err != nil {
+		t.Fatal(err)
+	}
+	phase.Store(1)
+	time.Sleep(100 * time.Millisecond)
+	for i := range calls {
+		callsAtAdvance[i] = calls[i].n.Load()
+	}
+	clk.Add(settings.DenyCap + time.Microsecond)
+	phase.Store(2)
+	waitFor("every instance asked Redis after DenyCap", func() bool {
+		for i := range calls {
+			if calls[i].n.Load() == callsAtAdvance[i] {
+				return false
+			}
+		}
+		return true
+	})
+	// Let the fleet spend the fresh bucket.
+	time.Sleep(500 * time.Millisecond)
+	stop()
+	if fallbacks.Load() > 0 {
+		t.Fatalf("%d fallback decisions on a healthy Redis", fallbacks.Load())
+	}
+	got := admitted[1].Load() + admitted[2].Load()
+	t.Logf("spent %d before the reset; after it %d before DenyCap passed and %d after (fresh bucket %d)",
+		admitted[0].Load(), admitted[1].Load(), admitted[2].Load(), l.Burst)
+	if n := staleCache.Load(); n > 0 {
+		t.Errorf("%d denials from the negative cache after DenyCap had passed since the reset", n)
+	}
+	// A token per hour: at most one more accrues during the test.
+	if got > l.Burst+1 {
+		t.Errorf("admitted %d after the reset; the fresh bucket holds %d", got, l.Burst)
+	}
+	if got < l.Burst {
+		t.Errorf("admitted %d after the reset; want the fresh bucket's %d", got, l.Burst)
+	}
+}
+
+// callCounter is a go-redis hook that counts the commands a client sends.
+type callCounter struct{ n atomic.Int64 }
+
+func (c *callCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (c *callCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		c.n.Add(1)
+		return next(ctx, cmd)
+	}
+}
+
+func (c *callCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		c.n.Add(int64(len(cmds)))
+		return next(ctx, cmds)
+	}
+}
+
+// TestPeekResetUnavailable: with the breaker open Peek and Reset return an
+// error wrapping ErrUnavailable, and Reset changes nothing.
+func TestPeekResetUnavailable(t *testing.T) {
+	m, c := newMini(t)
+	l := policy.Limit{Name: "down", Rate: 1, Period: time.Hour, Burst: 5}
+	lim := mustNew(t, c, l, leaselimit.WithTimeout(200*time.Millisecond))
+	ctx := context.Background()
+	m.SetError("LOADING Redis is loading the dataset in memory")
+	for i := 0; i < 10; i++ {
+		_, _ = lim.Allow(ctx, "k")
+	}
+	if _, err := lim.Peek(ctx, "k"); !errors.Is(err, leaselimit.ErrUnavailable) {
+		t.Errorf("Peek with Redis down = %v; want ErrUnavailable", err)
+	}
+	if err := lim.Reset(ctx, "k"); !errors.Is(err, leaselimit.ErrUnavailable) {
+		t.Errorf("Reset with Redis down = %v; want ErrUnavailable", err)
+	}
+}

@@ -1,0 +1,102 @@
+package leaselimit
+
+import (
+	"sync"
+	"sync/atomic"
+
+	"github.com/leaselimit/leaselimit/authority"
+	"github.com/leaselimit/leaselimit/breaker"
+	"github.com/leaselimit/leaselimit/lease"
+	"github.com/leaselimit/leaselimit/policy"
+	"github.com/leaselimit/leaselimit/telemetry"
+	"github.com/redis/go-redis/v9"
+)
+
+// engine is what every Limiter of one New shares: the Redis client, its
+// breakers and lanes, the key table (one MaxKeys bound for every limit), the
+// refund queue, the janitor, the gate Close waits on, and the Limiters that
+// For has made. Each Limiter adds what is its limit's own (see Limiter).
+type engine struct {
+	cfg     config
+	clock   localClock
+	gate    gate // Close waits for every call and goroutine it admitted
+	client  redis.UniversalClient
+	auth    *authority.Redis // the bucket scripts and key names
+	brks    *breakers        // one per node
+	table   *lease.Table     // the local state of every limit's keys
+	refunds *refundQueue     // unused tokens on their way back
+	janitor *janitor         // expiry, eviction and refunds in the background
+	slots   chan struct{}    // one per background refill in flight (refill.go)
+	// meters records what belongs to the engine rather than to one limit
+	// (breaker transitions and state, the key table, refunds); its
+	// ratelimit.limit.name is that of New's limit.
+	meters *telemetry.Recorder
+	root   *Limiter // the Limiter New returned: the one whose Close closes the engine
+
+	forMu  sync.Mutex                                // serialises additions to limits
+	limits atomic.Pointer[map[policy.Limit]*Limiter] // For's Limiters (and New's), copied on write
+}
+
+// limiter returns the engine's Limiter for limit, making it on first use.
+// A lookup of a limit seen before is one atomic load and one map read: no
+// lock, no allocation.
+func (e *engine) limiter(limit policy.Limit) *Limiter {
+	if m := e.limits.Load(); m != nil {
+		if l, ok := (*m)[limit]; ok {
+			return l
+		}
+	}
+	if err := limit.Validate(); err != nil {
+		// Not kept: an invalid limit is the caller's bug, reported by
+		// every call of the Limiter it gets.
+		return &Limiter{engine: e, limit: limit, invalid: err, tel: e.meters}
+	}
+	e.forMu.Lock()
+	defer e.forMu.Unlock()
+	old := e.limits.Load()
+	if l, ok := (*old)[limit]; ok {
+		return l
+	}
+	l := e.newLimiter(limit)
+	m := make(map[policy.Limit]*Limiter, len(*old)+1)
+	for k, v := range *old {
+		m[k] = v
+	}
+	m[limit] = l
+	e.limits.Store(&m)
+	return l
+}
+
+// newLimiter returns a Limiter for limit on e: its own lease protocol (over
+// the shared table), refills, telemetry attributes and log name.
+func (e *engine) newLimiter(limit policy.Limit) *Limiter {
+	tel := e.meters // New's limit
+	if e.root != nil {
+		tel = e.meters.WithLimit(limit.Name)
+	}
+	l := &Limiter{
+		engine: e,
+		limit:  limit,
+		tel:    tel,
+		log:    newLogger(e.cfg.logger, limit.Name),
+		leases: lease.New(e.table, limit, e.cfg.lease, e.cfg.fleetSize),
+	}
+	l.calls = newAuthorizer(e.client, &calls{auth: e.auth, limit: limit, budget: e.cfg.timeout, pool: poolSize(e.client),
+		brks: e.brks, leases: l.leases, refunds: e.refunds, gate: &e.gate, clock: e.clock, tel: tel, log: l.log})
+	return l
+}
+
+// breakerSettings are the configured breaker settings on the engine's
+// clock, with transitions counted.
+func (e *engine) breakerSettings() breaker.Settings {
+	s := e.cfg.breaker
+	s.Now = e.cfg.clock.Now // one clock for retry-afters (WithClock)
+	user := s.OnStateChange
+	s.OnStateChange = func(from, to breaker.State) {
+		e.meters.CountTransition(to)
+		if user != nil {
+			user(from, to)
+		}
+	}
+	return s
+}

@@ -1,0 +1,45 @@
+package lease
+
+import "github.com/leaselimit/leaselimit/policy"
+
+// Table is the key table that the Leases of one engine share: one bound
+// (MaxKeys) on the keys of every limit, one eviction hand, one sweep.
+type Table struct {
+	t    *table
+	idle int64 // an unused key is forgotten after this long
+}
+
+// NewTable returns a table of at most about maxKeys keys, whatever their
+// limits, with lease settings s (defaults applied; s.IdleTTL is how long an
+// unused key is kept).
+func NewTable(maxKeys int, s policy.Lease) *Table {
+	return &Table{t: newTable(maxKeys), idle: int64(s.WithDefaults().IdleTTL)}
+}
+
+// Sweep expires leases and forgets keys idle since before now-IdleTTL,
+// returning the tokens to give back, each to the bucket of its limit.
+func (t *Table) Sweep(now int64) []Return {
+	var out []Return
+	t.t.Sweep(now, t.idle, func(e *entry, n int64) { out = append(out, e.back(n)) })
+	return out
+}
+
+// Drain forgets every key and returns the tokens of every lease (for
+// Close).
+func (t *Table) Drain() []Return {
+	var out []Return
+	t.t.Drain(func(e *entry, n int64) { out = append(out, e.back(n)) })
+	return out
+}
+
+// Len returns how many keys have local state, over every limit.
+func (t *Table) Len() int { return t.t.Len() }
+
+// back returns n tokens of e as a Return to the bucket of e's limit.
+func (e *entry) back(n int64) Return {
+	r := Return{Key: e.key, Tokens: n}
+	if e.owner != nil {
+		r.Limit = e.owner.limit
+	}
+	return r
+}
