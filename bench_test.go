@@ -2,6 +2,7 @@ package leaselimit_test
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -27,13 +28,36 @@ func BenchmarkAllowLeaseHit(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer lim.Close()
+	benchLeaseHit(b, func() *leaselimit.Limiter { return lim })
+}
+
+// BenchmarkForLeaseHit is BenchmarkAllowLeaseHit through For, as a service
+// with plans calls it: lim.For(plans[user.Plan]).Allow(ctx, key), with 16
+// plans on the engine and the hot key on one of them.
+func BenchmarkForLeaseHit(b *testing.B) {
+	_, c := newMiniTB(b)
+	lim, err := leaselimit.New(c, policy.PerSecond(10))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer lim.Close()
+	plans := make([]policy.Limit, 16)
+	for i := range plans {
+		plans[i] = hotLimit.WithName(fmt.Sprintf("plan-%d", i))
+		lim.For(plans[i])
+	}
+	benchLeaseHit(b, func() *leaselimit.Limiter { return lim.For(plans[7]) })
+}
+
+// benchLeaseHit calls limiter().Allow on one hot key from every processor.
+func benchLeaseHit(b *testing.B, limiter func() *leaselimit.Limiter) {
 	ctx := context.Background()
 	var srcs [4]atomic.Int64
 	b.ReportAllocs()
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
-			d, err := lim.Allow(ctx, "hot")
+			d, err := limiter().Allow(ctx, "hot")
 			if err != nil || !d.Allowed {
 				b.Errorf("Allow = %+v, %v", d, err)
 				return

@@ -25,8 +25,8 @@ var ErrUnavailable = errors.New("leaselimit: redis unavailable")
 // the bucket and this instance know (other instances' leases are not
 // counted: they were taken from the bucket). Source is SourceAuthority.
 //
-// Peek makes one Redis call, a read-only script (EVALSHA_RO, which Redis
-// refuses to let write), and no write; it changes no local state either.
+// Peek makes one Redis call, a script that reads the bucket and Redis's
+// clock and writes nothing; it changes no local state either.
 // While Redis is unavailable it returns an error wrapping ErrUnavailable.
 func (l *Limiter) Peek(ctx context.Context, key string) (Decision, error) {
 	if err := l.usable(); err != nil {

@@ -105,7 +105,7 @@ func New(client redis.UniversalClient, limit policy.Limit, opts ...Option) (*Lim
 	}
 	e.refunds = newRefundQueue(auth, e.brks, meters, cfg.timeout, e.clock)
 	e.root = e.newLimiter(limit)
-	e.limits.Store(&map[policy.Limit]*Limiter{limit: e.root})
+	e.limits.LoadOrMake(limit, func() *Limiter { return e.root })
 	e.janitor = startJanitor(e.table, e.refunds, e.brks, e.root.log, e.clock, cfg.lease.TTL)
 	return e.root, nil
 }

@@ -431,6 +431,28 @@ func TestClusterDecisions(t *testing.T) {
 			if total != nkeys || len(want) != 0 {
 				t.Errorf("the masters hold %d buckets, want %d; %d expected keys missing", total, nkeys, len(want))
 			}
+
+			// Peek, Reset and a limit through For route by key like every
+			// call, on every master.
+			tier := limB.For(lb.WithName("cl-tier-" + mode).WithBurst(10))
+			for _, key := range keys[:30] {
+				p, err := limB.Peek(ctx, key)
+				if err != nil || p.Allowed || p.Remaining != 0 {
+					t.Fatalf("Peek(%q) of a spent bucket = %+v, %v", key, p, err)
+				}
+				if err := limB.Reset(ctx, key); err != nil {
+					t.Fatalf("Reset(%q): %v", key, err)
+				}
+				if p, err := limB.Peek(ctx, key); err != nil || p.Remaining != lb.Burst {
+					t.Fatalf("Peek(%q) after Reset = %+v, %v; want a full bucket", key, p, err)
+				}
+				if d, err := limB.Allow(ctx, key); err != nil || !d.Allowed || d.Source == leaselimit.SourceFallback {
+					t.Fatalf("Allow(%q) after Reset = %+v, %v", key, d, err)
+				}
+				if d, err := tier.Allow(ctx, key); err != nil || !d.Allowed || d.Limit.Burst != 10 || d.Source == leaselimit.SourceFallback {
+					t.Fatalf("For(tier).Allow(%q) = %+v, %v", key, d, err)
+				}
+			}
 		})
 	}
 

@@ -1,11 +1,9 @@
 package leaselimit
 
 import (
-	"sync"
-	"sync/atomic"
-
 	"github.com/leaselimit/leaselimit/authority"
 	"github.com/leaselimit/leaselimit/breaker"
+	"github.com/leaselimit/leaselimit/internal/cowmap"
 	"github.com/leaselimit/leaselimit/lease"
 	"github.com/leaselimit/leaselimit/policy"
 	"github.com/leaselimit/leaselimit/telemetry"
@@ -33,38 +31,22 @@ type engine struct {
 	meters *telemetry.Recorder
 	root   *Limiter // the Limiter New returned: the one whose Close closes the engine
 
-	forMu  sync.Mutex                                // serialises additions to limits
-	limits atomic.Pointer[map[policy.Limit]*Limiter] // For's Limiters (and New's), copied on write
+	limits cowmap.Map[policy.Limit, *Limiter] // For's Limiters (and New's)
 }
 
 // limiter returns the engine's Limiter for limit, making it on first use.
 // A lookup of a limit seen before is one atomic load and one map read: no
 // lock, no allocation.
 func (e *engine) limiter(limit policy.Limit) *Limiter {
-	if m := e.limits.Load(); m != nil {
-		if l, ok := (*m)[limit]; ok {
-			return l
-		}
+	if l, ok := e.limits.Load(limit); ok {
+		return l
 	}
 	if err := limit.Validate(); err != nil {
 		// Not kept: an invalid limit is the caller's bug, reported by
 		// every call of the Limiter it gets.
 		return &Limiter{engine: e, limit: limit, invalid: err, tel: e.meters}
 	}
-	e.forMu.Lock()
-	defer e.forMu.Unlock()
-	old := e.limits.Load()
-	if l, ok := (*old)[limit]; ok {
-		return l
-	}
-	l := e.newLimiter(limit)
-	m := make(map[policy.Limit]*Limiter, len(*old)+1)
-	for k, v := range *old {
-		m[k] = v
-	}
-	m[limit] = l
-	e.limits.Store(&m)
-	return l
+	return e.limits.LoadOrMake(limit, func() *Limiter { return e.newLimiter(limit) })
 }
 
 // newLimiter returns a Limiter for limit on e: its own lease protocol (over

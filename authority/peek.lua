@@ -1,5 +1,5 @@
--- leaselimit peek: read a token bucket without changing it. Sent as
--- EVALSHA_RO, so Redis itself refuses any write.
+-- leaselimit peek: read a token bucket without changing it: GET and TIME,
+-- no write.
 --
 -- KEYS[1]  the bucket (see common.lua). A missing key is a full bucket.
 -- ARGV     r, p, burst (as for acquire.lua).

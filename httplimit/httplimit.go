@@ -25,6 +25,16 @@ type Limiter interface {
 
 var _ Limiter = (*leaselimit.Limiter)(nil)
 
+// Tiered is a Limiter that also enforces other limits on the same engine
+// (see leaselimit.Limiter.For); *leaselimit.Limiter implements it.
+// WithLimitFunc needs one.
+type Tiered interface {
+	Limiter
+	For(policy.Limit) *leaselimit.Limiter
+}
+
+var _ Tiered = (*leaselimit.Limiter)(nil)
+
 // KeyFunc returns the rate-limit key of a request: requests with the same key
 // share one bucket. An error rejects the request (see WithKeyErrorHandler).
 type KeyFunc func(*http.Request) (string, error)
@@ -48,12 +58,28 @@ const (
 type Option func(*config)
 
 type config struct {
+	limit    func(*http.Request) policy.Limit
 	cost     func(*http.Request) int64
 	denied   func(http.ResponseWriter, *http.Request, leaselimit.Decision)
 	keyError func(http.ResponseWriter, *http.Request, error)
 	limError func(http.ResponseWriter, *http.Request, error)
 	logger   *slog.Logger
 	legacy   bool
+}
+
+// WithLimitFunc chooses the limit of each request, for plans and tiers:
+//
+//	httplimit.Middleware(lim, key, httplimit.WithLimitFunc(func(r *http.Request) policy.Limit {
+//		return plans[planOf(r)]
+//	}))
+//
+// The request is decided by lim.For(limit(r)), on lim's engine, and
+// RateLimit-Policy and RateLimit describe that limit. lim must implement
+// Tiered (a *leaselimit.Limiter does), or Middleware panics. An invalid
+// limit gets the error handler's response (by default 500). limit runs once
+// per request, before the key function; keep it cheap (a map lookup).
+func WithLimitFunc(limit func(*http.Request) policy.Limit) Option {
+	return func(c *config) { c.limit = limit }
 }
 
 // WithCost sets the number of tokens a request takes (default 1). A cost of
@@ -113,13 +139,12 @@ func WithLegacyHeaders() Option {
 }
 
 type middleware struct {
-	lim    Limiter
-	key    KeyFunc
-	cfg    config
-	limit  policy.Limit
-	name   string // the policy name, as given
-	policy string // this Middleware's RateLimit-Policy member
-	prefix string // `"name";r=`
+	lim      Limiter
+	tiered   Tiered // lim, when WithLimitFunc is set
+	key      KeyFunc
+	cfg      config
+	policy   *policyFields // lim's limit
+	policies policyCache   // WithLimitFunc's limits
 }
 
 // Middleware returns a middleware that takes tokens from lim for every
@@ -133,11 +158,18 @@ func Middleware(lim Limiter, key KeyFunc, opts ...Option) func(http.Handler) htt
 	if key == nil {
 		panic("httplimit: Middleware with a nil KeyFunc")
 	}
-	m := &middleware{lim: lim, key: key, limit: lim.Limit()}
+	m := &middleware{lim: lim, key: key, policy: newPolicyFields(lim.Limit())}
 	for _, o := range opts {
 		if o != nil {
 			o(&m.cfg)
 		}
+	}
+	if m.cfg.limit != nil {
+		t, ok := lim.(Tiered)
+		if !ok {
+			panic("httplimit: WithLimitFunc with a Limiter that has no For method")
+		}
+		m.tiered = t
 	}
 	if m.cfg.logger == nil {
 		m.cfg.logger = slog.Default()
@@ -151,11 +183,6 @@ func Middleware(lim Limiter, key KeyFunc, opts ...Option) func(http.Handler) htt
 	if m.cfg.limError == nil {
 		m.cfg.limError = m.limiterError
 	}
-	m.name = m.limit.Name
-	quoted := string(appendSFString(nil, m.name))
-	m.policy = quoted + ";q=" + strconv.FormatInt(max(m.limit.Burst, 0), 10) +
-		";w=" + strconv.FormatInt(max(ceilSeconds(m.limit.Period), 1), 10)
-	m.prefix = quoted + ";r="
 	return func(next http.Handler) http.Handler {
 		if next == nil {
 			panic("httplimit: Middleware wrapping a nil http.Handler")
@@ -168,7 +195,12 @@ func Middleware(lim Limiter, key KeyFunc, opts ...Option) func(http.Handler) htt
 
 func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
 	h := w.Header()
-	appendMember(h, HeaderRateLimitPolicy, m.policy)
+	lim, pf := m.lim, m.policy
+	if m.cfg.limit != nil {
+		l := m.cfg.limit(r)
+		lim, pf = m.tiered.For(l), m.policies.get(l)
+	}
+	appendMember(h, HeaderRateLimitPolicy, pf.policy)
 	key, err := m.key(r)
 	if err == nil && (len(key) == 0 || len(key) > leaselimit.MaxKeyLen) {
 		err = &KeyError{Detail: "The request's rate-limit key is empty or longer than " +
@@ -185,7 +217,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 			return
 		}
 	}
-	d, err := m.lim.AllowN(r.Context(), key, n)
+	d, err := lim.AllowN(r.Context(), key, n)
 	if err != nil {
 		if errors.Is(err, leaselimit.ErrInvalidKey) {
 			m.cfg.keyError(w, r, &KeyError{Detail: "The request's rate-limit key is not valid.", Err: err})
@@ -195,17 +227,17 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		return
 	}
 	if d.Limit == (policy.Limit{}) {
-		d.Limit = m.limit
+		d.Limit = pf.limit
 	}
 	remaining := min(max(d.Remaining, 0), maxSFInt)
 	var t int64
 	if d.Allowed {
-		t = ceilSeconds(m.untilMore(d))
+		t = ceilSeconds(untilMore(pf.limit, d))
 	} else {
 		t = max(ceilSeconds(d.RetryAfter), 1)
 	}
 	var buf [96]byte
-	b := append(buf[:0], m.prefix...)
+	b := append(buf[:0], pf.prefix...)
 	b = strconv.AppendInt(b, remaining, 10)
 	b = append(b, ";t="...)
 	b = strconv.AppendInt(b, min(t, maxSFInt), 10)
@@ -215,7 +247,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		if !d.Allowed {
 			reset = max(reset, t)
 		}
-		m.setLegacy(h, d.Allowed, remaining, reset)
+		setLegacy(h, pf.limit, d.Allowed, remaining, reset)
 	}
 	if d.Allowed {
 		next.ServeHTTP(w, r)
@@ -228,8 +260,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 // untilMore is the time until the bucket of an allowed decision holds one
 // more token: the time until it is full minus the time the tokens after the
 // next one take to arrive.
-func (m *middleware) untilMore(d leaselimit.Decision) time.Duration {
-	l := m.limit
+func untilMore(l policy.Limit, d leaselimit.Decision) time.Duration {
 	if d.Remaining >= l.Burst || d.ResetAfter <= 0 || l.Rate <= 0 {
 		return 0
 	}
@@ -244,7 +275,7 @@ func (m *middleware) untilMore(d leaselimit.Decision) time.Duration {
 
 // setLegacy sets the X-RateLimit fields unless an outer Middleware already
 // set them from a more restrictive decision.
-func (m *middleware) setLegacy(h http.Header, allowed bool, remaining, reset int64) {
+func setLegacy(h http.Header, l policy.Limit, allowed bool, remaining, reset int64) {
 	if allowed {
 		if v := h[HeaderLegacyRemaining]; len(v) == 1 {
 			if old, err := strconv.ParseInt(v[0], 10, 64); err == nil {
@@ -258,7 +289,7 @@ func (m *middleware) setLegacy(h http.Header, allowed bool, remaining, reset int
 			}
 		}
 	}
-	h[HeaderLegacyLimit] = []string{strconv.FormatInt(max(m.limit.Burst, 0), 10)}
+	h[HeaderLegacyLimit] = []string{strconv.FormatInt(max(l.Burst, 0), 10)}
 	h[HeaderLegacyRemaining] = []string{strconv.FormatInt(remaining, 10)}
 	h[HeaderLegacyReset] = []string{strconv.FormatInt(reset, 10)}
 }
@@ -267,7 +298,7 @@ func (m *middleware) setLegacy(h http.Header, allowed bool, remaining, reset int
 func (m *middleware) quotaExceeded(w http.ResponseWriter, _ *http.Request, d leaselimit.Decision) {
 	name := d.Limit.Name
 	if name == "" {
-		name = m.name
+		name = m.policy.limit.Name
 	}
 	retry := w.Header().Get(HeaderRetryAfter)
 	writeProblem(w, problem{
@@ -298,9 +329,9 @@ func badKey(w http.ResponseWriter, _ *http.Request, err error) {
 func (m *middleware) limiterError(w http.ResponseWriter, r *http.Request, err error) {
 	if r.Context().Err() == nil || !errors.Is(err, r.Context().Err()) {
 		m.cfg.logger.LogAttrs(r.Context(), slog.LevelError, "httplimit: limiter error",
-			slog.String("policy", m.name), slog.String("error", err.Error()))
+			slog.String("policy", m.policy.limit.Name), slog.String("error", err.Error()))
 	}
-	if errors.Is(err, leaselimit.ErrInvalidCost) {
+	if errors.Is(err, leaselimit.ErrInvalidCost) || errors.Is(err, policy.ErrInvalidLimit) {
 		writeProblem(w, problem{
 			Type:   "about:blank",
 			Title:  http.StatusText(http.StatusInternalServerError),

@@ -1,6 +1,7 @@
 package lease
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -313,5 +314,74 @@ func TestProtocolPrefetchClaim(t *testing.T) {
 	ls.Prefetched(tk)
 	if e.refilling.Load() {
 		t.Error("claim still held after Prefetched")
+	}
+}
+
+// TestProtocolLimitsShareTable: two limits on one Table keep a key's state
+// apart (a lease of one never serves the other), one bound covers both, and
+// every Return names the limit whose bucket it goes back to.
+func TestProtocolLimitsShareTable(t *testing.T) {
+	tab := NewTable(1000, policy.Lease{})
+	free := policy.Limit{Name: "free", Rate: 100_000, Period: time.Second, Burst: 100_000}
+	pro := free.WithName("pro")
+	lf := New(tab, free, policy.Lease{}, 1)
+	lp := New(tab, pro, policy.Lease{}, 1)
+	now := warm(t, lf, "k", int64(s))
+	if lf.Holding("k", now) < 2 {
+		t.Fatalf("free holds %d tokens of k after warming; want a lease", lf.Holding("k", now))
+	}
+	if a := lp.Decide("k", 1, now); a.Status != Miss {
+		t.Fatalf("pro's first Decide of k = %+v; want Miss: free's lease is not pro's", a)
+	}
+	if lp.Holding("k", now) != 0 {
+		t.Errorf("pro holds %d tokens of k", lp.Holding("k", now))
+	}
+	if tab.Len() != 2 {
+		t.Errorf("Len = %d; want 2 (k under each limit)", tab.Len())
+	}
+	held := lf.Holding("k", now)
+	rs := tab.Drain()
+	if len(rs) != 1 || rs[0].Limit != free || rs[0].Key != "k" || rs[0].Tokens != held {
+		t.Errorf("Drain = %+v; want free's %d tokens of k", rs, held)
+	}
+
+	small := NewTable(minCapacity, policy.Lease{})
+	a, b := New(small, free, policy.Lease{}, 1), New(small, pro, policy.Lease{}, 1)
+	for i := 0; i < 10*minCapacity; i++ {
+		a.Decide(fmt.Sprintf("a%d", i), 1, now)
+		b.Decide(fmt.Sprintf("b%d", i), 1, now)
+	}
+	if n := small.Len(); n > minCapacity {
+		t.Errorf("a table of %d keys holds %d over two limits", minCapacity, n)
+	}
+}
+
+// TestProtocolForget: Forget drops a key's lease without returning it, and
+// its negative cache, at once.
+func TestProtocolForget(t *testing.T) {
+	ls := newLeases(policy.PerSecond(100_000), 1000, 1)
+	now := warm(t, ls, "k", int64(s))
+	ls.Forget("k")
+	if h := ls.Holding("k", now); h != 0 {
+		t.Errorf("Holding after Forget = %d", h)
+	}
+	if rs := tableOf(ls).Drain(); len(rs) != 0 {
+		t.Errorf("Drain after Forget = %v; want nothing to return", rs)
+	}
+
+	// A denial cached for a second is gone after Forget.
+	a := ls.Decide("d", 1, now)
+	ls.Join(a.Ticket)
+	r := ls.Plan(a.Ticket, now)
+	o, _ := ls.Complete(r, authority.Grant{RetryAfter: time.Second}, now)
+	if got := ls.Collect(a.Ticket, o, now); got.Status != Refused {
+		t.Fatalf("Collect after a denial = %+v", got)
+	}
+	if a := ls.Decide("d", 1, now); a.Status != Cached {
+		t.Fatalf("Decide after a denial = %+v; want Cached", a)
+	}
+	ls.Forget("d")
+	if a := ls.Decide("d", 1, now); a.Status != Miss {
+		t.Errorf("Decide after Forget = %+v; want Miss (ask the authority)", a)
 	}
 }

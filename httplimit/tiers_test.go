@@ -1,0 +1,69 @@
+package httplimit_test
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/leaselimit/leaselimit"
+	"github.com/leaselimit/leaselimit/httplimit"
+	"github.com/leaselimit/leaselimit/policy"
+)
+
+// TestLimitFunc: each request is decided by the limit WithLimitFunc chose
+// for it, and its RateLimit-Policy and RateLimit describe that limit.
+func TestLimitFunc(t *testing.T) {
+	_, rdb := newRedis(t)
+	free := policy.Limit{Name: "free", Rate: 2, Period: time.Minute, Burst: 2}
+	pro := policy.Limit{Name: "pro", Rate: 100, Period: time.Minute, Burst: 50}
+	plans := map[string]policy.Limit{"free": free, "pro": pro}
+	lim := newLimiter(t, rdb, free, leaselimit.WithoutLease())
+	h := httplimit.Middleware(lim, httplimit.Header("X-User"), httplimit.WithLimitFunc(func(r *http.Request) policy.Limit {
+		return plans[r.Header.Get("X-Plan")]
+	}))(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {}))
+	call := func(user, plan string) *httptest.ResponseRecorder {
+		req := httptest.NewRequest("GET", "/", nil)
+		req.Header.Set("X-User", user)
+		req.Header.Set("X-Plan", plan)
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		return rec
+	}
+	for i, want := range []struct {
+		user, plan    string
+		code          int
+		policy, limit string
+	}{
+		{"ann", "free", 200, `"free";q=2;w=60`, `"free";r=1;t=30`},
+		{"ann", "free", 200, `"free";q=2;w=60`, `"free";r=0;t=30`},
+		{"ann", "free", 429, `"free";q=2;w=60`, `"free";r=0;t=30`},
+		{"ann", "pro", 200, `"pro";q=50;w=60`, `"pro";r=49;t=1`}, // an upgrade: the pro bucket, full
+		{"bob", "pro", 200, `"pro";q=50;w=60`, `"pro";r=49;t=1`},
+	} {
+		rec := call(want.user, want.plan)
+		if rec.Code != want.code || rec.Header().Get(httplimit.HeaderRateLimitPolicy) != want.policy ||
+			rec.Header().Get(httplimit.HeaderRateLimit) != want.limit {
+			t.Errorf("request %d (%s on %s): %d, RateLimit-Policy %q, RateLimit %q; want %d, %q, %q", i, want.user, want.plan,
+				rec.Code, rec.Header().Get(httplimit.HeaderRateLimitPolicy), rec.Header().Get(httplimit.HeaderRateLimit),
+				want.code, want.policy, want.limit)
+		}
+	}
+	// An unknown plan gives the zero Limit: invalid, so the request fails
+	// with the error handler's 500 rather than being let through.
+	if rec := call("eve", "gold"); rec.Code != http.StatusInternalServerError {
+		t.Errorf("request with an invalid limit: %d; want 500", rec.Code)
+	}
+}
+
+// TestLimitFuncNeedsFor: WithLimitFunc with a Limiter that cannot enforce
+// other limits is a programming error, reported at once.
+func TestLimitFuncNeedsFor(t *testing.T) {
+	defer func() {
+		if recover() == nil {
+			t.Error("Middleware with WithLimitFunc and a Limiter without For did not panic")
+		}
+	}()
+	f := &fakeLimiter{limit: policy.PerSecond(1)}
+	httplimit.Middleware(f, httplimit.Header("X-User"), httplimit.WithLimitFunc(func(*http.Request) policy.Limit { return policy.PerSecond(2) }))
+}
