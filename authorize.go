@@ -42,6 +42,17 @@ type call struct {
 	// sent, if set, is stamped (Unix ns) when the call leaves this process
 	// (see queued).
 	sent *atomic.Int64
+	// with, if set, are more buckets the same tokens are taken from, all or
+	// none, in the same script call (a multi-limit; see For).
+	with []authority.Member
+}
+
+// refund queues n tokens of c back to every bucket it took them from.
+func (a *calls) refund(c call, n int64) {
+	a.refunds.add(c.rkey, a.limit, n)
+	for _, m := range c.with {
+		a.refunds.add(m.Key, m.Limit, n)
+	}
 }
 
 // reply is a call's result: the grant and, for a refill, the outcome its
@@ -157,7 +168,7 @@ func (a detached) authorize(ctx context.Context, c call) reply {
 		}
 		if r.err == nil && c.refill == nil {
 			// The caller left before the grant arrived: give it back.
-			a.refunds.add(c.rkey, a.limit, r.grant.Granted)
+			a.refund(c, r.grant.Granted)
 		}
 	}()
 	// settle ends the wait with what the waiter decided, unless the call
@@ -313,7 +324,7 @@ func (a *calls) admit(c call) (done func(error), err error) {
 func (a *calls) acquire(ctx context.Context, c call) reply {
 	cctx, span := a.tel.StartAuthority(ctx, c.want, c.min)
 	start := time.Now()
-	g, err := a.brks.laneFor(c.brk).acquire(cctx, authority.Acquisition{Key: c.rkey, Limit: a.limit, Want: c.want, Min: c.min, Share: c.share}, c.sent)
+	g, err := a.brks.laneFor(c.brk).acquire(cctx, authority.Acquisition{Key: c.rkey, Limit: a.limit, Want: c.want, Min: c.min, Share: c.share, With: c.with}, c.sent)
 	a.tel.EndAuthority(cctx, span, time.Since(start), g.Granted, err)
 	if !breaker.Counts(err) {
 		c.brk.Replied()

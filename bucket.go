@@ -35,12 +35,15 @@ func (l *Limiter) Peek(ctx context.Context, key string) (Decision, error) {
 	if err := checkKey(key); err != nil {
 		return Decision{Source: SourceNone}, err
 	}
+	if l.group != nil {
+		return l.peekGroup(ctx, key)
+	}
 	brk, rkey := l.route(key)
 	if rkey == "" {
 		rkey = l.auth.Key(l.limit, key)
 	}
 	var b authority.Bucket
-	err := l.oneCall(ctx, brk, func(ctx context.Context) (err error) {
+	_, err := l.oneCall(ctx, brk, func(ctx context.Context) (err error) {
 		b, err = l.auth.Peek(ctx, rkey, l.limit)
 		return err
 	})
@@ -76,11 +79,19 @@ func (l *Limiter) Reset(ctx context.Context, key string) error {
 	if err := checkKey(key); err != nil {
 		return err
 	}
+	if l.group != nil {
+		for _, p := range l.group {
+			if err := p.Reset(ctx, key); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
 	brk, rkey := l.route(key)
 	if rkey == "" {
 		rkey = l.auth.Key(l.limit, key)
 	}
-	if err := l.oneCall(ctx, brk, func(ctx context.Context) error { return l.auth.Reset(ctx, rkey) }); err != nil {
+	if _, err := l.oneCall(ctx, brk, func(ctx context.Context) error { return l.auth.Reset(ctx, rkey) }); err != nil {
 		return err
 	}
 	l.leases.Forget(key)
@@ -94,14 +105,15 @@ func (l *Limiter) Reset(ctx context.Context, key string) error {
 // comes. The error is ErrClosed, ctx's, or wraps ErrUnavailable (the
 // breaker is open, a failure that counts against it, no reply in the
 // budget); Redis replies that mean misconfiguration (NOPERM and the like)
-// are returned as they are.
-func (l *Limiter) oneCall(ctx context.Context, brk *breaker.Breaker, op func(context.Context) error) error {
+// are returned as they are. sent reports whether op ran (false: it never
+// will, so its effect can be queued for later without doubling it).
+func (l *Limiter) oneCall(ctx context.Context, brk *breaker.Breaker, op func(context.Context) error) (sent bool, err error) {
 	if brk.Rejects(l.clock.wall()) {
-		return fmt.Errorf("%w: %w", ErrUnavailable, breaker.ErrOpen)
+		return false, fmt.Errorf("%w: %w", ErrUnavailable, breaker.ErrOpen)
 	}
 	done, err := brk.Allow()
 	if err != nil {
-		return fmt.Errorf("%w: %w", ErrUnavailable, err)
+		return false, fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
 	budget := l.cfg.timeout
 	ch := make(chan error, 1)
@@ -113,24 +125,24 @@ func (l *Limiter) oneCall(ctx context.Context, brk *breaker.Breaker, op func(con
 		ch <- err
 	}) {
 		done(nil)
-		return ErrClosed
+		return false, ErrClosed
 	}
 	timer := time.NewTimer(budget)
 	defer timer.Stop()
 	select {
 	case err = <-ch:
 	case <-timer.C:
-		return fmt.Errorf("%w: no reply within %v", ErrUnavailable, budget)
+		return true, fmt.Errorf("%w: no reply within %v", ErrUnavailable, budget)
 	case <-ctx.Done():
-		return ctx.Err()
+		return true, ctx.Err()
 	}
 	switch {
 	case err == nil:
-		return nil
+		return true, nil
 	case errors.Is(err, authority.ErrScript), errors.Is(err, authority.ErrReply):
-		return fmt.Errorf("leaselimit: %w", err)
+		return true, fmt.Errorf("leaselimit: %w", err)
 	case breaker.Counts(err):
-		return fmt.Errorf("%w: %w", ErrUnavailable, err)
+		return true, fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
-	return fmt.Errorf("leaselimit: redis: %w", err)
+	return true, fmt.Errorf("leaselimit: redis: %w", err)
 }

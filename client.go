@@ -43,6 +43,7 @@ type Limiter struct {
 	leases  *lease.Leases      // this limit's local decision protocol and state
 	calls   authorizer         // budgeted authority calls
 	sf      singleflight.Group // one refill per key at a time (refill.go)
+	group   []*Limiter         // a multi-limit's limits, each its own Limiter (group.go); nil for one limit
 }
 
 // New returns a Limiter that enforces limit per key on client, which may be
@@ -199,6 +200,9 @@ func (l *Limiter) allowN(ctx context.Context, key string, n int64) (Decision, er
 	if err := l.check(key, n); err != nil {
 		return Decision{Source: SourceNone}, err
 	}
+	if l.group != nil {
+		return l.allowGroup(ctx, key, n)
+	}
 	if l.cfg.noLease {
 		return l.allowExact(ctx, key, n)
 	}
@@ -233,6 +237,11 @@ func (l *Limiter) check(key string, n int64) error {
 	}
 	if n < 1 || n > l.limit.Burst {
 		return fmt.Errorf("%w: n = %d, want 1 <= n <= burst %d", ErrInvalidCost, n, l.limit.Burst)
+	}
+	for _, p := range l.group {
+		if n > p.limit.Burst {
+			return fmt.Errorf("%w: n = %d, want 1 <= n <= burst %d of %s", ErrInvalidCost, n, p.limit.Burst, p.limit.Name)
+		}
 	}
 	return nil
 }

@@ -84,6 +84,11 @@ type Decision struct {
 	RetryAfter time.Duration // 0 when allowed; when denied, until n tokens can be available
 	ResetAfter time.Duration // until the bucket is full again
 	Source     Source
+	// Parts, for a Limiter from For with several limits, holds every
+	// limit's state after the decision, in For's order; Limit is then the
+	// limit that denied (the one the request waits longest for) or, when
+	// admitted, the one with the fewest tokens left. Nil for one limit.
+	Parts []Part
 }
 
 // decided turns an answer of the lease protocol into the caller's Decision.

@@ -32,6 +32,7 @@ type engine struct {
 	root   *Limiter // the Limiter New returned: the one whose Close closes the engine
 
 	limits cowmap.Map[policy.Limit, *Limiter] // For's Limiters (and New's)
+	groups cowmap.Map[groupKey, *Limiter]     // For's multi-limits
 }
 
 // limiter returns the engine's Limiter for limit, making it on first use.

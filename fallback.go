@@ -61,7 +61,7 @@ func (l *Limiter) fallback(ctx context.Context, brk *breaker.Breaker, key string
 	}
 	wall := l.clock.wall()
 	now := l.clock.mono(wall)
-	if !l.cfg.noLease {
+	if !l.cfg.noLease && l.group == nil {
 		if a, ok := l.leases.Held(key, n, now); ok {
 			return l.decided(a)
 		}
@@ -70,19 +70,17 @@ func (l *Limiter) fallback(ctx context.Context, brk *breaker.Breaker, key string
 	case policy.FailClosed:
 		return denial(l.limit, 0, l.untilProbe(brk, wall), SourceFallback)
 	case policy.FailLocal:
-		b := l.leases.AllowLocal(key, n, now)
-		l.refunds.addReturn(b.Evicted)
-		retry := b.RetryAfter
-		if retry == lease.Never {
-			// Above this instance's share: wait for Redis to come back.
-			retry = l.untilProbe(brk, wall)
+		if l.group == nil {
+			return l.local(brk, key, n, now, wall)
 		}
-		// The share decided: report it as the Limit, and its ResetAfter.
-		share := l.leases.LocalShare()
-		d := Decision{Allowed: b.Allowed, Limit: share, Remaining: b.Remaining,
-			ResetAfter: share.Interval(share.Burst - b.Remaining), Source: SourceFallback}
-		if !b.Allowed {
-			d.RetryAfter = max(retry, time.Microsecond)
+		// Each limit's share in turn: a request the second denies keeps
+		// the tokens the first gave (during an outage a multi-limit can
+		// under-admit locally, never over-admit).
+		var d Decision
+		for _, p := range l.group {
+			if d = p.local(brk, key, n, now, wall); !d.Allowed {
+				break
+			}
 		}
 		return d
 	}
@@ -91,6 +89,26 @@ func (l *Limiter) fallback(ctx context.Context, brk *breaker.Breaker, key string
 	rem := l.leases.LastKnown(key)
 	return Decision{Allowed: true, Limit: l.limit, Remaining: rem,
 		ResetAfter: l.limit.Interval(l.limit.Burst - rem), Source: SourceFallback}
+}
+
+// local is FailLocal's decision: n tokens of key's local bucket, this
+// instance's share of the limit.
+func (l *Limiter) local(brk *breaker.Breaker, key string, n, now int64, wall time.Time) Decision {
+	b := l.leases.AllowLocal(key, n, now)
+	l.refunds.addReturn(b.Evicted)
+	retry := b.RetryAfter
+	if retry == lease.Never {
+		// Above this instance's share: wait for Redis to come back.
+		retry = l.untilProbe(brk, wall)
+	}
+	// The share decided: report it as the Limit, and its ResetAfter.
+	share := l.leases.LocalShare()
+	d := Decision{Allowed: b.Allowed, Limit: share, Remaining: b.Remaining,
+		ResetAfter: share.Interval(share.Burst - b.Remaining), Source: SourceFallback}
+	if !b.Allowed {
+		d.RetryAfter = max(retry, time.Microsecond)
+	}
+	return d
 }
 
 // untilProbe is the RetryAfter of a fallback denial: until the breaker lets

@@ -28,8 +28,11 @@ import "github.com/leaselimit/leaselimit/policy"
 // time it is used. The tokens this instance leased under the old limit are
 // never spent under the new one; the janitor gives them back to the old
 // bucket when the lease expires (within the lease TTL).
-func (l *Limiter) For(limit policy.Limit) *Limiter {
-	if limit == l.limit && l.invalid == nil {
+func (l *Limiter) For(limit policy.Limit, more ...policy.Limit) *Limiter {
+	if len(more) > 0 {
+		return l.groupOf(limit, more)
+	}
+	if limit == l.limit && l.invalid == nil && l.group == nil {
 		return l
 	}
 	return l.limiter(limit)

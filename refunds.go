@@ -39,9 +39,11 @@ func newRefundQueue(auth *authority.Redis, brks *breakers, tel *telemetry.Record
 	return &refundQueue{auth: auth, brks: brks, tel: tel, budget: budget, clock: clock, max: maxQueuedRefunds}
 }
 
-// add queues n unused tokens of the bucket of limit at rkey.
+// add queues n unused tokens of the bucket of limit at rkey, or, for a
+// negative n, a charge of -n tokens (a reservation settled above its
+// estimate, see Reservation.Settle).
 func (q *refundQueue) add(rkey string, limit policy.Limit, n int64) {
-	if n <= 0 {
+	if n == 0 {
 		return
 	}
 	q.put([]authority.Refund{{Key: rkey, Limit: limit, Tokens: n}})
@@ -144,15 +146,32 @@ func (q *refundQueue) final() error {
 	return nil
 }
 
-// countDropped counts rs as dropped: their tokens stay debited.
+// countDropped counts rs as dropped: the tokens of their refunds stay
+// debited (which only under-admits); their charges are not made (which
+// over-admits, so they are counted apart).
 func (q *refundQueue) countDropped(rs []authority.Refund) {
-	q.tel.CountDroppedRefund(context.Background(), tokens(rs))
+	if n := tokens(rs); n > 0 {
+		q.tel.CountDroppedRefund(context.Background(), n)
+	}
+	if n := charged(rs); n > 0 {
+		q.tel.CountDroppedCharge(context.Background(), n)
+	}
 }
 
+// tokens returns the tokens rs refund (charges left out).
 func tokens(rs []authority.Refund) int64 {
 	var n int64
 	for _, r := range rs {
-		n += r.Tokens
+		n += max(r.Tokens, 0)
+	}
+	return n
+}
+
+// charged returns the tokens rs charge.
+func charged(rs []authority.Refund) int64 {
+	var n int64
+	for _, r := range rs {
+		n += max(-r.Tokens, 0)
 	}
 	return n
 }

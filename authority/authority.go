@@ -40,11 +40,15 @@ var acquireManyBody string
 //go:embed refund.lua
 var refundBody string
 
+//go:embed acquire_all.lua
+var acquireAllBody string
+
 // The scripts as sent to Redis: the shared prelude, then the body.
 var (
 	acquireSrc     = commonSrc + takeSrc + acquireBody
 	acquireManySrc = commonSrc + takeSrc + acquireManyBody
 	refundSrc      = commonSrc + refundBody
+	acquireAllSrc  = commonSrc + acquireAllBody
 )
 
 // MaxPrefixLen is the longest key prefix accepted.
@@ -73,9 +77,26 @@ type Grant struct {
 	Remaining  int64         // whole tokens left in the bucket after the take
 	RetryAfter time.Duration // 0 when granted; else until min tokens are available
 	ResetAfter time.Duration // until the bucket is full again
+	// Multi, for an Acquisition With more buckets, has each bucket's
+	// state; Remaining is then the least of them and ResetAfter the
+	// longest, RetryAfter until every bucket holds Min tokens.
+	Multi *Multi
 }
 
-// Refund asks to give Tokens unused tokens back to the bucket of Key.
+// Multi is the outcome of a multi-limit acquisition, bucket by bucket.
+type Multi struct {
+	Denied int    // index (Key 0, then With) of the bucket that made the call wait longest; -1 when granted
+	Parts  []Part // Key's bucket, then With's
+}
+
+// Part is one bucket's state after a multi-limit acquisition.
+type Part struct {
+	Remaining  int64
+	ResetAfter time.Duration
+}
+
+// Refund asks to give Tokens unused tokens back to the bucket of Key, or,
+// for negative Tokens, to charge it (see Adjust).
 type Refund struct {
 	Key    string // a key from (*Redis).Key
 	Limit  policy.Limit
@@ -99,6 +120,7 @@ var (
 	acquireScript     = newScript(acquireSrc)
 	acquireManyScript = newScript(acquireManySrc)
 	refundScript      = newScript(refundSrc)
+	acquireAllScript  = newScript(acquireAllSrc)
 )
 
 func newScript(src string) script {
@@ -218,11 +240,23 @@ type Acquisition struct {
 	Limit     policy.Limit
 	Want, Min int64
 	Share     float64
+	// With, if set, are more buckets the same tokens are taken from, all
+	// or none, in one script call (acquire_all.lua): a request under
+	// several limits. On a Cluster they must share Key's hash slot (keys of
+	// one user key do: see Key). Such a call records no request id: a
+	// resent one takes its tokens twice, which can only under-admit.
+	With []Member
 
 	Grant Grant
 	Err   error
 
 	args []any // the script's arguments, the request id last
+}
+
+// Member is one more bucket of a multi-limit Acquisition.
+type Member struct {
+	Key   string
+	Limit policy.Limit
 }
 
 // prepare checks a's arguments and builds the script's, with a fresh
@@ -241,8 +275,30 @@ func (r *Redis) prepare(a *Acquisition) bool {
 		ppm = max(int64(a.Share*1e6), 1)
 	}
 	rate, period := Reduced(l)
-	a.args = []any{rate, period, l.Burst, a.Want, a.Min, ppm, r.nextID("")}
+	if len(a.With) == 0 {
+		a.args = []any{rate, period, l.Burst, a.Want, a.Min, ppm, r.nextID("")}
+		return true
+	}
+	a.args = append(make([]any, 0, 3+3*(1+len(a.With))), a.Want, a.Min, ppm, rate, period, l.Burst)
+	for _, m := range a.With {
+		if a.Want > m.Limit.Burst {
+			a.Err = fmt.Errorf("%w: acquire want=%d burst=%d", ErrScript, a.Want, m.Limit.Burst)
+			return false
+		}
+		rate, period := Reduced(m.Limit)
+		a.args = append(a.args, rate, period, m.Limit.Burst)
+	}
 	return true
+}
+
+// keys returns the buckets a takes from: Key, then With's.
+func (a *Acquisition) keys() []string {
+	ks := make([]string, 0, 1+len(a.With))
+	ks = append(ks, a.Key)
+	for _, m := range a.With {
+		ks = append(ks, m.Key)
+	}
+	return ks
 }
 
 // maxPerScript bounds the calls one acquire_many invocation decides:
@@ -260,6 +316,7 @@ const maxPerScript = 64
 // after a broken connection replays each call's grant by its request id
 // instead of taking it twice.
 func (r *Redis) AcquireAll(ctx context.Context, as []*Acquisition) {
+	as = r.acquireWith(ctx, as)
 	if len(as) == 1 {
 		a := as[0]
 		if !r.prepare(a) {
@@ -299,6 +356,37 @@ func (r *Redis) AcquireAll(ctx context.Context, as []*Acquisition) {
 		}
 		a.Grant, a.Err = DecodeGrant(v)
 	}
+}
+
+// acquireWith makes the multi-limit calls of as (those with With), in one
+// pipeline of acquire_all calls, and returns the others.
+func (r *Redis) acquireWith(ctx context.Context, as []*Acquisition) []*Acquisition {
+	var invs []*invocation
+	var multi []*Acquisition
+	rest := as[:0:0]
+	for _, a := range as {
+		if len(a.With) == 0 {
+			rest = append(rest, a)
+			continue
+		}
+		if r.prepare(a) {
+			multi = append(multi, a)
+			invs = append(invs, &invocation{keys: a.keys(), args: a.args})
+		}
+	}
+	if len(multi) == 0 {
+		return as
+	}
+	r.runAll(ctx, acquireAllScript, invs)
+	for i, a := range multi {
+		v, err := invs[i].cmd.Result()
+		if err != nil {
+			a.Err = classify(err)
+			continue
+		}
+		a.Grant, a.Err = decodeAll(v, 1+len(a.With))
+	}
+	return rest
 }
 
 // multiKey reports whether one script may take several keys: every key
@@ -368,6 +456,19 @@ func (r *Redis) refundOne(ctx context.Context, key string, l policy.Limit, n int
 	if n < 1 || n > l.Burst {
 		return 0, fmt.Errorf("%w: refund n=%d burst=%d", ErrScript, n, l.Burst)
 	}
+	return r.Adjust(ctx, key, l, n)
+}
+
+// Adjust adds n tokens to key's bucket under l, in one script call: a
+// refund for n > 0 (capped at l.Burst), a charge for n < 0 that may take
+// the bucket into debt, at most one burst of it (later requests wait it
+// out). It returns the tokens the bucket then holds, negative in debt.
+// |n| above l.Burst (a refund) or 2·l.Burst (a charge) is capped there.
+func (r *Redis) Adjust(ctx context.Context, key string, l policy.Limit, n int64) (int64, error) {
+	n = clampAdjust(n, l)
+	if n == 0 {
+		return 0, fmt.Errorf("%w: adjust by 0", ErrScript)
+	}
 	rate, period := Reduced(l)
 	v, err := r.run(ctx, refundScript, key, rate, period, l.Burst, n, r.nextID("r"))
 	if err != nil {
@@ -379,8 +480,8 @@ func (r *Redis) refundOne(ctx context.Context, key string, l policy.Limit, n int
 
 // Refund gives unused tokens back to several buckets in one pipeline (on a
 // Cluster, go-redis splits it by node). Refunds to one key are merged into
-// one; entries with Tokens < 1 are skipped; Tokens above the burst are
-// capped at it. Each merged refund carries a request id, so that a pipeline
+// one; entries with Tokens 0 are skipped; Tokens are capped as Adjust
+// caps them. Each merged refund carries a request id, so that a pipeline
 // go-redis resends after a broken connection is not applied twice. It
 // returns the first error; the outcome of a refund that failed after it was
 // sent is unknown, so a caller must not send it again under a new id.
@@ -388,7 +489,7 @@ func (r *Redis) Refund(ctx context.Context, refunds []Refund) error {
 	merged := make(map[string]int, len(refunds))
 	items := make([]Refund, 0, len(refunds))
 	for _, rf := range refunds {
-		if rf.Tokens < 1 {
+		if rf.Tokens == 0 {
 			continue
 		}
 		if i, ok := merged[rf.Key]; ok {
@@ -398,15 +499,17 @@ func (r *Redis) Refund(ctx context.Context, refunds []Refund) error {
 		merged[rf.Key] = len(items)
 		items = append(items, rf)
 	}
-	if len(items) == 0 {
-		return nil
-	}
-	invs := make([]*invocation, len(items))
+	invs := make([]*invocation, 0, len(items))
 	for i := range items {
 		rf := &items[i]
-		rf.Tokens = min(rf.Tokens, rf.Limit.Burst)
+		if rf.Tokens = clampAdjust(rf.Tokens, rf.Limit); rf.Tokens == 0 {
+			continue // a refund and a charge that cancel out
+		}
 		rate, period := Reduced(rf.Limit)
-		invs[i] = &invocation{keys: []string{rf.Key}, args: []any{rate, period, rf.Limit.Burst, rf.Tokens, r.nextID("r")}}
+		invs = append(invs, &invocation{keys: []string{rf.Key}, args: []any{rate, period, rf.Limit.Burst, rf.Tokens, r.nextID("r")}})
+	}
+	if len(invs) == 0 {
+		return nil
 	}
 	r.runAll(ctx, refundScript, invs)
 	var first error
@@ -495,7 +598,7 @@ func classify(err error) error {
 // integers {granted, remaining, retry_after_us, reset_after_us}.
 func DecodeGrant(v any) (Grant, error) {
 	var n [4]int64
-	if err := decodeInts(v, n[:]); err != nil {
+	if err := decodeInts(v, n[:], 1); err != nil {
 		return Grant{}, err
 	}
 	const maxMicros = int64(1<<63-1) / int64(time.Microsecond)
@@ -507,15 +610,44 @@ func DecodeGrant(v any) (Grant, error) {
 	}
 	return Grant{
 		Granted:    n[0],
-		Remaining:  n[1],
+		Remaining:  max(n[1], 0), // a bucket in debt holds none
 		RetryAfter: time.Duration(n[2]) * time.Microsecond,
 		ResetAfter: time.Duration(n[3]) * time.Microsecond,
 	}, nil
 }
 
+// decodeAll decodes an acquire_all reply for k buckets:
+// {granted, denied, retry_after_us, then remaining and reset_after_us of
+// each bucket}. The Grant's Remaining is the least of the buckets', its
+// ResetAfter the longest.
+func decodeAll(v any, k int) (Grant, error) {
+	n := make([]int64, 3+2*k)
+	if err := decodeInts(v, n, -1); err != nil {
+		return Grant{}, err
+	}
+	const maxMicros = int64(1<<63-1) / int64(time.Microsecond)
+	if n[1] > int64(k) || n[2] > maxMicros || (n[0] > 0) == (n[1] > 0) || (n[0] > 0) != (n[2] == 0) {
+		return Grant{}, fmt.Errorf("%w: acquire_all reply %v", ErrReply, v)
+	}
+	m := &Multi{Denied: int(n[1]) - 1, Parts: make([]Part, k)}
+	g := Grant{Granted: n[0], RetryAfter: time.Duration(n[2]) * time.Microsecond, Multi: m}
+	for i := range m.Parts {
+		rem, reset := n[3+2*i], n[4+2*i]
+		if reset > maxMicros {
+			return Grant{}, fmt.Errorf("%w: duration out of range in %v", ErrReply, v)
+		}
+		m.Parts[i] = Part{Remaining: rem, ResetAfter: time.Duration(reset) * time.Microsecond}
+		if i == 0 || rem < g.Remaining {
+			g.Remaining = rem
+		}
+		g.ResetAfter = max(g.ResetAfter, m.Parts[i].ResetAfter)
+	}
+	return g, nil
+}
+
 func decodeRefund(v any) (remaining int64, reset time.Duration, err error) {
 	var n [2]int64
-	if err := decodeInts(v, n[:]); err != nil {
+	if err := decodeInts(v, n[:], 0); err != nil {
 		return 0, 0, err
 	}
 	if n[1] > int64(1<<63-1)/int64(time.Microsecond) {
@@ -524,9 +656,16 @@ func decodeRefund(v any) (remaining int64, reset time.Duration, err error) {
 	return n[0], time.Duration(n[1]) * time.Microsecond, nil
 }
 
+// clampAdjust caps an adjustment of a bucket under l at what the refund
+// script accepts: a refund at l.Burst, a charge at 2·l.Burst (the bucket
+// owes at most one burst whatever it held).
+func clampAdjust(n int64, l policy.Limit) int64 {
+	return min(max(n, -2*l.Burst), l.Burst)
+}
+
 // decodeInts fills dst from a reply that must be an array of exactly
-// len(dst) non-negative integers.
-func decodeInts(v any, dst []int64) error {
+// len(dst) integers, non-negative but for dst[signed] (-1: none).
+func decodeInts(v any, dst []int64, signed int) error {
 	arr, ok := v.([]any)
 	if !ok {
 		return fmt.Errorf("%w: %T, want an array", ErrReply, v)
@@ -539,7 +678,7 @@ func decodeInts(v any, dst []int64) error {
 		if !ok {
 			return fmt.Errorf("%w: element %d is %T, want an integer", ErrReply, i, e)
 		}
-		if x < 0 {
+		if x < 0 && i != signed {
 			return fmt.Errorf("%w: element %d is negative (%s)", ErrReply, i, strconv.FormatInt(x, 10))
 		}
 		dst[i] = x

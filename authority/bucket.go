@@ -15,7 +15,7 @@ var peekScript = newScript(commonSrc + peekBody)
 
 // Bucket is a bucket's state as Peek read it.
 type Bucket struct {
-	Tokens     int64         // whole tokens it holds
+	Tokens     int64         // whole tokens it holds (0 for a bucket in debt)
 	RetryAfter time.Duration // until it holds one token (0 when it does)
 	ResetAfter time.Duration // until it is full
 }
@@ -31,10 +31,10 @@ func (r *Redis) Peek(ctx context.Context, key string, l policy.Limit) (Bucket, e
 		return Bucket{}, err
 	}
 	var n [3]int64
-	if err := decodeInts(v, n[:]); err != nil {
+	if err := decodeInts(v, n[:], 0); err != nil {
 		return Bucket{}, err
 	}
-	return Bucket{Tokens: n[0], RetryAfter: time.Duration(n[1]) * time.Microsecond,
+	return Bucket{Tokens: max(n[0], 0), RetryAfter: time.Duration(n[1]) * time.Microsecond,
 		ResetAfter: time.Duration(n[2]) * time.Microsecond}, nil
 }
 

@@ -3,7 +3,8 @@
 -- A limit refills r tokens every p µs (its rate and period reduced by their
 -- gcd), up to burst tokens. A bucket is one string,
 -- "<w> <f> <t> <rid>" or "<w> <f> <t> <rid> <id> <granted> <remaining> <reset>":
--- the bucket holds w + f/p tokens (w whole, 0 <= f < p), valid at t µs on
+-- the bucket holds w + f/p tokens (w whole, negative for a bucket in debt
+-- (see refund.lua), 0 <= f < p), valid at t µs on
 -- this server's clock; rid the request id of the last refund applied ("-"
 -- for none), so a resent refund is not applied twice; then the request id
 -- of the bucket's last grant and that grant's reply. It is written by one SET ... PX, so the state never
@@ -56,7 +57,7 @@ local function load(key)
   local v, err = call('GET', key)
   if err then return false, err end
   if not v then return false end
-  local w, f, t, rid, tail = string.match(v, '^(%d+) (%d+) (%d+) (%S+)(.*)$')
+  local w, f, t, rid, tail = string.match(v, '^(-?%d+) (%d+) (%d+) (%S+)(.*)$')
   if not w then
     return false, redis.error_reply('ERR leaselimit: bucket ' .. key .. ' holds an unknown value')
   end

@@ -49,7 +49,6 @@ func TestDecodeGrant(t *testing.T) {
 		{"float element", []any{int64(1), int64(2), float64(0), int64(0)}},
 		{"nested array", []any{int64(1), int64(2), []any{int64(0)}, int64(0)}},
 		{"negative granted", []any{int64(-1), int64(2), int64(0), int64(0)}},
-		{"negative remaining", []any{int64(1), int64(-2), int64(0), int64(0)}},
 		{"negative retry", []any{int64(0), int64(2), int64(-1), int64(0)}},
 		{"negative reset", []any{int64(0), int64(2), int64(0), math.MinInt64}},
 		{"granted with retry", []any{int64(1), int64(0), int64(5), int64(0)}},
@@ -69,14 +68,26 @@ func TestDecodeGrant(t *testing.T) {
 	}
 }
 
+// TestDecodeGrantDebt: a bucket in debt (negative remaining) decodes as
+// holding none.
+func TestDecodeGrantDebt(t *testing.T) {
+	g, err := DecodeGrant([]any{int64(0), int64(-2), int64(5), int64(9)})
+	if err != nil || g.Remaining != 0 || g.RetryAfter != 5*time.Microsecond {
+		t.Errorf("DecodeGrant of a bucket in debt = %+v, %v; want Remaining 0", g, err)
+	}
+}
+
 func TestDecodeRefund(t *testing.T) {
 	rem, reset, err := decodeRefund([]any{int64(4), int64(100000)})
 	if err != nil || rem != 4 || reset != 100*ms {
 		t.Errorf("decodeRefund({4, 100000}) = %d, %v, %v", rem, reset, err)
 	}
+	if rem, _, err := decodeRefund([]any{int64(-3), int64(100000)}); err != nil || rem != -3 {
+		t.Errorf("decodeRefund of a bucket in debt = %d, %v; want -3", rem, err)
+	}
 	for _, in := range []any{
 		nil, "x", []any{}, []any{int64(1)}, []any{int64(1), int64(2), int64(3)},
-		[]any{int64(-1), int64(0)}, []any{int64(1), int64(-1)}, []any{"1", int64(0)},
+		[]any{int64(1), int64(-1)}, []any{"1", int64(0)},
 		[]any{int64(1), maxMicros + 1},
 	} {
 		if _, _, err := decodeRefund(in); !errors.Is(err, ErrReply) {

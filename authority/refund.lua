@@ -1,17 +1,22 @@
--- leaselimit refund: return unused leased tokens to a token bucket.
+-- leaselimit refund: return unused tokens to a token bucket, or charge it
+-- for tokens used beyond what was taken (a negative n), into debt.
 --
 -- KEYS[1]  the bucket (see common.lua)
--- ARGV     r, p, burst, n (all integers; 1 <= n <= burst; see acquire.lua),
---          and optionally a request id: a refund whose id equals that of the
---          bucket's last refund is not applied again (go-redis resends a
---          pipeline whose connection broke), and returns the bucket as it is.
--- Returns  {remaining, reset_after_us}
+-- ARGV     r, p, burst (see acquire.lua), n (an integer: 1 <= n <= burst
+--          to refund, -2·burst <= n <= -1 to charge), and optionally a
+--          request id: an adjustment whose id equals that of the bucket's
+--          last one is not applied again (go-redis resends a pipeline whose
+--          connection broke), and returns the bucket as it is.
+-- Returns  {remaining, reset_after_us}; remaining is negative for a bucket
+--          in debt.
 --
--- The bucket is refilled to now, then n tokens are added, capped at burst.
--- A missing key is already full: nothing to do. A bucket that becomes full is
--- deleted, since a missing key reads as full.
-local r, p, burst, n = int(1), int(2), int(3), int(4)
-if not (r and p and burst and n) or n > burst or burst > HUGE then
+-- The bucket is refilled to now, then n tokens are added, capped at burst
+-- and floored at -burst: a bucket owes at most one burst, which later
+-- requests wait out. A missing key is full: a refund has nothing to do. A
+-- bucket that becomes full is deleted, since a missing key reads as full.
+local r, p, burst = int(1), int(2), int(3)
+local n = tonumber(ARGV[4])
+if not (r and p and burst and n) or n ~= n or n % 1 ~= 0 or n == 0 or n > burst or n < -2 * burst or burst > HUGE then
   return redis.error_reply('ERR leaselimit: invalid refund arguments')
 end
 local id = ARGV[5]
@@ -21,12 +26,15 @@ end
 
 local found, err, w0, f0, t0, rid, tail = load(KEYS[1])
 if err then return err end
-if not found then
+if not found and n > 0 then
   return {burst, 0}
 end
 local now
 now, err = now_us()
 if err then return err end
+if not found then
+  w0, f0, t0, rid, tail = burst, 0, now, '-', ''
+end
 local w, f, last = refill(w0, f0, t0, now, r, p, burst)
 if id ~= nil and rid == id then
   -- Applied already: report the bucket, change nothing.
@@ -35,7 +43,7 @@ if id ~= nil and rid == id then
   return {w, reset}
 end
 
-w = w + n
+w = math.max(w + n, -burst)
 if w >= burst then
   local _
   _, err = call('DEL', KEYS[1])

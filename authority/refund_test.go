@@ -179,7 +179,8 @@ func suiteRefund(t *testing.T, nb backendFactory) {
 			{Key: kC, Limit: l, Tokens: 10}, // capped at burst: fills, deletes
 			{Key: kD, Limit: l, Tokens: 1},  // missing: no-op
 			{Key: kE, Limit: l, Tokens: 0},  // skipped
-			{Key: kF, Limit: l, Tokens: -3}, // skipped
+			{Key: kF, Limit: l, Tokens: 2},  // these two
+			{Key: kF, Limit: l, Tokens: -2}, // cancel out: skipped
 		})
 		if err != nil {
 			t.Fatalf("Refund: %v", err)
@@ -418,4 +419,40 @@ func TestRefundIdempotent(t *testing.T) {
 		t.Errorf("two refunds to one key sent %d commands (%v); want one merged refund", len(cmds), cmds)
 	}
 	checkTokens(t, b, key, l, 9)
+}
+
+// TestAdjustDebt: a charge takes a bucket below empty, at most one burst
+// into debt; requests are denied until the debt is paid off by refill, with
+// a retry-after that counts it; a refund brings it back.
+func TestAdjustDebt(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, nb backendFactory) {
+		b := nb(t)
+		r := b.newAuthority(t, testPrefix)
+		ctx := context.Background()
+		l := policy.Limit{Name: "debt", Rate: 1, Period: time.Minute, Burst: 10}
+		key := r.Key(l, "k")
+		if w, err := r.Adjust(ctx, key, l, -4); err != nil || w != 6 {
+			t.Fatalf("charge 4 of a fresh bucket = %d, %v; want 6 left", w, err)
+		}
+		if w, err := r.Adjust(ctx, key, l, -9); err != nil || w != -3 {
+			t.Fatalf("charge 9 more = %d, %v; want -3 (in debt)", w, err)
+		}
+		g, err := r.exact(ctx, key, l, 1)
+		if err != nil || g.Granted != 0 || g.Remaining != 0 {
+			t.Fatalf("Exact(1) on a bucket 3 in debt = %+v, %v; want denied, 0 remaining", g, err)
+		}
+		// 4 tokens must accrue (the debt of 3, then the one asked for): 4 minutes.
+		if g.RetryAfter < 3*time.Minute+50*time.Second || g.RetryAfter > 4*time.Minute {
+			t.Errorf("retry-after %v; want about 4m", g.RetryAfter)
+		}
+		if w, err := r.Adjust(ctx, key, l, -100); err != nil || w != -10 {
+			t.Errorf("charge 100 more = %d, %v; want -10: at most one burst of debt", w, err)
+		}
+		if w, err := r.Adjust(ctx, key, l, 10); err != nil || w != 0 {
+			t.Errorf("refund 10 = %d, %v; want 0", w, err)
+		}
+		if _, err := r.Adjust(ctx, key, l, 0); !errors.Is(err, ErrScript) {
+			t.Errorf("Adjust by 0 = %v; want ErrScript", err)
+		}
+	})
 }

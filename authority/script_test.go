@@ -164,6 +164,9 @@ func suiteScripts(t *testing.T, nb backendFactory) {
 			}
 			for i := range argv {
 				for _, g := range garbage {
+					if s == &refundScript && i == 3 && g == "-1" {
+						continue // a refund of -1 is a charge of 1 (see refund.lua)
+					}
 					a := append([]any(nil), argv...)
 					a[i] = g
 					calls = append(calls, call{fmt.Sprintf("%s ARGV[%d]=%q", name, i+1, g), s, a})
@@ -181,6 +184,7 @@ func suiteScripts(t *testing.T, nb backendFactory) {
 			call{"acquire burst*period+rate = 2^53+1", &acquireScript, []any{2, 1, int64(1<<53 - 1), 1, 1, 1_000_000}},
 			call{"acquire burst > 2^52", &acquireScript, []any{1, 1_000_000, int64(1<<52 + 1), 1, 1, 1_000_000}},
 			call{"refund n > burst", &refundScript, []any{10, 1_000_000, 5, 6}},
+			call{"refund n < -2·burst", &refundScript, []any{10, 1_000_000, 5, -11}},
 			call{"refund burst*period+rate = 2^53+1", &refundScript, []any{2, 1, int64(1<<53 - 1), 1}},
 		)
 		for _, c := range calls {

@@ -30,7 +30,7 @@ var _ Limiter = (*leaselimit.Limiter)(nil)
 // WithLimitFunc needs one.
 type Tiered interface {
 	Limiter
-	For(policy.Limit) *leaselimit.Limiter
+	For(limit policy.Limit, more ...policy.Limit) *leaselimit.Limiter
 }
 
 var _ Tiered = (*leaselimit.Limiter)(nil)

@@ -90,6 +90,19 @@ func (e *entry) Take(n, now int64) (ok bool, left int64) {
 	}
 }
 
+// Give adds n tokens to a live lease; it reports false for an expired one.
+// e.mu orders it against expiry, which takes the tokens back.
+func (e *entry) Give(n, now int64) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if now >= e.expires.Load() || e.removed.Load() {
+		return false
+	}
+	e.tokens.Add(n)
+	e.level += n
+	return true
+}
+
 // TakeReserved spends n of the tokens the last refill set aside for the
 // callers that waited on it (see Install), so that callers on the fast path
 // cannot take them first. It reports whether it did.

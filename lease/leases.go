@@ -292,6 +292,18 @@ func (ls *Leases) Holding(key string, now int64) int64 {
 	return max(e.Tokens(), 0) + e.Reserved()
 }
 
+// Give puts n tokens (taken from the bucket already and not used, such as
+// the surplus of a settled reservation) into key's live lease at now, to be
+// spent here or returned with the lease. It reports false, changing
+// nothing, when key holds no live lease.
+func (ls *Leases) Give(key string, n, now int64) bool {
+	e := ls.table.Get(ls, key)
+	if e == nil || n <= 0 {
+		return false
+	}
+	return e.Give(n, now)
+}
+
 // Forget drops key's local state at once: its lease (the tokens are not
 // returned: the bucket they came from is gone), its negative cache and its
 // FailLocal bucket. A refill in flight for key installs into nothing and

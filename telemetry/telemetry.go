@@ -69,16 +69,17 @@ const (
 
 // Metric names.
 const (
-	MetricDecisions   = "ratelimit.decisions"             // counter {decision}: allowed, source, limit name
-	MetricAuthority   = "ratelimit.authority.duration"    // histogram s: limit name, outcome
-	MetricGrantSize   = "ratelimit.lease.grant.size"      // histogram {token}: limit name
-	MetricRefunds     = "ratelimit.lease.refunds"         // counter {token}: limit name
-	MetricBreaker     = "ratelimit.breaker.state"         // gauge: 0 closed, 1 half-open, 2 open
-	MetricTransitions = "ratelimit.breaker.transitions"   // counter: limit name, to-state
-	MetricKeys        = "ratelimit.keys"                  // gauge {key}: local key-table size
-	MetricFallbacks   = "ratelimit.fallbacks"             // counter {decision}: limit name, reason
-	MetricSaturated   = "ratelimit.saturated"             // counter {call}: limit name, outcome answered or abandoned
-	MetricDropped     = "ratelimit.lease.refunds.dropped" // counter {token}: limit name
+	MetricDecisions   = "ratelimit.decisions"              // counter {decision}: allowed, source, limit name
+	MetricAuthority   = "ratelimit.authority.duration"     // histogram s: limit name, outcome
+	MetricGrantSize   = "ratelimit.lease.grant.size"       // histogram {token}: limit name
+	MetricRefunds     = "ratelimit.lease.refunds"          // counter {token}: limit name
+	MetricBreaker     = "ratelimit.breaker.state"          // gauge: 0 closed, 1 half-open, 2 open
+	MetricTransitions = "ratelimit.breaker.transitions"    // counter: limit name, to-state
+	MetricKeys        = "ratelimit.keys"                   // gauge {key}: local key-table size
+	MetricFallbacks   = "ratelimit.fallbacks"              // counter {decision}: limit name, reason
+	MetricSaturated   = "ratelimit.saturated"              // counter {call}: limit name, outcome answered or abandoned
+	MetricDropped     = "ratelimit.lease.refunds.dropped"  // counter {token}: limit name
+	MetricChargesLost = "ratelimit.settle.charges.dropped" // counter {token}: limit name
 )
 
 // Fallback reasons.
@@ -142,6 +143,7 @@ type instruments struct {
 	fallbacks   metric.Int64Counter
 	saturated   metric.Int64Counter
 	dropped     metric.Int64Counter
+	chargesLost metric.Int64Counter
 	state, keys metric.Int64ObservableGauge
 	meter       metric.Meter
 }
@@ -268,6 +270,10 @@ func New(c Config) (*Recorder, error) {
 	}
 	if r.dropped, err = m.Int64Counter(MetricDropped, metric.WithUnit("{token}"),
 		metric.WithDescription("Unused leased tokens not given back because the refund queue was full; they stay debited until the bucket refills.")); err != nil {
+		return nil, err
+	}
+	if r.chargesLost, err = m.Int64Counter(MetricChargesLost, metric.WithUnit("{token}"),
+		metric.WithDescription("Tokens that settled reservations should have charged beyond their estimate but could not (Redis unreachable past the queue's bound, or a call whose outcome is unknown): admitted without being counted.")); err != nil {
 		return nil, err
 	}
 	if r.saturated, err = m.Int64Counter(MetricSaturated, metric.WithUnit("{call}"),
@@ -478,6 +484,11 @@ func (r *Recorder) CountRefund(ctx context.Context, tokens int64) {
 // CountDroppedRefund adds tokens to ratelimit.lease.refunds.dropped.
 func (r *Recorder) CountDroppedRefund(ctx context.Context, tokens int64) {
 	r.dropped.Add(ctx, tokens, r.addOpts(&r.sets.limitAdd, attribute.KeyValue{}, attribute.KeyValue{}, 0)...)
+}
+
+// CountDroppedCharge adds tokens to ratelimit.settle.charges.dropped.
+func (r *Recorder) CountDroppedCharge(ctx context.Context, tokens int64) {
+	r.chargesLost.Add(ctx, tokens, r.addOpts(&r.sets.limitAdd, attribute.KeyValue{}, attribute.KeyValue{}, 0)...)
 }
 
 // CountTransition adds one breaker transition to state. It only records,

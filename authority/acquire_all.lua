@@ -1,0 +1,58 @@
+-- leaselimit acquire_all: take the same tokens from several token buckets
+-- at once, or from none: a request under several limits ("20/s and
+-- 10,000/day") that one of them denies takes nothing from the others.
+--
+-- KEYS     the buckets (see common.lua); on a Cluster they share a hash
+--          slot (their hash tag is the digest of one user key).
+-- ARGV     want, min, share_ppm (as for acquire.lua), then r, p, burst for
+--          each key, in KEYS order.
+-- Returns  {granted, denied, retry_after_us, then remaining_i, reset_after_us_i
+--          for each key}: denied is 0 when granted, else the (1-based) index
+--          of the bucket that makes the request wait longest; retry_after_us
+--          is how long until every bucket holds min tokens. A grant takes the
+--          same g tokens from every bucket, min <= g <= want, and no more than
+--          max(min, floor(tokens * share)) of any one. A denial writes nothing.
+--          A bucket's recorded request id and last grant are kept: a resent
+--          acquire call on one of them must still find its own.
+local want, min, share = int(1), int(2), int(3)
+if not (want and min and share) or share > 1000000 or min > want or #ARGV ~= 3 + 3 * #KEYS or #KEYS < 1 then
+  return redis.error_reply('ERR leaselimit: invalid acquire_all arguments')
+end
+local now, err = now_us()
+if err then return err end
+local b = {}
+local g, denied, retry = want, 0, 0
+for i = 1, #KEYS do
+  local base = 3 + 3 * (i - 1)
+  local r, p, burst = int(base + 1), int(base + 2), int(base + 3)
+  if not (r and p and burst) or want > burst or burst > HUGE then
+    return redis.error_reply('ERR leaselimit: invalid acquire_all arguments')
+  end
+  local found, e, w, f, last, rid, tail = load(KEYS[i])
+  if e then return e end
+  if not found then w, f, last, rid, tail = burst, 0, now, '-', '' end
+  w, f, last = refill(w, f, last, now, r, p, burst)
+  b[i] = {w = w, f = f, last = last, rid = rid, tail = tail, r = r, p = p, burst = burst}
+  if w < min then
+    local wait = until_tokens(min - w, f, r, p)
+    if wait > retry or denied == 0 then denied, retry = i, math.max(retry, wait) end
+  else
+    local cap = math.floor(w / 1000000) * share + math.floor((w % 1000000) * share / 1000000)
+    g = math.min(g, math.max(cap, min))
+  end
+end
+if denied > 0 then g = 0 end
+local out = {g, denied, retry}
+for i = 1, #KEYS do
+  local x = b[i]
+  local w = x.w - g
+  local reset = 0
+  if w < x.burst then reset = until_tokens(x.burst - w, x.f, x.r, x.p) end
+  if g > 0 then
+    err = store(KEYS[i], w, x.f, x.last, x.rid, x.tail, ttl_ms(reset))
+    if err then return err end
+  end
+  out[3 + 2 * i - 1] = math.max(w, 0)
+  out[3 + 2 * i] = reset
+end
+return out

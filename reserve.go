@@ -1,0 +1,127 @@
+package leaselimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+
+	"github.com/leaselimit/leaselimit/authority"
+)
+
+// Reservation is tokens taken before the cost of the work they pay for is
+// known (an LLM response's tokens, a query's computed cost). Settle it once
+// the cost is known: the surplus goes back, or the excess is charged, into
+// debt if need be.
+type Reservation struct {
+	lim      *Limiter
+	key      string
+	estimate int64
+	decision Decision
+	settled  atomic.Bool // Settle or Cancel ran (or there was nothing to settle)
+}
+
+// Reserve takes estimate tokens of key now, like AllowN(ctx, key, estimate),
+// and returns them as a Reservation to settle when the real cost is known.
+// A denied Reserve takes nothing (the Reservation's Decision says so, and
+// settling it does nothing). Errors are AllowN's.
+//
+// A Reservation never settled stays settled at its estimate. One whose
+// tokens the failure policy granted (Decision.Source is SourceFallback: no
+// tokens were taken from the bucket) settles to nothing: the policy decided
+// for the whole request.
+func (l *Limiter) Reserve(ctx context.Context, key string, estimate int64) (*Reservation, error) {
+	d, err := l.AllowN(ctx, key, estimate)
+	if err != nil {
+		return nil, err
+	}
+	r := &Reservation{lim: l, key: key, estimate: estimate, decision: d}
+	if !d.Allowed || d.Source == SourceFallback {
+		r.settled.Store(true)
+	}
+	return r, nil
+}
+
+// Decision returns the decision Reserve made.
+func (r *Reservation) Decision() Decision { return r.decision }
+
+// Settle charges the reservation its actual cost: estimate − actual tokens
+// go back when actual is lower; actual − estimate more are taken when it is
+// higher, even past empty. A bucket in debt denies every request until the
+// debt is paid off by refill (RetryAfter counts it); it owes at most one
+// Burst, and a charge beyond that is forgiven.
+//
+// Settle is idempotent and safe from any goroutine: the first Settle or
+// Cancel applies, later ones do nothing and return nil. It works against
+// this instance's lease where it can (the surplus joins the lease, the
+// excess is taken from it), and against the bucket in Redis otherwise, with
+// one call within the time budget; ctx's cancellation does not stop it (a
+// response that ended because its client left still has to be paid for).
+// While Redis cannot be reached the adjustment is queued, with the
+// refunds, and applied when it is back; one whose call failed after it was
+// sent is dropped (it may have been applied) and counted:
+// ratelimit.lease.refunds.dropped for a surplus, ratelimit.settle.charges.dropped
+// for an excess. After the Limiter's Close, Settle makes its one call on
+// the caller's goroutine and returns its error.
+//
+// actual < 0 returns ErrInvalidCost and settles nothing.
+func (r *Reservation) Settle(ctx context.Context, actual int64) error {
+	if actual < 0 {
+		return fmt.Errorf("%w: actual cost %d, want >= 0", ErrInvalidCost, actual)
+	}
+	if !r.settled.CompareAndSwap(false, true) {
+		return nil
+	}
+	if r.lim.group != nil {
+		return r.lim.adjustGroup(context.WithoutCancel(ctx), r.key, r.estimate-actual)
+	}
+	return r.lim.adjust(context.WithoutCancel(ctx), r.key, r.estimate-actual)
+}
+
+// Cancel gives the whole estimate back: Settle(ctx, 0).
+func (r *Reservation) Cancel(ctx context.Context) error { return r.Settle(ctx, 0) }
+
+// adjust gives n tokens back to key's bucket (n > 0) or takes -n more
+// (n < 0): through this instance's lease when it holds a live one that can,
+// else through Redis (see Settle).
+func (l *Limiter) adjust(ctx context.Context, key string, n int64) error {
+	if n == 0 {
+		return nil
+	}
+	now := l.clock.now()
+	if !l.cfg.noLease {
+		if n > 0 && l.leases.Give(key, n, now) {
+			return nil
+		}
+		if n < 0 {
+			if _, ok := l.leases.Held(key, -n, now); ok {
+				return nil
+			}
+		}
+	}
+	brk, rkey := l.route(key)
+	if rkey == "" {
+		rkey = l.auth.Key(l.limit, key)
+	}
+	if l.gate.isClosed() {
+		if _, err := l.auth.Adjust(ctx, rkey, l.limit, n); err != nil {
+			return fmt.Errorf("leaselimit: settle after Close: %w", err)
+		}
+		return nil
+	}
+	sent, err := l.oneCall(ctx, brk, func(ctx context.Context) error {
+		_, err := l.auth.Adjust(ctx, rkey, l.limit, n)
+		return err
+	})
+	switch {
+	case err == nil:
+		return nil
+	case !sent && errors.Is(err, ErrUnavailable):
+		l.refunds.add(rkey, l.limit, n) // applied when Redis is back
+		return nil
+	case errors.Is(err, ErrUnavailable):
+		l.refunds.countDropped([]authority.Refund{{Key: rkey, Limit: l.limit, Tokens: n}})
+		return nil
+	}
+	return err
+}

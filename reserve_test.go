@@ -1,0 +1,201 @@
+package leaselimit_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/leaselimit/leaselimit"
+	"github.com/leaselimit/leaselimit/breaker"
+	"github.com/leaselimit/leaselimit/internal/redistest"
+	"github.com/leaselimit/leaselimit/policy"
+)
+
+// peekRemaining returns Peek's Remaining for key, failing the test on error.
+func peekRemaining(t *testing.T, lim *leaselimit.Limiter, key string) int64 {
+	t.Helper()
+	d, err := lim.Peek(context.Background(), key)
+	if err != nil {
+		t.Fatalf("Peek(%q): %v", key, err)
+	}
+	return d.Remaining
+}
+
+// TestReserveSettle: in exact mode on a real redis-server, a settled
+// reservation refunds its surplus and charges its excess into debt, once,
+// whoever calls Settle and however often; Cancel refunds everything.
+func TestReserveSettle(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	l := policy.Limit{Name: "llm", Rate: 100, Period: time.Hour, Burst: 100}
+	lim := mustNew(t, srv.Client(t), l, leaselimit.WithoutLease())
+
+	r, err := lim.Reserve(ctx, "tenant", 10)
+	if err != nil || !r.Decision().Allowed || r.Decision().Remaining != 90 {
+		t.Fatalf("Reserve(10) = %+v, %v", r, err)
+	}
+	var wg sync.WaitGroup
+	for i := 0; i < 8; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := r.Settle(ctx, 4); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	if got := peekRemaining(t, lim, "tenant"); got != 96 {
+		t.Errorf("after Settle(4) of 10 (8 times, concurrently): %d left; want 96", got)
+	}
+	if err := r.Cancel(ctx); err != nil || peekRemaining(t, lim, "tenant") != 96 {
+		t.Errorf("Cancel after Settle changed the bucket (err %v)", err)
+	}
+
+	c, err := lim.Reserve(ctx, "tenant", 20)
+	if err != nil || !c.Decision().Allowed {
+		t.Fatalf("Reserve(20) = %+v, %v", c, err)
+	}
+	if err := c.Cancel(ctx); err != nil || peekRemaining(t, lim, "tenant") != 96 {
+		t.Errorf("Cancel did not give the whole estimate back (err %v)", err)
+	}
+
+	// An excess past empty: 96 - 10 - 140 = -54, the bucket in debt.
+	x, err := lim.Reserve(ctx, "tenant", 10)
+	if err != nil || !x.Decision().Allowed {
+		t.Fatalf("Reserve(10) = %+v, %v", x, err)
+	}
+	if err := x.Settle(ctx, 150); err != nil {
+		t.Fatal(err)
+	}
+	p, err := lim.Peek(ctx, "tenant")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 55 tokens (the debt of 54, then one) at 36s each: 33 minutes.
+	if p.Allowed || p.Remaining != 0 || p.RetryAfter < 32*time.Minute || p.RetryAfter > 33*time.Minute {
+		t.Errorf("Peek of a bucket 54 in debt = %+v; want denied, retry after about 33m", p)
+	}
+	if d, err := lim.Allow(ctx, "tenant"); err != nil || d.Allowed || d.RetryAfter < 32*time.Minute {
+		t.Errorf("Allow on a bucket in debt = %+v, %v; want denied until the debt is paid", d, err)
+	}
+
+	// A charge beyond one burst of debt is forgiven.
+	y, err := lim.Reserve(ctx, "other", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := y.Settle(ctx, 10_000); err != nil {
+		t.Fatal(err)
+	}
+	// 101 tokens (a debt of one burst, 100, then one) at 36s each.
+	if d, _ := lim.Peek(ctx, "other"); d.RetryAfter > time.Hour+time.Minute || d.RetryAfter < time.Hour {
+		t.Errorf("retry after a huge charge = %v; want about 1h0m36s (one burst of debt, then one token)", d.RetryAfter)
+	}
+
+	if err := x.Settle(ctx, -1); !errors.Is(err, leaselimit.ErrInvalidCost) {
+		t.Errorf("Settle(-1) = %v; want ErrInvalidCost", err)
+	}
+}
+
+// TestReserveDenied: a denied reservation took nothing and settling it
+// changes nothing.
+func TestReserveDenied(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	lim := mustNew(t, srv.Client(t), policy.Limit{Name: "small", Rate: 1, Period: time.Hour, Burst: 5}, leaselimit.WithoutLease())
+	if _, err := lim.AllowN(ctx, "k", 4); err != nil {
+		t.Fatal(err)
+	}
+	r, err := lim.Reserve(ctx, "k", 3)
+	if err != nil || r.Decision().Allowed {
+		t.Fatalf("Reserve(3) with 1 left = %+v, %v; want denied", r, err)
+	}
+	if err := r.Settle(ctx, 0); err != nil || peekRemaining(t, lim, "k") != 1 {
+		t.Errorf("settling a denied reservation changed the bucket (err %v)", err)
+	}
+}
+
+// TestReserveSettleLease: in lease mode the surplus joins this instance's
+// lease and the excess comes out of it, with no Redis call.
+func TestReserveSettleLease(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	l := policy.Limit{Name: "llm-lease", Rate: 1_000_000, Period: time.Hour, Burst: 1_000_000}
+	lim := mustNew(t, srv.Client(t), l)
+	// Make the key busy, so that it holds a lease.
+	for i := 0; i < 5000; i++ {
+		if _, err := lim.Allow(ctx, "k"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r, err := lim.Reserve(ctx, "k", 50)
+	if err != nil || !r.Decision().Allowed || r.Decision().Source != leaselimit.SourceLease {
+		t.Fatalf("Reserve(50) on a busy key = %+v, %v; want a lease decision", r.Decision(), err)
+	}
+	before := srv.Stats(t)
+	if err := r.Settle(ctx, 20); err != nil {
+		t.Fatal(err)
+	}
+	s, err := lim.Reserve(ctx, "k", 10)
+	if err != nil || !s.Decision().Allowed {
+		t.Fatal(s.Decision(), err)
+	}
+	if err := s.Settle(ctx, 15); err != nil {
+		t.Fatal(err)
+	}
+	if calls := srv.Stats(t).Sub(before).Calls["evalsha"]; calls != 0 {
+		t.Errorf("settling against a live lease made %d script calls; want 0", calls)
+	}
+}
+
+// TestSettleWhileRedisIsDown: a settlement made while Redis cannot be
+// reached is queued and applied once it is back; one made after Close is
+// applied at once.
+func TestSettleWhileRedisIsDown(t *testing.T) {
+	m, c := newMini(t)
+	ctx := context.Background()
+	l := policy.Limit{Name: "queued", Rate: 1, Period: time.Hour, Burst: 100}
+	lim := mustNew(t, c, l, leaselimit.WithoutLease(), leaselimit.WithTimeout(200*time.Millisecond),
+		leaselimit.WithBreaker(breaker.Settings{OpenFor: 50 * time.Millisecond}))
+	r, err := lim.Reserve(ctx, "k", 30)
+	if err != nil || !r.Decision().Allowed {
+		t.Fatal(r, err)
+	}
+	m.SetError("LOADING Redis is loading the dataset in memory")
+	for i := 0; i < 10; i++ {
+		_, _ = lim.Allow(ctx, "k") // open the breaker
+	}
+	if err := r.Settle(ctx, 10); err != nil {
+		t.Fatalf("Settle while Redis is down = %v; want nil (queued)", err)
+	}
+	m.SetError("")
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		d, err := lim.Peek(ctx, "k")
+		if err == nil && d.Remaining == 90 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the queued settlement never arrived: Peek = %+v, %v; want 90 left", d, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	after, err := lim.Reserve(ctx, "k", 40)
+	if err != nil || !after.Decision().Allowed {
+		t.Fatal(after, err)
+	}
+	if err := lim.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := after.Settle(ctx, 0); err != nil {
+		t.Fatalf("Settle after Close = %v", err)
+	}
+	other := mustNew(t, c, l, leaselimit.WithoutLease())
+	if got := peekRemaining(t, other, "k"); got != 90 {
+		t.Errorf("after Close and Settle(0) of 40: %d left; want 90", got)
+	}
+}
