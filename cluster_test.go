@@ -435,6 +435,7 @@ func TestClusterDecisions(t *testing.T) {
 			// Peek, Reset and a limit through For route by key like every
 			// call, on every master.
 			tier := limB.For(lb.WithName("cl-tier-" + mode).WithBurst(10))
+			both := limB.For(lb.WithName("cl-all-"+mode).WithBurst(20), lb.WithName("cl-day-"+mode).WithBurst(10))
 			for _, key := range keys[:30] {
 				p, err := limB.Peek(ctx, key)
 				if err != nil || p.Allowed || p.Remaining != 0 {
@@ -451,6 +452,12 @@ func TestClusterDecisions(t *testing.T) {
 				}
 				if d, err := tier.Allow(ctx, key); err != nil || !d.Allowed || d.Limit.Burst != 10 || d.Source == leaselimit.SourceFallback {
 					t.Fatalf("For(tier).Allow(%q) = %+v, %v", key, d, err)
+				}
+				// Several limits in one script call: their buckets share the
+				// key's hash slot (no CROSSSLOT).
+				d, err := both.AllowN(ctx, key, 3)
+				if err != nil || !d.Allowed || len(d.Parts) != 2 || d.Parts[1].Remaining != 7 || d.Source == leaselimit.SourceFallback {
+					t.Fatalf("For(two limits).AllowN(%q, 3) = %+v, %v", key, d, err)
 				}
 			}
 		})

@@ -143,8 +143,15 @@ type middleware struct {
 	tiered   Tiered // lim, when WithLimitFunc is set
 	key      KeyFunc
 	cfg      config
-	policy   *policyFields // lim's limit
-	policies policyCache   // WithLimitFunc's limits
+	policy   *policyFields   // lim's limit
+	group    []*policyFields // lim's limits, when it enforces several together (see leaselimit.Limiter.For)
+	policies policyCache     // WithLimitFunc's limits
+}
+
+// multiLimiter is a Limiter that may enforce several limits together;
+// *leaselimit.Limiter is one.
+type multiLimiter interface {
+	Limits() []policy.Limit
 }
 
 // Middleware returns a middleware that takes tokens from lim for every
@@ -159,6 +166,13 @@ func Middleware(lim Limiter, key KeyFunc, opts ...Option) func(http.Handler) htt
 		panic("httplimit: Middleware with a nil KeyFunc")
 	}
 	m := &middleware{lim: lim, key: key, policy: newPolicyFields(lim.Limit())}
+	if ml, ok := lim.(multiLimiter); ok {
+		if ls := ml.Limits(); len(ls) > 1 {
+			for _, l := range ls {
+				m.group = append(m.group, newPolicyFields(l))
+			}
+		}
+	}
 	for _, o := range opts {
 		if o != nil {
 			o(&m.cfg)
@@ -196,11 +210,17 @@ func Middleware(lim Limiter, key KeyFunc, opts ...Option) func(http.Handler) htt
 func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
 	h := w.Header()
 	lim, pf := m.lim, m.policy
+	group := m.group
 	if m.cfg.limit != nil {
 		l := m.cfg.limit(r)
-		lim, pf = m.tiered.For(l), m.policies.get(l)
+		lim, pf, group = m.tiered.For(l), m.policies.get(l), nil
 	}
-	appendMember(h, HeaderRateLimitPolicy, pf.policy)
+	if group == nil {
+		appendMember(h, HeaderRateLimitPolicy, pf.policy)
+	}
+	for _, g := range group {
+		appendMember(h, HeaderRateLimitPolicy, g.policy)
+	}
 	key, err := m.key(r)
 	if err == nil && (len(key) == 0 || len(key) > leaselimit.MaxKeyLen) {
 		err = &KeyError{Detail: "The request's rate-limit key is empty or longer than " +
@@ -231,23 +251,35 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 	remaining := min(max(d.Remaining, 0), maxSFInt)
 	var t int64
+	tight := pf.limit // the limit the single RateLimit member and the legacy fields describe
+	if len(group) > 0 {
+		tight = d.Limit
+	}
 	if d.Allowed {
-		t = ceilSeconds(untilMore(pf.limit, d))
+		t = ceilSeconds(untilMore(tight, d))
 	} else {
 		t = max(ceilSeconds(d.RetryAfter), 1)
 	}
-	var buf [96]byte
-	b := append(buf[:0], pf.prefix...)
-	b = strconv.AppendInt(b, remaining, 10)
-	b = append(b, ";t="...)
-	b = strconv.AppendInt(b, min(t, maxSFInt), 10)
-	appendMember(h, HeaderRateLimit, string(b))
+	if len(group) > 0 && len(d.Parts) == len(group) {
+		// One member per limit: the one that denied says when the request
+		// can be admitted; every other one, when it has more quota.
+		for i, g := range group {
+			p := d.Parts[i]
+			pt := ceilSeconds(untilMore(p.Limit, leaselimit.Decision{Remaining: p.Remaining, ResetAfter: p.ResetAfter}))
+			if !d.Allowed && p.Limit == d.Limit {
+				pt = t
+			}
+			appendMember(h, HeaderRateLimit, rateLimitMember(g, min(max(p.Remaining, 0), maxSFInt), pt))
+		}
+	} else {
+		appendMember(h, HeaderRateLimit, rateLimitMember(pf, remaining, t))
+	}
 	if m.cfg.legacy {
 		reset := ceilSeconds(d.ResetAfter)
 		if !d.Allowed {
 			reset = max(reset, t)
 		}
-		setLegacy(h, pf.limit, d.Allowed, remaining, reset)
+		setLegacy(h, tight, d.Allowed, remaining, reset)
 	}
 	if d.Allowed {
 		next.ServeHTTP(w, r)
@@ -255,6 +287,16 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 	h[HeaderRetryAfter] = []string{strconv.FormatInt(t, 10)}
 	m.cfg.denied(w, r, d)
+}
+
+// rateLimitMember is the RateLimit member of pf's limit: `"name";r=<remaining>;t=<t>`.
+func rateLimitMember(pf *policyFields, remaining, t int64) string {
+	var buf [96]byte
+	b := append(buf[:0], pf.prefix...)
+	b = strconv.AppendInt(b, remaining, 10)
+	b = append(b, ";t="...)
+	b = strconv.AppendInt(b, min(t, maxSFInt), 10)
+	return string(b)
 }
 
 // untilMore is the time until the bucket of an allowed decision holds one

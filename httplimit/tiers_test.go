@@ -3,6 +3,7 @@ package httplimit_test
 import (
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -66,4 +67,36 @@ func TestLimitFuncNeedsFor(t *testing.T) {
 	}()
 	f := &fakeLimiter{limit: policy.PerSecond(1)}
 	httplimit.Middleware(f, httplimit.Header("X-User"), httplimit.WithLimitFunc(func(*http.Request) policy.Limit { return policy.PerSecond(2) }))
+}
+
+// TestMultiLimitHeaders: a Limiter with several limits puts every one in
+// RateLimit-Policy and RateLimit, and its 429 names the one that denied.
+func TestMultiLimitHeaders(t *testing.T) {
+	_, rdb := newRedis(t)
+	burst := policy.Limit{Name: "burst", Rate: 10, Period: time.Minute, Burst: 10}
+	daily := policy.Limit{Name: "daily", Rate: 2, Period: 24 * time.Hour, Burst: 2}
+	lim := newLimiter(t, rdb, burst)
+	h := httplimit.Middleware(lim.For(burst, daily), httplimit.Header("X-User"))(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	for i, want := range []struct {
+		code  int
+		limit string
+	}{
+		{200, `"burst";r=9;t=6, "daily";r=1;t=43200`},
+		{200, `"burst";r=8;t=6, "daily";r=0;t=43200`},
+		{429, `"burst";r=8;t=6, "daily";r=0;t=43200`},
+	} {
+		req := httptest.NewRequest("GET", "/", nil)
+		req.Header.Set("X-User", "ann")
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		if p := rec.Header().Get(httplimit.HeaderRateLimitPolicy); p != `"burst";q=10;w=60, "daily";q=2;w=86400` {
+			t.Errorf("request %d: RateLimit-Policy %q", i, p)
+		}
+		if rec.Code != want.code || rec.Header().Get(httplimit.HeaderRateLimit) != want.limit {
+			t.Errorf("request %d: %d, RateLimit %q; want %d, %q", i, rec.Code, rec.Header().Get(httplimit.HeaderRateLimit), want.code, want.limit)
+		}
+		if rec.Code == 429 && !strings.Contains(rec.Body.String(), `"violated-policies":["daily"]`) {
+			t.Errorf("429 body %s does not name the daily quota", rec.Body)
+		}
+	}
 }

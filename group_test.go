@@ -1,0 +1,170 @@
+package leaselimit_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand"
+	"testing"
+	"time"
+
+	"github.com/leaselimit/leaselimit"
+	"github.com/leaselimit/leaselimit/internal/redistest"
+	"github.com/leaselimit/leaselimit/policy"
+	"golang.org/x/time/rate"
+)
+
+// TestMultiLimitAllOrNothing: a request under two limits that one of them
+// denies takes nothing from the other (nested Limiters took 5 per-second
+// tokens for 5 requests the daily quota refused), and the Decision names
+// the limit that denied, with the time until both admit.
+func TestMultiLimitAllOrNothing(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	for _, mode := range []string{"exact", "lease"} {
+		t.Run(mode, func(t *testing.T) {
+			burst := policy.Limit{Name: "burst-" + mode, Rate: 20, Period: time.Hour, Burst: 20}
+			daily := policy.Limit{Name: "daily-" + mode, Rate: 10, Period: 24 * time.Hour, Burst: 10}
+			var opts []leaselimit.Option
+			if mode == "exact" {
+				opts = append(opts, leaselimit.WithoutLease())
+			}
+			root := mustNew(t, srv.Client(t), burst, opts...)
+			both := root.For(burst, daily)
+			if got := both.Limits(); len(got) != 2 || got[0] != burst || got[1] != daily {
+				t.Fatalf("Limits() = %v", got)
+			}
+			for i := 0; i < 10; i++ {
+				d, err := both.Allow(ctx, "user")
+				if err != nil || !d.Allowed || d.Source != leaselimit.SourceAuthority {
+					t.Fatalf("request %d = %+v, %v", i, d, err)
+				}
+				if len(d.Parts) != 2 || d.Parts[0].Remaining != int64(19-i) || d.Parts[1].Remaining != int64(9-i) {
+					t.Fatalf("request %d Parts = %+v", i, d.Parts)
+				}
+				if d.Limit != daily || d.Remaining != int64(9-i) {
+					t.Errorf("request %d: Limit %v, Remaining %d; want the daily quota, the fewest left", i, d.Limit.Name, d.Remaining)
+				}
+			}
+			for i := 0; i < 5; i++ {
+				d, err := both.Allow(ctx, "user")
+				if err != nil || d.Allowed {
+					t.Fatalf("request past the daily quota = %+v, %v; want denied", d, err)
+				}
+				if d.Limit != daily || d.RetryAfter < 2*time.Hour+20*time.Minute || d.RetryAfter > 2*time.Hour+24*time.Minute {
+					t.Errorf("denial: Limit %s, RetryAfter %v; want daily, about 2h24m (one token a day / 10)", d.Limit.Name, d.RetryAfter)
+				}
+			}
+			p, err := root.For(burst).Peek(ctx, "user")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if p.Remaining != 10 {
+				t.Errorf("the burst limit holds %d after 10 admitted and 5 denied; want 10 (denials take nothing)", p.Remaining)
+			}
+		})
+	}
+}
+
+// TestMultiLimitDifferential: random requests on a few keys under two
+// limits together decide as two x/time/rate limiters checked together (both
+// must hold n tokens; then both lose them).
+func TestMultiLimitDifferential(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	a := policy.Limit{Name: "a", Rate: 7, Period: time.Hour, Burst: 30}
+	b := policy.Limit{Name: "b", Rate: 3, Period: 24 * time.Hour, Burst: 45}
+	root := mustNew(t, srv.Client(t), a, leaselimit.WithoutLease())
+	both := root.For(a, b)
+	now := time.Now()
+	oracle := map[string][2]*rate.Limiter{}
+	rng := rand.New(rand.NewSource(2))
+	for i := 0; i < 400; i++ {
+		key := fmt.Sprintf("k%d", rng.Intn(3))
+		n := int64(1 + rng.Intn(4))
+		o, ok := oracle[key]
+		if !ok {
+			o = [2]*rate.Limiter{rate.NewLimiter(rate.Limit(7.0/3600), 30), rate.NewLimiter(rate.Limit(3.0/86400), 45)}
+			oracle[key] = o
+		}
+		want := o[0].TokensAt(now) >= float64(n) && o[1].TokensAt(now) >= float64(n)
+		if want {
+			o[0].AllowN(now, int(n))
+			o[1].AllowN(now, int(n))
+		}
+		d, err := both.AllowN(ctx, key, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Allowed != want {
+			t.Fatalf("request %d (%s, %d): Allowed %v; the oracles say %v", i, key, n, d.Allowed, want)
+		}
+		for j, p := range d.Parts {
+			if got, want := p.Remaining, int64(o[j].TokensAt(now)); got != want {
+				t.Fatalf("request %d: %s holds %d; its oracle %d", i, p.Limit.Name, got, want)
+			}
+		}
+	}
+}
+
+// TestMultiLimitReserveAndContract: Reserve and Settle on a multi-limit
+// adjust every bucket; For refuses a limit given twice or more than
+// MaxLimits, and a cost above any burst.
+func TestMultiLimitReserveAndContract(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	a := policy.Limit{Name: "ra", Rate: 1, Period: time.Hour, Burst: 100}
+	b := policy.Limit{Name: "rb", Rate: 1, Period: time.Hour, Burst: 50}
+	root := mustNew(t, srv.Client(t), a, leaselimit.WithoutLease())
+	both := root.For(a, b)
+	r, err := both.Reserve(ctx, "k", 30)
+	if err != nil || !r.Decision().Allowed {
+		t.Fatal(r, err)
+	}
+	if err := r.Settle(ctx, 10); err != nil {
+		t.Fatal(err)
+	}
+	p, err := both.Peek(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(p.Parts) != 2 || p.Parts[0].Remaining != 90 || p.Parts[1].Remaining != 40 || p.Limit != b {
+		t.Errorf("Peek after Reserve(30), Settle(10) = %+v; want 90 and 40 left, b the tighter", p)
+	}
+	if err := both.Reset(ctx, "k"); err != nil {
+		t.Fatal(err)
+	}
+	if p, _ := both.Peek(ctx, "k"); p.Parts[0].Remaining != 100 || p.Parts[1].Remaining != 50 {
+		t.Errorf("Peek after Reset = %+v; want both full", p.Parts)
+	}
+	if _, err := both.AllowN(ctx, "k", 60); !errors.Is(err, leaselimit.ErrInvalidCost) {
+		t.Errorf("AllowN(60) over b's burst of 50 = %v; want ErrInvalidCost", err)
+	}
+	if _, err := root.For(a, a).Allow(ctx, "k"); !errors.Is(err, policy.ErrInvalidLimit) {
+		t.Errorf("For(a, a) = %v; want ErrInvalidLimit", err)
+	}
+	five := []policy.Limit{b, b.WithName("c"), b.WithName("d"), b.WithName("e")}
+	if _, err := root.For(a, five...).Allow(ctx, "k"); !errors.Is(err, policy.ErrInvalidLimit) {
+		t.Errorf("For of 5 limits = %v; want ErrInvalidLimit", err)
+	}
+	if root.For(a, b) != both {
+		t.Error("For(a, b) twice gave two Limiters")
+	}
+}
+
+// TestForDoesNotAllocate: For of a limit, or of limits together, seen
+// before allocates nothing.
+func TestForDoesNotAllocate(t *testing.T) {
+	_, c := newMini(t)
+	a := policy.PerSecond(10).WithName("a")
+	b := policy.PerMinute(100).WithName("b")
+	root := mustNew(t, c, a)
+	root.For(b)
+	root.For(a, b)
+	if n := testing.AllocsPerRun(100, func() {
+		root.For(b)
+		root.For(a, b)
+	}); n != 0 {
+		t.Errorf("For of known limits allocates %.1f times per call pair; want 0", n)
+	}
+}
