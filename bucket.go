@@ -54,7 +54,9 @@ func (l *Limiter) Peek(ctx context.Context, key string) (Decision, error) {
 	if held := l.leases.Holding(key, l.clock.now()); held > 0 {
 		d.Remaining = min(b.Tokens+held, l.limit.Burst)
 		d.RetryAfter = 0
-		d.ResetAfter = max(b.ResetAfter-l.limit.Interval(held), 0)
+		if !l.limit.IsQuota() {
+			d.ResetAfter = max(b.ResetAfter-l.limit.Interval(held), 0)
+		}
 	}
 	d.Allowed = d.Remaining >= 1
 	return d, nil

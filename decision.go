@@ -110,9 +110,21 @@ func admitted(limit policy.Limit, remaining int64, src Source) Decision {
 		Allowed:    true,
 		Limit:      limit,
 		Remaining:  remaining,
-		ResetAfter: limit.Interval(limit.Burst - remaining),
+		ResetAfter: resetAfter(limit, remaining),
 		Source:     src,
 	}
+}
+
+// resetAfter is how long until a bucket of limit holding remaining tokens
+// is full again: its refill time, or, for a calendar quota that is not
+// full, the end of its window (on this process's clock).
+func resetAfter(limit policy.Limit, remaining int64) time.Duration {
+	if !limit.IsQuota() || remaining >= limit.Burst {
+		return limit.Interval(limit.Burst - remaining)
+	}
+	now := time.Now()
+	end, _ := limit.Calendar.Window(now)
+	return end.Sub(now)
 }
 
 // denial is a denied Decision; its RetryAfter is at least 1µs, so that a
@@ -122,7 +134,7 @@ func denial(limit policy.Limit, remaining int64, retry time.Duration, src Source
 		Limit:      limit,
 		Remaining:  remaining,
 		RetryAfter: max(retry, time.Microsecond),
-		ResetAfter: limit.Interval(limit.Burst - remaining),
+		ResetAfter: resetAfter(limit, remaining),
 		Source:     src,
 	}
 }

@@ -88,7 +88,7 @@ func (l *Limiter) fallback(ctx context.Context, brk *breaker.Breaker, key string
 	// key seen before, else a full bucket.
 	rem := l.leases.LastKnown(key)
 	return Decision{Allowed: true, Limit: l.limit, Remaining: rem,
-		ResetAfter: l.limit.Interval(l.limit.Burst - rem), Source: SourceFallback}
+		ResetAfter: resetAfter(l.limit, rem), Source: SourceFallback}
 }
 
 // local is FailLocal's decision: n tokens of key's local bucket, this

@@ -4,8 +4,9 @@
 --
 -- KEYS     the buckets (see common.lua); on a Cluster they share a hash
 --          slot (their hash tag is the digest of one user key).
--- ARGV     want, min, share_ppm (as for acquire.lua), then r, p, burst for
---          each key, in KEYS order.
+-- ARGV     want, min, share_ppm (as for acquire.lua), then r, p (or a
+--          calendar quota's windows, see spec), burst for each key, in KEYS
+--          order.
 -- Returns  {granted, denied, retry_after_us, then remaining_i, reset_after_us_i
 --          for each key}: denied is 0 when granted, else the (1-based) index
 --          of the bucket that makes the request wait longest; retry_after_us
@@ -24,18 +25,19 @@ local b = {}
 local g, denied, retry = want, 0, 0
 for i = 1, #KEYS do
   local base = 3 + 3 * (i - 1)
-  local r, p, burst = int(base + 1), int(base + 2), int(base + 3)
-  if not (r and p and burst) or want > burst or burst > HUGE then
+  local cal, a, bb = spec(base + 1)
+  local burst = int(base + 3)
+  if cal == nil or not burst or want > burst or burst > HUGE then
     return redis.error_reply('ERR leaselimit: invalid acquire_all arguments')
   end
   local found, e, w, f, last, rid, tail = load(KEYS[i])
   if e then return e end
   if not found then w, f, last, rid, tail = burst, 0, now, '-', '' end
-  w, f, last = refill(w, f, last, now, r, p, burst)
-  b[i] = {w = w, f = f, last = last, rid = rid, tail = tail, r = r, p = p, burst = burst}
+  w, f, last = advance(cal, w, f, last, now, a, bb, burst)
+  b[i] = {w = w, f = f, last = last, rid = rid, tail = tail, cal = cal, a = a, b = bb, burst = burst}
   if w < min then
-    local wait = until_tokens(min - w, f, r, p)
-    if wait > retry or denied == 0 then denied, retry = i, math.max(retry, wait) end
+    local due = wait(cal, min - w, f, last, now, a, bb)
+    if due > retry or denied == 0 then denied, retry = i, math.max(retry, due) end
   else
     local cap = math.floor(w / 1000000) * share + math.floor((w % 1000000) * share / 1000000)
     g = math.min(g, math.max(cap, min))
@@ -47,7 +49,7 @@ for i = 1, #KEYS do
   local x = b[i]
   local w = x.w - g
   local reset = 0
-  if w < x.burst then reset = until_tokens(x.burst - w, x.f, x.r, x.p) end
+  if w < x.burst then reset = wait(x.cal, x.burst - w, x.f, x.last, now, x.a, x.b) end
   if g > 0 then
     err = store(KEYS[i], w, x.f, x.last, x.rid, x.tail, ttl_ms(reset))
     if err then return err end

@@ -203,7 +203,7 @@ func ParamsTag(l policy.Limit) string {
 			break
 		}
 	}
-	return strconv.FormatInt(l.Rate, 10) + "/" + period + "/" + strconv.FormatInt(l.Burst, 10)
+	return strconv.FormatInt(l.Rate, 10) + "/" + period + "/" + strconv.FormatInt(l.Burst, 10) + l.Calendar.Tag()
 }
 
 // Reduced returns l's rate and period in µs divided by their greatest
@@ -216,6 +216,19 @@ func Reduced(l policy.Limit) (rate, period int64) {
 		a, b = b, a%b
 	}
 	return l.Rate / a, l.PeriodMicros() / a
+}
+
+// spec returns the two script arguments that say what kind of bucket l is
+// (see spec in common.lua): its rate and period reduced, or, for a
+// calendar quota, "w" and the end (µs) of the window that holds now on this
+// process's clock, then the end of the window after it. Redis's clock picks
+// one of the two windows, so clocks that differ by less than a window agree.
+func spec(l policy.Limit) (any, any) {
+	if !l.IsQuota() {
+		return Reduced(l)
+	}
+	end, next := l.Calendar.Window(time.Now())
+	return "w" + strconv.FormatInt(end.UnixMicro(), 10), next.UnixMicro()
 }
 
 // nextID returns a request id unique to this process and call: the
@@ -274,7 +287,7 @@ func (r *Redis) prepare(a *Acquisition) bool {
 	if a.Share < 1 { // NaN and values above 1 mean "no cap"
 		ppm = max(int64(a.Share*1e6), 1)
 	}
-	rate, period := Reduced(l)
+	rate, period := spec(l)
 	if len(a.With) == 0 {
 		a.args = []any{rate, period, l.Burst, a.Want, a.Min, ppm, r.nextID("")}
 		return true
@@ -285,7 +298,7 @@ func (r *Redis) prepare(a *Acquisition) bool {
 			a.Err = fmt.Errorf("%w: acquire want=%d burst=%d", ErrScript, a.Want, m.Limit.Burst)
 			return false
 		}
-		rate, period := Reduced(m.Limit)
+		rate, period := spec(m.Limit)
 		a.args = append(a.args, rate, period, m.Limit.Burst)
 	}
 	return true
@@ -469,7 +482,7 @@ func (r *Redis) Adjust(ctx context.Context, key string, l policy.Limit, n int64)
 	if n == 0 {
 		return 0, fmt.Errorf("%w: adjust by 0", ErrScript)
 	}
-	rate, period := Reduced(l)
+	rate, period := spec(l)
 	v, err := r.run(ctx, refundScript, key, rate, period, l.Burst, n, r.nextID("r"))
 	if err != nil {
 		return 0, err
@@ -505,7 +518,7 @@ func (r *Redis) Refund(ctx context.Context, refunds []Refund) error {
 		if rf.Tokens = clampAdjust(rf.Tokens, rf.Limit); rf.Tokens == 0 {
 			continue // a refund and a charge that cancel out
 		}
-		rate, period := Reduced(rf.Limit)
+		rate, period := spec(rf.Limit)
 		invs = append(invs, &invocation{keys: []string{rf.Key}, args: []any{rate, period, rf.Limit.Burst, rf.Tokens, r.nextID("r")}})
 	}
 	if len(invs) == 0 {

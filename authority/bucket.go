@@ -25,7 +25,7 @@ type Bucket struct {
 // full. (It is sent as EVALSHA, not EVALSHA_RO: miniredis, which many
 // users test against, refuses TIME in a read-only script.)
 func (r *Redis) Peek(ctx context.Context, key string, l policy.Limit) (Bucket, error) {
-	rate, period := Reduced(l)
+	rate, period := spec(l)
 	v, err := r.run(ctx, peekScript, key, rate, period, l.Burst)
 	if err != nil {
 		return Bucket{}, err

@@ -160,6 +160,45 @@ local function refill(w, f, last, now, r, p, burst)
   return w, f, last
 end
 
+-- spec reads the kind of a bucket at ARGV[i] and ARGV[i+1]: r and p of a
+-- token bucket, or 'w<end>' and next for a calendar quota (the ends, in µs
+-- on the client's clock, of the window it is in and of the one after; this
+-- server's clock picks one of the two). It returns cal (a calendar quota or
+-- not) and the two numbers, or nil.
+local function spec(i)
+  local a = ARGV[i]
+  if a ~= nil and string.byte(a, 1) == 119 then -- 'w'
+    local e, n = tonumber(string.sub(a, 2)), int(i + 1)
+    if e == nil or e ~= e or e % 1 ~= 0 or e < 1 or e >= MAX or not n or n <= e then return nil end
+    return true, e, n
+  end
+  local r, p = int(i), int(i + 1)
+  if not (r and p) then return nil end
+  return false, r, p
+end
+
+-- advance brings a bucket (w + f/p tokens at last) to now. A token bucket
+-- refills (a, b are r, p). For a calendar quota (a, b are the ends of two
+-- windows) last is the end of the window w belongs to: once it has passed,
+-- the bucket is full again (a debt is forgiven), for the window now is in.
+local function advance(cal, w, f, last, now, a, b, burst)
+  if not cal then return refill(w, f, last, now, a, b, burst) end
+  if now >= last then
+    local cur = a
+    if now >= a then cur = b end
+    return burst, 0, cur
+  end
+  return w, 0, last
+end
+
+-- wait returns the µs until a bucket advanced to now (see advance) holds m
+-- more whole tokens (m >= 1): its refill time for a token bucket, the end
+-- of its window for a calendar quota.
+local function wait(cal, m, f, last, now, a, b)
+  if cal then return last - now end
+  return until_tokens(m, f, a, b)
+end
+
 -- ttl_ms is how long a bucket lives: until it would be full again (a
 -- missing key reads as full), reset µs from now, plus a margin.
 local function ttl_ms(reset)

@@ -2,7 +2,7 @@
 -- for tokens used beyond what was taken (a negative n), into debt.
 --
 -- KEYS[1]  the bucket (see common.lua)
--- ARGV     r, p, burst (see acquire.lua), n (an integer: 1 <= n <= burst
+-- ARGV     r, p (or a calendar quota's windows), burst (see acquire.lua), n (an integer: 1 <= n <= burst
 --          to refund, -2·burst <= n <= -1 to charge), and optionally a
 --          request id: an adjustment whose id equals that of the bucket's
 --          last one is not applied again (go-redis resends a pipeline whose
@@ -14,9 +14,10 @@
 -- and floored at -burst: a bucket owes at most one burst, which later
 -- requests wait out. A missing key is full: a refund has nothing to do. A
 -- bucket that becomes full is deleted, since a missing key reads as full.
-local r, p, burst = int(1), int(2), int(3)
+local cal, a, b = spec(1)
+local burst = int(3)
 local n = tonumber(ARGV[4])
-if not (r and p and burst and n) or n ~= n or n % 1 ~= 0 or n == 0 or n > burst or n < -2 * burst or burst > HUGE then
+if cal == nil or not (burst and n) or n ~= n or n % 1 ~= 0 or n == 0 or n > burst or n < -2 * burst or burst > HUGE then
   return redis.error_reply('ERR leaselimit: invalid refund arguments')
 end
 local id = ARGV[5]
@@ -35,11 +36,11 @@ if err then return err end
 if not found then
   w0, f0, t0, rid, tail = burst, 0, now, '-', ''
 end
-local w, f, last = refill(w0, f0, t0, now, r, p, burst)
+local w, f, last = advance(cal, w0, f0, t0, now, a, b, burst)
 if id ~= nil and rid == id then
   -- Applied already: report the bucket, change nothing.
   local reset = 0
-  if w < burst then reset = until_tokens(burst - w, f, r, p) end
+  if w < burst then reset = wait(cal, burst - w, f, last, now, a, b) end
   return {w, reset}
 end
 
@@ -50,7 +51,7 @@ if w >= burst then
   if err then return err end
   return {burst, 0}
 end
-local reset = until_tokens(burst - w, f, r, p)
+local reset = wait(cal, burst - w, f, last, now, a, b)
 -- The tail (the last grant's request id and reply) is kept: a resent
 -- acquire must still find it.
 err = store(KEYS[1], w, f, last, id or rid, tail, ttl_ms(reset))

@@ -1,12 +1,14 @@
 
 -- take decides one acquire call on key at now (µs, the server's clock),
--- its arguments at ARGV[base+1 .. base+7]: r, p, burst, want, min,
--- share_ppm (all integers), and optionally a request id (see acquire.lua).
+-- its arguments at ARGV[base+1 .. base+7]: r, p (or a calendar quota's
+-- windows, see spec), burst, want, min, share_ppm (all integers), and
+-- optionally a request id (see acquire.lua).
 -- It returns the reply {granted, remaining, retry_after_us, reset_after_us},
 -- or nil and an error reply.
 local function take(key, base, now)
-  local r, p, burst, want, min, share = int(base + 1), int(base + 2), int(base + 3), int(base + 4), int(base + 5), int(base + 6)
-  if not (r and p and burst and want and min and share)
+  local cal, a, b = spec(base + 1)
+  local burst, want, min, share = int(base + 3), int(base + 4), int(base + 5), int(base + 6)
+  if cal == nil or not (burst and want and min and share)
       or share > 1000000 or min > want or want > burst or burst > HUGE then
     return nil, redis.error_reply('ERR leaselimit: invalid acquire arguments')
   end
@@ -25,7 +27,7 @@ local function take(key, base, now)
   end
   local w, f, last = burst, 0, now
   if found then w, f, last = bw, bf, bt end
-  w, f, last = refill(w, f, last, now, r, p, burst)
+  w, f, last = advance(cal, w, f, last, now, a, b, burst)
 
   local granted = 0
   if w >= min then
@@ -37,7 +39,7 @@ local function take(key, base, now)
   end
 
   local reset = 0
-  if w < burst then reset = until_tokens(burst - w, f, r, p) end
+  if w < burst then reset = wait(cal, burst - w, f, last, now, a, b) end
   if granted > 0 then
     local tail = ''
     if id ~= nil then
@@ -50,7 +52,7 @@ local function take(key, base, now)
 
   local retry = 0
   if granted == 0 then
-    retry = until_tokens(min - w, f, r, p)
+    retry = wait(cal, min - w, f, last, now, a, b)
   end
   return {granted, w, retry, reset}
 end

@@ -303,6 +303,13 @@ func rateLimitMember(pf *policyFields, remaining, t int64) string {
 // more token: the time until it is full minus the time the tokens after the
 // next one take to arrive.
 func untilMore(l policy.Limit, d leaselimit.Decision) time.Duration {
+	if l.IsQuota() {
+		// A calendar quota gets its tokens back at the end of its window.
+		if d.Remaining >= l.Burst {
+			return 0
+		}
+		return d.ResetAfter
+	}
 	if d.Remaining >= l.Burst || d.ResetAfter <= 0 || l.Rate <= 0 {
 		return 0
 	}

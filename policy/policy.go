@@ -34,6 +34,9 @@ type Limit struct {
 	Rate   int64         // tokens added per Period; > 0
 	Period time.Duration // > 0, a whole number of microseconds
 	Burst  int64         // bucket capacity; > 0
+	// Calendar, if set, makes the limit a quota whose tokens come back
+	// all at once at fixed boundaries (see Quota) rather than continuously.
+	Calendar Calendar
 }
 
 // PerSecond returns a limit of n tokens per second with Burst n and Name "default".
@@ -80,7 +83,7 @@ func (l Limit) Validate() error {
 	if l.Period > MaxPeriod {
 		return fmt.Errorf("%w: %s: period must be at most %v (ten years)", ErrInvalidLimit, l, MaxPeriod)
 	}
-	return nil
+	return l.Calendar.validate(l)
 }
 
 // The range of a Limit: Rate and Burst from 1 to MaxRate, Period from 1 µs
@@ -141,6 +144,9 @@ func (l Limit) Interval(n int64) time.Duration {
 }
 
 func (l Limit) String() string {
+	if l.IsQuota() {
+		return l.Name + ": " + strconv.FormatInt(l.Burst, 10) + " per " + l.Calendar.Every.String() + " in " + l.Calendar.location().String()
+	}
 	return l.Name + ": " + strconv.FormatInt(l.Rate, 10) + "/" + l.Period.String() + " burst=" + strconv.FormatInt(l.Burst, 10)
 }
 

@@ -1,0 +1,148 @@
+package policy
+
+import (
+	"fmt"
+	"time"
+)
+
+// Interval is the length of a calendar quota's window (see Quota).
+type Interval int
+
+const (
+	// NoCalendar is the zero Interval: a token bucket that refills
+	// continuously, not a calendar quota.
+	NoCalendar Interval = iota
+	Hour                // from one o'clock to the next
+	Day                 // from midnight to midnight
+	Week                // from Monday 00:00 to Monday 00:00
+	Month               // from the 1st at 00:00 to the next 1st
+)
+
+func (i Interval) String() string {
+	switch i {
+	case NoCalendar:
+		return "none"
+	case Hour:
+		return "hour"
+	case Day:
+		return "day"
+	case Week:
+		return "week"
+	case Month:
+		return "month"
+	}
+	return fmt.Sprintf("Interval(%d)", int(i))
+}
+
+// nominal is an Interval's usual length, the Period of a Quota: what the
+// RateLimit-Policy header's window says (a month counts 30 days there; its
+// tokens still reset on the 1st).
+func (i Interval) nominal() time.Duration {
+	switch i {
+	case Hour:
+		return time.Hour
+	case Day:
+		return 24 * time.Hour
+	case Week:
+		return 7 * 24 * time.Hour
+	case Month:
+		return 30 * 24 * time.Hour
+	}
+	return 0
+}
+
+// Calendar makes a Limit a calendar quota: its Burst tokens are all there
+// at the start of every window (each hour, day, week or month of the
+// calendar in Location) and none come back before the window ends. The
+// zero Calendar is none: the Limit is a token bucket.
+type Calendar struct {
+	Every    Interval
+	Location *time.Location // nil: UTC
+}
+
+// Quota returns a calendar quota of tokens per window, reset at every
+// boundary of every in loc (nil: UTC), on Redis's clock:
+//
+//	policy.Quota("daily", 10_000, policy.Day, time.UTC)
+//
+// Its Rate and Burst are tokens and its Period the window's usual length.
+// It can be used alone or with a token bucket in one multi-limit
+// (leaselimit.Limiter.For(perSecond, daily)).
+func Quota(name string, tokens int64, every Interval, loc *time.Location) Limit {
+	return Limit{Name: name, Rate: tokens, Period: every.nominal(), Burst: tokens,
+		Calendar: Calendar{Every: every, Location: loc}}
+}
+
+// IsQuota reports whether l is a calendar quota.
+func (l Limit) IsQuota() bool { return l.Calendar.Every != NoCalendar }
+
+// validate checks a Limit's Calendar against its other fields.
+func (c Calendar) validate(l Limit) error {
+	if c.Every == NoCalendar {
+		if c.Location != nil {
+			return fmt.Errorf("%w: %s: a Location without a calendar Interval", ErrInvalidLimit, l.Name)
+		}
+		return nil
+	}
+	if c.Every < Hour || c.Every > Month {
+		return fmt.Errorf("%w: %s: unknown calendar interval %d", ErrInvalidLimit, l.Name, int(c.Every))
+	}
+	if c.Location == time.Local {
+		// Every instance must agree on the boundaries, and the name is part
+		// of the bucket's Redis key: "Local" is a different zone on each machine.
+		return fmt.Errorf("%w: %s: time.Local differs from machine to machine; name the zone (time.LoadLocation)", ErrInvalidLimit, l.Name)
+	}
+	if l.Rate != l.Burst || l.Period != c.Every.nominal() {
+		return fmt.Errorf("%w: %s: a calendar quota has Rate = Burst (the tokens of a window) and Period %v; build it with policy.Quota",
+			ErrInvalidLimit, l.Name, c.Every.nominal())
+	}
+	return nil
+}
+
+// Window returns the end of the window of c that holds t, and the end of
+// the window after it, in c's Location (so a day ends at that zone's
+// midnight, whatever its offset that day).
+func (c Calendar) Window(t time.Time) (end, next time.Time) {
+	loc := c.location()
+	t = t.In(loc)
+	y, m, d := t.Date()
+	switch c.Every {
+	case Hour:
+		end = time.Date(y, m, d, t.Hour()+1, 0, 0, 0, loc)
+		if !end.After(t) { // a repeated hour at the end of summer time
+			end = t.Truncate(time.Hour).Add(time.Hour)
+		}
+		next = end.Add(time.Hour)
+	case Day:
+		end = time.Date(y, m, d+1, 0, 0, 0, 0, loc)
+		next = time.Date(y, m, d+2, 0, 0, 0, 0, loc)
+	case Week:
+		untilMonday := (8 - int(t.Weekday())) % 7
+		if untilMonday == 0 {
+			untilMonday = 7
+		}
+		end = time.Date(y, m, d+untilMonday, 0, 0, 0, 0, loc)
+		next = time.Date(y, m, d+untilMonday+7, 0, 0, 0, 0, loc)
+	case Month:
+		end = time.Date(y, m+1, 1, 0, 0, 0, 0, loc)
+		next = time.Date(y, m+2, 1, 0, 0, 0, 0, loc)
+	}
+	return end, next
+}
+
+// Tag returns what a Limit's Redis key says of c: "" for a token bucket,
+// else "@<interval>:<location>".
+func (c Calendar) Tag() string {
+	if c.Every == NoCalendar {
+		return ""
+	}
+	return "@" + c.Every.String() + ":" + c.location().String()
+}
+
+// location is c's Location, UTC for nil.
+func (c Calendar) location() *time.Location {
+	if c.Location == nil {
+		return time.UTC
+	}
+	return c.Location
+}

@@ -1,0 +1,65 @@
+package policy
+
+import (
+	"errors"
+	"testing"
+	"time"
+)
+
+func TestCalendarWindow(t *testing.T) {
+	ny, err := time.LoadLocation("America/New_York")
+	if err != nil {
+		t.Skip("no time zone database:", err)
+	}
+	at := func(s string, loc *time.Location) time.Time {
+		v, err := time.ParseInLocation("2006-01-02 15:04", s, loc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	for _, tc := range []struct {
+		c         Calendar
+		t         time.Time
+		end, next time.Time
+	}{
+		{Calendar{Every: Hour}, at("2026-12-01 15:42", time.UTC), at("2026-12-01 16:00", time.UTC), at("2026-12-01 17:00", time.UTC)},
+		{Calendar{Every: Day}, at("2026-12-01 15:42", time.UTC), at("2026-12-02 00:00", time.UTC), at("2026-12-03 00:00", time.UTC)},
+		// The day summer time ends in New York has 25 hours: midnight to midnight there.
+		{Calendar{Every: Day, Location: ny}, at("2026-11-01 10:00", ny), at("2026-11-02 00:00", ny), at("2026-11-03 00:00", ny)},
+		{Calendar{Every: Week}, at("2026-12-01 15:42", time.UTC), at("2026-12-07 00:00", time.UTC), at("2026-12-14 00:00", time.UTC)}, // a Tuesday
+		{Calendar{Every: Week}, at("2026-12-07 00:00", time.UTC), at("2026-12-14 00:00", time.UTC), at("2026-12-21 00:00", time.UTC)}, // a Monday
+		{Calendar{Every: Month}, at("2026-12-31 23:59", time.UTC), at("2027-01-01 00:00", time.UTC), at("2027-02-01 00:00", time.UTC)},
+		{Calendar{Every: Month, Location: ny}, at("2027-01-31 22:00", ny), at("2027-02-01 00:00", ny), at("2027-03-01 00:00", ny)},
+	} {
+		end, next := tc.c.Window(tc.t)
+		if !end.Equal(tc.end) || !next.Equal(tc.next) {
+			t.Errorf("%v Window(%v) = %v, %v; want %v, %v", tc.c.Every, tc.t, end, next, tc.end, tc.next)
+		}
+	}
+	end, _ := Calendar{Every: Day, Location: ny}.Window(at("2026-11-01 10:00", ny))
+	if d := end.Sub(at("2026-11-01 00:00", ny)); d != 25*time.Hour {
+		t.Errorf("the day summer time ends lasts %v in New York; want 25h", d)
+	}
+}
+
+func TestQuotaValidate(t *testing.T) {
+	if err := Quota("daily", 10_000, Day, time.UTC).Validate(); err != nil {
+		t.Errorf("Quota(daily) = %v", err)
+	}
+	bad := []Limit{
+		Quota("local", 10, Day, time.Local),
+		{Name: "half", Rate: 5, Period: 24 * time.Hour, Burst: 10, Calendar: Calendar{Every: Day}},
+		{Name: "long", Rate: 10, Period: time.Hour, Burst: 10, Calendar: Calendar{Every: Day}},
+		{Name: "zone", Rate: 10, Period: time.Hour, Burst: 10, Calendar: Calendar{Location: time.UTC}},
+		{Name: "odd", Rate: 10, Period: time.Hour, Burst: 10, Calendar: Calendar{Every: Interval(9)}},
+	}
+	for _, l := range bad {
+		if err := l.Validate(); !errors.Is(err, ErrInvalidLimit) {
+			t.Errorf("%+v.Validate() = %v; want ErrInvalidLimit", l, err)
+		}
+	}
+	if tag := Quota("d", 1, Month, nil).Calendar.Tag(); tag != "@month:UTC" {
+		t.Errorf("Tag = %q", tag)
+	}
+}

@@ -1,0 +1,95 @@
+package leaselimit_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/leaselimit/leaselimit"
+	"github.com/leaselimit/leaselimit/internal/redistest"
+	"github.com/leaselimit/leaselimit/policy"
+)
+
+// TestQuotaOnRedis: a daily quota admits its tokens and then denies until
+// the next midnight in its zone, on a real redis-server, alone and next to
+// a token bucket in one multi-limit; RetryAfter and ResetAfter say when.
+func TestQuotaOnRedis(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	tokyo, err := time.LoadLocation("Asia/Tokyo")
+	if err != nil {
+		t.Skip("no time zone database:", err)
+	}
+	for _, mode := range []string{"exact", "lease"} {
+		t.Run(mode, func(t *testing.T) {
+			daily := policy.Quota("daily-"+mode, 5, policy.Day, tokyo)
+			var opts []leaselimit.Option
+			if mode == "exact" {
+				opts = append(opts, leaselimit.WithoutLease())
+			}
+			lim := mustNew(t, srv.Client(t), daily, opts...)
+			for i := 0; i < 5; i++ {
+				if d, err := lim.Allow(ctx, "k"); err != nil || !d.Allowed {
+					t.Fatalf("request %d = %+v, %v", i, d, err)
+				}
+			}
+			d, err := lim.Allow(ctx, "k")
+			if err != nil || d.Allowed {
+				t.Fatalf("6th request = %+v, %v; want denied", d, err)
+			}
+			end, _ := daily.Calendar.Window(time.Now())
+			until := time.Until(end)
+			if d.RetryAfter < until-2*time.Second || d.RetryAfter > until+time.Second {
+				t.Errorf("RetryAfter %v; want until midnight in Tokyo, %v", d.RetryAfter, until)
+			}
+			if d.ResetAfter < until-2*time.Second || d.ResetAfter > until+time.Second {
+				t.Errorf("ResetAfter %v; want %v", d.ResetAfter, until)
+			}
+
+			perSecond := policy.Limit{Name: "ps-" + mode, Rate: 100, Period: time.Second, Burst: 100}
+			both := lim.For(perSecond, daily.WithName("both-"+mode))
+			for i := 0; i < 5; i++ {
+				if d, err := both.Allow(ctx, "m"); err != nil || !d.Allowed {
+					t.Fatalf("multi request %d = %+v, %v", i, d, err)
+				}
+			}
+			d, err = both.Allow(ctx, "m")
+			if err != nil || d.Allowed || d.Limit.Name != "both-"+mode || d.RetryAfter < until-2*time.Second {
+				t.Errorf("multi request past the quota = %+v, %v; want denied by the quota until midnight", d, err)
+			}
+		})
+	}
+}
+
+// TestQuotaResetsAtTheBoundary: on Redis's clock (miniredis, set by
+// hand), a spent quota is full again just after its window ends, and not
+// just before.
+func TestQuotaResetsAtTheBoundary(t *testing.T) {
+	m, c := newMini(t)
+	ctx := context.Background()
+	hourly := policy.Quota("hourly", 3, policy.Hour, nil)
+	lim := mustNew(t, c, hourly, leaselimit.WithoutLease())
+	end, _ := hourly.Calendar.Window(time.Now())
+	m.SetTime(end.Add(-2 * time.Second))
+	for i := 0; i < 3; i++ {
+		if d, _ := lim.Allow(ctx, "k"); !d.Allowed {
+			t.Fatalf("request %d denied", i)
+		}
+	}
+	d, _ := lim.Allow(ctx, "k")
+	if d.Allowed || d.RetryAfter != 2*time.Second {
+		t.Fatalf("4th request = %+v; want denied for the 2s left in the hour", d)
+	}
+	m.SetTime(end.Add(-time.Millisecond))
+	if d, _ := lim.Allow(ctx, "k"); d.Allowed {
+		t.Fatal("admitted before the hour ended")
+	}
+	m.SetTime(end)
+	d, _ = lim.Allow(ctx, "k")
+	if !d.Allowed || d.Remaining != 2 {
+		t.Fatalf("first request of the next hour = %+v; want admitted, 2 left", d)
+	}
+	if d.ResetAfter != time.Hour {
+		t.Errorf("ResetAfter at the start of an hour = %v; want 1h", d.ResetAfter)
+	}
+}
