@@ -93,3 +93,26 @@ func TestQuotaResetsAtTheBoundary(t *testing.T) {
 		t.Errorf("ResetAfter at the start of an hour = %v; want 1h", d.ResetAfter)
 	}
 }
+
+// TestQuotaSettle: a reservation on a calendar quota settles within its
+// window.
+func TestQuotaSettle(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	lim := mustNew(t, srv.Client(t), policy.Quota("monthly", 100, policy.Month, nil), leaselimit.WithoutLease())
+	r, err := lim.Reserve(ctx, "k", 30)
+	if err != nil || !r.Decision().Allowed {
+		t.Fatal(r, err)
+	}
+	if err := r.Settle(ctx, 12); err != nil {
+		t.Fatal(err)
+	}
+	d, err := lim.Peek(ctx, "k")
+	if err != nil || d.Remaining != 88 {
+		t.Fatalf("Peek after Settle(12) of 30 = %+v, %v; want 88 left", d, err)
+	}
+	end, _ := policy.Quota("m", 1, policy.Month, nil).Calendar.Window(time.Now())
+	if until := time.Until(end); d.ResetAfter < until-2*time.Second || d.ResetAfter > until+time.Second {
+		t.Errorf("ResetAfter %v; want until the 1st, %v", d.ResetAfter, until)
+	}
+}
