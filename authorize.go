@@ -342,7 +342,7 @@ func (a *calls) acquire(ctx context.Context, c call) reply {
 	if c.refill != nil {
 		var back int64
 		r.outcome, back = a.leases.Complete(*c.refill, g, a.clock.now())
-		a.refunds.add(c.rkey, a.limit, back)
+		a.refund(c, back)
 	}
 	return r
 }

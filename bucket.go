@@ -87,6 +87,7 @@ func (l *Limiter) Reset(ctx context.Context, key string) error {
 				return err
 			}
 		}
+		l.leases.Forget(key) // the multi-limit's own lease and negative cache
 		return nil
 	}
 	brk, rkey := l.route(key)

@@ -200,10 +200,10 @@ func (l *Limiter) allowN(ctx context.Context, key string, n int64) (Decision, er
 	if err := l.check(key, n); err != nil {
 		return Decision{Source: SourceNone}, err
 	}
-	if l.group != nil {
-		return l.allowGroup(ctx, key, n)
-	}
 	if l.cfg.noLease {
+		if l.group != nil {
+			return l.allowGroup(ctx, key, n)
+		}
 		return l.allowExact(ctx, key, n)
 	}
 	a := l.leases.Decide(key, n, l.clock.now())
@@ -212,8 +212,14 @@ func (l *Limiter) allowN(ctx context.Context, key string, n int64) (Decision, er
 		if a.Prefetch {
 			l.prefetch(ctx, a.Ticket)
 		}
+		if l.group != nil {
+			return l.decided(a), nil
+		}
 		return admitted(l.limit, a.Remaining, SourceLease), nil
 	case lease.Cached:
+		if l.group != nil {
+			return l.decided(a), nil
+		}
 		return denial(l.limit, a.Remaining, a.RetryAfter, SourceCache), nil
 	}
 	return l.miss(ctx, key, n, a)

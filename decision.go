@@ -93,15 +93,21 @@ type Decision struct {
 
 // decided turns an answer of the lease protocol into the caller's Decision.
 func (l *Limiter) decided(a lease.Answer) Decision {
+	var d Decision
 	switch a.Status {
 	case lease.Leased:
-		return admitted(l.limit, a.Remaining, SourceLease)
+		d = admitted(l.limit, a.Remaining, SourceLease)
 	case lease.Granted:
-		return admitted(l.limit, a.Remaining, SourceAuthority)
+		d = admitted(l.limit, a.Remaining, SourceAuthority)
 	case lease.Refused:
-		return denial(l.limit, a.Remaining, a.RetryAfter, SourceAuthority)
+		d = denial(l.limit, a.Remaining, a.RetryAfter, SourceAuthority)
+	default:
+		d = denial(l.limit, a.Remaining, a.RetryAfter, SourceCache)
 	}
-	return denial(l.limit, a.Remaining, a.RetryAfter, SourceCache)
+	if l.group != nil {
+		l.addParts(&d, a.Parts)
+	}
+	return d
 }
 
 // admitted is an allowed Decision with remaining tokens left.

@@ -61,7 +61,7 @@ func (l *Limiter) fallback(ctx context.Context, brk *breaker.Breaker, key string
 	}
 	wall := l.clock.wall()
 	now := l.clock.mono(wall)
-	if !l.cfg.noLease && l.group == nil {
+	if !l.cfg.noLease {
 		if a, ok := l.leases.Held(key, n, now); ok {
 			return l.decided(a)
 		}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/leaselimit/leaselimit/authority"
+	"github.com/leaselimit/leaselimit/lease"
 	"github.com/leaselimit/leaselimit/policy"
 	"github.com/leaselimit/leaselimit/telemetry"
 )
@@ -75,15 +76,71 @@ func (e *engine) newGroup(limits []policy.Limit) *Limiter {
 	name := strings.Join(names, "+")
 	l := &Limiter{
 		engine: e,
-		limit:  first.limit,
+		limit:  first.limit, // names the first bucket; the lease protocol uses the envelope
 		tel:    e.meters.WithLimit(name),
 		log:    newLogger(e.cfg.logger, name),
-		leases: first.leases, // unused: a multi-limit keeps no lease; FailLocal asks each part
+		leases: lease.NewGroup(e.table, envelope(name, limits), limits, e.cfg.lease, e.cfg.fleetSize),
 		group:  parts,
 	}
 	l.calls = newAuthorizer(e.client, &calls{auth: e.auth, limit: first.limit, budget: e.cfg.timeout, pool: poolSize(e.client),
-		brks: e.brks, leases: first.leases, refunds: e.refunds, gate: &e.gate, clock: e.clock, tel: l.tel, log: l.log})
+		brks: e.brks, leases: l.leases, refunds: e.refunds, gate: &e.gate, clock: e.clock, tel: l.tel, log: l.log})
 	return l
+}
+
+// envelope is the limit that sizes a multi-limit's leases: no looser than
+// any of limits (the least burst, the slowest refill per token), so that a
+// lease is bounded by every limit.
+func envelope(name string, limits []policy.Limit) policy.Limit {
+	env := policy.Limit{Name: name, Rate: limits[0].Rate, Period: limits[0].Period, Burst: limits[0].Burst}
+	for _, l := range limits[1:] {
+		env.Burst = min(env.Burst, l.Burst)
+		// l refills more slowly per token when Period/Rate is larger.
+		if float64(l.Period)/float64(l.Rate) > float64(env.Period)/float64(env.Rate) {
+			env.Rate, env.Period = l.Rate, l.Period
+		}
+	}
+	return env
+}
+
+// members returns the buckets besides the first that a multi-limit's call
+// for key takes from (nil for one limit).
+func (l *Limiter) members(key string) []authority.Member {
+	if l.group == nil {
+		return nil
+	}
+	with := make([]authority.Member, len(l.group)-1)
+	for i, p := range l.group[1:] {
+		with[i] = authority.Member{Key: l.auth.Key(p.limit, key), Limit: p.limit}
+	}
+	return with
+}
+
+// addParts fills a multi-limit's lease decision d with every limit's state:
+// each bucket as of the key's last grant (parts) plus the tokens this
+// instance holds in the lease, which are taken from every one. Limit
+// becomes the one with the fewest tokens left.
+func (l *Limiter) addParts(d *Decision, parts *[]authority.Part) {
+	if parts == nil || len(*parts) != len(l.group) {
+		return
+	}
+	ps := *parts
+	least := ps[0].Remaining
+	for _, p := range ps[1:] {
+		least = min(least, p.Remaining)
+	}
+	held := max(d.Remaining-least, 0)
+	d.Parts = make([]Part, len(ps))
+	tight := 0
+	for i, p := range ps {
+		lim := l.group[i].limit
+		rem := min(p.Remaining+held, lim.Burst)
+		d.Parts[i] = Part{Limit: lim, Remaining: rem, ResetAfter: resetAfter(lim, rem)}
+		if rem < d.Parts[tight].Remaining {
+			tight = i
+		}
+		d.ResetAfter = max(d.ResetAfter, d.Parts[i].ResetAfter)
+	}
+	d.Limit = d.Parts[tight].Limit
 }
 
 // Limits returns the limits the Limiter enforces: one, or, for a Limiter
@@ -99,9 +156,10 @@ func (l *Limiter) Limits() []policy.Limit {
 	return out
 }
 
-// allowGroup decides n tokens of key under every limit of the group: one
-// script call that takes them from every bucket or from none. It decides
-// in exact mode whatever the options (a multi-limit keeps no lease).
+// allowGroup decides n tokens of key under every limit of the group in
+// exact mode: one script call that takes them from every bucket or from
+// none. (With leases, a multi-limit decides as one limit does, its lease
+// refilled from every bucket at once.)
 func (l *Limiter) allowGroup(ctx context.Context, key string, n int64) (Decision, error) {
 	brk, rkey := l.route(key)
 	if brk.Rejects(l.clock.wall()) {
@@ -110,11 +168,7 @@ func (l *Limiter) allowGroup(ctx context.Context, key string, n int64) (Decision
 	if rkey == "" {
 		rkey = l.auth.Key(l.limit, key)
 	}
-	with := make([]authority.Member, len(l.group)-1)
-	for i, p := range l.group[1:] {
-		with[i] = authority.Member{Key: l.auth.Key(p.limit, key), Limit: p.limit}
-	}
-	r := l.calls.authorize(ctx, call{brk: brk, rkey: rkey, want: n, min: n, share: 1, with: with})
+	r := l.calls.authorize(ctx, call{brk: brk, rkey: rkey, want: n, min: n, share: 1, with: l.members(key)})
 	if r.err != nil {
 		return l.onError(ctx, brk, key, n, r.err)
 	}
@@ -150,10 +204,15 @@ func (l *Limiter) groupDecision(g authority.Grant) Decision {
 func (l *Limiter) peekGroup(ctx context.Context, key string) (Decision, error) {
 	var d Decision
 	parts := make([]Part, len(l.group))
+	held := l.leases.Holding(key, l.clock.now()) // the multi-limit's own lease, taken from every bucket
 	for i, p := range l.group {
 		pd, err := p.Peek(ctx, key)
 		if err != nil {
 			return Decision{Source: SourceNone}, err
+		}
+		if held > 0 {
+			pd.Remaining = min(pd.Remaining+held, pd.Limit.Burst)
+			pd.RetryAfter, pd.Allowed = 0, true
 		}
 		parts[i] = Part{Limit: pd.Limit, Remaining: pd.Remaining, ResetAfter: pd.ResetAfter}
 		worse := pd.RetryAfter > d.RetryAfter || (pd.RetryAfter == d.RetryAfter && pd.Remaining < d.Remaining)
@@ -166,16 +225,4 @@ func (l *Limiter) peekGroup(ctx context.Context, key string) (Decision, error) {
 		d.ResetAfter = max(d.ResetAfter, p.ResetAfter)
 	}
 	return d, nil
-}
-
-// adjustGroup gives n tokens back to (or takes -n more from) every limit's
-// bucket: Settle for a multi-limit.
-func (l *Limiter) adjustGroup(ctx context.Context, key string, n int64) error {
-	var first error
-	for _, p := range l.group {
-		if err := p.adjust(ctx, key, n); err != nil && first == nil {
-			first = err
-		}
-	}
-	return first
 }

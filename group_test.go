@@ -36,7 +36,7 @@ func TestMultiLimitAllOrNothing(t *testing.T) {
 			}
 			for i := 0; i < 10; i++ {
 				d, err := both.Allow(ctx, "user")
-				if err != nil || !d.Allowed || d.Source != leaselimit.SourceAuthority {
+				if err != nil || !d.Allowed || d.Source == leaselimit.SourceFallback {
 					t.Fatalf("request %d = %+v, %v", i, d, err)
 				}
 				if len(d.Parts) != 2 || d.Parts[0].Remaining != int64(19-i) || d.Parts[1].Remaining != int64(9-i) {
@@ -63,6 +63,40 @@ func TestMultiLimitAllOrNothing(t *testing.T) {
 				t.Errorf("the burst limit holds %d after 10 admitted and 5 denied; want 10 (denials take nothing)", p.Remaining)
 			}
 		})
+	}
+}
+
+// TestMultiLimitFleet: 4 instances call one key under two limits in tight
+// loops, with leases: the fleet admits no more than the tighter limit's
+// Burst + Rate·T, and no more than the looser one's either.
+func TestMultiLimitFleet(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short")
+	}
+	srv := redistest.Start(t)
+	perSecond := policy.Limit{Name: "fleet-ps", Rate: 2000, Period: time.Second, Burst: 200}
+	slower := policy.Limit{Name: "fleet-slow", Rate: 500, Period: time.Second, Burst: 100}
+	const instances = 4
+	lims := make([]*leaselimit.Limiter, instances)
+	for i := range lims {
+		root := mustNew(t, srv.Client(t), perSecond, leaselimit.WithFailureMode(policy.FailClosed))
+		lims[i] = root.For(perSecond, slower)
+	}
+	r := flood(t, lims, 2, 3*time.Second, func(int, int) string { return "shared" })
+	if r.bySource[leaselimit.SourceFallback] > 0 {
+		t.Fatalf("%d fallback decisions on a healthy Redis", r.bySource[leaselimit.SourceFallback])
+	}
+	bound := float64(slower.Burst) + float64(slower.Rate)*r.elapsed.Seconds()
+	got := float64(r.admitted)
+	t.Logf("admitted %.0f in %v (sources %v); the slower limit's bound %.0f (%.1f%%)", got, r.elapsed, r.bySource, bound, 100*got/bound)
+	if got > bound {
+		t.Errorf("admitted %.0f > the slower limit's Burst + Rate·T = %.0f", got, bound)
+	}
+	if got < 0.9*bound*(3*time.Second).Seconds()/r.elapsed.Seconds() {
+		t.Errorf("admitted %.0f, under 90%% of the bound %.0f", got, bound)
+	}
+	if r.bySource[leaselimit.SourceLease] == 0 {
+		t.Errorf("no decision from a lease: %v", r.bySource)
 	}
 }
 

@@ -55,7 +55,8 @@ func (l *Limiter) miss(ctx context.Context, key string, n int64, a lease.Answer)
 // budget, and its grant is installed even if every waiter has left.
 func (l *Limiter) refill(ctx context.Context, brk *breaker.Breaker, rkey string, t lease.Ticket) (any, error) {
 	r := l.leases.Plan(t, l.clock.now())
-	rep := l.calls.authorize(context.WithoutCancel(ctx), call{brk: brk, rkey: rkey, want: r.Want, min: r.Min, share: r.Share, refill: &r})
+	rep := l.calls.authorize(context.WithoutCancel(ctx), call{brk: brk, rkey: rkey, want: r.Want, min: r.Min, share: r.Share, refill: &r,
+		with: l.members(t.Key())})
 	if rep.err != nil {
 		return nil, rep.err
 	}

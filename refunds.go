@@ -57,10 +57,18 @@ func (q *refundQueue) addReturns(rs ...lease.Return) {
 	}
 }
 
-// addReturn queues r, if any (an Answer's Evicted).
+// addReturn queues r, if any (an Answer's Evicted): to its limit's
+// bucket, or to every bucket of a multi-limit's lease.
 func (q *refundQueue) addReturn(r *lease.Return) {
-	if r != nil && r.Tokens > 0 {
+	if r == nil || r.Tokens <= 0 {
+		return
+	}
+	if r.Limits == nil {
 		q.add(q.auth.Key(r.Limit, r.Key), r.Limit, r.Tokens)
+		return
+	}
+	for _, l := range r.Limits {
+		q.add(q.auth.Key(l, r.Key), l, r.Tokens)
 	}
 }
 

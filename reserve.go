@@ -72,10 +72,22 @@ func (r *Reservation) Settle(ctx context.Context, actual int64) error {
 	if !r.settled.CompareAndSwap(false, true) {
 		return nil
 	}
-	if r.lim.group != nil {
-		return r.lim.adjustGroup(context.WithoutCancel(ctx), r.key, r.estimate-actual)
-	}
 	return r.lim.adjust(context.WithoutCancel(ctx), r.key, r.estimate-actual)
+}
+
+// settleLocally applies an adjustment of n tokens to key's live lease when
+// it can: the surplus joins it, an excess it holds comes out of it. (A
+// multi-limit's lease holds tokens taken from every bucket at once.)
+func (l *Limiter) settleLocally(key string, n int64) bool {
+	if l.cfg.noLease {
+		return false
+	}
+	now := l.clock.now()
+	if n > 0 {
+		return l.leases.Give(key, n, now)
+	}
+	_, ok := l.leases.Held(key, -n, now)
+	return ok
 }
 
 // Cancel gives the whole estimate back: Settle(ctx, 0).
@@ -83,21 +95,20 @@ func (r *Reservation) Cancel(ctx context.Context) error { return r.Settle(ctx, 0
 
 // adjust gives n tokens back to key's bucket (n > 0) or takes -n more
 // (n < 0): through this instance's lease when it holds a live one that can,
-// else through Redis (see Settle).
+// else through Redis (see Settle); for a multi-limit, to every limit's
+// bucket.
 func (l *Limiter) adjust(ctx context.Context, key string, n int64) error {
-	if n == 0 {
+	if n == 0 || l.settleLocally(key, n) {
 		return nil
 	}
-	now := l.clock.now()
-	if !l.cfg.noLease {
-		if n > 0 && l.leases.Give(key, n, now) {
-			return nil
-		}
-		if n < 0 {
-			if _, ok := l.leases.Held(key, -n, now); ok {
-				return nil
+	if l.group != nil {
+		var first error
+		for _, p := range l.group {
+			if err := p.adjust(ctx, key, n); err != nil && first == nil {
+				first = err
 			}
 		}
+		return first
 	}
 	brk, rkey := l.route(key)
 	if rkey == "" {

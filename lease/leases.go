@@ -38,6 +38,10 @@ type Leases struct {
 	local    policy.Limit // FailLocal's per-instance share of limit
 	sizer    sizer
 	maxShare float64 // a refill takes at most this share of the bucket
+	// members, for a multi-limit, are its limits: every lease token was
+	// taken from each of their buckets, and goes back to each. limit is
+	// then the multi-limit's envelope (see NewGroup).
+	members []policy.Limit
 	// Every lease hit reads the fields above; the memory allocator may put
 	// an entry, written on every hit, right after this struct, sharing its
 	// last cache line (measured: +16% on a hot key). The pad keeps them
@@ -58,6 +62,16 @@ func New(t *Table, limit policy.Limit, s policy.Lease, fleetSize int) *Leases {
 		table:    t.t,
 		maxShare: s.MaxShare,
 	}
+}
+
+// NewGroup returns the protocol for a multi-limit in table t: leases whose
+// every token was taken from each of members' buckets at once. envelope
+// sizes them: a limit no looser than any member (the least burst, the
+// slowest refill), so that a lease is bounded by every limit.
+func NewGroup(t *Table, envelope policy.Limit, members []policy.Limit, s policy.Lease, fleetSize int) *Leases {
+	ls := New(t, envelope, s, fleetSize)
+	ls.members = members
+	return ls
 }
 
 // Limit returns the limit the protocol decides for.
@@ -97,6 +111,9 @@ type Answer struct {
 	// room for this key: they must be returned to the authority. (A
 	// pointer keeps Answer small enough to be returned in registers.)
 	Evicted *Return
+	// Parts, for a multi-limit, is each member's bucket at the key's last
+	// grant (nil before one, and for one limit).
+	Parts *[]authority.Part
 }
 
 // Ticket is one caller's place in the refills of its key.
@@ -114,6 +131,9 @@ type Return struct {
 	Limit  policy.Limit // the limit of the lease's bucket
 	Key    string       // user key
 	Tokens int64
+	// Limits, for a multi-limit's lease, are its limits: the tokens go
+	// back to each of their buckets (Limit is then the envelope, no bucket).
+	Limits []policy.Limit
 }
 
 // Refill is one refill of a key's lease: what to ask the authority for.
@@ -138,7 +158,7 @@ func (ls *Leases) Decide(key string, n, now int64) Answer {
 	e := ls.table.Get(ls, key)
 	if e != nil {
 		if ok, left := e.Take(n, now); ok {
-			a := Answer{Status: Leased, Remaining: ls.remaining(e, left)}
+			a := Answer{Status: Leased, Remaining: ls.remaining(e, left), Parts: ls.parts(e)}
 			if e.NeedsPrefetch(left) {
 				a.Prefetch, a.Ticket = true, Ticket{e: e}
 			}
@@ -146,7 +166,7 @@ func (ls *Leases) Decide(key string, n, now int64) Answer {
 		}
 		if denied, wait := ls.sizer.Denied(e, n, now); denied {
 			e.Touch(now)
-			return Answer{Status: Cached, Remaining: e.Remote(), RetryAfter: wait}
+			return Answer{Status: Cached, Remaining: e.Remote(), RetryAfter: wait, Parts: ls.parts(e)}
 		}
 	}
 	a := Answer{Status: Miss, Ticket: Ticket{e: e, n: n}}
@@ -189,6 +209,9 @@ func (ls *Leases) Plan(t Ticket, now int64) Refill {
 // collects, and the tokens to return to the bucket because the key was
 // evicted meanwhile. A refill that failed is not completed.
 func (ls *Leases) Complete(r Refill, g authority.Grant, now int64) (o Outcome, returned int64) {
+	if g.Multi != nil {
+		r.e.parts.Store(&g.Multi.Parts)
+	}
 	o = Outcome{Granted: g.Granted, Remaining: g.Remaining, RetryAfter: g.RetryAfter, Min: r.req.Min}
 	return o, ls.sizer.Install(r.e, r.req, o, now)
 }
@@ -200,10 +223,10 @@ func (ls *Leases) Complete(r Refill, g authority.Grant, now int64) (o Outcome, r
 func (ls *Leases) Collect(t Ticket, o Outcome, now int64) Answer {
 	e, n := t.e, t.n
 	if e.TakeReserved(n) {
-		return Answer{Status: Granted, Remaining: ls.remaining(e, e.Tokens())}
+		return Answer{Status: Granted, Remaining: ls.remaining(e, e.Tokens()), Parts: ls.parts(e)}
 	}
 	if ok, left := e.Take(n, now); ok {
-		return Answer{Status: Granted, Remaining: ls.remaining(e, left)}
+		return Answer{Status: Granted, Remaining: ls.remaining(e, left), Parts: ls.parts(e)}
 	}
 	if o.Granted == 0 {
 		retry := o.RetryAfter
@@ -211,10 +234,10 @@ func (ls *Leases) Collect(t Ticket, o Outcome, now int64) Answer {
 			// The authority said when Min tokens are due; n need more.
 			retry += ls.limit.Interval(n - o.Min)
 		}
-		return Answer{Status: Refused, Remaining: o.Remaining, RetryAfter: retry}
+		return Answer{Status: Refused, Remaining: o.Remaining, RetryAfter: retry, Parts: ls.parts(e)}
 	}
 	if denied, wait := ls.sizer.Denied(e, n, now); denied {
-		return Answer{Status: Cached, Remaining: e.Remote(), RetryAfter: wait}
+		return Answer{Status: Cached, Remaining: e.Remote(), RetryAfter: wait, Parts: ls.parts(e)}
 	}
 	t.tries++
 	if t.tries >= maxTries {
@@ -245,7 +268,7 @@ func (ls *Leases) Held(key string, n, now int64) (Answer, bool) {
 	if !ok {
 		return Answer{}, false
 	}
-	return Answer{Status: Leased, Remaining: ls.remaining(e, left)}, true
+	return Answer{Status: Leased, Remaining: ls.remaining(e, left), Parts: ls.parts(e)}, true
 }
 
 // Local is a decision of the FailLocal bucket: this instance's share of
@@ -312,6 +335,14 @@ func (ls *Leases) Forget(key string) {
 	if e := ls.table.Remove(ls, key); e != nil {
 		e.Drain()
 	}
+}
+
+// parts returns e's multi-limit parts (nil for one limit).
+func (ls *Leases) parts(e *entry) *[]authority.Part {
+	if ls.members == nil {
+		return nil
+	}
+	return e.parts.Load()
 }
 
 // remaining is a lease decision's Remaining: what the bucket held at the

@@ -39,7 +39,7 @@ func (t *Table) Len() int { return t.t.Len() }
 func (e *entry) back(n int64) Return {
 	r := Return{Key: e.key, Tokens: n}
 	if e.owner != nil {
-		r.Limit = e.owner.limit
+		r.Limit, r.Limits = e.owner.limit, e.owner.members
 	}
 	return r
 }
