@@ -39,11 +39,12 @@ type Limiter struct {
 	limit   policy.Limit
 	invalid error // set by For for an invalid limit: every call returns it
 	tel     *telemetry.Recorder
-	log     *logger            // nil without WithLogger
-	leases  *lease.Leases      // this limit's local decision protocol and state
-	calls   authorizer         // budgeted authority calls
-	sf      singleflight.Group // one refill per key at a time (refill.go)
-	group   []*Limiter         // a multi-limit's limits, each its own Limiter (group.go); nil for one limit
+	log     *logger             // nil without WithLogger
+	leases  *lease.Leases       // this limit's local decision protocol and state
+	calls   authorizer          // budgeted authority calls
+	sf      *singleflight.Group // one refill per key at a time (refill.go)
+	group   []*Limiter          // a multi-limit's limits, each its own Limiter (group.go); nil for one limit
+	enforce float64             // the share of keys whose decisions are enforced (shadow.go)
 }
 
 // New returns a Limiter that enforces limit per key on client, which may be
@@ -145,9 +146,9 @@ func (l *Limiter) AllowN(ctx context.Context, key string, n int64) (Decision, er
 	if l.tel.Tracing() {
 		ctx, span = l.tel.StartDecision(ctx)
 	}
-	d, err := l.allowN(ctx, key, n)
+	d, err := l.decide(ctx, key, n)
 	if err == nil {
-		l.tel.CountDecision(ctx, d.Allowed, int(d.Source))
+		l.tel.CountDecision(ctx, d.Allowed && !d.ShadowDenied, int(d.Source), d.Shadow)
 	}
 	if span != nil {
 		l.tel.EndDecision(span, outcome(d, err, key, n))
@@ -155,9 +156,19 @@ func (l *Limiter) AllowN(ctx context.Context, key string, n int64) (Decision, er
 	return d, err
 }
 
+// decide is one decision as the caller gets it: allowN's, admitted anyway
+// for a key in shadow (see WithShadow).
+func (l *Limiter) decide(ctx context.Context, key string, n int64) (Decision, error) {
+	d, err := l.allowN(ctx, key, n)
+	if err == nil && l.enforce < 1 && !l.enforced(key) {
+		d = shadowed(d)
+	}
+	return d, err
+}
+
 // outcome describes a finished decision (or its error) for its span.
 func outcome(d Decision, err error, key string, n int64) telemetry.Outcome {
-	return telemetry.Outcome{Allowed: d.Allowed, Source: int(d.Source), Cost: n,
+	return telemetry.Outcome{Allowed: d.Allowed && !d.ShadowDenied, Shadow: d.Shadow, Source: int(d.Source), Cost: n,
 		Remaining: d.Remaining, RetryAfter: d.RetryAfter, Key: key, Err: err, CallerError: callerError(err)}
 }
 
@@ -283,11 +294,11 @@ func (l *Limiter) WaitN(ctx context.Context, key string, n int64) (err error) {
 		}
 	}()
 	for {
-		d, err = l.allowN(ctx, key, n)
+		d, err = l.decide(ctx, key, n)
 		if err != nil {
 			return err
 		}
-		l.tel.CountDecision(ctx, d.Allowed, int(d.Source))
+		l.tel.CountDecision(ctx, d.Allowed && !d.ShadowDenied, int(d.Source), d.Shadow)
 		if d.Allowed {
 			return nil
 		}

@@ -89,6 +89,11 @@ type Decision struct {
 	// limit that denied (the one the request waits longest for) or, when
 	// admitted, the one with the fewest tokens left. Nil for one limit.
 	Parts []Part
+	// Shadow marks a decision of a key in shadow mode (WithShadow,
+	// WithEnforce): computed, counted and traced, not enforced. Allowed is
+	// then true, and ShadowDenied says the limit would have denied.
+	Shadow       bool
+	ShadowDenied bool
 }
 
 // decided turns an answer of the lease protocol into the caller's Decision.

@@ -8,6 +8,7 @@ import (
 	"github.com/leaselimit/leaselimit/policy"
 	"github.com/leaselimit/leaselimit/telemetry"
 	"github.com/redis/go-redis/v9"
+	"golang.org/x/sync/singleflight"
 )
 
 // engine is what every Limiter of one New shares: the Redis client, its
@@ -58,11 +59,13 @@ func (e *engine) newLimiter(limit policy.Limit) *Limiter {
 		tel = e.meters.WithLimit(limit.Name)
 	}
 	l := &Limiter{
-		engine: e,
-		limit:  limit,
-		tel:    tel,
-		log:    newLogger(e.cfg.logger, limit.Name),
-		leases: lease.New(e.table, limit, e.cfg.lease, e.cfg.fleetSize),
+		engine:  e,
+		limit:   limit,
+		tel:     tel,
+		log:     newLogger(e.cfg.logger, limit.Name),
+		leases:  lease.New(e.table, limit, e.cfg.lease, e.cfg.fleetSize),
+		sf:      new(singleflight.Group),
+		enforce: e.cfg.enforce,
 	}
 	l.calls = newAuthorizer(e.client, &calls{auth: e.auth, limit: limit, budget: e.cfg.timeout, pool: poolSize(e.client),
 		brks: e.brks, leases: l.leases, refunds: e.refunds, gate: &e.gate, clock: e.clock, tel: tel, log: l.log})

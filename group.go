@@ -10,6 +10,7 @@ import (
 	"github.com/leaselimit/leaselimit/lease"
 	"github.com/leaselimit/leaselimit/policy"
 	"github.com/leaselimit/leaselimit/telemetry"
+	"golang.org/x/sync/singleflight"
 )
 
 // MaxLimits is the most limits one Limiter from For enforces together.
@@ -75,12 +76,14 @@ func (e *engine) newGroup(limits []policy.Limit) *Limiter {
 	first := parts[0]
 	name := strings.Join(names, "+")
 	l := &Limiter{
-		engine: e,
-		limit:  first.limit, // names the first bucket; the lease protocol uses the envelope
-		tel:    e.meters.WithLimit(name),
-		log:    newLogger(e.cfg.logger, name),
-		leases: lease.NewGroup(e.table, envelope(name, limits), limits, e.cfg.lease, e.cfg.fleetSize),
-		group:  parts,
+		engine:  e,
+		limit:   first.limit, // names the first bucket; the lease protocol uses the envelope
+		tel:     e.meters.WithLimit(name),
+		log:     newLogger(e.cfg.logger, name),
+		leases:  lease.NewGroup(e.table, envelope(name, limits), limits, e.cfg.lease, e.cfg.fleetSize),
+		group:   parts,
+		sf:      new(singleflight.Group),
+		enforce: e.cfg.enforce,
 	}
 	l.calls = newAuthorizer(e.client, &calls{auth: e.auth, limit: first.limit, budget: e.cfg.timeout, pool: poolSize(e.client),
 		brks: e.brks, leases: l.leases, refunds: e.refunds, gate: &e.gate, clock: e.clock, tel: l.tel, log: l.log})

@@ -47,6 +47,7 @@ type config struct {
 	meterProvider  metric.MeterProvider
 	events         bool
 	redact         func(string) string
+	enforce        float64 // WithEnforce
 }
 
 func defaultConfig() config {
@@ -58,6 +59,7 @@ func defaultConfig() config {
 		mode:      policy.FailOpen,
 		fleetSize: 1,
 		clock:     systemClock{},
+		enforce:   1,
 	}
 }
 

@@ -36,8 +36,8 @@ func (l *Limiter) Reserve(ctx context.Context, key string, estimate int64) (*Res
 		return nil, err
 	}
 	r := &Reservation{lim: l, key: key, estimate: estimate, decision: d}
-	if !d.Allowed || d.Source == SourceFallback {
-		r.settled.Store(true)
+	if !d.Allowed || d.ShadowDenied || d.Source == SourceFallback {
+		r.settled.Store(true) // nothing was taken from the bucket
 	}
 	return r, nil
 }

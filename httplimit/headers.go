@@ -4,12 +4,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"strings"
-	"time"
 )
-
-// maxSFInt is the largest Integer a Structured Field may carry (RFC 9651,
-// Section 3.3.1: at most 15 digits).
-const maxSFInt = 999_999_999_999_999
 
 // appendMember adds member to the Structured Field List in h[name], keeping
 // the whole list in one field line. Field lines that are already there (from
@@ -34,36 +29,6 @@ func appendMember(h http.Header, name, member string) {
 		}
 		h[name] = []string{strings.Join(append(parts, member), ", ")}
 	}
-}
-
-// appendSFString appends s as a Structured Field String (RFC 9651, Section
-// 3.3.3): quoted, with '\' and '"' escaped. Bytes outside printable ASCII,
-// which an sf-string cannot hold, become '?'; policy.ValidateName admits none.
-func appendSFString(b []byte, s string) []byte {
-	b = append(b, '"')
-	for i := 0; i < len(s); i++ {
-		switch c := s[i]; {
-		case c == '\\' || c == '"':
-			b = append(b, '\\', c)
-		case c < 0x20 || c > 0x7e:
-			b = append(b, '?')
-		default:
-			b = append(b, c)
-		}
-	}
-	return append(b, '"')
-}
-
-// ceilSeconds returns d in whole seconds, rounded up; 0 for d <= 0.
-func ceilSeconds(d time.Duration) int64 {
-	if d <= 0 {
-		return 0
-	}
-	s := int64(d / time.Second)
-	if d%time.Second != 0 {
-		s++
-	}
-	return s
 }
 
 // problem is an RFC 9457 problem details object.

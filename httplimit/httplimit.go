@@ -6,9 +6,9 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
-	"time"
 
 	"github.com/leaselimit/leaselimit"
+	"github.com/leaselimit/leaselimit/internal/fields"
 	"github.com/leaselimit/leaselimit/policy"
 )
 
@@ -65,6 +65,8 @@ type config struct {
 	limError func(http.ResponseWriter, *http.Request, error)
 	logger   *slog.Logger
 	legacy   bool
+	// shadowHeaders: WithShadowHeaders
+	shadowHeaders bool
 }
 
 // WithLimitFunc chooses the limit of each request, for plans and tiers:
@@ -129,6 +131,15 @@ func WithLogger(l *slog.Logger) Option {
 	return func(c *config) { c.logger = l }
 }
 
+// WithShadowHeaders sends RateLimit-Policy and RateLimit for decisions of
+// a limit in shadow mode (leaselimit.WithShadow, WithEnforce) too; by
+// default a shadow limit adds no header field. Either way a shadow
+// decision never changes the response: the request goes on, and its
+// would-be denial is only counted and traced.
+func WithShadowHeaders() Option {
+	return func(c *config) { c.shadowHeaders = true }
+}
+
 // WithLegacyHeaders adds X-RateLimit-Limit (Burst), X-RateLimit-Remaining
 // (Remaining) and X-RateLimit-Reset (seconds until the bucket is full again,
 // rounded up) to responses. They hold one policy only: with several
@@ -143,9 +154,9 @@ type middleware struct {
 	tiered   Tiered // lim, when WithLimitFunc is set
 	key      KeyFunc
 	cfg      config
-	policy   *policyFields   // lim's limit
-	group    []*policyFields // lim's limits, when it enforces several together (see leaselimit.Limiter.For)
-	policies policyCache     // WithLimitFunc's limits
+	policy   *fields.Policy   // lim's limit
+	group    []*fields.Policy // lim's limits, when it enforces several together (see leaselimit.Limiter.For)
+	policies policyCache      // WithLimitFunc's limits
 }
 
 // multiLimiter is a Limiter that may enforce several limits together;
@@ -165,11 +176,11 @@ func Middleware(lim Limiter, key KeyFunc, opts ...Option) func(http.Handler) htt
 	if key == nil {
 		panic("httplimit: Middleware with a nil KeyFunc")
 	}
-	m := &middleware{lim: lim, key: key, policy: newPolicyFields(lim.Limit())}
+	m := &middleware{lim: lim, key: key, policy: fields.NewPolicy(lim.Limit())}
 	if ml, ok := lim.(multiLimiter); ok {
 		if ls := ml.Limits(); len(ls) > 1 {
 			for _, l := range ls {
-				m.group = append(m.group, newPolicyFields(l))
+				m.group = append(m.group, fields.NewPolicy(l))
 			}
 		}
 	}
@@ -215,29 +226,31 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		l := m.cfg.limit(r)
 		lim, pf, group = m.tiered.For(l), m.policies.get(l), nil
 	}
-	if group == nil {
-		appendMember(h, HeaderRateLimitPolicy, pf.policy)
-	}
-	for _, g := range group {
-		appendMember(h, HeaderRateLimitPolicy, g.policy)
-	}
 	key, err := m.key(r)
 	if err == nil && (len(key) == 0 || len(key) > leaselimit.MaxKeyLen) {
 		err = &KeyError{Detail: "The request's rate-limit key is empty or longer than " +
 			strconv.Itoa(leaselimit.MaxKeyLen) + " bytes."}
 	}
 	if err != nil {
+		appendPolicies(h, pf, group)
 		m.cfg.keyError(w, r, err)
 		return
 	}
 	n := int64(1)
 	if m.cfg.cost != nil {
 		if n = m.cfg.cost(r); n == 0 {
+			appendPolicies(h, pf, group)
 			next.ServeHTTP(w, r)
 			return
 		}
 	}
 	d, err := lim.AllowN(r.Context(), key, n)
+	if err == nil && d.Shadow && !m.cfg.shadowHeaders {
+		// A limit in shadow mode leaves the response alone.
+		next.ServeHTTP(w, r)
+		return
+	}
+	appendPolicies(h, pf, group)
 	if err != nil {
 		if errors.Is(err, leaselimit.ErrInvalidKey) {
 			m.cfg.keyError(w, r, &KeyError{Detail: "The request's rate-limit key is not valid.", Err: err})
@@ -247,35 +260,35 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		return
 	}
 	if d.Limit == (policy.Limit{}) {
-		d.Limit = pf.limit
+		d.Limit = pf.Limit
 	}
-	remaining := min(max(d.Remaining, 0), maxSFInt)
+	remaining := min(max(d.Remaining, 0), fields.MaxInt)
 	var t int64
-	tight := pf.limit // the limit the single RateLimit member and the legacy fields describe
+	tight := pf.Limit // the limit the single RateLimit member and the legacy fields describe
 	if len(group) > 0 {
 		tight = d.Limit
 	}
 	if d.Allowed {
-		t = ceilSeconds(untilMore(tight, d))
+		t = fields.CeilSeconds(fields.UntilMore(tight, d))
 	} else {
-		t = max(ceilSeconds(d.RetryAfter), 1)
+		t = max(fields.CeilSeconds(d.RetryAfter), 1)
 	}
 	if len(group) > 0 && len(d.Parts) == len(group) {
 		// One member per limit: the one that denied says when the request
 		// can be admitted; every other one, when it has more quota.
 		for i, g := range group {
 			p := d.Parts[i]
-			pt := ceilSeconds(untilMore(p.Limit, leaselimit.Decision{Remaining: p.Remaining, ResetAfter: p.ResetAfter}))
+			pt := fields.CeilSeconds(fields.UntilMore(p.Limit, leaselimit.Decision{Remaining: p.Remaining, ResetAfter: p.ResetAfter}))
 			if !d.Allowed && p.Limit == d.Limit {
 				pt = t
 			}
-			appendMember(h, HeaderRateLimit, rateLimitMember(g, min(max(p.Remaining, 0), maxSFInt), pt))
+			appendMember(h, HeaderRateLimit, g.RateLimit(min(max(p.Remaining, 0), fields.MaxInt), pt))
 		}
 	} else {
-		appendMember(h, HeaderRateLimit, rateLimitMember(pf, remaining, t))
+		appendMember(h, HeaderRateLimit, pf.RateLimit(remaining, t))
 	}
 	if m.cfg.legacy {
-		reset := ceilSeconds(d.ResetAfter)
+		reset := fields.CeilSeconds(d.ResetAfter)
 		if !d.Allowed {
 			reset = max(reset, t)
 		}
@@ -289,37 +302,15 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	m.cfg.denied(w, r, d)
 }
 
-// rateLimitMember is the RateLimit member of pf's limit: `"name";r=<remaining>;t=<t>`.
-func rateLimitMember(pf *policyFields, remaining, t int64) string {
-	var buf [96]byte
-	b := append(buf[:0], pf.prefix...)
-	b = strconv.AppendInt(b, remaining, 10)
-	b = append(b, ";t="...)
-	b = strconv.AppendInt(b, min(t, maxSFInt), 10)
-	return string(b)
-}
-
-// untilMore is the time until the bucket of an allowed decision holds one
-// more token: the time until it is full minus the time the tokens after the
-// next one take to arrive.
-func untilMore(l policy.Limit, d leaselimit.Decision) time.Duration {
-	if l.IsQuota() {
-		// A calendar quota gets its tokens back at the end of its window.
-		if d.Remaining >= l.Burst {
-			return 0
-		}
-		return d.ResetAfter
+// appendPolicies adds the RateLimit-Policy members of pf's limit, or of
+// every limit of group when it is set.
+func appendPolicies(h http.Header, pf *fields.Policy, group []*fields.Policy) {
+	if group == nil {
+		appendMember(h, HeaderRateLimitPolicy, pf.Member)
 	}
-	if d.Remaining >= l.Burst || d.ResetAfter <= 0 || l.Rate <= 0 {
-		return 0
+	for _, g := range group {
+		appendMember(h, HeaderRateLimitPolicy, g.Member)
 	}
-	next := d.ResetAfter - l.Interval(l.Burst-d.Remaining-1)
-	if next <= 0 || next > d.ResetAfter {
-		// The decision's numbers do not come from this limit's bucket (a
-		// FailLocal share, a fake): one token's interval is the worst case.
-		next = min(d.ResetAfter, l.Interval(1))
-	}
-	return next
 }
 
 // setLegacy sets the X-RateLimit fields unless an outer Middleware already
@@ -347,7 +338,7 @@ func setLegacy(h http.Header, l policy.Limit, allowed bool, remaining, reset int
 func (m *middleware) quotaExceeded(w http.ResponseWriter, _ *http.Request, d leaselimit.Decision) {
 	name := d.Limit.Name
 	if name == "" {
-		name = m.policy.limit.Name
+		name = m.policy.Limit.Name
 	}
 	retry := w.Header().Get(HeaderRetryAfter)
 	writeProblem(w, problem{
@@ -378,7 +369,7 @@ func badKey(w http.ResponseWriter, _ *http.Request, err error) {
 func (m *middleware) limiterError(w http.ResponseWriter, r *http.Request, err error) {
 	if r.Context().Err() == nil || !errors.Is(err, r.Context().Err()) {
 		m.cfg.logger.LogAttrs(r.Context(), slog.LevelError, "httplimit: limiter error",
-			slog.String("policy", m.policy.limit.Name), slog.String("error", err.Error()))
+			slog.String("policy", m.policy.Limit.Name), slog.String("error", err.Error()))
 	}
 	if errors.Is(err, leaselimit.ErrInvalidCost) || errors.Is(err, policy.ErrInvalidLimit) {
 		writeProblem(w, problem{

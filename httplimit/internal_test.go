@@ -3,29 +3,7 @@ package httplimit
 import (
 	"strings"
 	"testing"
-	"time"
 )
-
-func TestCeilSeconds(t *testing.T) {
-	for d, want := range map[time.Duration]int64{
-		-time.Second: 0, 0: 0, 1: 1, time.Second: 1, time.Second + 1: 2,
-		time.Duration(1<<63 - 1): 9223372037,
-	} {
-		if got := ceilSeconds(d); got != want {
-			t.Errorf("ceilSeconds(%v) = %d, want %d", d, got, want)
-		}
-	}
-}
-
-func TestAppendSFString(t *testing.T) {
-	for in, want := range map[string]string{
-		"default": `"default"`, `a"b`: `"a\"b"`, `a\b`: `"a\\b"`, "tab\there": `"tab?here"`, "é": `"??"`,
-	} {
-		if got := string(appendSFString(nil, in)); got != want {
-			t.Errorf("appendSFString(%q) = %s, want %s", in, got, want)
-		}
-	}
-}
 
 func FuzzParseForwarded(f *testing.F) {
 	for _, s := range []string{

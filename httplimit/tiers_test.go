@@ -1,6 +1,7 @@
 package httplimit_test
 
 import (
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -97,6 +98,41 @@ func TestMultiLimitHeaders(t *testing.T) {
 		}
 		if rec.Code == 429 && !strings.Contains(rec.Body.String(), `"violated-policies":["daily"]`) {
 			t.Errorf("429 body %s does not name the daily quota", rec.Body)
+		}
+	}
+}
+
+// TestShadowLimit: a limit in shadow mode never changes the response: no
+// header field of its own (unless WithShadowHeaders), never a 429, and an
+// enforced limit around it keeps its own fields whole.
+func TestShadowLimit(t *testing.T) {
+	_, rdb := newRedis(t)
+	enforcedLimit := policy.Limit{Name: "real", Rate: 100, Period: time.Minute, Burst: 100}
+	shadowLimit := policy.Limit{Name: "trial", Rate: 1, Period: time.Minute, Burst: 1}
+	real := newLimiter(t, rdb, enforcedLimit, leaselimit.WithoutLease())
+	trial := newLimiter(t, rdb, shadowLimit, leaselimit.WithoutLease(), leaselimit.WithShadow())
+	app := http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})
+	key := httplimit.Header("X-User")
+	quiet := httplimit.Middleware(real, key)(httplimit.Middleware(trial, key)(app))
+	loud := httplimit.Middleware(trial, key, httplimit.WithShadowHeaders())(app)
+	for i := 0; i < 3; i++ {
+		req := httptest.NewRequest("GET", "/", nil)
+		req.Header.Set("X-User", "ann")
+		rec := httptest.NewRecorder()
+		quiet.ServeHTTP(rec, req)
+		if rec.Code != http.StatusOK {
+			t.Errorf("request %d: %d; a shadow limit must not deny", i, rec.Code)
+		}
+		if p := rec.Header().Get(httplimit.HeaderRateLimitPolicy); p != `"real";q=100;w=60` {
+			t.Errorf("request %d: RateLimit-Policy %q; want the enforced limit's alone", i, p)
+		}
+		if got, want := rec.Header().Get(httplimit.HeaderRateLimit), fmt.Sprintf(`"real";r=%d;t=1`, 99-i); got != want {
+			t.Errorf("request %d: RateLimit %q; want %q", i, got, want)
+		}
+		rec = httptest.NewRecorder()
+		loud.ServeHTTP(rec, req)
+		if rec.Code != http.StatusOK || rec.Header().Get(httplimit.HeaderRateLimit) == "" {
+			t.Errorf("request %d WithShadowHeaders: %d, RateLimit %q; want 200 with the shadow limit's fields", i, rec.Code, rec.Header().Get(httplimit.HeaderRateLimit))
 		}
 	}
 }

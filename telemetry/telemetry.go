@@ -61,6 +61,7 @@ const (
 	AttrOutcome    = attribute.Key("ratelimit.outcome")
 	AttrReason     = attribute.Key("ratelimit.reason")
 	AttrSaturated  = attribute.Key("ratelimit.saturated") // the authority call ran past the budget because this process was behind
+	AttrShadow     = attribute.Key("ratelimit.shadow")    // the decision was computed, not enforced (shadow mode): ratelimit.allowed is what the limit decided
 	AttrState      = attribute.Key("ratelimit.breaker.to")
 	AttrErrorType  = attribute.Key("error.type")
 	AttrDBSystem   = attribute.Key("db.system.name")
@@ -154,6 +155,7 @@ type instruments struct {
 // would otherwise hold thousands of sets they never use).
 type limitSets struct {
 	decision  [2][]atomic.Pointer[[]metric.AddOption] // by allowed, source
+	shadow    [2][]atomic.Pointer[[]metric.AddOption] // shadow decisions, by allowed, source
 	limitAdd  atomic.Pointer[[]metric.AddOption]
 	limitRec  atomic.Pointer[[]metric.RecordOption]
 	outcome   [len(outcomes)]atomic.Pointer[[]metric.RecordOption]
@@ -173,41 +175,49 @@ func newLimitSets(sources int) *limitSets {
 	s := &limitSets{}
 	for a := range s.decision {
 		s.decision[a] = make([]atomic.Pointer[[]metric.AddOption], sources)
+		s.shadow[a] = make([]atomic.Pointer[[]metric.AddOption], sources)
 	}
 	return s
 }
 
-// addOpts returns the Add options of the set {limit name, kvs[:n]}, built
-// in slot on first use.
-func (r *Recorder) addOpts(slot *atomic.Pointer[[]metric.AddOption], a, b attribute.KeyValue, n int) []metric.AddOption {
+// kvs is the attributes of a set besides the limit name, the first n of
+// them used.
+type kvs struct {
+	a [3]attribute.KeyValue
+	n int
+}
+
+// addOpts returns the Add options of the set {limit name, k}, built in slot
+// on first use.
+func (r *Recorder) addOpts(slot *atomic.Pointer[[]metric.AddOption], k kvs) []metric.AddOption {
 	if o := slot.Load(); o != nil {
 		return *o
 	}
-	o := []metric.AddOption{metric.WithAttributeSet(r.set(a, b, n))}
+	o := []metric.AddOption{metric.WithAttributeSet(r.set(k))}
 	slot.Store(&o)
 	return o
 }
 
 // recordOpts is addOpts for Record options.
-func (r *Recorder) recordOpts(slot *atomic.Pointer[[]metric.RecordOption], a, b attribute.KeyValue, n int) []metric.RecordOption {
+func (r *Recorder) recordOpts(slot *atomic.Pointer[[]metric.RecordOption], k kvs) []metric.RecordOption {
 	if o := slot.Load(); o != nil {
 		return *o
 	}
-	o := []metric.RecordOption{metric.WithAttributeSet(r.set(a, b, n))}
+	o := []metric.RecordOption{metric.WithAttributeSet(r.set(k))}
 	slot.Store(&o)
 	return o
 }
 
-// set returns the attribute set {limit name, a, b}, of the first n of a, b.
-func (r *Recorder) set(a, b attribute.KeyValue, n int) attribute.Set {
-	switch n {
-	case 0:
-		return attribute.NewSet(r.limitAttr)
-	case 1:
-		return attribute.NewSet(r.limitAttr, a)
-	}
-	return attribute.NewSet(r.limitAttr, a, b)
+// set returns the attribute set {limit name, k}.
+func (r *Recorder) set(k kvs) attribute.Set {
+	all := append([]attribute.KeyValue{r.limitAttr}, k.a[:k.n]...)
+	return attribute.NewSet(all...)
 }
+
+// one and none are kvs of one attribute and of none.
+func one(a attribute.KeyValue) kvs { return kvs{a: [3]attribute.KeyValue{a}, n: 1} }
+
+var none = kvs{}
 
 // slot returns the index of v in values, or -1.
 func slot[T comparable](values []T, v T) int {
@@ -370,6 +380,9 @@ type Outcome struct {
 	// CallerError marks Err as the caller's doing (bad input, its context
 	// ending, a closed limiter): recorded, but not as a span error.
 	CallerError bool
+	// Shadow marks a decision of a limit in shadow mode; Allowed is then
+	// what the limit decided, not what the caller was told.
+	Shadow bool
 }
 
 // EndDecision records o on span (and ends it in span mode).
@@ -382,6 +395,9 @@ func (r *Recorder) EndDecision(span trace.Span, o Outcome) {
 				AttrRemaining.Int64(o.Remaining))
 			if !o.Allowed {
 				attrs = append(attrs, AttrRetryAfter.Float64(o.RetryAfter.Seconds()))
+			}
+			if o.Shadow {
+				attrs = append(attrs, AttrShadow.Bool(true))
 			}
 		}
 		if r.redact != nil {
@@ -402,8 +418,10 @@ func (r *Recorder) EndDecision(span trace.Span, o Outcome) {
 	}
 }
 
-// CountDecision adds one decision to ratelimit.decisions.
-func (r *Recorder) CountDecision(ctx context.Context, allowed bool, source int) {
+// CountDecision adds one decision to ratelimit.decisions; a decision of a
+// limit in shadow mode (computed, not enforced) has ratelimit.shadow=true,
+// and allowed says what the limit decided.
+func (r *Recorder) CountDecision(ctx context.Context, allowed bool, source int, shadow bool) {
 	a := 0
 	if allowed {
 		a = 1
@@ -411,13 +429,19 @@ func (r *Recorder) CountDecision(ctx context.Context, allowed bool, source int) 
 	if source < 0 || source >= len(r.sources) {
 		return
 	}
-	r.decisions.Add(ctx, 1, r.addOpts(&r.sets.decision[a][source], AttrAllowed.Bool(allowed), AttrSource.String(r.sources[source]), 2)...)
+	k := kvs{a: [3]attribute.KeyValue{AttrAllowed.Bool(allowed), AttrSource.String(r.sources[source])}, n: 2}
+	slot := &r.sets.decision[a][source]
+	if shadow {
+		k.a[2], k.n = AttrShadow.Bool(true), 3
+		slot = &r.sets.shadow[a][source]
+	}
+	r.decisions.Add(ctx, 1, r.addOpts(slot, k)...)
 }
 
 // CountFallback adds one decision to ratelimit.fallbacks with a reason.
 func (r *Recorder) CountFallback(ctx context.Context, reason string) {
 	if i := slot(reasons[:], reason); i >= 0 {
-		r.fallbacks.Add(ctx, 1, r.addOpts(&r.sets.reason[i], AttrReason.String(reason), attribute.KeyValue{}, 1)...)
+		r.fallbacks.Add(ctx, 1, r.addOpts(&r.sets.reason[i], one(AttrReason.String(reason)))...)
 	}
 }
 
@@ -425,7 +449,7 @@ func (r *Recorder) CountFallback(ctx context.Context, reason string) {
 // time budget while the process was behind, and was answered or abandoned.
 func (r *Recorder) CountSaturated(ctx context.Context, outcome string) {
 	if i := slot(saturatedOutcomes[:], outcome); i >= 0 {
-		r.saturated.Add(ctx, 1, r.addOpts(&r.sets.saturated[i], AttrOutcome.String(outcome), attribute.KeyValue{}, 1)...)
+		r.saturated.Add(ctx, 1, r.addOpts(&r.sets.saturated[i], one(AttrOutcome.String(outcome)))...)
 	}
 }
 
@@ -462,9 +486,9 @@ func (r *Recorder) EndAuthority(ctx context.Context, span trace.Span, d time.Dur
 		outcome = "denied"
 	}
 	i := slot(outcomes[:], outcome)
-	r.authority.Record(ctx, d.Seconds(), r.recordOpts(&r.sets.outcome[i], AttrOutcome.String(outcome), attribute.KeyValue{}, 1)...)
+	r.authority.Record(ctx, d.Seconds(), r.recordOpts(&r.sets.outcome[i], one(AttrOutcome.String(outcome)))...)
 	if err == nil && granted > 0 {
-		r.grantSize.Record(ctx, granted, r.recordOpts(&r.sets.limitRec, attribute.KeyValue{}, attribute.KeyValue{}, 0)...)
+		r.grantSize.Record(ctx, granted, r.recordOpts(&r.sets.limitRec, none)...)
 	}
 	if span.IsRecording() {
 		span.SetAttributes(AttrGranted.Int64(granted), AttrOutcome.String(outcome))
@@ -478,24 +502,24 @@ func (r *Recorder) EndAuthority(ctx context.Context, span trace.Span, d time.Dur
 
 // CountRefund adds tokens to ratelimit.lease.refunds.
 func (r *Recorder) CountRefund(ctx context.Context, tokens int64) {
-	r.refunds.Add(ctx, tokens, r.addOpts(&r.sets.limitAdd, attribute.KeyValue{}, attribute.KeyValue{}, 0)...)
+	r.refunds.Add(ctx, tokens, r.addOpts(&r.sets.limitAdd, none)...)
 }
 
 // CountDroppedRefund adds tokens to ratelimit.lease.refunds.dropped.
 func (r *Recorder) CountDroppedRefund(ctx context.Context, tokens int64) {
-	r.dropped.Add(ctx, tokens, r.addOpts(&r.sets.limitAdd, attribute.KeyValue{}, attribute.KeyValue{}, 0)...)
+	r.dropped.Add(ctx, tokens, r.addOpts(&r.sets.limitAdd, none)...)
 }
 
 // CountDroppedCharge adds tokens to ratelimit.settle.charges.dropped.
 func (r *Recorder) CountDroppedCharge(ctx context.Context, tokens int64) {
-	r.chargesLost.Add(ctx, tokens, r.addOpts(&r.sets.limitAdd, attribute.KeyValue{}, attribute.KeyValue{}, 0)...)
+	r.chargesLost.Add(ctx, tokens, r.addOpts(&r.sets.limitAdd, none)...)
 }
 
 // CountTransition adds one breaker transition to state. It only records,
 // so it is safe under the breaker's lock.
 func (r *Recorder) CountTransition(state breaker.State) {
 	if state >= 0 && int(state) < len(r.sets.state) {
-		r.transitions.Add(context.Background(), 1, r.addOpts(&r.sets.state[state], AttrState.String(state.String()), attribute.KeyValue{}, 1)...)
+		r.transitions.Add(context.Background(), 1, r.addOpts(&r.sets.state[state], one(AttrState.String(state.String())))...)
 	}
 }
 

@@ -60,7 +60,7 @@ func TestNoopProviderIsNotTraced(t *testing.T) {
 	if r.Tracing() {
 		t.Error("Tracing() with a no-op provider")
 	}
-	if n := testing.AllocsPerRun(100, func() { r.CountDecision(context.Background(), true, 0) }); n != 0 {
+	if n := testing.AllocsPerRun(100, func() { r.CountDecision(context.Background(), true, 0, false) }); n != 0 {
 		t.Errorf("CountDecision allocates %v times", n)
 	}
 }

@@ -1,0 +1,110 @@
+// Package fields formats the RateLimit and RateLimit-Policy field values of
+// draft-ietf-httpapi-ratelimit-headers-10 for a limit and a decision: the
+// HTTP middleware sends them as header fields, the gRPC interceptors as
+// response metadata.
+package fields
+
+import (
+	"strconv"
+	"time"
+
+	"github.com/leaselimit/leaselimit"
+	"github.com/leaselimit/leaselimit/policy"
+)
+
+// MaxInt is the largest Integer a Structured Field may carry (RFC 9651,
+// Section 3.3.1: at most 15 digits).
+const MaxInt = 999_999_999_999_999
+
+// Policy is what a limit puts in the header fields, formatted once.
+type Policy struct {
+	Limit  policy.Limit
+	Member string // the RateLimit-Policy member: `"name";q=<burst>;w=<window>`
+	prefix string // the RateLimit member up to its remaining count: `"name";r=`
+}
+
+// NewPolicy formats l's fields.
+func NewPolicy(l policy.Limit) *Policy {
+	quoted := string(AppendString(nil, l.Name))
+	return &Policy{
+		Limit: l,
+		Member: quoted + ";q=" + strconv.FormatInt(max(l.Burst, 0), 10) +
+			";w=" + strconv.FormatInt(max(CeilSeconds(l.Period), 1), 10),
+		prefix: quoted + ";r=",
+	}
+}
+
+// RateLimit returns the RateLimit member of p's limit: `"name";r=<remaining>;t=<t>`.
+func (p *Policy) RateLimit(remaining, t int64) string {
+	var buf [96]byte
+	b := append(buf[:0], p.prefix...)
+	b = strconv.AppendInt(b, remaining, 10)
+	b = append(b, ";t="...)
+	b = strconv.AppendInt(b, min(t, MaxInt), 10)
+	return string(b)
+}
+
+// UntilMore is the time until the bucket of an allowed decision holds one
+// more token: the time until it is full minus the time the tokens after the
+// next one take to arrive.
+func UntilMore(l policy.Limit, d leaselimit.Decision) time.Duration {
+	if l.IsQuota() {
+		// A calendar quota gets its tokens back at the end of its window.
+		if d.Remaining >= l.Burst {
+			return 0
+		}
+		return d.ResetAfter
+	}
+	if d.Remaining >= l.Burst || d.ResetAfter <= 0 || l.Rate <= 0 {
+		return 0
+	}
+	next := d.ResetAfter - l.Interval(l.Burst-d.Remaining-1)
+	if next <= 0 || next > d.ResetAfter {
+		// The decision's numbers do not come from this limit's bucket (a
+		// FailLocal share, a fake): one token's interval is the worst case.
+		next = min(d.ResetAfter, l.Interval(1))
+	}
+	return next
+}
+
+// Of returns the RateLimit member values of a decision d of l: the tokens
+// remaining (clamped to what a Structured Field holds) and t, the seconds
+// until more quota when d is allowed, or until the request can be admitted
+// (at least 1) when it is denied.
+func Of(l policy.Limit, d leaselimit.Decision) (remaining, t int64) {
+	remaining = min(max(d.Remaining, 0), MaxInt)
+	if d.Allowed {
+		return remaining, CeilSeconds(UntilMore(l, d))
+	}
+	return remaining, max(CeilSeconds(d.RetryAfter), 1)
+}
+
+// AppendString appends s as a Structured Field String (RFC 9651, Section
+// 3.3.3): quoted, with '\' and '"' escaped. Bytes outside printable ASCII,
+// which an sf-string cannot hold, become '?'; policy.ValidateName admits none.
+func AppendString(b []byte, s string) []byte {
+	b = append(b, '"')
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == '\\' || c == '"':
+			b = append(b, '\\', c)
+		case c < 0x20 || c > 0x7e:
+			b = append(b, '?')
+		default:
+			b = append(b, c)
+		}
+	}
+	return append(b, '"')
+}
+
+// CeilSeconds returns d in whole seconds, rounded up; 0 for d <= 0.
+func CeilSeconds(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	s := int64(d / time.Second)
+	if d%time.Second != 0 {
+		s++
+	}
+	return s
+}
