@@ -1,0 +1,269 @@
+// Package grpclimit puts a leaselimit Limiter in front of gRPC services:
+// unary and stream server interceptors that take tokens for every call,
+// keyed by metadata or the peer, and refuse calls over the limit with
+// codes.ResourceExhausted and a google.rpc.RetryInfo detail that says when
+// to come back; and a client interceptor that honours RetryInfo.
+//
+//	lim, _ := leaselimit.New(rdb, policy.PerSecond(100).WithName("api"))
+//	srv := grpc.NewServer(
+//		grpc.ChainUnaryInterceptor(grpclimit.UnaryServerInterceptor(lim, grpclimit.MetadataKey("x-api-key"))),
+//		grpc.ChainStreamInterceptor(grpclimit.StreamServerInterceptor(lim, grpclimit.MetadataKey("x-api-key"))),
+//	)
+//
+// Every decided call carries the draft-ietf-httpapi-ratelimit-headers-10
+// values as response header metadata: "ratelimit-policy" and "ratelimit",
+// one entry per limit (several for a multi-limit). A decision of a limit in
+// shadow mode (leaselimit.WithShadow) adds no metadata and never refuses.
+//
+// It is a module of its own, so that the leaselimit module does not depend
+// on google.golang.org/grpc.
+package grpclimit
+
+import (
+	"context"
+	"errors"
+	"net"
+	"strconv"
+	"time"
+
+	"github.com/leaselimit/leaselimit"
+	"github.com/leaselimit/leaselimit/internal/fields"
+	"github.com/leaselimit/leaselimit/policy"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+)
+
+// Metadata keys of the rate-limit fields (gRPC metadata keys are lower case).
+const (
+	MetadataRateLimit       = "ratelimit"
+	MetadataRateLimitPolicy = "ratelimit-policy"
+)
+
+// Limiter is what the interceptors need from a limiter; *leaselimit.Limiter
+// implements it.
+type Limiter interface {
+	AllowN(ctx context.Context, key string, n int64) (leaselimit.Decision, error)
+	Limit() policy.Limit
+}
+
+var _ Limiter = (*leaselimit.Limiter)(nil)
+
+// KeyFunc returns the rate-limit key of a call to fullMethod. An error
+// refuses the call with codes.InvalidArgument (or the code of a status
+// error it returns).
+type KeyFunc func(ctx context.Context, fullMethod string) (string, error)
+
+// ErrNoKey is returned by the KeyFuncs here when the call carries no key.
+var ErrNoKey = errors.New("grpclimit: the call carries no rate-limit key")
+
+// MetadataKey keys calls by the first value of the incoming metadata name
+// (an API key, a tenant id); a call without it is refused.
+func MetadataKey(name string) KeyFunc {
+	return func(ctx context.Context, _ string) (string, error) {
+		if v := metadata.ValueFromIncomingContext(ctx, name); len(v) > 0 && v[0] != "" {
+			return v[0], nil
+		}
+		return "", ErrNoKey
+	}
+}
+
+// PeerKey keys calls by the peer's address without its port (the client's
+// IP for TCP; the whole address for other transports).
+func PeerKey() KeyFunc {
+	return func(ctx context.Context, _ string) (string, error) {
+		p, ok := peer.FromContext(ctx)
+		if !ok || p.Addr == nil {
+			return "", ErrNoKey
+		}
+		a := p.Addr.String()
+		if host, _, err := net.SplitHostPort(a); err == nil {
+			return host, nil
+		}
+		return a, nil
+	}
+}
+
+// Option configures the server interceptors.
+type Option func(*config)
+
+type config struct {
+	cost func(ctx context.Context, fullMethod string) int64
+}
+
+// WithCost sets the tokens a call takes (default 1); 0 lets it through
+// uncharged and undecided.
+func WithCost(cost func(ctx context.Context, fullMethod string) int64) Option {
+	return func(c *config) { c.cost = cost }
+}
+
+// interceptor is what the unary and stream interceptors share.
+type interceptor struct {
+	lim    Limiter
+	key    KeyFunc
+	cfg    config
+	policy []*fields.Policy // one per limit of lim
+}
+
+func newInterceptor(lim Limiter, key KeyFunc, opts []Option) *interceptor {
+	if lim == nil || key == nil {
+		panic("grpclimit: nil Limiter or KeyFunc")
+	}
+	in := &interceptor{lim: lim, key: key}
+	for _, o := range opts {
+		if o != nil {
+			o(&in.cfg)
+		}
+	}
+	limits := []policy.Limit{lim.Limit()}
+	if ml, ok := lim.(interface{ Limits() []policy.Limit }); ok {
+		limits = ml.Limits()
+	}
+	for _, l := range limits {
+		in.policy = append(in.policy, fields.NewPolicy(l))
+	}
+	return in
+}
+
+// decide takes the call's tokens. It returns the metadata to send (nil for
+// none) and the error that refuses the call, if any.
+func (in *interceptor) decide(ctx context.Context, fullMethod string) (metadata.MD, error) {
+	key, err := in.key(ctx, fullMethod)
+	if err != nil {
+		if _, ok := status.FromError(err); ok && !errors.Is(err, ErrNoKey) {
+			return nil, err
+		}
+		return nil, status.Error(codes.InvalidArgument, "the call does not identify its client as this service's rate limit requires")
+	}
+	n := int64(1)
+	if in.cfg.cost != nil {
+		if n = in.cfg.cost(ctx, fullMethod); n == 0 {
+			return nil, nil
+		}
+	}
+	d, err := in.lim.AllowN(ctx, key, n)
+	switch {
+	case errors.Is(err, leaselimit.ErrInvalidKey):
+		return nil, status.Error(codes.InvalidArgument, "the call's rate-limit key is not valid")
+	case errors.Is(err, leaselimit.ErrInvalidCost), errors.Is(err, policy.ErrInvalidLimit):
+		return nil, status.Error(codes.Internal, "the call could not be rate limited")
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return nil, status.FromContextError(err).Err()
+	case err != nil:
+		return nil, status.Error(codes.Unavailable, "the call's rate limit could not be checked; try again later")
+	}
+	if d.Shadow {
+		return nil, nil // a shadow limit leaves the call alone
+	}
+	md := in.fields(d)
+	if d.Allowed {
+		return md, nil
+	}
+	st := status.New(codes.ResourceExhausted, "rate limit \""+d.Limit.Name+"\" exceeded; retry after "+
+		strconv.FormatInt(fields.CeilSeconds(d.RetryAfter), 10)+"s")
+	if withInfo, err := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(d.RetryAfter)},
+		&errdetails.QuotaFailure{Violations: []*errdetails.QuotaFailure_Violation{{Subject: d.Limit.Name,
+			Description: "quota exhausted"}}}); err == nil {
+		st = withInfo
+	}
+	return md, st.Err()
+}
+
+// fields returns the RateLimit and RateLimit-Policy metadata of d.
+func (in *interceptor) fields(d leaselimit.Decision) metadata.MD {
+	md := metadata.MD{}
+	for i, p := range in.policy {
+		md.Append(MetadataRateLimitPolicy, p.Member)
+		part := d
+		if len(d.Parts) == len(in.policy) {
+			part = leaselimit.Decision{Allowed: d.Allowed || d.Parts[i].Limit != d.Limit, Remaining: d.Parts[i].Remaining,
+				ResetAfter: d.Parts[i].ResetAfter, RetryAfter: d.RetryAfter}
+		} else if i > 0 {
+			break
+		}
+		r, t := fields.Of(p.Limit, part)
+		md.Append(MetadataRateLimit, p.RateLimit(r, t))
+	}
+	return md
+}
+
+// UnaryServerInterceptor takes tokens from lim for every unary call, keyed
+// by key, before the handler runs.
+func UnaryServerInterceptor(lim Limiter, key KeyFunc, opts ...Option) grpc.UnaryServerInterceptor {
+	in := newInterceptor(lim, key, opts)
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		md, err := in.decide(ctx, info.FullMethod)
+		if md != nil {
+			_ = grpc.SetHeader(ctx, md)
+		}
+		if err != nil {
+			return nil, err
+		}
+		return handler(ctx, req)
+	}
+}
+
+// StreamServerInterceptor takes tokens from lim once per stream, keyed by
+// key, before the handler runs.
+func StreamServerInterceptor(lim Limiter, key KeyFunc, opts ...Option) grpc.StreamServerInterceptor {
+	in := newInterceptor(lim, key, opts)
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		md, err := in.decide(ss.Context(), info.FullMethod)
+		if md != nil {
+			_ = ss.SetHeader(md)
+		}
+		if err != nil {
+			return err
+		}
+		return handler(srv, ss)
+	}
+}
+
+// RetryAfter returns the delay of the google.rpc.RetryInfo detail of err, if
+// it is a status error with one.
+func RetryAfter(err error) (time.Duration, bool) {
+	st, ok := status.FromError(err)
+	if !ok {
+		return 0, false
+	}
+	for _, d := range st.Details() {
+		if ri, ok := d.(*errdetails.RetryInfo); ok && ri.GetRetryDelay() != nil {
+			return ri.GetRetryDelay().AsDuration(), true
+		}
+	}
+	return 0, false
+}
+
+// UnaryClientInterceptor retries a call refused with codes.ResourceExhausted
+// and a RetryInfo detail after the delay it names, up to attempts calls in
+// all, and only while the call's deadline (if any) leaves room for the
+// wait. Other errors, and refusals without RetryInfo, return at once.
+func UnaryClientInterceptor(attempts int) grpc.UnaryClientInterceptor {
+	attempts = max(attempts, 1)
+	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		for i := 1; ; i++ {
+			err := invoker(ctx, method, req, reply, cc, opts...)
+			if status.Code(err) != codes.ResourceExhausted || i >= attempts {
+				return err
+			}
+			wait, ok := RetryAfter(err)
+			if !ok {
+				return err
+			}
+			if dl, ok := ctx.Deadline(); ok && time.Now().Add(wait).After(dl) {
+				return err
+			}
+			t := time.NewTimer(wait)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return err
+			case <-t.C:
+			}
+		}
+	}
+}
