@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"sync/atomic"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 	"github.com/leaselimit/leaselimit/policy"
 	"github.com/leaselimit/leaselimit/telemetry"
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // saturationGrace is how many budgets more a call is waited for while this
@@ -45,6 +47,24 @@ type call struct {
 	// with, if set, are more buckets the same tokens are taken from, all or
 	// none, in the same script call (a multi-limit; see For).
 	with []authority.Member
+	// span, if set, is the call's client span, begun by a waiter that may
+	// end it before the call returns (detached); else acquire makes one.
+	span *callSpan
+}
+
+// callSpan is a Redis call's client span that whoever finishes first ends:
+// the call when it returns, or its waiter when it gives up, so that the
+// span never outlives the decision span that is its parent.
+type callSpan struct {
+	span  trace.Span
+	ended atomic.Bool
+}
+
+// finish ends s with the call's outcome, once.
+func (s *callSpan) finish(tel *telemetry.Recorder, granted int64, err error, errType string) {
+	if s.ended.CompareAndSwap(false, true) {
+		tel.FinishAuthority(s.span, granted, err, errType)
+	}
 }
 
 // refund queues n tokens of c back to every bucket it took them from.
@@ -85,10 +105,13 @@ type authorizer interface {
 // calls is what both variants share: the authority, the clock, and where
 // grants and their bookkeeping go.
 type calls struct {
-	auth    *authority.Redis
-	limit   policy.Limit
-	budget  time.Duration
-	pool    int // the client's connection pool size (see congested)
+	auth   *authority.Redis
+	limit  policy.Limit
+	budget time.Duration
+	pool   int // the client's connection pool size (see congested)
+	// client is the Redis client, whose pool tells a Redis that cannot be
+	// connected to from one that does not answer (see unreachable).
+	client  redis.UniversalClient
 	brks    *breakers
 	leases  *lease.Leases
 	refunds *refundQueue
@@ -137,7 +160,9 @@ func (a detached) authorize(ctx context.Context, c call) reply {
 	// The call's own deadline lies a budget past the hard cap, so that the
 	// waiter's cap decides first; go-redis honours it while waiting for a
 	// pooled connection, which late readers hold longer.
-	cctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), hardCap.Add(budget))
+	tctx, span := a.tel.StartAuthority(ctx, c.want, c.min, a.brks.laneFor(c.brk).ep)
+	c.span = &callSpan{span: span}
+	cctx, cancel := context.WithDeadline(context.WithoutCancel(tctx), hardCap.Add(budget))
 	var state atomic.Int32
 	var sent atomic.Int64
 	c.sent = &sent
@@ -175,9 +200,14 @@ func (a detached) authorize(ctx context.Context, c call) reply {
 	// delivered its result first, which then wins.
 	settle := func(to int32, err error) reply {
 		if state.CompareAndSwap(callPending, to) {
+			errType := ""
 			if to == callGaveUp {
 				done(breaker.ErrBudget)
+				if a.unreachable(c.brk, start.Add(-2*budget)) {
+					errType = "network"
+				}
 			}
+			c.span.finish(a.tel, 0, err, errType)
 			return reply{err: err}
 		}
 		// The call delivered first: as on the delivered path below.
@@ -322,10 +352,24 @@ func (a *calls) admit(c call) (done func(error), err error) {
 // its span and metrics, and installs a refill's grant in the lease at once.
 // A deadline overrun is marked with breaker.ErrBudget.
 func (a *calls) acquire(ctx context.Context, c call) reply {
-	cctx, span := a.tel.StartAuthority(ctx, c.want, c.min)
+	ln := a.brks.laneFor(c.brk)
+	cctx := ctx
+	if c.span == nil {
+		var span trace.Span
+		cctx, span = a.tel.StartAuthority(ctx, c.want, c.min, ln.ep)
+		c.span = &callSpan{span: span}
+	}
 	start := time.Now()
-	g, err := a.brks.laneFor(c.brk).acquire(cctx, authority.Acquisition{Key: c.rkey, Limit: a.limit, Want: c.want, Min: c.min, Share: c.share, With: c.with}, c.sent)
-	a.tel.EndAuthority(cctx, span, time.Since(start), g.Granted, err)
+	g, err := ln.acquire(cctx, authority.Acquisition{Key: c.rkey, Limit: a.limit, Want: c.want, Min: c.min, Share: c.share, With: c.with}, c.sent)
+	a.tel.RecordAuthority(cctx, time.Since(start), g.Granted, err)
+	errType := ""
+	switch {
+	case isNetworkError(err):
+		c.brk.NoteNetworkError(time.Now())
+	case errors.Is(err, context.DeadlineExceeded) && a.unreachable(c.brk, start):
+		errType = "network"
+	}
+	c.span.finish(a.tel, g.Granted, err, errType)
 	if !breaker.Counts(err) {
 		c.brk.Replied()
 	}
@@ -345,6 +389,28 @@ func (a *calls) acquire(ctx context.Context, c call) reply {
 		a.refund(c, back)
 	}
 	return r
+}
+
+// unreachable reports whether a call given up at the budget failed to
+// connect rather than to get an answer: go-redis retries a refused
+// connection (5 dials, backoff, 3 retries: over a second) far past any
+// budget, so the waiter's own timeout would hide it. Either the client's
+// pool holds no connection at all, or a call on brk came back with a
+// network error since.
+func (a *calls) unreachable(brk *breaker.Breaker, since time.Time) bool {
+	if a.client != nil {
+		if st := a.client.PoolStats(); st != nil && st.TotalConns == 0 {
+			return true
+		}
+	}
+	return brk.NetworkErrorSince(since)
+}
+
+// isNetworkError reports whether err is a network failure that is not a
+// timeout: a refused or reset connection.
+func isNetworkError(err error) bool {
+	var ne net.Error
+	return err != nil && errors.As(err, &ne) && !ne.Timeout()
 }
 
 // congested reports whether a call begun when brk had counted replies

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/leaselimit/leaselimit/authority"
+	"github.com/leaselimit/leaselimit/telemetry"
 )
 
 // lane batches the acquire calls to one Redis node (one per breaker): calls
@@ -19,8 +20,9 @@ import (
 // formed meanwhile to one of its members.
 type lane struct {
 	auth     *authority.Redis
-	max      int           // pipelines in flight at once
-	fallback time.Duration // a batch's deadline when no member has one
+	max      int                // pipelines in flight at once
+	fallback time.Duration      // a batch's deadline when no member has one
+	ep       telemetry.Endpoint // the server the lane's calls go to, for their spans
 
 	mu       sync.Mutex
 	queue    []*pending
@@ -48,8 +50,8 @@ const maxBatch = 128
 // decisions/s in one noisy run.
 func lanePipelines(pool int) int { return min(max(pool/4, 1), 8) }
 
-func newLane(auth *authority.Redis, pool int, fallback time.Duration) *lane {
-	return &lane{auth: auth, max: lanePipelines(pool), fallback: fallback}
+func newLane(auth *authority.Redis, pool int, fallback time.Duration, ep telemetry.Endpoint) *lane {
+	return &lane{auth: auth, max: lanePipelines(pool), fallback: fallback, ep: ep}
 }
 
 // acquire makes call a on the lane, bounded by ctx: alone if a pipeline is

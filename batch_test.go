@@ -13,6 +13,7 @@ import (
 	"github.com/leaselimit/leaselimit/authority"
 	"github.com/leaselimit/leaselimit/internal/redistest"
 	"github.com/leaselimit/leaselimit/policy"
+	"github.com/leaselimit/leaselimit/telemetry"
 )
 
 // gatedHook holds the first single command until release is closed, and
@@ -63,7 +64,7 @@ func newTestLane(t *testing.T, pipelines int) (*lane, *authority.Redis, *gatedHo
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln := newLane(auth, 4, time.Second)
+	ln := newLane(auth, 4, time.Second, telemetry.Endpoint{})
 	ln.max = pipelines
 	return ln, auth, h
 }
@@ -210,7 +211,7 @@ func BenchmarkLane(b *testing.B) {
 		})
 	})
 	b.Run("lane", func(b *testing.B) {
-		ln := newLane(auth, poolSize(c), time.Second)
+		ln := newLane(auth, poolSize(c), time.Second, telemetry.Endpoint{})
 		run(b, func(a authority.Acquisition) error {
 			_, err := ln.acquire(ctx, a, nil)
 			return err

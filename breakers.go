@@ -2,12 +2,15 @@ package leaselimit
 
 import (
 	"context"
+	"net"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/leaselimit/leaselimit/authority"
 	"github.com/leaselimit/leaselimit/breaker"
+	"github.com/leaselimit/leaselimit/telemetry"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -17,11 +20,11 @@ import (
 type breakers struct {
 	name     string
 	settings breaker.Settings
-	now      func() time.Time     // the Limiter's clock
-	one      *breaker.Breaker     // non-cluster clients, and cluster keys whose node is unknown
-	oneLane  *lane                // one's batches
-	cluster  *redis.ClusterClient // nil unless the client is a cluster
-	newLane  func() *lane         // a lane for a new node's breaker
+	now      func() time.Time                  // the Limiter's clock
+	one      *breaker.Breaker                  // non-cluster clients, and cluster keys whose node is unknown
+	oneLane  *lane                             // one's batches
+	cluster  *redis.ClusterClient              // nil unless the client is a cluster
+	newLane  func(ep telemetry.Endpoint) *lane // a lane for a new node's breaker
 
 	mu     sync.RWMutex
 	byNode map[string]*nodeBreaker // master address → breaker
@@ -59,13 +62,46 @@ func newBreakers(client redis.UniversalClient, name string, s breaker.Settings, 
 	}
 	pool := poolSize(client)
 	b := &breakers{name: name, settings: s, now: now, one: breaker.New(name, s), byNode: map[string]*nodeBreaker{}, gate: g,
-		newLane: func() *lane { return newLane(auth, pool, (1+saturationGrace+1)*budget) }}
-	b.oneLane = b.newLane()
+		newLane: func(ep telemetry.Endpoint) *lane { return newLane(auth, pool, (1+saturationGrace+1)*budget, ep) }}
+	b.oneLane = b.newLane(endpointOf(client))
 	b.lanes = map[*breaker.Breaker]*lane{} // the node breakers'; one has oneLane
 	if cc, ok := client.(*redis.ClusterClient); ok {
 		b.cluster = cc
 	}
 	return b
+}
+
+// endpointOf is the server a client's shared lane talks to: a single
+// node's address and database; for Sentinel (whose master moves) and
+// Cluster (see nodeEndpoint) only what is known.
+func endpointOf(client redis.UniversalClient) telemetry.Endpoint {
+	c, ok := client.(*redis.Client)
+	if !ok {
+		return telemetry.Endpoint{}
+	}
+	o := c.Options()
+	ep := telemetry.Endpoint{Namespace: strconv.Itoa(o.DB)}
+	if o.Addr != "FailoverClient" { // go-redis's name for a Sentinel client's address
+		ep.Address, ep.Port = splitAddr(o.Addr)
+	}
+	return ep
+}
+
+// nodeEndpoint is a Cluster node's endpoint (a Cluster has database 0 alone).
+func nodeEndpoint(addr string) telemetry.Endpoint {
+	ep := telemetry.Endpoint{Namespace: "0"}
+	ep.Address, ep.Port = splitAddr(addr)
+	return ep
+}
+
+// splitAddr splits host:port; an address without a port is all host.
+func splitAddr(addr string) (string, int) {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return addr, 0
+	}
+	p, _ := strconv.Atoi(port)
+	return host, p
 }
 
 // forKey returns the breaker of the node that serves rkey. Finding the node
@@ -98,7 +134,7 @@ func (b *breakers) forKey(rkey string, budget time.Duration) *breaker.Breaker {
 			}
 			nb = &nodeBreaker{Breaker: breaker.New(b.name+"@"+addr, b.settings)}
 			b.byNode[addr] = nb
-			b.lanes[nb.Breaker] = b.newLane()
+			b.lanes[nb.Breaker] = b.newLane(nodeEndpoint(addr))
 		}
 		b.mu.Unlock()
 	}

@@ -169,14 +169,38 @@ func (l *Limiter) decide(ctx context.Context, key string, n int64) (Decision, er
 // outcome describes a finished decision (or its error) for its span.
 func outcome(d Decision, err error, key string, n int64) telemetry.Outcome {
 	return telemetry.Outcome{Allowed: d.Allowed && !d.ShadowDenied, Shadow: d.Shadow, Source: int(d.Source), Cost: n,
-		Remaining: d.Remaining, RetryAfter: d.RetryAfter, Key: key, Err: err, CallerError: callerError(err)}
+		Remaining: d.Remaining, RetryAfter: d.RetryAfter, Key: key, Err: err, CallerError: callerError(err),
+		Reason: errorReason(err)}
+}
+
+// errorReason is ratelimit.reason of a decision that ended with err.
+func errorReason(err error) string {
+	switch {
+	case err == nil:
+		return ""
+	case errors.Is(err, ErrInvalidKey):
+		return "invalid_key"
+	case errors.Is(err, ErrInvalidCost):
+		return "invalid_cost"
+	case errors.Is(err, policy.ErrInvalidLimit):
+		return "invalid_limit"
+	case errors.Is(err, ErrClosed):
+		return "closed"
+	case errors.Is(err, ErrWouldExceedDeadline):
+		return "would_exceed_deadline"
+	case errors.Is(err, context.Canceled):
+		return "canceled"
+	case errors.Is(err, context.DeadlineExceeded):
+		return "deadline_exceeded"
+	}
+	return "redis_error" // a reply that is neither a decision nor an outage, or our own bug
 }
 
 // callerError reports errors that are the caller's doing (bad input, its
 // context ending, a closed Limiter, a deadline too short to wait): not
 // failures of leaselimit or Redis, so not marked as span errors.
 func callerError(err error) bool {
-	return errors.Is(err, ErrInvalidKey) || errors.Is(err, ErrInvalidCost) || errors.Is(err, ErrClosed) ||
+	return errors.Is(err, ErrInvalidKey) || errors.Is(err, ErrInvalidCost) || errors.Is(err, ErrClosed) || errors.Is(err, policy.ErrInvalidLimit) ||
 		errors.Is(err, ErrWouldExceedDeadline) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
 }
 

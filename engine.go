@@ -67,7 +67,7 @@ func (e *engine) newLimiter(limit policy.Limit) *Limiter {
 		sf:      new(singleflight.Group),
 		enforce: e.cfg.enforce,
 	}
-	l.calls = newAuthorizer(e.client, &calls{auth: e.auth, limit: limit, budget: e.cfg.timeout, pool: poolSize(e.client),
+	l.calls = newAuthorizer(e.client, &calls{auth: e.auth, limit: limit, budget: e.cfg.timeout, pool: poolSize(e.client), client: e.client,
 		brks: e.brks, leases: l.leases, refunds: e.refunds, gate: &e.gate, clock: e.clock, tel: tel, log: l.log})
 	return l
 }

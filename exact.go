@@ -22,6 +22,10 @@ func (l *Limiter) allowExact(ctx context.Context, key string, n int64) (Decision
 // callExact asks Redis for exactly n tokens of key outside any lease; a
 // grant that arrives after the caller left is refunded.
 func (l *Limiter) callExact(ctx context.Context, brk *breaker.Breaker, rkey, key string, n int64) (Decision, error) {
+	if sp, ok := recording(ctx); ok {
+		// Before the call: a failing call may trip the breaker.
+		sp.SetAttributes(telemetry.AttrCoalesced.Bool(false), telemetry.AttrBreaker.String(brk.State().String()))
+	}
 	r := l.calls.authorize(ctx, call{brk: brk, rkey: rkey, want: n, min: n, share: 1, with: l.members(key)})
 	if r.err != nil {
 		return l.onError(ctx, brk, key, n, r.err)

@@ -57,7 +57,12 @@ func (l *Limiter) fallback(ctx context.Context, brk *breaker.Breaker, key string
 	l.tel.CountFallback(ctx, reason)
 	l.log.fallback(l.cfg.mode.String(), reason)
 	if sp, ok := recording(ctx); ok {
-		sp.SetAttributes(telemetry.AttrReason.String(reason), telemetry.AttrBreaker.String(brk.State().String()))
+		sp.SetAttributes(telemetry.AttrReason.String(reason))
+		if reason == telemetry.ReasonBreakerOpen {
+			// No call was made; after a failed call the span has the
+			// state from before it, which the failure may have changed.
+			sp.SetAttributes(telemetry.AttrBreaker.String(brk.State().String()))
+		}
 	}
 	wall := l.clock.wall()
 	now := l.clock.mono(wall)

@@ -85,7 +85,7 @@ func (e *engine) newGroup(limits []policy.Limit) *Limiter {
 		sf:      new(singleflight.Group),
 		enforce: e.cfg.enforce,
 	}
-	l.calls = newAuthorizer(e.client, &calls{auth: e.auth, limit: first.limit, budget: e.cfg.timeout, pool: poolSize(e.client),
+	l.calls = newAuthorizer(e.client, &calls{auth: e.auth, limit: first.limit, budget: e.cfg.timeout, pool: poolSize(e.client), client: e.client,
 		brks: e.brks, leases: l.leases, refunds: e.refunds, gate: &e.gate, clock: e.clock, tel: l.tel, log: l.log})
 	return l
 }
@@ -171,11 +171,7 @@ func (l *Limiter) allowGroup(ctx context.Context, key string, n int64) (Decision
 	if rkey == "" {
 		rkey = l.auth.Key(l.limit, key)
 	}
-	r := l.calls.authorize(ctx, call{brk: brk, rkey: rkey, want: n, min: n, share: 1, with: l.members(key)})
-	if r.err != nil {
-		return l.onError(ctx, brk, key, n, r.err)
-	}
-	return l.groupDecision(r.grant), nil
+	return l.callExact(ctx, brk, rkey, key, n)
 }
 
 // groupDecision turns a multi-limit grant into the caller's Decision: the

@@ -23,6 +23,7 @@ func (l *Limiter) miss(ctx context.Context, key string, n int64, a lease.Answer)
 	if rkey == "" {
 		rkey = l.auth.Key(l.limit, key)
 	}
+	state := brk.State() // before the call: a failing call may trip the breaker
 	for a.Status == lease.Miss {
 		t := a.Ticket
 		l.leases.Join(t)
@@ -35,7 +36,7 @@ func (l *Limiter) miss(ctx context.Context, key string, n int64, a lease.Answer)
 			return Decision{Source: SourceNone}, ctx.Err()
 		}
 		if sp, ok := recording(ctx); ok {
-			sp.SetAttributes(telemetry.AttrCoalesced.Bool(r.Shared), telemetry.AttrBreaker.String(brk.State().String()))
+			sp.SetAttributes(telemetry.AttrCoalesced.Bool(r.Shared), telemetry.AttrBreaker.String(state.String()))
 		}
 		if r.Err != nil {
 			return l.onError(ctx, brk, key, n, r.Err)

@@ -119,9 +119,11 @@ func (q *refundQueue) flush() {
 			q.put(g)
 			continue
 		}
+		span := q.tel.StartRefund(q.brks.laneFor(brk).ep, len(g))
 		ctx, cancel := context.WithTimeout(context.Background(), q.budget)
 		err = q.auth.Refund(ctx, g)
 		cancel()
+		q.tel.EndRefund(span, tokens(g), err)
 		if err != nil && errors.Is(err, context.DeadlineExceeded) {
 			err = fmt.Errorf("%w: %w", breaker.ErrBudget, err)
 		}
@@ -147,7 +149,10 @@ func (q *refundQueue) final() error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), q.budget)
 	defer cancel()
-	if err := q.auth.Refund(ctx, rs); err != nil {
+	span := q.tel.StartRefund(q.brks.oneLane.ep, len(rs))
+	err := q.auth.Refund(ctx, rs)
+	q.tel.EndRefund(span, tokens(rs), err)
+	if err != nil {
 		return fmt.Errorf("leaselimit: refund on close: %w", err)
 	}
 	q.tel.CountRefund(context.Background(), tokens(rs))

@@ -108,6 +108,7 @@ type Breaker struct {
 	openFor   time.Duration
 	now       func() time.Time
 	replies   atomic.Int64
+	lastNet   atomic.Int64 // unix ns of the last network error (NoteNetworkError)
 }
 
 // New returns a closed breaker named name.
@@ -149,6 +150,14 @@ func (b *Breaker) State() State { return State(b.state.Load()) }
 // Replied records that Redis answered a call through this breaker (with a
 // decision or an error reply: anything but silence or a broken connection).
 func (b *Breaker) Replied() { b.replies.Add(1) }
+
+// NoteNetworkError records that a call failed at now with a network error
+// that is not a timeout (a refused or reset connection).
+func (b *Breaker) NoteNetworkError(now time.Time) { b.lastNet.Store(now.UnixNano()) }
+
+// NetworkErrorSince reports whether a call failed with such a network
+// error at or after t.
+func (b *Breaker) NetworkErrorSince(t time.Time) bool { return b.lastNet.Load() >= t.UnixNano() }
 
 // Replies returns how many calls Redis has answered (see Replied). Two
 // readings tell how many replies arrived in between.

@@ -27,6 +27,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/metric"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
 	tracenoop "go.opentelemetry.io/otel/trace/noop"
 )
@@ -42,6 +43,7 @@ const Version = "0.1.0"
 const (
 	DecisionSpan  = "ratelimit.decision"  // one per Allow/AllowN/Wait call
 	AuthoritySpan = "ratelimit.authority" // one per Redis script call, SpanKindClient
+	RefundSpan    = "ratelimit.refund"    // one per pipeline of refunds to a node, SpanKindClient
 )
 
 // Attribute keys.
@@ -64,9 +66,42 @@ const (
 	AttrShadow     = attribute.Key("ratelimit.shadow")    // the decision was computed, not enforced (shadow mode): ratelimit.allowed is what the limit decided
 	AttrState      = attribute.Key("ratelimit.breaker.to")
 	AttrErrorType  = attribute.Key("error.type")
-	AttrDBSystem   = attribute.Key("db.system.name")
-	AttrDBOp       = attribute.Key("db.operation.name")
+	// Database client span attributes, as OpenTelemetry semantic
+	// conventions v1.43.0 name them (see semconv/v1.43.0).
+	AttrDBSystem      = semconv.DBSystemNameKey
+	AttrDBOp          = semconv.DBOperationNameKey
+	AttrDBNamespace   = semconv.DBNamespaceKey
+	AttrServerAddress = semconv.ServerAddressKey
+	AttrServerPort    = semconv.ServerPortKey
 )
+
+// SemconvVersion is the OpenTelemetry semantic conventions version that
+// the Redis client spans follow.
+const SemconvVersion = "1.43.0"
+
+// Endpoint is the Redis server a call goes to, for the client span's
+// server.address, server.port and db.namespace (the database index); empty
+// fields are left out.
+type Endpoint struct {
+	Address   string
+	Port      int
+	Namespace string
+}
+
+// attrs returns e's span attributes.
+func (e Endpoint) attrs() []attribute.KeyValue {
+	var out []attribute.KeyValue
+	if e.Address != "" {
+		out = append(out, AttrServerAddress.String(e.Address))
+	}
+	if e.Port > 0 {
+		out = append(out, AttrServerPort.Int(e.Port))
+	}
+	if e.Namespace != "" {
+		out = append(out, AttrDBNamespace.String(e.Namespace))
+	}
+	return out
+}
 
 // Metric names.
 const (
@@ -383,6 +418,9 @@ type Outcome struct {
 	// Shadow marks a decision of a limit in shadow mode; Allowed is then
 	// what the limit decided, not what the caller was told.
 	Shadow bool
+	// Reason, for a decision that ended with Err, names why
+	// (ratelimit.reason): "canceled", "invalid_key", "closed", …
+	Reason string
 }
 
 // EndDecision records o on span (and ends it in span mode).
@@ -390,6 +428,9 @@ func (r *Recorder) EndDecision(span trace.Span, o Outcome) {
 	if span.IsRecording() {
 		attrs := make([]attribute.KeyValue, 0, 8)
 		attrs = append(attrs, r.limitAttr, AttrCost.Int64(o.Cost))
+		if o.Err != nil {
+			attrs = append(attrs, AttrOutcome.String("error"), AttrReason.String(o.Reason))
+		}
 		if o.Err == nil {
 			attrs = append(attrs, AttrAllowed.Bool(o.Allowed), AttrSource.String(r.sourceName(o.Source)),
 				AttrRemaining.Int64(o.Remaining))
@@ -453,8 +494,8 @@ func (r *Recorder) CountSaturated(ctx context.Context, outcome string) {
 	}
 }
 
-// StartAuthority starts the client span of one Redis script call.
-func (r *Recorder) StartAuthority(ctx context.Context, want, min int64) (context.Context, trace.Span) {
+// StartAuthority starts the client span of one Redis script call to ep.
+func (r *Recorder) StartAuthority(ctx context.Context, want, min int64, ep Endpoint) (context.Context, trace.Span) {
 	if !r.Tracing() {
 		return ctx, trace.SpanFromContext(context.Background())
 	}
@@ -469,32 +510,81 @@ func (r *Recorder) StartAuthority(ctx context.Context, want, min int64) (context
 	if span.IsRecording() {
 		span.SetAttributes(AttrDBSystem.String("redis"), AttrDBOp.String("EVALSHA"), r.limitAttr,
 			AttrWant.Int64(want), AttrMin.Int64(min))
+		span.SetAttributes(ep.attrs()...)
 	}
 	return ctx, span
+}
+
+// StartRefund starts the client span of one pipeline of n refunds to ep.
+// It has no parent: refunds are sent by the janitor.
+func (r *Recorder) StartRefund(ep Endpoint, n int) trace.Span {
+	if !r.Tracing() {
+		return trace.SpanFromContext(context.Background())
+	}
+	_, span := r.tracer.Start(context.Background(), RefundSpan, trace.WithSpanKind(trace.SpanKindClient))
+	if span.IsRecording() {
+		span.SetAttributes(AttrDBSystem.String("redis"), AttrDBOp.String("EVALSHA"), r.limitAttr,
+			attribute.Int("db.operation.batch.size", n))
+		span.SetAttributes(ep.attrs()...)
+	}
+	return span
+}
+
+// EndRefund ends a refund span with the tokens given back and the error.
+func (r *Recorder) EndRefund(span trace.Span, tokens int64, err error) {
+	if span.IsRecording() {
+		span.SetAttributes(attribute.Int64("ratelimit.refund.tokens", tokens))
+		if err != nil {
+			span.SetStatus(codes.Error, err.Error())
+			span.SetAttributes(AttrErrorType.String(errorType(err)))
+		}
+	}
+	span.End()
 }
 
 // EndAuthority records one Redis call: its duration and outcome on the
 // histogram, the grant size, and the span's status.
 func (r *Recorder) EndAuthority(ctx context.Context, span trace.Span, d time.Duration, granted int64, err error) {
-	outcome := "granted"
+	r.RecordAuthority(ctx, d, granted, err)
+	r.FinishAuthority(span, granted, err, "")
+}
+
+// authorityOutcome is ratelimit.outcome of a Redis call.
+func authorityOutcome(granted int64, err error) string {
 	switch {
 	case err != nil && isTimeout(err):
-		outcome = ReasonTimeout
+		return ReasonTimeout
 	case err != nil:
-		outcome = ReasonError
+		return ReasonError
 	case granted == 0:
-		outcome = "denied"
+		return "denied"
 	}
+	return "granted"
+}
+
+// RecordAuthority records one Redis call's duration and outcome on the
+// histogram, and the grant size.
+func (r *Recorder) RecordAuthority(ctx context.Context, d time.Duration, granted int64, err error) {
+	outcome := authorityOutcome(granted, err)
 	i := slot(outcomes[:], outcome)
 	r.authority.Record(ctx, d.Seconds(), r.recordOpts(&r.sets.outcome[i], one(AttrOutcome.String(outcome)))...)
 	if err == nil && granted > 0 {
 		r.grantSize.Record(ctx, granted, r.recordOpts(&r.sets.limitRec, none)...)
 	}
+}
+
+// FinishAuthority sets a Redis call's outcome on its span and ends it.
+// errType, if set, overrides the error.type derived from err (a waiter that
+// gave up knows better than its own timeout what failed).
+func (r *Recorder) FinishAuthority(span trace.Span, granted int64, err error, errType string) {
 	if span.IsRecording() {
-		span.SetAttributes(AttrGranted.Int64(granted), AttrOutcome.String(outcome))
+		span.SetAttributes(AttrGranted.Int64(granted), AttrOutcome.String(authorityOutcome(granted, err)))
 		if err != nil {
+			if errType == "" {
+				errType = errorType(err)
+			}
 			span.SetStatus(codes.Error, err.Error())
-			span.SetAttributes(AttrErrorType.String(errorType(err)))
+			span.SetAttributes(AttrErrorType.String(errType))
 		}
 	}
 	span.End()

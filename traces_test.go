@@ -1,0 +1,181 @@
+package leaselimit_test
+
+import (
+	"context"
+	"net"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/leaselimit/leaselimit"
+	"github.com/leaselimit/leaselimit/internal/redistest"
+	"github.com/leaselimit/leaselimit/policy"
+	"github.com/leaselimit/leaselimit/telemetry"
+	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/attribute"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+)
+
+// attrOf returns the value of key on span s.
+func attrOf(s sdktrace.ReadOnlySpan, key attribute.Key) (attribute.Value, bool) {
+	for _, kv := range s.Attributes() {
+		if kv.Key == key {
+			return kv.Value, true
+		}
+	}
+	return attribute.Value{}, false
+}
+
+func spansNamed(r *telemetryRig, name string) []sdktrace.ReadOnlySpan {
+	var out []sdktrace.ReadOnlySpan
+	for _, s := range r.spans.Ended() {
+		if s.Name() == name {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// TestTracesForOperators: on a real redis-server, Redis client spans carry
+// the database semantic conventions (server.address, server.port,
+// db.namespace), refunds have spans, exact-mode decisions say the breaker
+// state and that they were not coalesced, and a decision that ended with
+// the caller's error says so in ratelimit.outcome and ratelimit.reason.
+func TestTracesForOperators(t *testing.T) {
+	srv := redistest.Start(t)
+	rig := newTelemetryRig(t)
+	ctx := context.Background()
+	host, port, _ := net.SplitHostPort(srv.Addr)
+
+	exact := mustNew(t, srv.Client(t), policy.PerSecond(100).WithName("tr-exact"), append(rig.opts(), leaselimit.WithoutLease())...)
+	if _, err := exact.Allow(ctx, "k"); err != nil {
+		t.Fatal(err)
+	}
+	auth := spansNamed(rig, telemetry.AuthoritySpan)
+	if len(auth) != 1 {
+		t.Fatalf("%d authority spans; want 1", len(auth))
+	}
+	for key, want := range map[attribute.Key]string{
+		telemetry.AttrServerAddress: host, telemetry.AttrServerPort: port, telemetry.AttrDBNamespace: "0",
+		telemetry.AttrDBSystem: "redis",
+	} {
+		if v, ok := attrOf(auth[0], key); !ok || v.String() != want {
+			t.Errorf("authority span %s = %q; want %q", key, v.String(), want)
+		}
+	}
+	dec := spansNamed(rig, telemetry.DecisionSpan)
+	if len(dec) != 1 {
+		t.Fatalf("%d decision spans", len(dec))
+	}
+	if v, ok := attrOf(dec[0], telemetry.AttrBreaker); !ok || v.AsString() != "closed" {
+		t.Errorf("exact-mode decision span: ratelimit.breaker.state %q, %v", v.String(), ok)
+	}
+	if v, ok := attrOf(dec[0], telemetry.AttrCoalesced); !ok || v.AsBool() {
+		t.Errorf("exact-mode decision span: ratelimit.coalesced %v, %v; want false", v.String(), ok)
+	}
+
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	_, _ = exact.Allow(cctx, "k2")
+	_, _ = exact.Allow(ctx, "")
+	for _, s := range spansNamed(rig, telemetry.DecisionSpan)[1:] {
+		out, _ := attrOf(s, telemetry.AttrOutcome)
+		reason, _ := attrOf(s, telemetry.AttrReason)
+		if out.AsString() != "error" || (reason.AsString() != "canceled" && reason.AsString() != "invalid_key") {
+			t.Errorf("decision span of a caller error: outcome %q, reason %q", out.String(), reason.String())
+		}
+	}
+
+	leased := mustNew(t, srv.Client(t), policy.PerSecond(1_000_000).WithName("tr-lease"), rig.opts()...)
+	for i := 0; i < 2000; i++ {
+		if _, err := leased.Allow(ctx, "hot"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := leased.Close(); err != nil {
+		t.Fatal(err)
+	}
+	refunds := spansNamed(rig, telemetry.RefundSpan)
+	if len(refunds) == 0 {
+		t.Fatal("no refund span after Close gave leased tokens back")
+	}
+	if v, ok := attrOf(refunds[len(refunds)-1], telemetry.AttrServerPort); !ok || v.String() != port {
+		t.Errorf("refund span server.port = %q", v.String())
+	}
+}
+
+// TestTimedOutCallSpanEndsFirst: when Redis hangs, the authority span of a
+// call given up at the budget ends no later than its decision span.
+func TestTimedOutCallSpanEndsFirst(t *testing.T) {
+	srv := redistest.Start(t)
+	rig := newTelemetryRig(t)
+	ctx := context.Background()
+	lim := mustNew(t, srv.Client(t), policy.PerSecond(100).WithName("tr-hung"),
+		append(rig.opts(), leaselimit.WithoutLease(), leaselimit.WithTimeout(100*time.Millisecond))...)
+	if _, err := lim.Allow(ctx, "warm"); err != nil {
+		t.Fatal(err)
+	}
+	srv.Pause(t)
+	d, err := lim.Allow(ctx, "k")
+	srv.Resume(t)
+	if err != nil || d.Source != leaselimit.SourceFallback {
+		t.Fatalf("Allow with Redis hung = %+v, %v; want a fallback", d, err)
+	}
+	var decision, call sdktrace.ReadOnlySpan
+	for _, s := range rig.spans.Ended() {
+		switch {
+		case s.Name() == telemetry.DecisionSpan && s.StartTime().After(rig.spans.Ended()[0].EndTime()):
+			decision = s
+		case s.Name() == telemetry.AuthoritySpan && decision == nil && s.Parent().IsValid():
+			call = s
+		}
+	}
+	if decision == nil || call == nil {
+		t.Fatalf("spans: %d ended; want the hung decision and its call", len(rig.spans.Ended()))
+	}
+	if call.Parent().SpanID() != decision.SpanContext().SpanID() {
+		t.Fatal("the call span is not the decision's child")
+	}
+	if call.EndTime().After(decision.EndTime()) {
+		t.Errorf("the call span ended %v after its decision span", call.EndTime().Sub(decision.EndTime()))
+	}
+	if v, _ := attrOf(call, telemetry.AttrErrorType); v.AsString() != "timeout" {
+		t.Errorf("hung call error.type %q; want timeout", v.String())
+	}
+}
+
+// TestRefusedConnectionIsNetwork: calls to an address where nothing
+// listens are classified as network errors, not timeouts, under go-redis's
+// default retries.
+func TestRefusedConnectionIsNetwork(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := lis.Addr().String()
+	lis.Close()
+	// Default options (the call detached from its waiter) and
+	// ContextTimeoutEnabled (the call bounded by its context).
+	for _, direct := range []bool{false, true} {
+		t.Run(map[bool]string{false: "detached", true: "direct"}[direct], func(t *testing.T) {
+			c := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: direct})
+			t.Cleanup(func() { _ = c.Close() })
+			rig := newTelemetryRig(t)
+			lim := mustNew(t, c, policy.PerSecond(10).WithName("tr-refused"),
+				append(rig.opts(), leaselimit.WithoutLease(), leaselimit.WithTimeout(100*time.Millisecond))...)
+			ctx := context.Background()
+			for i := 0; i < 8; i++ {
+				_, _ = lim.Allow(ctx, "k"+strconv.Itoa(i))
+			}
+			types := map[string]int{}
+			for _, s := range spansNamed(rig, telemetry.AuthoritySpan) {
+				v, _ := attrOf(s, telemetry.AttrErrorType)
+				types[v.AsString()]++
+			}
+			t.Logf("authority spans by error.type: %v", types)
+			if types["network"] == 0 || types["timeout"] > 0 {
+				t.Errorf("refused connections by error.type: %v; want network, no timeout", types)
+			}
+		})
+	}
+}
