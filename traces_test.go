@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/leaselimit/leaselimit"
+	"github.com/leaselimit/leaselimit/breaker"
 	"github.com/leaselimit/leaselimit/internal/redistest"
 	"github.com/leaselimit/leaselimit/policy"
 	"github.com/leaselimit/leaselimit/telemetry"
@@ -57,7 +58,7 @@ func TestTracesForOperators(t *testing.T) {
 	}
 	for key, want := range map[attribute.Key]string{
 		telemetry.AttrServerAddress: host, telemetry.AttrServerPort: port, telemetry.AttrDBNamespace: "0",
-		telemetry.AttrDBSystem: "redis",
+		telemetry.AttrDBSystem: "redis", "service.peer.name": "redis", "peer.service": "redis",
 	} {
 		if v, ok := attrOf(auth[0], key); !ok || v.String() != want {
 			t.Errorf("authority span %s = %q; want %q", key, v.String(), want)
@@ -105,13 +106,16 @@ func TestTracesForOperators(t *testing.T) {
 }
 
 // TestTimedOutCallSpanEndsFirst: when Redis hangs, the authority span of a
-// call given up at the budget ends no later than its decision span.
+// call given up at the budget ends no later than its decision span, and the
+// decision span has the breaker state from before the call, which the
+// timeout then trips.
 func TestTimedOutCallSpanEndsFirst(t *testing.T) {
 	srv := redistest.Start(t)
 	rig := newTelemetryRig(t)
 	ctx := context.Background()
 	lim := mustNew(t, srv.Client(t), policy.PerSecond(100).WithName("tr-hung"),
-		append(rig.opts(), leaselimit.WithoutLease(), leaselimit.WithTimeout(100*time.Millisecond))...)
+		append(rig.opts(), leaselimit.WithoutLease(), leaselimit.WithTimeout(100*time.Millisecond),
+			leaselimit.WithBreaker(breaker.Settings{Failures: 1}))...)
 	if _, err := lim.Allow(ctx, "warm"); err != nil {
 		t.Fatal(err)
 	}
@@ -141,6 +145,9 @@ func TestTimedOutCallSpanEndsFirst(t *testing.T) {
 	}
 	if v, _ := attrOf(call, telemetry.AttrErrorType); v.AsString() != "timeout" {
 		t.Errorf("hung call error.type %q; want timeout", v.String())
+	}
+	if v, _ := attrOf(decision, telemetry.AttrBreaker); v.AsString() != "closed" || lim.BreakerState() != breaker.Open {
+		t.Errorf("decision span ratelimit.breaker.state %q, breaker now %v; want closed (before the call), open (after)", v.String(), lim.BreakerState())
 	}
 }
 

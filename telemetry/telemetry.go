@@ -88,9 +88,12 @@ type Endpoint struct {
 	Namespace string
 }
 
-// attrs returns e's span attributes.
+// attrs returns e's span attributes, with the peer service named "redis":
+// service.peer.name as v1.43.0 names it, and the peer.service it replaced,
+// which Jaeger's dependency graph reads, so that the graph shows the service
+// calling Redis rather than itself.
 func (e Endpoint) attrs() []attribute.KeyValue {
-	var out []attribute.KeyValue
+	out := []attribute.KeyValue{semconv.ServicePeerNameKey.String("redis"), attribute.String("peer.service", "redis")}
 	if e.Address != "" {
 		out = append(out, AttrServerAddress.String(e.Address))
 	}
