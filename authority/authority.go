@@ -1,10 +1,13 @@
-// Package authority is the Redis side of leaselimit: the token bucket as two
-// embedded Lua scripts (acquire and refund) run atomically on Redis's own
-// clock, EVALSHA with a fallback to EVAL on NOSCRIPT, the naming of Redis
-// keys, and the decoding of script replies. It works with any
-// redis.UniversalClient: a single node, Sentinel (FailoverClient) or Cluster.
+// Package authority is the Redis side of leaselimit: the token bucket as
+// embedded Lua scripts (acquire, acquire_many for a batch, acquire_all for
+// several limits at once, refund, which also charges, and peek) run
+// atomically on Redis's own clock, EVALSHA with a fallback to EVAL on
+// NOSCRIPT, the naming of Redis keys, and the decoding of script replies. It
+// works with any redis.UniversalClient: a single node, Sentinel
+// (FailoverClient) or Cluster.
 //
-// Every bucket lives in one key, so every script call touches one hash slot.
+// Every bucket lives in one key; the buckets of one user key share a hash
+// slot whatever their limits, so every script call touches one slot.
 package authority
 
 import (

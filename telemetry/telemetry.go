@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/leaselimit/leaselimit/breaker"
+	"github.com/leaselimit/leaselimit/internal/version"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -36,8 +37,9 @@ import (
 // module's import path.
 const ScopeName = "github.com/leaselimit/leaselimit"
 
-// Version is the instrumentation version recorded with the scope.
-const Version = "0.1.0"
+// Version is the instrumentation version recorded with the scope: the
+// module's version (leaselimit.Version).
+const Version = version.Version
 
 // Span and event names.
 const (
