@@ -397,9 +397,13 @@ func (a *calls) acquire(ctx context.Context, c call) reply {
 // budget, so the waiter's own timeout would hide it. Either the client's
 // pool holds no connection at all, or a call on brk came back with a
 // network error since.
+//
+// Only a single node's (or Sentinel's) pool is read: a ClusterClient's
+// PoolStats loads the slot map first, in this goroutine and without a
+// deadline, which on an unreachable Cluster blocks for seconds.
 func (a *calls) unreachable(brk *breaker.Breaker, since time.Time) bool {
-	if a.client != nil {
-		if st := a.client.PoolStats(); st != nil && st.TotalConns == 0 {
+	if c, ok := a.client.(*redis.Client); ok {
+		if st := c.PoolStats(); st != nil && st.TotalConns == 0 {
 			return true
 		}
 	}
