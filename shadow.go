@@ -37,7 +37,8 @@ func WithEnforce(share float64) Option {
 // the rest (see WithEnforce): lim.For(newLimit).Enforcing(0) tries a new
 // limit in shadow mode while the others stay enforced. Call it once and keep
 // the Limiter; an invalid share gives a Limiter whose calls return the
-// error.
+// error. Like a Limiter from For, it is closed with the Limiter from New
+// (its own Close does nothing).
 func (l *Limiter) Enforcing(share float64) *Limiter {
 	c := *l
 	if math.IsNaN(share) || share < 0 || share > 1 {
