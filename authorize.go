@@ -69,9 +69,9 @@ func (s *callSpan) finish(tel *telemetry.Recorder, granted int64, err error, err
 
 // refund queues n tokens of c back to every bucket it took them from.
 func (a *calls) refund(c call, n int64) {
-	a.refunds.add(c.rkey, a.limit, n)
+	a.refunds.add(c.rkey, a.limit, n, 0)
 	for _, m := range c.with {
-		a.refunds.add(m.Key, m.Limit, n)
+		a.refunds.add(m.Key, m.Limit, n, 0)
 	}
 }
 

@@ -1,6 +1,8 @@
 package leaselimit
 
 import (
+	"time"
+
 	"github.com/leaselimit/leaselimit/authority"
 	"github.com/leaselimit/leaselimit/breaker"
 	"github.com/leaselimit/leaselimit/internal/cowmap"
@@ -40,6 +42,7 @@ type engine struct {
 // A lookup of a limit seen before is one atomic load and one map read: no
 // lock, no allocation.
 func (e *engine) limiter(limit policy.Limit) *Limiter {
+	limit = canonical(limit)
 	if l, ok := e.limits.Load(limit); ok {
 		return l
 	}
@@ -49,6 +52,22 @@ func (e *engine) limiter(limit policy.Limit) *Limiter {
 		return &Limiter{engine: e, limit: limit, invalid: err, tel: e.meters}
 	}
 	return e.limits.LoadOrMake(limit, func() *Limiter { return e.newLimiter(limit) })
+}
+
+// zones maps a time zone's name to the one *time.Location the engines use
+// for it: two quotas in one zone compare equal (as map keys, and in For's
+// check for a limit given twice) even when each loaded its own Location.
+var zones cowmap.Map[string, *time.Location]
+
+// canonical returns limit with its calendar Location replaced by the
+// shared one of the same name (see zones); other limits as they are.
+func canonical(limit policy.Limit) policy.Limit {
+	loc := limit.Calendar.Location
+	if loc == nil {
+		return limit
+	}
+	limit.Calendar.Location = zones.LoadOrMake(loc.String(), func() *time.Location { return loc })
+	return limit
 }
 
 // newLimiter returns a Limiter for limit on e: its own lease protocol (over

@@ -19,7 +19,8 @@ import "github.com/leaselimit/leaselimit/policy"
 // a limit computed afresh for each request.
 //
 // Close on the Limiter from New closes every Limiter that For made from
-// it; Close on a Limiter from For does nothing (and says so). After Close,
+// it; Close on a Limiter from For does nothing (and says so). For on a
+// Limiter from Enforcing gives Limiters with the same enforced share. After Close,
 // For still returns a Limiter, whose calls return ErrClosed. An invalid
 // limit gives a Limiter whose calls all return the validation error.
 //
@@ -29,11 +30,19 @@ import "github.com/leaselimit/leaselimit/policy"
 // never spent under the new one; the janitor gives them back to the old
 // bucket when the lease expires (within the lease TTL).
 func (l *Limiter) For(limit policy.Limit, more ...policy.Limit) *Limiter {
-	if len(more) > 0 {
-		return l.groupOf(limit, more)
-	}
-	if limit == l.limit && l.invalid == nil && l.group == nil {
+	var f *Limiter
+	switch {
+	case len(more) > 0:
+		f = l.groupOf(limit, more)
+	case limit == l.limit && l.invalid == nil && l.group == nil:
 		return l
+	default:
+		f = l.limiter(limit)
 	}
-	return l.limiter(limit)
+	if f.enforce != l.enforce && f.invalid == nil {
+		// l came from Enforcing: so do the Limiters it gives (a copy per
+		// call: keep the one you need rather than calling For per request).
+		return f.Enforcing(l.enforce)
+	}
+	return f
 }

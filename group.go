@@ -33,13 +33,18 @@ type groupKey [MaxLimits]policy.Limit
 func (e *engine) groupOf(first policy.Limit, more []policy.Limit) *Limiter {
 	var k groupKey
 	if len(more) < MaxLimits {
-		k[0] = first
-		copy(k[1:], more)
+		k[0] = canonical(first)
+		for i, l := range more {
+			k[1+i] = canonical(l)
+		}
 		if l, ok := e.groups.Load(k); ok {
 			return l
 		}
 	}
 	limits := append([]policy.Limit{first}, more...)
+	for i := range limits {
+		limits[i] = canonical(limits[i])
+	}
 	if err := validGroup(limits); err != nil {
 		return &Limiter{engine: e, limit: limits[0], invalid: err, tel: e.meters}
 	}
@@ -119,20 +124,22 @@ func (l *Limiter) members(key string) []authority.Member {
 }
 
 // addParts fills a multi-limit's lease decision d with every limit's state:
-// each bucket as of the key's last grant (parts) plus the tokens this
-// instance holds in the lease, which are taken from every one. Limit
-// becomes the one with the fewest tokens left.
-func (l *Limiter) addParts(d *Decision, parts *[]authority.Part) {
-	if parts == nil || len(*parts) != len(l.group) {
+// each bucket as of the key's last grant (m) plus the tokens this instance
+// holds in the lease, which are taken from every one. Limit becomes the
+// one that denied (as the authority said) or, admitted, the one with the
+// fewest tokens left.
+func (l *Limiter) addParts(d *Decision, m *authority.Multi) {
+	if m == nil || len(m.Parts) != len(l.group) {
 		return
 	}
-	ps := *parts
+	ps := m.Parts
 	least := ps[0].Remaining
 	for _, p := range ps[1:] {
 		least = min(least, p.Remaining)
 	}
 	held := max(d.Remaining-least, 0)
 	d.Parts = make([]Part, len(ps))
+	d.ResetAfter = 0
 	tight := 0
 	for i, p := range ps {
 		lim := l.group[i].limit
@@ -142,6 +149,9 @@ func (l *Limiter) addParts(d *Decision, parts *[]authority.Part) {
 			tight = i
 		}
 		d.ResetAfter = max(d.ResetAfter, d.Parts[i].ResetAfter)
+	}
+	if !d.Allowed && m.Denied >= 0 && m.Denied < len(ps) {
+		tight = m.Denied
 	}
 	d.Limit = d.Parts[tight].Limit
 }

@@ -202,3 +202,53 @@ func TestForDoesNotAllocate(t *testing.T) {
 		t.Errorf("For of known limits allocates %.1f times per call pair; want 0", n)
 	}
 }
+
+// TestMultiLimitDenialNamesTheLimit: in lease mode as in exact mode, a
+// denial names the limit the request waits for longest.
+func TestMultiLimitDenialNamesTheLimit(t *testing.T) {
+	_, c := newMini(t)
+	ctx := context.Background()
+	ps := policy.Limit{Name: "ps", Rate: 2, Period: time.Minute, Burst: 2}
+	hourly := policy.Quota("hourly", 3, policy.Hour, nil)
+	for _, mode := range []string{"exact", "lease"} {
+		var opts []leaselimit.Option
+		if mode == "exact" {
+			opts = append(opts, leaselimit.WithoutLease())
+		}
+		root := mustNew(t, c, ps.WithName("ps-"+mode), opts...)
+		both := root.For(ps.WithName("ps-"+mode), hourly.WithName("hourly-"+mode))
+		for i := 0; i < 2; i++ {
+			if d, err := both.Allow(ctx, "k"); err != nil || !d.Allowed {
+				t.Fatalf("%s: request %d = %+v, %v", mode, i, d, err)
+			}
+		}
+		d, err := both.AllowN(ctx, "k", 2)
+		if err != nil || d.Allowed || d.Limit.Name != "hourly-"+mode {
+			t.Errorf("%s: AllowN(2) = %+v, %v; want denied by the hourly quota", mode, d, err)
+		}
+	}
+}
+
+// TestForKeepsQuotaZonesAndShares: For of a quota whose zone was loaded
+// again is the same Limiter; For on a Limiter from Enforcing keeps its share.
+func TestForKeepsQuotaZonesAndShares(t *testing.T) {
+	_, c := newMini(t)
+	root := mustNew(t, c, policy.PerSecond(10).WithName("zones"))
+	quota := func() policy.Limit {
+		loc, err := time.LoadLocation("Europe/Berlin")
+		if err != nil {
+			t.Skip("no time zone database:", err)
+		}
+		return policy.Quota("berlin", 10, policy.Day, loc)
+	}
+	first, again := root.For(quota()), root.For(quota())
+	if first != again {
+		t.Error("For of the same quota with a freshly loaded zone gave two Limiters")
+	}
+	shadow := root.Enforcing(0).For(policy.PerMinute(1).WithName("tried"))
+	for i := 0; i < 3; i++ {
+		if d, err := shadow.Allow(context.Background(), "k"); err != nil || !d.Allowed || !d.Shadow {
+			t.Fatalf("For on an Enforcing(0) Limiter: %+v, %v; want shadow decisions", d, err)
+		}
+	}
+}

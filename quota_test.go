@@ -116,3 +116,66 @@ func TestQuotaSettle(t *testing.T) {
 		t.Errorf("ResetAfter %v; want until the 1st, %v", d.ResetAfter, until)
 	}
 }
+
+// TestQuotaRefundDoesNotCrossTheBoundary: tokens reserved in one window
+// and given back in the next are not added to the new window's full
+// bucket (that would create tokens).
+func TestQuotaRefundDoesNotCrossTheBoundary(t *testing.T) {
+	m, c := newMini(t)
+	ctx := context.Background()
+	hourly := policy.Quota("refund-hourly", 10, policy.Hour, nil)
+	lim := mustNew(t, c, hourly, leaselimit.WithoutLease())
+	end, _ := hourly.Calendar.Window(time.Now())
+	m.SetTime(end.Add(-2 * time.Second))
+	r, err := lim.Reserve(ctx, "k", 8)
+	if err != nil || !r.Decision().Allowed {
+		t.Fatal(r, err)
+	}
+	m.SetTime(end.Add(time.Second)) // the next hour: a full bucket of 10
+	admitted := 0
+	for i := 0; i < 12; i++ {
+		if d, _ := lim.Allow(ctx, "k"); d.Allowed {
+			admitted++
+		}
+	}
+	if err := r.Cancel(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 10; i++ {
+		if d, _ := lim.Allow(ctx, "k"); d.Allowed {
+			admitted++
+		}
+	}
+	if admitted != 10 {
+		t.Errorf("the new hour admitted %d; want its 10 (the last hour's 8 refunded into it would make 18)", admitted)
+	}
+}
+
+// TestQuotaLeaseEndsWithTheWindow: a lease of a calendar quota's tokens
+// expires when the window does, however long the lease TTL.
+func TestQuotaLeaseEndsWithTheWindow(t *testing.T) {
+	m, c := newMini(t)
+	ctx := context.Background()
+	hourly := policy.Quota("lease-hourly", 100_000, policy.Hour, nil)
+	clk := newFakeClock()
+	lim := mustNew(t, c, hourly, leaselimit.WithClock(clk), leaselimit.WithLease(policy.Lease{TTL: time.Minute, IdleTTL: 2 * time.Minute}))
+	end, _ := hourly.Calendar.Window(time.Now())
+	m.SetTime(end.Add(-2 * time.Second))
+	leased := false
+	for i := 0; i < 5000 && !leased; i++ {
+		clk.Add(100 * time.Microsecond) // slow start grows a lease over refills in time
+		d, err := lim.Allow(ctx, "k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		leased = d.Source == leaselimit.SourceLease
+	}
+	if !leased {
+		t.Fatal("no lease formed")
+	}
+	clk.Add(3 * time.Second) // past the window's end, well within the TTL
+	m.SetTime(end.Add(time.Second))
+	if d, _ := lim.Allow(ctx, "k"); d.Source == leaselimit.SourceLease {
+		t.Errorf("a lease of the last hour's tokens served in the next hour: %+v", d)
+	}
+}

@@ -41,12 +41,15 @@ func newRefundQueue(auth *authority.Redis, brks *breakers, tel *telemetry.Record
 
 // add queues n unused tokens of the bucket of limit at rkey, or, for a
 // negative n, a charge of -n tokens (a reservation settled above its
-// estimate, see Reservation.Settle).
-func (q *refundQueue) add(rkey string, limit policy.Limit, n int64) {
+// estimate, see Reservation.Settle). window is authority.Refund.Window:
+// for a calendar quota, the end of the window the tokens were taken in; a
+// quota refund without it is not applied (lease tokens of a quota are not
+// given back: their window may have reset).
+func (q *refundQueue) add(rkey string, limit policy.Limit, n, window int64) {
 	if n == 0 {
 		return
 	}
-	q.put([]authority.Refund{{Key: rkey, Limit: limit, Tokens: n}})
+	q.put([]authority.Refund{{Key: rkey, Limit: limit, Tokens: n, Window: window}})
 }
 
 // addReturns queues tokens the lease protocol gave back, by limit and user
@@ -64,11 +67,11 @@ func (q *refundQueue) addReturn(r *lease.Return) {
 		return
 	}
 	if r.Limits == nil {
-		q.add(q.auth.Key(r.Limit, r.Key), r.Limit, r.Tokens)
+		q.add(q.auth.Key(r.Limit, r.Key), r.Limit, r.Tokens, 0)
 		return
 	}
 	for _, l := range r.Limits {
-		q.add(q.auth.Key(l, r.Key), l, r.Tokens)
+		q.add(q.auth.Key(l, r.Key), l, r.Tokens, 0)
 	}
 }
 

@@ -31,8 +31,8 @@ func TestDroppedRefundsCounted(t *testing.T) {
 	l.refunds.max = 0 // a full queue
 	l.refunds.mu.Unlock()
 	rkey := l.auth.Key(l.limit, "k")
-	l.refunds.add(rkey, l.limit, 5)
-	l.refunds.add(rkey, l.limit, 7)
+	l.refunds.add(rkey, l.limit, 5, 0)
+	l.refunds.add(rkey, l.limit, 7, 0)
 	dropped := droppedTokens(t, reader)
 	if dropped != 12 {
 		t.Errorf("%s = %d; want the 12 tokens of the two refunds past the bound", telemetry.MetricDropped, dropped)
@@ -85,7 +85,7 @@ func TestRefundQueueFlush(t *testing.T) {
 	if !l.brks.one.Rejects(time.Now()) {
 		t.Fatal("breaker not open after a failure")
 	}
-	q.add(rkey, l.limit, 3)
+	q.add(rkey, l.limit, 3, 0)
 	q.flush()
 	if got := len(q.take()); got != 1 {
 		t.Fatalf("%d refunds queued after a flush with the breaker open; want the 1 kept", got)
@@ -98,7 +98,7 @@ func TestRefundQueueFlush(t *testing.T) {
 	}
 	defer l2.Close()
 	m.SetError("LOADING Redis is loading the dataset in memory")
-	l2.refunds.add(l2.auth.Key(l2.limit, "k"), l2.limit, 4)
+	l2.refunds.add(l2.auth.Key(l2.limit, "k"), l2.limit, 4, 0)
 	l2.refunds.flush()
 	m.SetError("")
 	if got := len(l2.refunds.take()); got != 0 {

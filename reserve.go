@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"sync/atomic"
+	"time"
 
 	"github.com/leaselimit/leaselimit/authority"
+	"github.com/leaselimit/leaselimit/policy"
 )
 
 // Reservation is tokens taken before the cost of the work they pay for is
@@ -18,6 +20,7 @@ type Reservation struct {
 	key      string
 	estimate int64
 	decision Decision
+	taken    time.Time   // when the estimate was taken (a quota's window)
 	settled  atomic.Bool // Settle or Cancel ran (or there was nothing to settle)
 }
 
@@ -35,7 +38,7 @@ func (l *Limiter) Reserve(ctx context.Context, key string, estimate int64) (*Res
 	if err != nil {
 		return nil, err
 	}
-	r := &Reservation{lim: l, key: key, estimate: estimate, decision: d}
+	r := &Reservation{lim: l, key: key, estimate: estimate, decision: d, taken: time.Now()}
 	if !d.Allowed || d.ShadowDenied || d.Source == SourceFallback {
 		r.settled.Store(true) // nothing was taken from the bucket
 	}
@@ -72,18 +75,58 @@ func (r *Reservation) Settle(ctx context.Context, actual int64) error {
 	if !r.settled.CompareAndSwap(false, true) {
 		return nil
 	}
-	return r.lim.adjust(context.WithoutCancel(ctx), r.key, r.estimate-actual)
+	return r.lim.adjust(context.WithoutCancel(ctx), r.key, r.estimate-actual, r.taken)
+}
+
+// adjustAfterClose makes an adjustment once the Limiter is closed: one
+// call on the caller's goroutine, bounded by the time budget (as far as
+// the client honours context deadlines).
+func (l *Limiter) adjustAfterClose(ctx context.Context, rkey string, n, window int64) error {
+	ctx, cancel := context.WithTimeout(ctx, l.cfg.timeout)
+	defer cancel()
+	if _, err := l.auth.Adjust(ctx, rkey, l.limit, n, window); err != nil {
+		return fmt.Errorf("leaselimit: settle after Close: %w", err)
+	}
+	return nil
+}
+
+// sameWindow reports whether a and b fall in the same window of every
+// calendar quota the Limiter enforces (always, for token buckets).
+func (l *Limiter) sameWindow(a, b time.Time) bool {
+	limits := []policy.Limit{l.limit}
+	for _, p := range l.group {
+		limits = append(limits, p.limit)
+	}
+	for _, lim := range limits {
+		if windowOf(lim, a) != windowOf(lim, b) {
+			return false
+		}
+	}
+	return true
+}
+
+// windowOf is authority.Refund.Window for tokens of limit taken at taken:
+// the end of a calendar quota's window then, 0 for a token bucket.
+func windowOf(limit policy.Limit, taken time.Time) int64 {
+	if !limit.IsQuota() {
+		return 0
+	}
+	end, _ := limit.Calendar.Window(taken)
+	return end.UnixMicro()
 }
 
 // settleLocally applies an adjustment of n tokens to key's live lease when
 // it can: the surplus joins it, an excess it holds comes out of it. (A
 // multi-limit's lease holds tokens taken from every bucket at once.)
-func (l *Limiter) settleLocally(key string, n int64) bool {
+func (l *Limiter) settleLocally(key string, n int64, taken time.Time) bool {
 	if l.cfg.noLease {
 		return false
 	}
 	now := l.clock.now()
 	if n > 0 {
+		if !l.sameWindow(taken, time.Now()) {
+			return false // a calendar quota's tokens of an earlier window: gone
+		}
 		return l.leases.Give(key, n, now)
 	}
 	_, ok := l.leases.Held(key, -n, now)
@@ -97,14 +140,14 @@ func (r *Reservation) Cancel(ctx context.Context) error { return r.Settle(ctx, 0
 // (n < 0): through this instance's lease when it holds a live one that can,
 // else through Redis (see Settle); for a multi-limit, to every limit's
 // bucket.
-func (l *Limiter) adjust(ctx context.Context, key string, n int64) error {
-	if n == 0 || l.settleLocally(key, n) {
+func (l *Limiter) adjust(ctx context.Context, key string, n int64, taken time.Time) error {
+	if n == 0 || l.settleLocally(key, n, taken) {
 		return nil
 	}
 	if l.group != nil {
 		var first error
 		for _, p := range l.group {
-			if err := p.adjust(ctx, key, n); err != nil && first == nil {
+			if err := p.adjust(ctx, key, n, taken); err != nil && first == nil {
 				first = err
 			}
 		}
@@ -114,21 +157,22 @@ func (l *Limiter) adjust(ctx context.Context, key string, n int64) error {
 	if rkey == "" {
 		rkey = l.auth.Key(l.limit, key)
 	}
+	window := windowOf(l.limit, taken)
 	if l.gate.isClosed() {
-		if _, err := l.auth.Adjust(ctx, rkey, l.limit, n); err != nil {
-			return fmt.Errorf("leaselimit: settle after Close: %w", err)
-		}
-		return nil
+		return l.adjustAfterClose(ctx, rkey, n, window)
 	}
 	sent, err := l.oneCall(ctx, brk, func(ctx context.Context) error {
-		_, err := l.auth.Adjust(ctx, rkey, l.limit, n)
+		_, err := l.auth.Adjust(ctx, rkey, l.limit, n, window)
 		return err
 	})
 	switch {
 	case err == nil:
 		return nil
+	case errors.Is(err, ErrClosed):
+		// Close began after the check above: no call was made.
+		return l.adjustAfterClose(ctx, rkey, n, window)
 	case !sent && errors.Is(err, ErrUnavailable):
-		l.refunds.add(rkey, l.limit, n) // applied when Redis is back
+		l.refunds.add(rkey, l.limit, n, window) // applied when Redis is back
 		return nil
 	case errors.Is(err, ErrUnavailable):
 		l.refunds.countDropped([]authority.Refund{{Key: rkey, Limit: l.limit, Tokens: n}})

@@ -104,6 +104,11 @@ type Refund struct {
 	Key    string // a key from (*Redis).Key
 	Limit  policy.Limit
 	Tokens int64
+	// Window, for a calendar quota, is the end (Unix µs) of the window the
+	// tokens were taken in: a refund into a later window is not applied
+	// (that window started full). 0 for a token bucket; a quota's refund
+	// without it is not applied either.
+	Window int64
 }
 
 // Redis runs the token-bucket scripts on a Redis deployment.
@@ -472,7 +477,7 @@ func (r *Redis) refundOne(ctx context.Context, key string, l policy.Limit, n int
 	if n < 1 || n > l.Burst {
 		return 0, fmt.Errorf("%w: refund n=%d burst=%d", ErrScript, n, l.Burst)
 	}
-	return r.Adjust(ctx, key, l, n)
+	return r.Adjust(ctx, key, l, n, 0)
 }
 
 // Adjust adds n tokens to key's bucket under l, in one script call: a
@@ -480,13 +485,19 @@ func (r *Redis) refundOne(ctx context.Context, key string, l policy.Limit, n int
 // the bucket into debt, at most one burst of it (later requests wait it
 // out). It returns the tokens the bucket then holds, negative in debt.
 // |n| above l.Burst (a refund) or 2·l.Burst (a charge) is capped there.
-func (r *Redis) Adjust(ctx context.Context, key string, l policy.Limit, n int64) (int64, error) {
+// window is Refund.Window: for a calendar quota, the end (Unix µs) of the
+// window the refunded tokens were taken in.
+func (r *Redis) Adjust(ctx context.Context, key string, l policy.Limit, n, window int64) (int64, error) {
 	n = clampAdjust(n, l)
 	if n == 0 {
 		return 0, fmt.Errorf("%w: adjust by 0", ErrScript)
 	}
 	rate, period := spec(l)
-	v, err := r.run(ctx, refundScript, key, rate, period, l.Burst, n, r.nextID("r"))
+	args := []any{rate, period, l.Burst, n, r.nextID("r")}
+	if window > 0 {
+		args = append(args, window)
+	}
+	v, err := r.run(ctx, refundScript, key, args...)
 	if err != nil {
 		return 0, err
 	}
@@ -508,7 +519,7 @@ func (r *Redis) Refund(ctx context.Context, refunds []Refund) error {
 		if rf.Tokens == 0 {
 			continue
 		}
-		if i, ok := merged[rf.Key]; ok {
+		if i, ok := merged[rf.Key]; ok && items[i].Window == rf.Window {
 			items[i].Tokens += rf.Tokens
 			continue
 		}
@@ -522,7 +533,11 @@ func (r *Redis) Refund(ctx context.Context, refunds []Refund) error {
 			continue // a refund and a charge that cancel out
 		}
 		rate, period := spec(rf.Limit)
-		invs = append(invs, &invocation{keys: []string{rf.Key}, args: []any{rate, period, rf.Limit.Burst, rf.Tokens, r.nextID("r")}})
+		args := []any{rate, period, rf.Limit.Burst, rf.Tokens, r.nextID("r")}
+		if rf.Window > 0 {
+			args = append(args, rf.Window)
+		}
+		invs = append(invs, &invocation{keys: []string{rf.Key}, args: args})
 	}
 	if len(invs) == 0 {
 		return nil

@@ -186,6 +186,10 @@ local function advance(cal, w, f, last, now, a, b, burst)
   if now >= last then
     local cur = a
     if now >= a then cur = b end
+    -- This server's clock is more than a window ahead of the client's:
+    -- a window of the usual length from now, so the bucket ends in the
+    -- future (a TTL, a reset-after above zero) whatever the skew.
+    if now >= cur then cur = now + (b - a) end
     return burst, 0, cur
   end
   return w, 0, last

@@ -6,7 +6,9 @@
 --          to refund, -2·burst <= n <= -1 to charge), and optionally a
 --          request id: an adjustment whose id equals that of the bucket's
 --          last one is not applied again (go-redis resends a pipeline whose
---          connection broke), and returns the bucket as it is.
+--          connection broke), and returns the bucket as it is; for a
+--          calendar quota, ARGV[6]: the end (µs) of the window the refunded
+--          tokens were taken in (see below).
 -- Returns  {remaining, reset_after_us}; remaining is negative for a bucket
 --          in debt.
 --
@@ -37,6 +39,15 @@ if not found then
   w0, f0, t0, rid, tail = burst, 0, now, '-', ''
 end
 local w, f, last = advance(cal, w0, f0, t0, now, a, b, burst)
+-- A calendar quota's refund gives back tokens of one window: ARGV[6], the
+-- end of the window they were taken in. Tokens of an earlier window (that
+-- window has reset since) or of an unknown one are not given back: adding
+-- them to this window's full bucket would create tokens.
+if cal and n > 0 and tonumber(ARGV[6]) ~= last then
+  local reset = 0
+  if w < burst then reset = wait(cal, burst - w, f, last, now, a, b) end
+  return {w, reset}
+end
 if id ~= nil and rid == id then
   -- Applied already: report the bucket, change nothing.
   local reset = 0

@@ -431,10 +431,10 @@ func TestAdjustDebt(t *testing.T) {
 		ctx := context.Background()
 		l := policy.Limit{Name: "debt", Rate: 1, Period: time.Minute, Burst: 10}
 		key := r.Key(l, "k")
-		if w, err := r.Adjust(ctx, key, l, -4); err != nil || w != 6 {
+		if w, err := r.Adjust(ctx, key, l, -4, 0); err != nil || w != 6 {
 			t.Fatalf("charge 4 of a fresh bucket = %d, %v; want 6 left", w, err)
 		}
-		if w, err := r.Adjust(ctx, key, l, -9); err != nil || w != -3 {
+		if w, err := r.Adjust(ctx, key, l, -9, 0); err != nil || w != -3 {
 			t.Fatalf("charge 9 more = %d, %v; want -3 (in debt)", w, err)
 		}
 		g, err := r.exact(ctx, key, l, 1)
@@ -445,13 +445,13 @@ func TestAdjustDebt(t *testing.T) {
 		if g.RetryAfter < 3*time.Minute+50*time.Second || g.RetryAfter > 4*time.Minute {
 			t.Errorf("retry-after %v; want about 4m", g.RetryAfter)
 		}
-		if w, err := r.Adjust(ctx, key, l, -100); err != nil || w != -10 {
+		if w, err := r.Adjust(ctx, key, l, -100, 0); err != nil || w != -10 {
 			t.Errorf("charge 100 more = %d, %v; want -10: at most one burst of debt", w, err)
 		}
-		if w, err := r.Adjust(ctx, key, l, 10); err != nil || w != 0 {
+		if w, err := r.Adjust(ctx, key, l, 10, 0); err != nil || w != 0 {
 			t.Errorf("refund 10 = %d, %v; want 0", w, err)
 		}
-		if _, err := r.Adjust(ctx, key, l, 0); !errors.Is(err, ErrScript) {
+		if _, err := r.Adjust(ctx, key, l, 0, 0); !errors.Is(err, ErrScript) {
 			t.Errorf("Adjust by 0 = %v; want ErrScript", err)
 		}
 	})

@@ -14,20 +14,20 @@ type entry struct {
 	owner *Leases // the protocol of the entry's limit
 	key   string
 
-	tokens    atomic.Int64                     // leased tokens not yet spent
-	reserved  atomic.Int64                     // tokens the last refill set aside for the callers that waited on it
-	expires   atomic.Int64                     // now at which the lease stops serving
-	denyUntil atomic.Int64                     // negative cache: deny until this now
-	denyMin   atomic.Int64                     // the request size the negative cache was set for
-	availAt   atomic.Int64                     // now at which denyMin tokens are due in the bucket, as Redis last said
-	lastUse   atomic.Int64                     // coarse: updated at most once per useGrain
-	remote    atomic.Int64                     // tokens the bucket held at the last grant
-	size      atomic.Int64                     // target lease size at the last refill
-	low       atomic.Int64                     // prefetch when tokens fall below this
-	refilling atomic.Bool                      // a prefetch is queued or running
-	removed   atomic.Bool                      // evicted from the table; refills must refund
-	fallback  atomic.Pointer[localBucket]      // the FailLocal bucket, made on first use
-	parts     atomic.Pointer[[]authority.Part] // a multi-limit's buckets at the last grant (see Leases.members)
+	tokens    atomic.Int64                    // leased tokens not yet spent
+	reserved  atomic.Int64                    // tokens the last refill set aside for the callers that waited on it
+	expires   atomic.Int64                    // now at which the lease stops serving
+	denyUntil atomic.Int64                    // negative cache: deny until this now
+	denyMin   atomic.Int64                    // the request size the negative cache was set for
+	availAt   atomic.Int64                    // now at which denyMin tokens are due in the bucket, as Redis last said
+	lastUse   atomic.Int64                    // coarse: updated at most once per useGrain
+	remote    atomic.Int64                    // tokens the bucket held at the last grant
+	size      atomic.Int64                    // target lease size at the last refill
+	low       atomic.Int64                    // prefetch when tokens fall below this
+	refilling atomic.Bool                     // a prefetch is queued or running
+	removed   atomic.Bool                     // evicted from the table; refills must refund
+	fallback  atomic.Pointer[localBucket]     // the FailLocal bucket, made on first use
+	parts     atomic.Pointer[authority.Multi] // a multi-limit's buckets at the last grant (see Leases.members)
 
 	slot int   // position in its shard's ring; guarded by the shard's lock
 	seen int64 // lastUse when the eviction hand last passed; guarded by the shard's lock

@@ -112,8 +112,8 @@ type Answer struct {
 	// pointer keeps Answer small enough to be returned in registers.)
 	Evicted *Return
 	// Parts, for a multi-limit, is each member's bucket at the key's last
-	// grant (nil before one, and for one limit).
-	Parts *[]authority.Part
+	// grant, and which one denied (nil before a grant, and for one limit).
+	Parts *authority.Multi
 }
 
 // Ticket is one caller's place in the refills of its key.
@@ -210,9 +210,9 @@ func (ls *Leases) Plan(t Ticket, now int64) Refill {
 // evicted meanwhile. A refill that failed is not completed.
 func (ls *Leases) Complete(r Refill, g authority.Grant, now int64) (o Outcome, returned int64) {
 	if g.Multi != nil {
-		r.e.parts.Store(&g.Multi.Parts)
+		r.e.parts.Store(g.Multi)
 	}
-	o = Outcome{Granted: g.Granted, Remaining: g.Remaining, RetryAfter: g.RetryAfter, Min: r.req.Min}
+	o = Outcome{Granted: g.Granted, Remaining: g.Remaining, RetryAfter: g.RetryAfter, Min: r.req.Min, Expire: ls.windowEnd(g)}
 	return o, ls.sizer.Install(r.e, r.req, o, now)
 }
 
@@ -230,8 +230,9 @@ func (ls *Leases) Collect(t Ticket, o Outcome, now int64) Answer {
 	}
 	if o.Granted == 0 {
 		retry := o.RetryAfter
-		if o.Min < n {
-			// The authority said when Min tokens are due; n need more.
+		if o.Min < n && !ls.windowed() {
+			// The authority said when Min tokens are due; n need more
+			// (a calendar quota's come back all at once, at its boundary).
 			retry += ls.limit.Interval(n - o.Min)
 		}
 		return Answer{Status: Refused, Remaining: o.Remaining, RetryAfter: retry, Parts: ls.parts(e)}
@@ -337,12 +338,44 @@ func (ls *Leases) Forget(key string) {
 	}
 }
 
-// parts returns e's multi-limit parts (nil for one limit).
-func (ls *Leases) parts(e *entry) *[]authority.Part {
+// parts returns e's multi-limit state at its last grant (nil for one limit).
+func (ls *Leases) parts(e *entry) *authority.Multi {
 	if ls.members == nil {
 		return nil
 	}
 	return e.parts.Load()
+}
+
+// windowed reports whether a calendar quota is among the limits: its
+// tokens come back all at once at a boundary, not one by one.
+func (ls *Leases) windowed() bool {
+	if ls.limit.IsQuota() {
+		return true
+	}
+	for _, m := range ls.members {
+		if m.IsQuota() {
+			return true
+		}
+	}
+	return false
+}
+
+// windowEnd is how long a grant g's tokens are good for when a calendar
+// quota is among the limits: until the soonest quota window ends (its
+// bucket's ResetAfter, the time to the boundary); 0 when none is.
+func (ls *Leases) windowEnd(g authority.Grant) time.Duration {
+	if ls.limit.IsQuota() {
+		return max(g.ResetAfter, 1)
+	}
+	var end time.Duration
+	if g.Multi != nil && len(g.Multi.Parts) == len(ls.members) {
+		for i, m := range ls.members {
+			if r := g.Multi.Parts[i].ResetAfter; m.IsQuota() && (end == 0 || r < end) {
+				end = max(r, 1)
+			}
+		}
+	}
+	return end
 }
 
 // remaining is a lease decision's Remaining: what the bucket held at the

@@ -173,6 +173,9 @@ type Outcome struct {
 	Remaining  int64
 	RetryAfter time.Duration // when Granted == 0: until Min tokens are available
 	Min        int64         // the request's Min
+	// Expire, if set, caps the lease's life: a calendar quota's tokens are
+	// good until its window ends, however long the lease TTL.
+	Expire time.Duration
 }
 
 // maxBatchWait caps how long a key at its limit waits to gather a batch
@@ -259,7 +262,11 @@ func (z sizer) Install(e *entry, req request, o Outcome, now int64) (refund int6
 	e.level = e.tokens.Add(o.Granted - part)
 	// After the tokens are in, so that lease + remote never reads low.
 	e.remote.Store(o.Remaining)
-	e.expires.Store(now + int64(z.settings.TTL))
+	exp := now + int64(z.settings.TTL)
+	if o.Expire > 0 {
+		exp = min(exp, now+int64(o.Expire))
+	}
+	e.expires.Store(exp)
 	if rearm > 0 {
 		// After the tokens too: a caller must not find the cache set and
 		// the lease still empty.
