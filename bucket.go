@@ -74,6 +74,10 @@ func (l *Limiter) Peek(ctx context.Context, key string) (Decision, error) {
 //
 // Reset makes one Redis call (DEL). While Redis is unavailable it returns
 // an error wrapping ErrUnavailable and changes nothing here.
+//
+// Tokens taken from the old bucket and given back after the reset (a
+// Reservation settled later, another instance's lease returned when it
+// expires) are added to the fresh bucket, up to its burst: a known gap.
 func (l *Limiter) Reset(ctx context.Context, key string) error {
 	if err := l.usable(); err != nil {
 		return err

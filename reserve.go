@@ -34,11 +34,15 @@ type Reservation struct {
 // tokens were taken from the bucket) settles to nothing: the policy decided
 // for the whole request.
 func (l *Limiter) Reserve(ctx context.Context, key string, estimate int64) (*Reservation, error) {
+	// Stamped before the tokens are taken: a quota's window read early can
+	// only make a surplus be dropped (under-admission), read late it could
+	// put an old window's tokens into a new one.
+	taken := time.Now()
 	d, err := l.AllowN(ctx, key, estimate)
 	if err != nil {
 		return nil, err
 	}
-	r := &Reservation{lim: l, key: key, estimate: estimate, decision: d, taken: time.Now()}
+	r := &Reservation{lim: l, key: key, estimate: estimate, decision: d, taken: taken}
 	if !d.Allowed || d.ShadowDenied || d.Source == SourceFallback {
 		r.settled.Store(true) // nothing was taken from the bucket
 	}

@@ -507,7 +507,8 @@ func (r *Redis) Adjust(ctx context.Context, key string, l policy.Limit, n, windo
 
 // Refund gives unused tokens back to several buckets in one pipeline (on a
 // Cluster, go-redis splits it by node). Refunds to one key are merged into
-// one; entries with Tokens 0 are skipped; Tokens are capped as Adjust
+// one, and so are charges (never a refund with a charge); entries with
+// Tokens 0 are skipped; Tokens are capped as Adjust
 // caps them. Each merged refund carries a request id, so that a pipeline
 // go-redis resends after a broken connection is not applied twice. It
 // returns the first error; the outcome of a refund that failed after it was
@@ -519,7 +520,10 @@ func (r *Redis) Refund(ctx context.Context, refunds []Refund) error {
 		if rf.Tokens == 0 {
 			continue
 		}
-		if i, ok := merged[rf.Key]; ok && items[i].Window == rf.Window {
+		// Merge only refunds with refunds and charges with charges: applied
+		// in turn, a refund into a full bucket is capped at its burst and a
+		// charge after it still counts; netted, the charge would vanish.
+		if i, ok := merged[rf.Key]; ok && items[i].Window == rf.Window && (items[i].Tokens > 0) == (rf.Tokens > 0) {
 			items[i].Tokens += rf.Tokens
 			continue
 		}
@@ -530,7 +534,7 @@ func (r *Redis) Refund(ctx context.Context, refunds []Refund) error {
 	for i := range items {
 		rf := &items[i]
 		if rf.Tokens = clampAdjust(rf.Tokens, rf.Limit); rf.Tokens == 0 {
-			continue // a refund and a charge that cancel out
+			continue // refunds (or charges) capped to nothing
 		}
 		rate, period := spec(rf.Limit)
 		args := []any{rate, period, rf.Limit.Burst, rf.Tokens, r.nextID("r")}

@@ -162,6 +162,7 @@ func suiteRefund(t *testing.T, nb backendFactory) {
 		hourly := policy.Limit{Name: "hourly", Rate: 1, Period: time.Hour, Burst: 4}
 		kA, kB, kC := r.Key(l, "a"), r.Key(hourly, "b"), r.Key(l, "c")
 		kD, kE, kF := r.Key(l, "d-missing"), r.Key(l, "e"), r.Key(l, "f")
+		kG := r.Key(l, "g-full")
 		mustExact(t, r, kA, l, 5)      // 0 left
 		mustExact(t, r, kB, hourly, 3) // 1 left
 		mustExact(t, r, kC, l, 1)      // 4 left
@@ -179,13 +180,15 @@ func suiteRefund(t *testing.T, nb backendFactory) {
 			{Key: kC, Limit: l, Tokens: 10}, // capped at burst: fills, deletes
 			{Key: kD, Limit: l, Tokens: 1},  // missing: no-op
 			{Key: kE, Limit: l, Tokens: 0},  // skipped
-			{Key: kF, Limit: l, Tokens: 2},  // these two
-			{Key: kF, Limit: l, Tokens: -2}, // cancel out: skipped
+			{Key: kF, Limit: l, Tokens: 2},  // a refund and a charge are
+			{Key: kF, Limit: l, Tokens: -2}, // applied in turn, never netted
+			{Key: kG, Limit: l, Tokens: 5},  // a full bucket: the refund is capped,
+			{Key: kG, Limit: l, Tokens: -5}, // the charge still counts
 		})
 		if err != nil {
 			t.Fatalf("Refund: %v", err)
 		}
-		if got, want := b.rec.take(), []string{"[evalsha evalsha evalsha evalsha]"}; !reflect.DeepEqual(got, want) {
+		if got, want := b.rec.take(), []string{"[evalsha evalsha evalsha evalsha evalsha evalsha evalsha evalsha]"}; !reflect.DeepEqual(got, want) {
 			t.Errorf("Refund sent %v; want %v (one pipeline, skipped entries left out)", got, want)
 		}
 		checkTokens(t, b, kA, l, 2)
@@ -194,6 +197,7 @@ func suiteRefund(t *testing.T, nb backendFactory) {
 		checkTokens(t, b, kD, l, -1)
 		checkTokens(t, b, kE, l, 0)
 		checkTokens(t, b, kF, l, 0)
+		checkTokens(t, b, kG, l, 0)
 		checkTTL(t, b, kA, 300*ms)
 		checkTTL(t, b, kB, time.Hour)
 	})
