@@ -236,10 +236,7 @@ func (l *Limiter) allowN(ctx context.Context, key string, n int64) (Decision, er
 		return Decision{Source: SourceNone}, err
 	}
 	if l.cfg.noLease {
-		if l.group != nil {
-			return l.allowGroup(ctx, key, n)
-		}
-		return l.allowExact(ctx, key, n)
+		return l.allowExact(ctx, key, n) // a multi-limit's too: callExact takes from every bucket
 	}
 	a := l.leases.Decide(key, n, l.clock.now())
 	switch a.Status {

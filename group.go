@@ -9,7 +9,6 @@ import (
 	"github.com/leaselimit/leaselimit/authority"
 	"github.com/leaselimit/leaselimit/lease"
 	"github.com/leaselimit/leaselimit/policy"
-	"github.com/leaselimit/leaselimit/telemetry"
 	"golang.org/x/sync/singleflight"
 )
 
@@ -167,21 +166,6 @@ func (l *Limiter) Limits() []policy.Limit {
 		out[i] = p.limit
 	}
 	return out
-}
-
-// allowGroup decides n tokens of key under every limit of the group in
-// exact mode: one script call that takes them from every bucket or from
-// none. (With leases, a multi-limit decides as one limit does, its lease
-// refilled from every bucket at once.)
-func (l *Limiter) allowGroup(ctx context.Context, key string, n int64) (Decision, error) {
-	brk, rkey := l.route(key)
-	if brk.Rejects(l.clock.wall()) {
-		return l.fallback(ctx, brk, key, n, telemetry.ReasonBreakerOpen), nil
-	}
-	if rkey == "" {
-		rkey = l.auth.Key(l.limit, key)
-	}
-	return l.callExact(ctx, brk, rkey, key, n)
 }
 
 // groupDecision turns a multi-limit grant into the caller's Decision: the

@@ -97,12 +97,11 @@ func (l *Limiter) adjustAfterClose(ctx context.Context, rkey string, n, window i
 // sameWindow reports whether a and b fall in the same window of every
 // calendar quota the Limiter enforces (always, for token buckets).
 func (l *Limiter) sameWindow(a, b time.Time) bool {
-	limits := []policy.Limit{l.limit}
-	for _, p := range l.group {
-		limits = append(limits, p.limit)
+	if windowOf(l.limit, a) != windowOf(l.limit, b) {
+		return false
 	}
-	for _, lim := range limits {
-		if windowOf(lim, a) != windowOf(lim, b) {
+	for _, p := range l.group {
+		if !p.sameWindow(a, b) {
 			return false
 		}
 	}

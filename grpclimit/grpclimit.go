@@ -176,17 +176,11 @@ func (in *interceptor) decide(ctx context.Context, fullMethod string) (metadata.
 // fields returns the RateLimit and RateLimit-Policy metadata of d.
 func (in *interceptor) fields(d leaselimit.Decision) metadata.MD {
 	md := metadata.MD{}
-	for i, p := range in.policy {
+	for _, p := range in.policy {
 		md.Append(MetadataRateLimitPolicy, p.Member)
-		part := d
-		if len(d.Parts) == len(in.policy) {
-			part = leaselimit.Decision{Allowed: d.Allowed || d.Parts[i].Limit != d.Limit, Remaining: d.Parts[i].Remaining,
-				ResetAfter: d.Parts[i].ResetAfter, RetryAfter: d.RetryAfter}
-		} else if i > 0 {
-			break
-		}
-		r, t := fields.Of(p.Limit, part)
-		md.Append(MetadataRateLimit, p.RateLimit(r, t))
+	}
+	for i := range fields.Count(in.policy, d) {
+		md.Append(MetadataRateLimit, fields.Member(in.policy, i, d))
 	}
 	return md
 }

@@ -262,30 +262,14 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	if d.Limit == (policy.Limit{}) {
 		d.Limit = pf.Limit
 	}
-	remaining := min(max(d.Remaining, 0), fields.MaxInt)
-	var t int64
-	tight := pf.Limit // the limit the single RateLimit member and the legacy fields describe
+	tight := pf.Limit // the limit the legacy fields and Retry-After describe
+	policies := []*fields.Policy{pf}
 	if len(group) > 0 {
-		tight = d.Limit
+		tight, policies = d.Limit, group
 	}
-	if d.Allowed {
-		t = fields.CeilSeconds(fields.UntilMore(tight, d))
-	} else {
-		t = max(fields.CeilSeconds(d.RetryAfter), 1)
-	}
-	if len(group) > 0 && len(d.Parts) == len(group) {
-		// One member per limit: the one that denied says when the request
-		// can be admitted; every other one, when it has more quota.
-		for i, g := range group {
-			p := d.Parts[i]
-			pt := fields.CeilSeconds(fields.UntilMore(p.Limit, leaselimit.Decision{Remaining: p.Remaining, ResetAfter: p.ResetAfter}))
-			if !d.Allowed && p.Limit == d.Limit {
-				pt = t
-			}
-			appendMember(h, HeaderRateLimit, g.RateLimit(min(max(p.Remaining, 0), fields.MaxInt), pt))
-		}
-	} else {
-		appendMember(h, HeaderRateLimit, pf.RateLimit(remaining, t))
+	remaining, t := fields.Of(tight, d)
+	for i := range fields.Count(policies, d) {
+		appendMember(h, HeaderRateLimit, fields.Member(policies, i, d))
 	}
 	if m.cfg.legacy {
 		reset := fields.CeilSeconds(d.ResetAfter)

@@ -475,11 +475,17 @@ func (r *Recorder) CountDecision(ctx context.Context, allowed bool, source int, 
 	if source < 0 || source >= len(r.sources) {
 		return
 	}
-	k := kvs{a: [3]attribute.KeyValue{AttrAllowed.Bool(allowed), AttrSource.String(r.sources[source])}, n: 2}
 	slot := &r.sets.decision[a][source]
 	if shadow {
-		k.a[2], k.n = AttrShadow.Bool(true), 3
 		slot = &r.sets.shadow[a][source]
+	}
+	if o := slot.Load(); o != nil { // every decision but a limit's first of its kind
+		r.decisions.Add(ctx, 1, *o...)
+		return
+	}
+	k := kvs{a: [3]attribute.KeyValue{AttrAllowed.Bool(allowed), AttrSource.String(r.sources[source])}, n: 2}
+	if shadow {
+		k.a[2], k.n = AttrShadow.Bool(true), 3
 	}
 	r.decisions.Add(ctx, 1, r.addOpts(slot, k)...)
 }

@@ -79,6 +79,37 @@ func Of(l policy.Limit, d leaselimit.Decision) (remaining, t int64) {
 	return remaining, max(CeilSeconds(d.RetryAfter), 1)
 }
 
+// Count is how many RateLimit members decision d has under the limits of
+// ps (one Policy for one limit; one per limit of a multi-limit, in For's
+// order): one per limit when d carries their Parts, else one.
+func Count(ps []*Policy, d leaselimit.Decision) int {
+	if len(ps) > 1 && len(d.Parts) == len(ps) {
+		return len(ps)
+	}
+	return 1
+}
+
+// Member returns the i-th RateLimit member of d under ps (i < Count). For
+// a multi-limit, the limit that denied says when the request can be
+// admitted, every other one when it has more quota; without Parts, the one
+// member is the first policy's, its numbers d's own (Limit the limit that
+// decided).
+func Member(ps []*Policy, i int, d leaselimit.Decision) string {
+	if Count(ps, d) == 1 {
+		tight := ps[0].Limit
+		if len(ps) > 1 {
+			tight = d.Limit
+		}
+		r, t := Of(tight, d)
+		return ps[0].RateLimit(r, t)
+	}
+	p := d.Parts[i]
+	part := leaselimit.Decision{Allowed: d.Allowed || p.Limit != d.Limit, Remaining: p.Remaining,
+		ResetAfter: p.ResetAfter, RetryAfter: d.RetryAfter}
+	r, t := Of(p.Limit, part)
+	return ps[i].RateLimit(r, t)
+}
+
 // AppendString appends s as a Structured Field String (RFC 9651, Section
 // 3.3.3): quoted, with '\' and '"' escaped. Bytes outside printable ASCII,
 // which an sf-string cannot hold, become '?'; policy.ValidateName admits none.
