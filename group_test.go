@@ -192,12 +192,17 @@ func TestForDoesNotAllocate(t *testing.T) {
 	_, c := newMini(t)
 	a := policy.PerSecond(10).WithName("a")
 	b := policy.PerMinute(100).WithName("b")
+	// A quota whose zone is another *time.Location of the same name.
+	quota := policy.Quota("q", 10, policy.Day, time.FixedZone("Z", 3600))
+	again := policy.Quota("q", 10, policy.Day, time.FixedZone("Z", 3600))
 	root := mustNew(t, c, a)
 	root.For(b)
 	root.For(a, b)
+	root.For(quota)
 	if n := testing.AllocsPerRun(100, func() {
 		root.For(b)
 		root.For(a, b)
+		root.For(again)
 	}); n != 0 {
 		t.Errorf("For of known limits allocates %.1f times per call pair; want 0", n)
 	}
