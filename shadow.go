@@ -3,6 +3,8 @@ package leaselimit
 import (
 	"fmt"
 	"math"
+
+	"github.com/cespare/xxhash/v2"
 )
 
 // WithShadow puts the Limiter in shadow mode (dry run), to roll a new limit
@@ -49,9 +51,12 @@ func (l *Limiter) Enforcing(share float64) *Limiter {
 	return &c
 }
 
-// enforced reports whether key's decisions are enforced under l's share,
-// by the FNV-1a digest of the key (stable across processes and versions):
-// keys whose digest falls in the lowest share of its range.
+// enforced reports whether key's decisions are enforced under l's share:
+// keys whose 64-bit xxHash digest (XXH64, seed 0: the same on every
+// instance, for every limit and in every version) falls in the lowest share
+// of its range. The digest must mix every byte into every bit: keys that
+// share a prefix (user:1, user:2, ...) must spread evenly, which the raw
+// top bits of FNV-1a did not (0.5 enforced 0.795 of 2000 keys user:%d).
 func (l *Limiter) enforced(key string) bool {
 	switch {
 	case l.enforce >= 1:
@@ -59,12 +64,7 @@ func (l *Limiter) enforced(key string) bool {
 	case l.enforce <= 0:
 		return false
 	}
-	h := uint64(14695981039346656037)
-	for i := 0; i < len(key); i++ {
-		h ^= uint64(key[i])
-		h *= 1099511628211
-	}
-	return float64(h) < l.enforce*float64(math.MaxUint64)
+	return float64(xxhash.Sum64String(key)) < l.enforce*float64(math.MaxUint64)
 }
 
 // shadowed turns the decision d of a key in shadow into what the caller is
