@@ -67,12 +67,32 @@ func (s *callSpan) finish(tel *telemetry.Recorder, granted int64, err error, err
 	}
 }
 
-// refund queues n tokens of c back to every bucket it took them from.
-func (a *calls) refund(c call, n int64) {
-	a.refunds.add(c.rkey, a.limit, n, 0)
-	for _, m := range c.with {
-		a.refunds.add(m.Key, m.Limit, n, 0)
+// refund queues the tokens of c's grant g, which no one will use, back to
+// every bucket it took them from, stamped with the grant (see
+// authority.Refund): a calendar quota's window ends ResetAfter after it.
+func (a *calls) refund(c call, g authority.Grant) {
+	if g.Granted <= 0 {
+		return
 	}
+	a.refunds.add(authority.Refund{Key: c.rkey, Limit: a.limit, Tokens: g.Granted, Since: g.At, Window: windowOfGrant(a.limit, g.At, g.ResetAfter)})
+	for i, m := range c.with {
+		reset := time.Duration(0)
+		if g.Multi != nil && i+1 < len(g.Multi.Parts) {
+			reset = g.Multi.Parts[i+1].ResetAfter
+		}
+		a.refunds.add(authority.Refund{Key: m.Key, Limit: m.Limit, Tokens: g.Granted, Since: g.At, Window: windowOfGrant(m.Limit, g.At, reset)})
+	}
+}
+
+// windowOfGrant is authority.Refund.Window for tokens of limit granted at
+// the server's time at (0: unknown) whose bucket is full again reset
+// later: for a calendar quota, the end of its window (the boundary is when
+// it is full again); 0 for a token bucket or an unknown time.
+func windowOfGrant(limit policy.Limit, at int64, reset time.Duration) int64 {
+	if !limit.IsQuota() || at == 0 {
+		return 0
+	}
+	return at + reset.Microseconds()
 }
 
 // reply is a call's result: the grant and, for a refill, the outcome its
@@ -193,7 +213,7 @@ func (a detached) authorize(ctx context.Context, c call) reply {
 		}
 		if r.err == nil && c.refill == nil {
 			// The caller left before the grant arrived: give it back.
-			a.refund(c, r.grant.Granted)
+			a.refund(c, r.grant)
 		}
 	}()
 	// settle ends the wait with what the waiter decided, unless the call
@@ -384,9 +404,9 @@ func (a *calls) acquire(ctx context.Context, c call) reply {
 	}
 	r := reply{grant: g}
 	if c.refill != nil {
-		var back int64
+		var back []lease.Return
 		r.outcome, back = a.leases.Complete(*c.refill, g, a.clock.now())
-		a.refund(c, back)
+		a.refunds.addReturns(back...)
 	}
 	return r
 }

@@ -75,9 +75,13 @@ func (l *Limiter) Peek(ctx context.Context, key string) (Decision, error) {
 // Reset makes one Redis call (DEL). While Redis is unavailable it returns
 // an error wrapping ErrUnavailable and changes nothing here.
 //
-// Tokens taken from the old bucket and given back after the reset (a
-// Reservation settled later, another instance's lease returned when it
-// expires) are added to the fresh bucket, up to its burst: a known gap.
+// Reset starts the bucket's next generation: tokens taken from it before
+// and given back after (a Reservation settled later, another instance's
+// lease returned when it expires, a grant that arrived for no one) are not
+// added to the fresh bucket, and a Reservation from before is not charged
+// to it (see the ledger in the README). A Reservation settled more than
+// authority.MarkLife (24h) after a Reset of its key is the exception: by
+// then the mark is gone.
 func (l *Limiter) Reset(ctx context.Context, key string) error {
 	if err := l.usable(); err != nil {
 		return err
@@ -98,7 +102,10 @@ func (l *Limiter) Reset(ctx context.Context, key string) error {
 	if rkey == "" {
 		rkey = l.auth.Key(l.limit, key)
 	}
-	if _, err := l.oneCall(ctx, brk, func(ctx context.Context) error { return l.auth.Reset(ctx, rkey) }); err != nil {
+	if _, err := l.oneCall(ctx, brk, func(ctx context.Context) error {
+		_, err := l.auth.Reset(ctx, rkey)
+		return err
+	}); err != nil {
 		return err
 	}
 	l.leases.Forget(key)

@@ -94,6 +94,11 @@ type Decision struct {
 	// then true, and ShadowDenied says the limit would have denied.
 	Shadow       bool
 	ShadowDenied bool
+
+	// since is the ledger stamp of the tokens of a decision that Redis
+	// granted outside any lease (authority.Grant.At): a Reservation's
+	// tokens go back to that generation of the bucket only.
+	since int64
 }
 
 // decided turns an answer of the lease protocol into the caller's Decision.
@@ -159,6 +164,7 @@ func fromGrant(limit policy.Limit, g authority.Grant, src Source) Decision {
 		RetryAfter: g.RetryAfter,
 		ResetAfter: g.ResetAfter,
 		Source:     src,
+		since:      g.At,
 	}
 	if !d.Allowed {
 		d.RetryAfter = max(d.RetryAfter, time.Microsecond)

@@ -174,7 +174,7 @@ func (l *Limiter) Limits() []policy.Limit {
 func (l *Limiter) groupDecision(g authority.Grant) Decision {
 	m := g.Multi
 	d := Decision{Allowed: g.Granted > 0, Remaining: g.Remaining, RetryAfter: g.RetryAfter,
-		ResetAfter: g.ResetAfter, Source: SourceAuthority, Parts: make([]Part, len(l.group))}
+		ResetAfter: g.ResetAfter, Source: SourceAuthority, Parts: make([]Part, len(l.group)), since: g.At}
 	tight := 0
 	for i, p := range m.Parts {
 		d.Parts[i] = Part{Limit: l.group[i].limit, Remaining: p.Remaining, ResetAfter: p.ResetAfter}

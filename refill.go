@@ -47,7 +47,50 @@ func (l *Limiter) miss(ctx context.Context, key string, n int64, a lease.Answer)
 	if a.Status == lease.Exact {
 		return l.callExact(ctx, brk, rkey, key, n)
 	}
+	if a.Status == lease.Refused && l.poolable(key, n, a.Remaining) {
+		return l.pool(ctx, brk, rkey, key, n, l.decided(a))
+	}
 	return l.decided(a), nil
+}
+
+// poolable reports whether a request for n tokens of key that the bucket
+// denied, remaining tokens left there, could be served by the bucket and
+// this instance's lease together, though by neither alone: a request
+// larger than the lease (a Settle surplus joined it, or it is what smaller
+// requests left).
+func (l *Limiter) poolable(key string, n, remaining int64) bool {
+	held := l.leases.Holding(key, l.clock.now())
+	return held > 0 && held < n && remaining+held >= n
+}
+
+// poolCached is pool for a request the negative cache denied.
+func (l *Limiter) poolCached(ctx context.Context, key string, n int64, denied Decision) (Decision, error) {
+	brk, rkey := l.route(key)
+	if brk.Rejects(l.clock.wall()) {
+		return denied, nil
+	}
+	if rkey == "" {
+		rkey = l.auth.Key(l.limit, key)
+	}
+	return l.pool(ctx, brk, rkey, key, n, denied)
+}
+
+// pool serves such a request (see poolable): the lease goes back to the
+// bucket first, in one call per bucket within the budget, then the request
+// asks Redis for exactly n. A lease that cannot go back now goes to the
+// refund queue, and denied, the decision the bucket made, stands.
+func (l *Limiter) pool(ctx context.Context, brk *breaker.Breaker, rkey, key string, n int64, denied Decision) (Decision, error) {
+	r := l.leases.Surrender(key, l.clock.now())
+	if r.Tokens <= 0 {
+		return denied, nil
+	}
+	for _, rf := range l.refunds.returned(r) {
+		rf.ID = l.auth.NewID()
+		if ok, err := l.send(ctx, brk, rf); !ok || err != nil {
+			return denied, nil
+		}
+	}
+	return l.callExact(ctx, brk, rkey, key, n)
 }
 
 // refill performs one refill of t's key: the work of the one caller that
@@ -56,6 +99,7 @@ func (l *Limiter) miss(ctx context.Context, key string, n int64, a lease.Answer)
 // budget, and its grant is installed even if every waiter has left.
 func (l *Limiter) refill(ctx context.Context, brk *breaker.Breaker, rkey string, t lease.Ticket) (any, error) {
 	r := l.leases.Plan(t, l.clock.now())
+	l.refunds.addReturn(&r.Expired)
 	rep := l.calls.authorize(context.WithoutCancel(ctx), call{brk: brk, rkey: rkey, want: r.Want, min: r.Min, share: r.Share, refill: &r,
 		with: l.members(t.Key())})
 	if rep.err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"sync"
 	"time"
 
@@ -12,17 +13,29 @@ import (
 	"github.com/leaselimit/leaselimit/lease"
 	"github.com/leaselimit/leaselimit/policy"
 	"github.com/leaselimit/leaselimit/telemetry"
+	"github.com/redis/go-redis/v9"
 )
 
-// maxQueuedRefunds bounds the refunds waiting for Redis. Past it, refunds
-// are dropped: their tokens stay debited until the bucket refills (which
-// only under-admits), counted by ratelimit.lease.refunds.dropped.
+// maxQueuedRefunds bounds the adjustments waiting for Redis. Past it, new
+// ones are dropped: the tokens of a refund stay debited until the bucket
+// refills (which only under-admits), counted by
+// ratelimit.lease.refunds.dropped; a charge is not made, counted by
+// ratelimit.settle.charges.dropped.
 const maxQueuedRefunds = 100_000
 
-// refundQueue holds unused leased tokens on their way back to their
-// buckets: added by any goroutine, sent in batches by the janitor (flush)
-// and once more by Close (final). It owns its lock, its bound and its
-// counters (ratelimit.lease.refunds and …refunds.dropped).
+// refundQueue holds adjustments of the ledger on their way to their
+// buckets: unused leased tokens, settlements, grants that arrived for no
+// one. Any goroutine adds to it; the janitor sends it in batches (flush),
+// and Close once more (final). It owns its lock, its bound and its counters
+// (ratelimit.lease.refunds and …refunds.dropped).
+//
+// An adjustment is applied once, by its own id (see authority.Refund.ID),
+// so one whose outcome is unknown can be sent again; what the queue must
+// know is whether a failed send may have reached Redis (see reachedRedis):
+// one that did not is kept until Redis answers; one that may have is sent
+// again under its id for as long as Redis remembers the id
+// (authority.ResendWithin from its first such send), then dropped and
+// counted.
 type refundQueue struct {
 	auth   *authority.Redis
 	brks   *breakers
@@ -31,25 +44,29 @@ type refundQueue struct {
 	clock  localClock
 
 	mu    sync.Mutex
-	queue []authority.Refund
+	queue []queued
 	max   int // maxQueuedRefunds; tests lower it
+}
+
+// queued is one adjustment waiting in the queue.
+type queued struct {
+	authority.Refund
+	// reached is when a send of it that may have reached Redis first
+	// failed (the local clock's now); 0 if none did.
+	reached int64
 }
 
 func newRefundQueue(auth *authority.Redis, brks *breakers, tel *telemetry.Recorder, budget time.Duration, clock localClock) *refundQueue {
 	return &refundQueue{auth: auth, brks: brks, tel: tel, budget: budget, clock: clock, max: maxQueuedRefunds}
 }
 
-// add queues n unused tokens of the bucket of limit at rkey, or, for a
-// negative n, a charge of -n tokens (a reservation settled above its
-// estimate, see Reservation.Settle). window is authority.Refund.Window:
-// for a calendar quota, the end of the window the tokens were taken in; a
-// quota refund without it is not applied (lease tokens of a quota are not
-// given back: their window may have reset).
-func (q *refundQueue) add(rkey string, limit policy.Limit, n, window int64) {
-	if n == 0 {
+// add queues one new adjustment (see authority.Refund): n unused tokens of
+// the bucket of limit at rkey, or, for a negative n, a charge of -n.
+func (q *refundQueue) add(rf authority.Refund) {
+	if rf.Tokens == 0 {
 		return
 	}
-	q.put([]authority.Refund{{Key: rkey, Limit: limit, Tokens: n, Window: window}})
+	q.put(queued{Refund: rf})
 }
 
 // addReturns queues tokens the lease protocol gave back, by limit and user
@@ -60,134 +77,248 @@ func (q *refundQueue) addReturns(rs ...lease.Return) {
 	}
 }
 
-// addReturn queues r, if any (an Answer's Evicted): to its limit's
-// bucket, or to every bucket of a multi-limit's lease.
+// addReturn queues r, if any (an Answer's Evicted).
 func (q *refundQueue) addReturn(r *lease.Return) {
 	if r == nil || r.Tokens <= 0 {
 		return
 	}
+	for _, rf := range q.returned(*r) {
+		q.add(rf)
+	}
+}
+
+// returned is the adjustments that give r back, without ids: to its
+// limit's bucket, or to every bucket of a multi-limit's lease (whose quota
+// members drop them: the Window is not theirs).
+func (q *refundQueue) returned(r lease.Return) []authority.Refund {
 	if r.Limits == nil {
-		q.add(q.auth.Key(r.Limit, r.Key), r.Limit, r.Tokens, 0)
-		return
+		return []authority.Refund{{Key: q.auth.Key(r.Limit, r.Key), Limit: r.Limit, Tokens: r.Tokens, Since: r.Since, Window: r.Window}}
 	}
-	for _, l := range r.Limits {
-		q.add(q.auth.Key(l, r.Key), l, r.Tokens, 0)
+	rs := make([]authority.Refund, len(r.Limits))
+	for i, l := range r.Limits {
+		rs[i] = authority.Refund{Key: q.auth.Key(l, r.Key), Limit: l, Tokens: r.Tokens, Since: r.Since}
 	}
-}
-
-// put appends rs unless that would pass the bound, in which case they are
-// dropped and counted.
-func (q *refundQueue) put(rs []authority.Refund) {
-	q.mu.Lock()
-	if len(q.queue)+len(rs) > q.max {
-		q.mu.Unlock()
-		q.countDropped(rs)
-		return
-	}
-	q.queue = append(q.queue, rs...)
-	q.mu.Unlock()
-}
-
-func (q *refundQueue) take() []authority.Refund {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	rs := q.queue
-	q.queue = nil
 	return rs
 }
 
-// flush sends the queued refunds in one pipeline per breaker (per master
-// node on a Cluster; go-redis splits a pipeline by node anyway). Refunds
-// whose node is unavailable (the breaker holds calls back) are kept for the
-// next round; refunds whose pipeline failed once sent are dropped, never
-// sent again, so none is applied twice (see authority.Redis.Refund).
-func (q *refundQueue) flush() {
-	rs := q.take()
-	if len(rs) == 0 {
+// failed takes back an adjustment whose send failed with err (its ID set):
+// kept if err says it never reached Redis, or if it may have but can still
+// be sent again under its id (see refundQueue); else dropped and counted.
+// reached is when an earlier send that may have reached Redis failed (0:
+// none).
+func (q *refundQueue) failed(rf authority.Refund, err error, reached int64) {
+	now := q.clock.now()
+	switch {
+	case errors.Is(err, authority.ErrScript), errors.Is(err, authority.ErrReply):
+		// Our own bug: sending it again cannot help.
+		q.countDropped(rf)
+		return
+	case reachedRedis(err) && reached == 0:
+		reached = max(now, 1) // 0 says none did
+	}
+	q.put(queued{Refund: rf, reached: reached})
+}
+
+// expired reports whether a may have reached Redis so long ago (see
+// refundQueue) that Redis may have forgotten its id: it must never be sent
+// again.
+func (a queued) expired(now int64) bool {
+	return a.reached != 0 && time.Duration(now-a.reached) >= authority.ResendWithin
+}
+
+// sendable drops and counts the adjustments of qs that must not be sent
+// again (see queued.expired) and returns the rest.
+func (q *refundQueue) sendable(qs []queued) []queued {
+	now := q.clock.now()
+	out := qs[:0]
+	for _, a := range qs {
+		if a.expired(now) {
+			q.countDropped(a.Refund)
+			continue
+		}
+		out = append(out, a)
+	}
+	return out
+}
+
+// reachedRedis reports whether a call that failed with err may have
+// reached Redis: false only when go-redis says no byte was written (the
+// dial failed, no connection was free in time, the client is closed) or the
+// breaker held the call back.
+func reachedRedis(err error) bool {
+	var op *net.OpError
+	switch {
+	case errors.As(err, &op) && op.Op == "dial":
+		return false
+	case errors.Is(err, redis.ErrPoolTimeout), errors.Is(err, redis.ErrPoolExhausted), errors.Is(err, redis.ErrClosed):
+		return false
+	case errors.Is(err, breaker.ErrOpen), errors.Is(err, ErrClosed):
+		return false
+	}
+	return true
+}
+
+// put appends one adjustment unless that would pass the bound, in which
+// case it is dropped and counted.
+func (q *refundQueue) put(a queued) {
+	q.mu.Lock()
+	if len(q.queue) >= q.max {
+		q.mu.Unlock()
+		q.countDropped(a.Refund)
 		return
 	}
-	groups := map[*breaker.Breaker][]authority.Refund{}
-	for _, r := range rs {
-		brk := q.brks.forKey(r.Key, q.budget)
-		groups[brk] = append(groups[brk], r)
+	q.queue = append(q.queue, a)
+	q.mu.Unlock()
+}
+
+func (q *refundQueue) take() []queued {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	qs := q.queue
+	q.queue = nil
+	return qs
+}
+
+// flush sends the queued adjustments in one pipeline per breaker (per
+// master node on a Cluster; go-redis splits a pipeline by node anyway).
+// Those whose node is unavailable (the breaker holds calls back) wait for
+// the next round unsent; those that fail go back through failed.
+func (q *refundQueue) flush() {
+	qs := q.sendable(q.take())
+	if len(qs) == 0 {
+		return
+	}
+	groups := map[*breaker.Breaker][]queued{}
+	for _, a := range qs {
+		brk := q.brks.forKey(a.Key, q.budget)
+		groups[brk] = append(groups[brk], a)
 	}
 	now := q.clock.wall()
 	for brk, g := range groups {
 		if brk.Rejects(now) {
-			q.put(g) // keep them until Redis is back
+			q.putAll(g) // kept until Redis is back
 			continue
 		}
 		done, err := brk.Allow()
 		if err != nil {
-			q.put(g)
+			q.putAll(g)
 			continue
 		}
 		span := q.tel.StartRefund(q.brks.laneFor(brk).ep, len(g))
 		ctx, cancel := context.WithTimeout(context.Background(), q.budget)
-		err = q.auth.Refund(ctx, g)
+		failed := q.auth.RefundAll(ctx, refundsOf(g))
 		cancel()
+		err = firstError(failed)
 		q.tel.EndRefund(span, tokens(g), err)
 		if err != nil && errors.Is(err, context.DeadlineExceeded) {
 			err = fmt.Errorf("%w: %w", breaker.ErrBudget, err)
 		}
 		done(err)
-		if err != nil {
-			// Sent, outcome unknown: a refund may have been applied
-			// before the error. Sending it again could give its tokens
-			// back twice (over-admission); dropping it can only leave
-			// them debited until the bucket refills.
-			q.countDropped(g)
-			continue
+		q.refail(g, failed)
+		if n := tokens(g) - tokensOf(failed); n > 0 {
+			q.tel.CountRefund(context.Background(), n)
 		}
-		q.tel.CountRefund(context.Background(), tokens(g))
+	}
+}
+
+// refail hands the adjustments of a sent group g that failed back to
+// failed, each with the time an earlier send of it may have reached Redis.
+func (q *refundQueue) refail(g []queued, failed []authority.Failed) {
+	if len(failed) == 0 {
+		return
+	}
+	reached := make(map[string]int64, len(g))
+	for _, a := range g {
+		if a.ID != "" {
+			reached[a.ID] = a.reached
+		}
+	}
+	for _, f := range failed {
+		q.failed(f.Refund, f.Err, reached[f.ID])
+	}
+}
+
+// putAll puts back adjustments that were not sent.
+func (q *refundQueue) putAll(g []queued) {
+	for _, a := range g {
+		q.put(a)
 	}
 }
 
 // final sends whatever is queued, once, for Close, whatever the breakers
-// say: the Limiter gets no later chance.
+// say: the Limiter gets no later chance. What fails is dropped and counted.
 func (q *refundQueue) final() error {
-	rs := q.take()
-	if len(rs) == 0 {
+	qs := q.sendable(q.take())
+	if len(qs) == 0 {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), q.budget)
 	defer cancel()
-	span := q.tel.StartRefund(q.brks.oneLane.ep, len(rs))
-	err := q.auth.Refund(ctx, rs)
-	q.tel.EndRefund(span, tokens(rs), err)
+	span := q.tel.StartRefund(q.brks.oneLane.ep, len(qs))
+	failed := q.auth.RefundAll(ctx, refundsOf(qs))
+	err := firstError(failed)
+	q.tel.EndRefund(span, tokens(qs), err)
+	for _, f := range failed {
+		q.countDropped(f.Refund)
+	}
+	if n := tokens(qs) - tokensOf(failed); n > 0 {
+		q.tel.CountRefund(context.Background(), n)
+	}
 	if err != nil {
 		return fmt.Errorf("leaselimit: refund on close: %w", err)
 	}
-	q.tel.CountRefund(context.Background(), tokens(rs))
 	return nil
 }
 
-// countDropped counts rs as dropped: the tokens of their refunds stay
-// debited (which only under-admits); their charges are not made (which
-// over-admits, so they are counted apart).
-func (q *refundQueue) countDropped(rs []authority.Refund) {
-	if n := tokens(rs); n > 0 {
-		q.tel.CountDroppedRefund(context.Background(), n)
+// countDropped counts rf as dropped: the tokens of a refund stay debited
+// (which only under-admits); a charge is not made (which over-admits, so
+// it is counted apart).
+func (q *refundQueue) countDropped(rf authority.Refund) {
+	if rf.Tokens > 0 {
+		q.tel.CountDroppedRefund(context.Background(), rf.Tokens)
 	}
-	if n := charged(rs); n > 0 {
-		q.tel.CountDroppedCharge(context.Background(), n)
+	if rf.Tokens < 0 {
+		q.tel.CountDroppedCharge(context.Background(), -rf.Tokens)
 	}
 }
 
-// tokens returns the tokens rs refund (charges left out).
-func tokens(rs []authority.Refund) int64 {
+// refundsOf returns the adjustments of qs.
+func refundsOf(qs []queued) []authority.Refund {
+	rs := make([]authority.Refund, len(qs))
+	for i, a := range qs {
+		rs[i] = a.Refund
+	}
+	return rs
+}
+
+// firstError returns the error of the first failed adjustment, if any.
+func firstError(failed []authority.Failed) error {
+	if len(failed) == 0 {
+		return nil
+	}
+	return failed[0].Err
+}
+
+// tokens returns the tokens qs refund (charges left out).
+func tokens(qs []queued) int64 {
 	var n int64
-	for _, r := range rs {
-		n += max(r.Tokens, 0)
+	for _, a := range qs {
+		n += max(a.Tokens, 0)
 	}
 	return n
 }
 
-// charged returns the tokens rs charge.
-func charged(rs []authority.Refund) int64 {
+// tokensOf returns the tokens failed adjustments would have refunded.
+func tokensOf(failed []authority.Failed) int64 {
 	var n int64
-	for _, r := range rs {
-		n += max(-r.Tokens, 0)
+	for _, f := range failed {
+		n += max(f.Tokens, 0)
 	}
 	return n
+}
+
+// adjustment is the ledger entry of n tokens of key's bucket under limit
+// at rkey, with the stamps of where they came from, under a new id.
+func (q *refundQueue) adjustment(rkey string, limit policy.Limit, n, window, since int64) authority.Refund {
+	return authority.Refund{Key: rkey, Limit: limit, Tokens: n, Window: window, Since: since, ID: q.auth.NewID()}
 }

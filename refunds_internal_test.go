@@ -2,6 +2,7 @@ package leaselimit
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -9,6 +10,7 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
+	"github.com/leaselimit/leaselimit/authority"
 	"github.com/leaselimit/leaselimit/breaker"
 	"github.com/leaselimit/leaselimit/policy"
 	"github.com/leaselimit/leaselimit/telemetry"
@@ -31,8 +33,8 @@ func TestDroppedRefundsCounted(t *testing.T) {
 	l.refunds.max = 0 // a full queue
 	l.refunds.mu.Unlock()
 	rkey := l.auth.Key(l.limit, "k")
-	l.refunds.add(rkey, l.limit, 5, 0)
-	l.refunds.add(rkey, l.limit, 7, 0)
+	l.refunds.add(authority.Refund{Key: rkey, Limit: l.limit, Tokens: 5})
+	l.refunds.add(authority.Refund{Key: rkey, Limit: l.limit, Tokens: 7})
 	dropped := droppedTokens(t, reader)
 	if dropped != 12 {
 		t.Errorf("%s = %d; want the 12 tokens of the two refunds past the bound", telemetry.MetricDropped, dropped)
@@ -60,8 +62,9 @@ func droppedTokens(t *testing.T, reader *sdkmetric.ManualReader) int64 {
 }
 
 // TestRefundQueueFlush: refunds whose breaker holds calls back stay queued
-// for the next round; a pipeline that fails once sent is dropped (never
-// resent, so never applied twice) and counted.
+// for the next round; one whose send failed once it may have reached Redis
+// is sent again under its id (applied once) for authority.ResendWithin,
+// then dropped and counted.
 func TestRefundQueueFlush(t *testing.T) {
 	m, c := newMini(t, &redis.Options{MaxRetries: -1})
 	reader := sdkmetric.NewManualReader()
@@ -85,26 +88,76 @@ func TestRefundQueueFlush(t *testing.T) {
 	if !l.brks.one.Rejects(time.Now()) {
 		t.Fatal("breaker not open after a failure")
 	}
-	q.add(rkey, l.limit, 3, 0)
+	q.add(authority.Refund{Key: rkey, Limit: l.limit, Tokens: 3})
 	q.flush()
 	if got := len(q.take()); got != 1 {
 		t.Fatalf("%d refunds queued after a flush with the breaker open; want the 1 kept", got)
 	}
 
-	// A healthy breaker and a Redis that fails the send: dropped, counted.
-	l2, err := New(c, policy.PerSecond(100).WithName("flush2"), WithMeterProvider(mp))
+	// A healthy breaker and a Redis that fails the send (a reply: it was
+	// sent): kept under its id, then applied once Redis answers.
+	clk := &stepClock{t: time.Now()}
+	l2, err := New(c, policy.PerMinute(60).WithName("flush2"), WithMeterProvider(mp), WithClock(clk))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer l2.Close()
+	k2 := l2.auth.Key(l2.limit, "k")
+	if _, err := l2.auth.Acquire(context.Background(), k2, l2.limit, 10, 10, 1); err != nil {
+		t.Fatal(err)
+	}
 	m.SetError("LOADING Redis is loading the dataset in memory")
-	l2.refunds.add(l2.auth.Key(l2.limit, "k"), l2.limit, 4, 0)
+	l2.refunds.add(authority.Refund{Key: k2, Limit: l2.limit, Tokens: 4})
+	l2.refunds.flush()
+	kept := l2.refunds.take()
+	if len(kept) != 1 || kept[0].ID == "" || kept[0].reached == 0 {
+		t.Fatalf("queued after a failed send: %+v; want the refund, with its id and when it may have reached Redis", kept)
+	}
+	l2.refunds.putAll(kept)
+	m.SetError("")
+	l2.refunds.flush()
+	if got := len(l2.refunds.take()); got != 0 {
+		t.Errorf("%d refunds queued after Redis answered; want none", got)
+	}
+	if v, err := l2.Peek(context.Background(), "k"); err != nil || v.Remaining != 54 {
+		t.Errorf("Peek = %+v, %v; want 54 (50 + the 4 refunded)", v, err)
+	}
+	// Resent under its id: not applied again.
+	l2.refunds.putAll(kept)
+	l2.refunds.flush()
+	if v, err := l2.Peek(context.Background(), "k"); err != nil || v.Remaining != 54 {
+		t.Errorf("Peek after a resend = %+v, %v; want 54 still", v, err)
+	}
+
+	// Failing for longer than Redis remembers the id: dropped, counted.
+	m.SetError("LOADING Redis is loading the dataset in memory")
+	l2.refunds.add(authority.Refund{Key: k2, Limit: l2.limit, Tokens: 4})
+	l2.refunds.flush()
+	clk.add(authority.ResendWithin + time.Millisecond)
 	l2.refunds.flush()
 	m.SetError("")
 	if got := len(l2.refunds.take()); got != 0 {
-		t.Errorf("%d refunds queued after a failed send; want none (never resent)", got)
+		t.Errorf("%d refunds queued past ResendWithin; want none", got)
 	}
 	if got := droppedTokens(t, reader); got != 4 {
-		t.Errorf("dropped = %d tokens; want the 4 of the failed send", got)
+		t.Errorf("dropped = %d tokens; want the 4 of the send that kept failing", got)
 	}
+}
+
+// stepClock is a Clock moved by hand.
+type stepClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *stepClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *stepClock) add(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
 }

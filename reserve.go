@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/leaselimit/leaselimit/authority"
+	"github.com/leaselimit/leaselimit/breaker"
 	"github.com/leaselimit/leaselimit/policy"
 )
 
@@ -21,6 +22,7 @@ type Reservation struct {
 	estimate int64
 	decision Decision
 	taken    time.Time   // when the estimate was taken (a quota's window)
+	since    int64       // the ledger stamp of its tokens (see authority.Refund.Since)
 	settled  atomic.Bool // Settle or Cancel ran (or there was nothing to settle)
 }
 
@@ -38,11 +40,21 @@ func (l *Limiter) Reserve(ctx context.Context, key string, estimate int64) (*Res
 	// only make a surplus be dropped (under-admission), read late it could
 	// put an old window's tokens into a new one.
 	taken := time.Now()
+	// The ledger stamp of the tokens, read before they are taken: a lease's
+	// stamp only grows, so what it says now holds for every token it will
+	// hand out (see lease.Leases.Since).
+	since, known := l.leases.Since(key)
 	d, err := l.AllowN(ctx, key, estimate)
 	if err != nil {
 		return nil, err
 	}
-	r := &Reservation{lim: l, key: key, estimate: estimate, decision: d, taken: taken}
+	switch {
+	case d.since != 0:
+		since = d.since // granted by Redis outside the lease: that grant's
+	case !known:
+		since, _ = l.leases.Since(key) // the lease made for this request
+	}
+	r := &Reservation{lim: l, key: key, estimate: estimate, decision: d, taken: taken, since: since}
 	if !d.Allowed || d.ShadowDenied || d.Source == SourceFallback {
 		r.settled.Store(true) // nothing was taken from the bucket
 	}
@@ -79,16 +91,16 @@ func (r *Reservation) Settle(ctx context.Context, actual int64) error {
 	if !r.settled.CompareAndSwap(false, true) {
 		return nil
 	}
-	return r.lim.adjust(context.WithoutCancel(ctx), r.key, r.estimate-actual, r.taken)
+	return r.lim.adjust(context.WithoutCancel(ctx), r.key, r.estimate-actual, r.taken, r.since)
 }
 
 // adjustAfterClose makes an adjustment once the Limiter is closed: one
 // call on the caller's goroutine, bounded by the time budget (as far as
 // the client honours context deadlines).
-func (l *Limiter) adjustAfterClose(ctx context.Context, rkey string, n, window int64) error {
+func (l *Limiter) adjustAfterClose(ctx context.Context, rf authority.Refund) error {
 	ctx, cancel := context.WithTimeout(ctx, l.cfg.timeout)
 	defer cancel()
-	if _, err := l.auth.Adjust(ctx, rkey, l.limit, n, window); err != nil {
+	if _, err := l.auth.Apply(ctx, &rf); err != nil {
 		return fmt.Errorf("leaselimit: settle after Close: %w", err)
 	}
 	return nil
@@ -121,7 +133,7 @@ func windowOf(limit policy.Limit, taken time.Time) int64 {
 // settleLocally applies an adjustment of n tokens to key's live lease when
 // it can: the surplus joins it, an excess it holds comes out of it. (A
 // multi-limit's lease holds tokens taken from every bucket at once.)
-func (l *Limiter) settleLocally(key string, n int64, taken time.Time) bool {
+func (l *Limiter) settleLocally(key string, n int64, taken time.Time, since int64) bool {
 	if l.cfg.noLease {
 		return false
 	}
@@ -130,7 +142,7 @@ func (l *Limiter) settleLocally(key string, n int64, taken time.Time) bool {
 		if !l.sameWindow(taken, time.Now()) {
 			return false // a calendar quota's tokens of an earlier window: gone
 		}
-		return l.leases.Give(key, n, now)
+		return l.leases.Give(key, n, since, windowOf(l.limit, taken), now)
 	}
 	_, ok := l.leases.Held(key, -n, now)
 	return ok
@@ -142,15 +154,15 @@ func (r *Reservation) Cancel(ctx context.Context) error { return r.Settle(ctx, 0
 // adjust gives n tokens back to key's bucket (n > 0) or takes -n more
 // (n < 0): through this instance's lease when it holds a live one that can,
 // else through Redis (see Settle); for a multi-limit, to every limit's
-// bucket.
-func (l *Limiter) adjust(ctx context.Context, key string, n int64, taken time.Time) error {
-	if n == 0 || l.settleLocally(key, n, taken) {
+// bucket. since is the tokens' ledger stamp.
+func (l *Limiter) adjust(ctx context.Context, key string, n int64, taken time.Time, since int64) error {
+	if n == 0 || l.settleLocally(key, n, taken, since) {
 		return nil
 	}
 	if l.group != nil {
 		var first error
 		for _, p := range l.group {
-			if err := p.adjust(ctx, key, n, taken); err != nil && first == nil {
+			if err := p.adjust(ctx, key, n, taken, since); err != nil && first == nil {
 				first = err
 			}
 		}
@@ -160,26 +172,41 @@ func (l *Limiter) adjust(ctx context.Context, key string, n int64, taken time.Ti
 	if rkey == "" {
 		rkey = l.auth.Key(l.limit, key)
 	}
-	window := windowOf(l.limit, taken)
+	rf := l.refunds.adjustment(rkey, l.limit, n, windowOf(l.limit, taken), since)
 	if l.gate.isClosed() {
-		return l.adjustAfterClose(ctx, rkey, n, window)
+		return l.adjustAfterClose(ctx, rf)
 	}
+	_, err := l.send(ctx, brk, rf)
+	return err
+}
+
+// send applies the adjustment rf in one call within the time budget. One
+// that fails, whenever it does (the call goes on past the budget), goes to
+// the refund queue, which knows whether it may have reached Redis and
+// sends it again under its id or keeps it until Redis is back (see
+// refundQueue); one the breaker holds back is queued unsent. The error is
+// for the caller's mistakes and a closed Limiter: an outage is not one;
+// applied reports whether Redis applied rf within the budget.
+func (l *Limiter) send(ctx context.Context, brk *breaker.Breaker, rf authority.Refund) (applied bool, err error) {
 	sent, err := l.oneCall(ctx, brk, func(ctx context.Context) error {
-		_, err := l.auth.Adjust(ctx, rkey, l.limit, n, window)
+		c := rf
+		_, err := l.auth.Apply(ctx, &c)
+		if err != nil && !errors.Is(err, authority.ErrScript) {
+			l.refunds.failed(rf, err, 0)
+		}
 		return err
 	})
 	switch {
 	case err == nil:
-		return nil
+		return true, nil
 	case errors.Is(err, ErrClosed):
-		// Close began after the check above: no call was made.
-		return l.adjustAfterClose(ctx, rkey, n, window)
-	case !sent && errors.Is(err, ErrUnavailable):
-		l.refunds.add(rkey, l.limit, n, window) // applied when Redis is back
-		return nil
-	case errors.Is(err, ErrUnavailable):
-		l.refunds.countDropped([]authority.Refund{{Key: rkey, Limit: l.limit, Tokens: n}})
-		return nil
+		// Close began after the check: no call was made.
+		return false, l.adjustAfterClose(ctx, rf)
+	case !sent:
+		l.refunds.add(rf) // the breaker held it back: applied when Redis is back
+		return false, nil
+	case errors.Is(err, ErrUnavailable), errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return false, nil // the call's own goroutine queues it if it fails
 	}
-	return err
+	return false, err
 }

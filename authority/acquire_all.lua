@@ -8,7 +8,8 @@
 --          calendar quota's windows, see spec), burst for each key, in KEYS
 --          order.
 -- Returns  {granted, denied, retry_after_us, then remaining_i, reset_after_us_i
---          for each key}: denied is 0 when granted, else the (1-based) index
+--          for each key, then now}: now (µs, the server's clock) stamps the
+--          grant for the ledger (see take.lua); denied is 0 when granted, else the (1-based) index
 --          of the bucket that makes the request wait longest; retry_after_us
 --          is how long until every bucket holds min tokens. A grant takes the
 --          same g tokens from every bucket, min <= g <= want, and no more than
@@ -57,4 +58,5 @@ for i = 1, #KEYS do
   out[3 + 2 * i - 1] = math.max(w, 0)
   out[3 + 2 * i] = reset
 end
+out[4 + 2 * #KEYS] = now
 return out

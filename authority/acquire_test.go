@@ -149,6 +149,7 @@ var stepTables = []stepTable{
 // shorter.
 func checkGrant(t *testing.T, b *backend, what string, got, want Grant) {
 	t.Helper()
+	got.At = 0 // the ledger stamp: see ledger_test.go
 	if b.exact() {
 		if got != want {
 			t.Errorf("%s = %+v; want %+v", what, got, want)
@@ -185,6 +186,9 @@ func runSteps(t *testing.T, b *backend, tt stepTable) {
 			t.Fatalf("step %d: Acquire(want=%d,min=%d) at %v: %v", i, st.want, st.min, st.at, err)
 		}
 		checkGrant(t, b, fmt.Sprintf("step %d: Acquire(want=%d,min=%d,share=%v) at %v", i, st.want, st.min, share, st.at), got, st.g)
+		if b.exact() && got.At != micros(t0.Add(st.at)) {
+			t.Errorf("step %d: stamped %d; want the server's clock %d", i, got.At, micros(t0.Add(st.at)))
+		}
 
 		after := b.value(t, key)
 		ttl := b.pttl(t, key)
@@ -236,6 +240,10 @@ func TestAcquireStepsMatchModel(t *testing.T) {
 				share = 1
 			}
 			got := m.acquire(micros(t0.Add(st.at)), st.want, st.min, ppmOf(share))
+			if got.At != micros(t0.Add(st.at)) {
+				t.Errorf("%s: step %d: model stamps %d; want the time %d", tt.name, i, got.At, micros(t0.Add(st.at)))
+			}
+			got.At = 0
 			if got != st.g {
 				t.Errorf("%s: step %d: model gives %+v; table says %+v", tt.name, i, got, st.g)
 			}

@@ -43,6 +43,9 @@ var acquireManyBody string
 //go:embed refund.lua
 var refundBody string
 
+//go:embed reset.lua
+var resetBody string
+
 //go:embed acquire_all.lua
 var acquireAllBody string
 
@@ -51,6 +54,7 @@ var (
 	acquireSrc     = commonSrc + takeSrc + acquireBody
 	acquireManySrc = commonSrc + takeSrc + acquireManyBody
 	refundSrc      = commonSrc + refundBody
+	resetSrc       = commonSrc + resetBody
 	acquireAllSrc  = commonSrc + acquireAllBody
 )
 
@@ -84,6 +88,10 @@ type Grant struct {
 	// state; Remaining is then the least of them and ResetAfter the
 	// longest, RetryAfter until every bucket holds Min tokens.
 	Multi *Multi
+	// At is the server's clock (Unix µs) when the tokens left the bucket:
+	// the generation they belong to (see Refund.Since); 0 when not known
+	// (the stored reply of a call go-redis resent).
+	At int64
 }
 
 // Multi is the outcome of a multi-limit acquisition, bucket by bucket.
@@ -96,19 +104,6 @@ type Multi struct {
 type Part struct {
 	Remaining  int64
 	ResetAfter time.Duration
-}
-
-// Refund asks to give Tokens unused tokens back to the bucket of Key, or,
-// for negative Tokens, to charge it (see Adjust).
-type Refund struct {
-	Key    string // a key from (*Redis).Key
-	Limit  policy.Limit
-	Tokens int64
-	// Window, for a calendar quota, is the end (Unix µs) of the window the
-	// tokens were taken in: a refund into a later window is not applied
-	// (that window started full). 0 for a token bucket; a quota's refund
-	// without it is not applied either.
-	Window int64
 }
 
 // Redis runs the token-bucket scripts on a Redis deployment.
@@ -128,6 +123,7 @@ var (
 	acquireScript     = newScript(acquireSrc)
 	acquireManyScript = newScript(acquireManySrc)
 	refundScript      = newScript(refundSrc)
+	resetScript       = newScript(resetSrc)
 	acquireAllScript  = newScript(acquireAllSrc)
 )
 
@@ -238,6 +234,10 @@ func spec(l policy.Limit) (any, any) {
 	end, next := l.Calendar.Window(time.Now())
 	return "w" + strconv.FormatInt(end.UnixMicro(), 10), next.UnixMicro()
 }
+
+// NewID returns a new adjustment id (see Refund.ID), for a caller that
+// must know it before the adjustment is sent.
+func (r *Redis) NewID() string { return r.nextID("r") }
 
 // nextID returns a request id unique to this process and call: the
 // random base, then kind, then a sequence number.
@@ -471,95 +471,6 @@ func (r *Redis) exact(ctx context.Context, key string, l policy.Limit, n int64) 
 	return r.Acquire(ctx, key, l, n, n, 1)
 }
 
-// refundOne gives n unused tokens back to key's bucket, capped at l.Burst.
-// It returns the whole tokens the bucket then holds.
-func (r *Redis) refundOne(ctx context.Context, key string, l policy.Limit, n int64) (int64, error) {
-	if n < 1 || n > l.Burst {
-		return 0, fmt.Errorf("%w: refund n=%d burst=%d", ErrScript, n, l.Burst)
-	}
-	return r.Adjust(ctx, key, l, n, 0)
-}
-
-// Adjust adds n tokens to key's bucket under l, in one script call: a
-// refund for n > 0 (capped at l.Burst), a charge for n < 0 that may take
-// the bucket into debt, at most one burst of it (later requests wait it
-// out). It returns the tokens the bucket then holds, negative in debt.
-// |n| above l.Burst (a refund) or 2·l.Burst (a charge) is capped there.
-// window is Refund.Window: for a calendar quota, the end (Unix µs) of the
-// window the refunded tokens were taken in.
-func (r *Redis) Adjust(ctx context.Context, key string, l policy.Limit, n, window int64) (int64, error) {
-	n = clampAdjust(n, l)
-	if n == 0 {
-		return 0, fmt.Errorf("%w: adjust by 0", ErrScript)
-	}
-	rate, period := spec(l)
-	args := []any{rate, period, l.Burst, n, r.nextID("r")}
-	if window > 0 {
-		args = append(args, window)
-	}
-	v, err := r.run(ctx, refundScript, key, args...)
-	if err != nil {
-		return 0, err
-	}
-	rem, _, err := decodeRefund(v)
-	return rem, err
-}
-
-// Refund gives unused tokens back to several buckets in one pipeline (on a
-// Cluster, go-redis splits it by node). Refunds to one key are merged into
-// one, and so are charges (never a refund with a charge); entries with
-// Tokens 0 are skipped; Tokens are capped as Adjust
-// caps them. Each merged refund carries a request id, so that a pipeline
-// go-redis resends after a broken connection is not applied twice. It
-// returns the first error; the outcome of a refund that failed after it was
-// sent is unknown, so a caller must not send it again under a new id.
-func (r *Redis) Refund(ctx context.Context, refunds []Refund) error {
-	merged := make(map[string]int, len(refunds))
-	items := make([]Refund, 0, len(refunds))
-	for _, rf := range refunds {
-		if rf.Tokens == 0 {
-			continue
-		}
-		// Merge only refunds with refunds and charges with charges: applied
-		// in turn, a refund into a full bucket is capped at its burst and a
-		// charge after it still counts; netted, the charge would vanish.
-		if i, ok := merged[rf.Key]; ok && items[i].Window == rf.Window && (items[i].Tokens > 0) == (rf.Tokens > 0) {
-			items[i].Tokens += rf.Tokens
-			continue
-		}
-		merged[rf.Key] = len(items)
-		items = append(items, rf)
-	}
-	invs := make([]*invocation, 0, len(items))
-	for i := range items {
-		rf := &items[i]
-		if rf.Tokens = clampAdjust(rf.Tokens, rf.Limit); rf.Tokens == 0 {
-			continue // refunds (or charges) capped to nothing
-		}
-		rate, period := spec(rf.Limit)
-		args := []any{rate, period, rf.Limit.Burst, rf.Tokens, r.nextID("r")}
-		if rf.Window > 0 {
-			args = append(args, rf.Window)
-		}
-		invs = append(invs, &invocation{keys: []string{rf.Key}, args: args})
-	}
-	if len(invs) == 0 {
-		return nil
-	}
-	r.runAll(ctx, refundScript, invs)
-	var first error
-	for _, in := range invs {
-		err := in.cmd.Err()
-		if err == nil {
-			_, _, err = decodeRefund(in.cmd.Val())
-		}
-		if err != nil && first == nil {
-			first = classify(err)
-		}
-	}
-	return first
-}
-
 // invocation is one script call of a pipeline: its keys and arguments,
 // then, once sent, its command holding the reply.
 type invocation struct {
@@ -595,9 +506,14 @@ func (r *Redis) runAll(ctx context.Context, s script, invs []*invocation) {
 // run calls EVALSHA and, when the server has not cached the script (NOSCRIPT:
 // after SCRIPT FLUSH, a restart or a failover), EVAL, which caches it again.
 func (r *Redis) run(ctx context.Context, s script, key string, args ...any) (any, error) {
-	v, err := r.client.EvalSha(ctx, s.sha, []string{key}, args...).Result()
+	return r.runKeys(ctx, s, []string{key}, args...)
+}
+
+// runKeys is run for a script of several keys (of one hash slot).
+func (r *Redis) runKeys(ctx context.Context, s script, keys []string, args ...any) (any, error) {
+	v, err := r.client.EvalSha(ctx, s.sha, keys, args...).Result()
 	if err != nil && isNoScript(err) {
-		v, err = r.client.Eval(ctx, s.src, []string{key}, args...).Result()
+		v, err = r.client.Eval(ctx, s.src, keys, args...).Result()
 	}
 	if err != nil {
 		return nil, classify(err)
@@ -630,10 +546,16 @@ func classify(err error) error {
 }
 
 // DecodeGrant decodes an acquire reply: an array of four non-negative
-// integers {granted, remaining, retry_after_us, reset_after_us}.
+// integers {granted, remaining, retry_after_us, reset_after_us} and, but
+// for a resent call's stored reply, a fifth: the server's clock (µs) at the
+// grant, Grant.At.
 func DecodeGrant(v any) (Grant, error) {
-	var n [4]int64
-	if err := decodeInts(v, n[:], 1); err != nil {
+	var n [5]int64
+	k := 5
+	if arr, ok := v.([]any); ok && len(arr) == 4 {
+		k = 4
+	}
+	if err := decodeInts(v, n[:k], 1); err != nil {
 		return Grant{}, err
 	}
 	const maxMicros = int64(1<<63-1) / int64(time.Microsecond)
@@ -648,15 +570,16 @@ func DecodeGrant(v any) (Grant, error) {
 		Remaining:  max(n[1], 0), // a bucket in debt holds none
 		RetryAfter: time.Duration(n[2]) * time.Microsecond,
 		ResetAfter: time.Duration(n[3]) * time.Microsecond,
+		At:         n[4],
 	}, nil
 }
 
 // decodeAll decodes an acquire_all reply for k buckets:
 // {granted, denied, retry_after_us, then remaining and reset_after_us of
-// each bucket}. The Grant's Remaining is the least of the buckets', its
+// each bucket, then the server's clock (Grant.At)}. The Grant's Remaining is the least of the buckets', its
 // ResetAfter the longest.
 func decodeAll(v any, k int) (Grant, error) {
-	n := make([]int64, 3+2*k)
+	n := make([]int64, 4+2*k)
 	if err := decodeInts(v, n, -1); err != nil {
 		return Grant{}, err
 	}
@@ -665,7 +588,7 @@ func decodeAll(v any, k int) (Grant, error) {
 		return Grant{}, fmt.Errorf("%w: acquire_all reply %v", ErrReply, v)
 	}
 	m := &Multi{Denied: int(n[1]) - 1, Parts: make([]Part, k)}
-	g := Grant{Granted: n[0], RetryAfter: time.Duration(n[2]) * time.Microsecond, Multi: m}
+	g := Grant{Granted: n[0], RetryAfter: time.Duration(n[2]) * time.Microsecond, Multi: m, At: n[3+2*k]}
 	for i := range m.Parts {
 		rem, reset := n[3+2*i], n[4+2*i]
 		if reset > maxMicros {
@@ -689,13 +612,6 @@ func decodeRefund(v any) (remaining int64, reset time.Duration, err error) {
 		return 0, 0, fmt.Errorf("%w: duration out of range in %v", ErrReply, v)
 	}
 	return n[0], time.Duration(n[1]) * time.Microsecond, nil
-}
-
-// clampAdjust caps an adjustment of a bucket under l at what the refund
-// script accepts: a refund at l.Burst, a charge at 2·l.Burst (the bucket
-// owes at most one burst whatever it held).
-func clampAdjust(n int64, l policy.Limit) int64 {
-	return min(max(n, -2*l.Burst), l.Burst)
 }
 
 // decodeInts fills dst from a reply that must be an array of exactly

@@ -127,9 +127,21 @@ func (b *backend) setTime(t testing.TB, at time.Time) {
 // keys returns every key in the database, sorted.
 func (b *backend) keys(t testing.TB) []string {
 	t.Helper()
-	ks, err := b.client.Keys(context.Background(), "*").Result()
+	all, err := b.client.Keys(context.Background(), "*").Result()
 	if err != nil {
 		t.Fatalf("KEYS: %v", err)
+	}
+	var ks []string
+	for _, k := range all {
+		if strings.Contains(k, ":adj:") {
+			// An adjustment's id, kept so that a resend is not applied
+			// twice: it must expire.
+			if ttl := b.client.PTTL(context.Background(), k).Val(); ttl <= 0 || ttl > IDLife {
+				t.Errorf("adjustment id %s has TTL %v; want (0, %v]", k, ttl, IDLife)
+			}
+			continue
+		}
+		ks = append(ks, k)
 	}
 	sort.Strings(ks)
 	return ks

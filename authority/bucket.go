@@ -37,9 +37,3 @@ func (r *Redis) Peek(ctx context.Context, key string, l policy.Limit) (Bucket, e
 	return Bucket{Tokens: max(n[0], 0), RetryAfter: time.Duration(n[1]) * time.Microsecond,
 		ResetAfter: time.Duration(n[2]) * time.Microsecond}, nil
 }
-
-// Reset deletes key's bucket: it is full again for every instance (a
-// missing bucket is full), and a request id recorded in it goes with it.
-func (r *Redis) Reset(ctx context.Context, key string) error {
-	return classify(r.client.Del(ctx, key).Err())
-}

@@ -93,9 +93,13 @@ func (r *Redis) checkNode(ctx context.Context, each time.Duration, key string, c
 		if _, err := r.Acquire(ctx, key, checkLimit, 1, 1, 1); err != nil {
 			return err
 		}
-		// The token back: the bucket is full again, so the key is deleted.
-		_, err := r.refundOne(ctx, key, checkLimit, 1)
-		return err
+		// The token back: the bucket is full again, so the key is deleted;
+		// the refund's id key goes too (it would expire in IDLife).
+		rf := Refund{Key: key, Limit: checkLimit, Tokens: 1}
+		if _, err := r.Apply(ctx, &rf); err != nil {
+			return err
+		}
+		return client.Del(ctx, idKey(key, rf.ID)).Err()
 	})
 	if err != nil {
 		return fmt.Errorf("%w: %s%s", ErrCheck, where, explain(err))

@@ -41,7 +41,8 @@ func TestDecodeGrant(t *testing.T) {
 		{"map", map[any]any{"granted": int64(1)}},
 		{"empty array", []any{}},
 		{"three elements", []any{int64(1), int64(2), int64(0)}},
-		{"five elements", []any{int64(1), int64(2), int64(0), int64(0), int64(0)}},
+		{"six elements", []any{int64(1), int64(2), int64(0), int64(0), int64(0), int64(0)}},
+		{"a negative stamp", []any{int64(1), int64(2), int64(0), int64(0), int64(-1)}},
 		{"string element", []any{"1", int64(2), int64(0), int64(0)}},
 		{"string element last", []any{int64(1), int64(2), int64(0), "0"}},
 		{"nil element", []any{int64(1), nil, int64(0), int64(0)}},
@@ -104,7 +105,7 @@ func fuzzReply(kind uint8, a, b, c, d int64, s string) any {
 	case 4:
 		return []any{a, b, c}
 	case 5:
-		return []any{a, b, c, d, a}
+		return []any{a, b, c, d, a, b}
 	case 6:
 		return s
 	case 7:
@@ -158,10 +159,10 @@ func FuzzDecodeGrant(f *testing.F) {
 			t.Fatalf("DecodeGrant(%#v) = %+v: durations not whole µs", in, g)
 		}
 		arr, ok := in.([]any)
-		if !ok || len(arr) != 4 {
+		if !ok || len(arr) < 4 || len(arr) > 5 {
 			t.Fatalf("DecodeGrant accepted %#v", in)
 		}
-		var n [4]int64
+		var n [5]int64
 		for i, e := range arr {
 			x, ok := e.(int64)
 			if !ok {
@@ -169,7 +170,9 @@ func FuzzDecodeGrant(f *testing.F) {
 			}
 			n[i] = x
 		}
-		if want := grant(n[0], n[1], time.Duration(n[2])*us, time.Duration(n[3])*us); g != want {
+		want := grant(n[0], n[1], time.Duration(n[2])*us, time.Duration(n[3])*us)
+		want.At = n[4]
+		if g != want {
 			t.Fatalf("DecodeGrant(%#v) = %+v; want %+v", in, g, want)
 		}
 	})

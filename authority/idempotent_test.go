@@ -39,6 +39,10 @@ func TestAcquireResendIsIdempotent(t *testing.T) {
 	}
 	first := call("req-1")
 	again := call("req-1")
+	if again.At != 0 || first.At == 0 {
+		t.Errorf("stamps: first %d, resent %d; want the first stamped and the resent one unknown (0)", first.At, again.At)
+	}
+	again.At = first.At
 	if first != again || first.Granted != 4 || first.Remaining != 6 {
 		t.Fatalf("resent call = %+v, first %+v; want the same grant of 4 with 6 left", again, first)
 	}

@@ -93,6 +93,7 @@ func (m *model) acquire(now, want, min, ppm int64) Grant {
 	}
 	g := Grant{
 		Granted:    granted,
+		At:         now,
 		Remaining:  m.tokens(s),
 		ResetAfter: time.Duration(ceilDiv(new(big.Int).Sub(m.cap(), s), m.rate)) * time.Microsecond,
 	}

@@ -1,16 +1,36 @@
 -- leaselimit refund: return unused tokens to a token bucket, or charge it
--- for tokens used beyond what was taken (a negative n), into debt.
+-- for tokens used beyond what was taken (a negative n), into debt: an
+-- adjustment of the ledger.
 --
 -- KEYS[1]  the bucket (see common.lua)
--- ARGV     r, p (or a calendar quota's windows), burst (see acquire.lua), n (an integer: 1 <= n <= burst
---          to refund, -2·burst <= n <= -1 to charge), and optionally a
---          request id: an adjustment whose id equals that of the bucket's
---          last one is not applied again (go-redis resends a pipeline whose
---          connection broke), and returns the bucket as it is; for a
---          calendar quota, ARGV[6]: the end (µs) of the window the refunded
---          tokens were taken in (see below).
+-- KEYS[2]  the bucket's reset mark (see reset.lua)
+-- KEYS[3]  the adjustment's id key: it exists once the adjustment was
+--          applied (or dropped), for ARGV[8] ms
+-- ARGV     r, p (or a calendar quota's windows), burst (see acquire.lua),
+--          n (an integer: 1 <= n <= burst to refund, -2·burst <= n <= -1 to
+--          charge), window, since, the id key's life in ms.
+--          window: for a calendar quota, the end (µs) of the window the
+--          tokens were taken in; 0 for a token bucket.
+--          since: the server's clock (µs) no later than when the tokens
+--          left the bucket (the grant's stamp, see take.lua); 0 if unknown.
 -- Returns  {remaining, reset_after_us}; remaining is negative for a bucket
 --          in debt.
+--
+-- The ledger rule: tokens come back only to the generation and the window
+-- they left, and once.
+--   once: an adjustment is applied at most once, whatever runs in between:
+--     go-redis resends a call whose connection broke, and leaselimit
+--     resends an adjustment whose outcome it does not know, both under the
+--     adjustment's own id (KEYS[3]), within that key's life.
+--   generation: Reset (reset.lua) records when it emptied the bucket; an
+--     adjustment of tokens that left before (since not after the mark) is
+--     dropped: the fresh bucket never had them.
+--   window: a calendar quota's tokens of an earlier window (that window has
+--     reset since) or of an unknown one are dropped: adding them to this
+--     window's full bucket would create tokens, and charging this window
+--     for the last one's use would take what it never gave.
+-- A dropped adjustment only under-admits (a refund) or forgives (a charge,
+-- whose window or generation has started afresh).
 --
 -- The bucket is refilled to now, then n tokens are added, capped at burst
 -- and floored at -burst: a bucket owes at most one burst, which later
@@ -18,20 +38,14 @@
 -- bucket that becomes full is deleted, since a missing key reads as full.
 local cal, a, b = spec(1)
 local burst = int(3)
-local n = tonumber(ARGV[4])
-if cal == nil or not (burst and n) or n ~= n or n % 1 ~= 0 or n == 0 or n > burst or n < -2 * burst or burst > HUGE then
-  return redis.error_reply('ERR leaselimit: invalid refund arguments')
-end
-local id = ARGV[5]
-if id ~= nil and (not valid_id(id) or id == '-') then
+local n, window, since, life = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), int(7)
+if cal == nil or not (burst and n and window and since and life) or n ~= n or n % 1 ~= 0 or n == 0
+    or n > burst or n < -2 * burst or burst > HUGE or window ~= window or since ~= since then
   return redis.error_reply('ERR leaselimit: invalid refund arguments')
 end
 
 local found, err, w0, f0, t0, rid, tail = load(KEYS[1])
 if err then return err end
-if not found and n > 0 then
-  return {burst, 0}
-end
 local now
 now, err = now_us()
 if err then return err end
@@ -39,21 +53,27 @@ if not found then
   w0, f0, t0, rid, tail = burst, 0, now, '-', ''
 end
 local w, f, last = advance(cal, w0, f0, t0, now, a, b, burst)
--- A calendar quota's refund gives back tokens of one window: ARGV[6], the
--- end of the window they were taken in. Tokens of an earlier window (that
--- window has reset since) or of an unknown one are not given back: adding
--- them to this window's full bucket would create tokens.
-if cal and n > 0 and tonumber(ARGV[6]) ~= last then
+
+-- report is the reply for an adjustment not applied: the bucket as it is.
+local function report()
   local reset = 0
   if w < burst then reset = wait(cal, burst - w, f, last, now, a, b) end
   return {w, reset}
 end
-if id ~= nil and rid == id then
-  -- Applied already: report the bucket, change nothing.
-  local reset = 0
-  if w < burst then reset = wait(cal, burst - w, f, last, now, a, b) end
-  return {w, reset}
-end
+
+-- Once: SET NX both checks and records the id, so that nothing can run
+-- between the two.
+local fresh
+fresh, err = call('SET', KEYS[3], '1', 'NX', 'PX', int_str(life))
+if err then return err end
+if not fresh then return report() end
+
+local mark
+mark, err = call('GET', KEYS[2])
+if err then return err end
+if mark and since <= tonumber(mark) then return report() end
+if cal and window ~= last then return report() end
+if not found and n > 0 then return {burst, 0} end
 
 w = math.max(w + n, -burst)
 if w >= burst then
@@ -65,6 +85,6 @@ end
 local reset = wait(cal, burst - w, f, last, now, a, b)
 -- The tail (the last grant's request id and reply) is kept: a resent
 -- acquire must still find it.
-err = store(KEYS[1], w, f, last, id or rid, tail, ttl_ms(reset))
+err = store(KEYS[1], w, f, last, rid, tail, ttl_ms(reset))
 if err then return err end
 return {w, reset}

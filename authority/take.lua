@@ -3,8 +3,11 @@
 -- its arguments at ARGV[base+1 .. base+7]: r, p (or a calendar quota's
 -- windows, see spec), burst, want, min, share_ppm (all integers), and
 -- optionally a request id (see acquire.lua).
--- It returns the reply {granted, remaining, retry_after_us, reset_after_us},
--- or nil and an error reply.
+-- It returns the reply {granted, remaining, retry_after_us, reset_after_us,
+-- now}, or nil and an error reply. now stamps the grant for the ledger: a
+-- token given back later is applied only if it left the bucket after the
+-- bucket's last reset (see refund.lua). A resent call's stored reply has
+-- four elements: when its tokens left is not known.
 local function take(key, base, now)
   local cal, a, b = spec(base + 1)
   local burst, want, min, share = int(base + 3), int(base + 4), int(base + 5), int(base + 6)
@@ -54,5 +57,5 @@ local function take(key, base, now)
   if granted == 0 then
     retry = wait(cal, min - w, f, last, now, a, b)
   end
-  return {granted, w, retry, reset}
+  return {granted, w, retry, reset, now}
 end

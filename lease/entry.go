@@ -42,8 +42,15 @@ type entry struct {
 	level      int64   // tokens right after the last install
 	lastNeed   int64   // tokens the last install reserved for waiting callers
 	granted    bool    // the last refill was a grant (not a denial)
-	grow       int64   // slow-start lease size (see Plan)
-	batch      int64   // at its limit: the fewest tokens the next refill takes (see Install)
+	// since and window say where the lease's tokens came from (the
+	// ledger): since is the server's clock (Unix µs) at or before the
+	// grant of every token the lease holds (0: unknown), window the end of
+	// a calendar quota's window they belong to (0: none or unknown). Once
+	// the lease is empty, the next grant sets them afresh.
+	since  int64
+	window int64
+	grow   int64 // slow-start lease size (see Plan)
+	batch  int64 // at its limit: the fewest tokens the next refill takes (see Install)
 }
 
 // useGrain is how stale entry.lastUse may be; it keeps hot keys from writing
@@ -93,16 +100,20 @@ func (e *entry) Take(n, now int64) (ok bool, left int64) {
 	}
 }
 
-// Give adds n tokens to a live lease; it reports false for an expired one.
-// e.mu orders it against expiry, which takes the tokens back.
-func (e *entry) Give(n, now int64) bool {
+// Give adds n tokens to a live lease; it reports false for an expired one,
+// or when the tokens are of another calendar window than the lease's.
+// since and window are the tokens' stamps (see entry.since): the lease's
+// since becomes the earlier of the two. e.mu orders it against expiry,
+// which takes the tokens back.
+func (e *entry) Give(n, since, window, now int64) bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if now >= e.expires.Load() || e.removed.Load() {
+	if now >= e.expires.Load() || e.removed.Load() || window != e.window {
 		return false
 	}
 	e.tokens.Add(n)
 	e.level += n
+	e.since = min(e.since, since)
 	return true
 }
 
@@ -156,31 +167,57 @@ func (e *entry) AddPending(n int64) {
 	}
 }
 
+// held is tokens taken out of a lease, with the ledger stamps of the
+// lease (see entry.since): where they go back to.
+type held struct {
+	tokens, since, window int64
+}
+
 // Expire takes back the tokens of e's lease when it has expired at now and
-// returns them for refunding.
-func (e *entry) Expire(now int64) int64 {
+// returns how many, for refunding.
+func (e *entry) Expire(now int64) int64 { return e.expireHeld(now).tokens }
+
+// expireHeld is Expire, with the tokens' stamps.
+func (e *entry) expireHeld(now int64) held {
 	if now < e.expires.Load() || e.tokens.Load()+e.reserved.Load() <= 0 {
-		return 0
+		return held{}
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if now < e.expires.Load() {
-		return 0
+		return held{}
 	}
 	return e.takeAll()
 }
 
 // Drain takes back every leased token of e, expired or not (for Close and
 // eviction).
-func (e *entry) Drain() int64 {
+func (e *entry) Drain() int64 { return e.drainHeld().tokens }
+
+// drainHeld is Drain, with the tokens' stamps.
+func (e *entry) drainHeld() held {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.takeAll()
 }
 
-// takeAll empties the lease and its reservation; e.mu must be held.
-func (e *entry) takeAll() int64 {
+// takeAll empties the lease and its reservation, and returns what it held
+// with the stamps read under the same lock (a refill that installs after
+// it stamps the lease anew); e.mu must be held.
+func (e *entry) takeAll() held {
 	t := e.tokens.Swap(0) + e.reserved.Swap(0)
 	e.level = 0
-	return max(t, 0)
+	return held{tokens: max(t, 0), since: e.since, window: e.window}
+}
+
+// stampGrant records the stamps of granted tokens joining the lease (see
+// entry.since): an empty lease takes the grant's; one still holding tokens
+// keeps the earlier since (a lower bound of them all) and, for a calendar
+// quota, must be of the same window (see sizer.Install). e.mu must be held.
+func (e *entry) stampGrant(at, window int64) {
+	if e.tokens.Load()+e.reserved.Load() <= 0 {
+		e.since, e.window = at, window
+		return
+	}
+	e.since = min(e.since, at)
 }

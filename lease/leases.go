@@ -134,6 +134,11 @@ type Return struct {
 	// Limits, for a multi-limit's lease, are its limits: the tokens go
 	// back to each of their buckets (Limit is then the envelope, no bucket).
 	Limits []policy.Limit
+	// Since and Window say where the tokens came from (authority.Refund's
+	// fields of the same names): the server's clock at or before their
+	// grant, and for a calendar quota the end of their window (0 for a
+	// multi-limit's lease: its quota members do not take tokens back).
+	Since, Window int64
 }
 
 // Refill is one refill of a key's lease: what to ask the authority for.
@@ -142,8 +147,12 @@ type Return struct {
 type Refill struct {
 	Want, Min int64
 	Share     float64
-	e         *entry
-	req       request
+	// Expired is the tokens of a lease that expired before this refill,
+	// taken out so that the refill does not count them (nor revive them:
+	// a calendar quota's may be of an ended window): to return.
+	Expired Return
+	e       *entry
+	req     request
 }
 
 // maxTries is how many refills a caller waits for before it asks the
@@ -195,25 +204,50 @@ func (ls *Leases) Join(t Ticket) { t.e.AddPending(t.n) }
 // one caller that performs it calls Plan once, asks the authority, and
 // hands the grant to Complete.
 func (ls *Leases) Plan(t Ticket, now int64) Refill {
-	req := ls.sizer.Plan(t.e, now)
+	req, expired := ls.sizer.Plan(t.e, now)
 	share := ls.maxShare
 	if req.Whole {
 		share = 1
 	}
-	return Refill{Want: req.Want, Min: req.Min, Share: share, e: t.e, req: req}
+	r := Refill{Want: req.Want, Min: req.Min, Share: share, e: t.e, req: req}
+	if expired.tokens > 0 {
+		r.Expired = t.e.back(expired)
+	}
+	return r
 }
 
 // Complete installs the authority's grant for r at now: granted tokens go
 // to the lease (reserved for the callers counted in the plan), a denial
 // starts the negative cache. It returns the outcome each waiting caller
-// collects, and the tokens to return to the bucket because the key was
-// evicted meanwhile. A refill that failed is not completed.
-func (ls *Leases) Complete(r Refill, g authority.Grant, now int64) (o Outcome, returned int64) {
+// collects, and the tokens to return to the bucket: the grant's, if the key
+// was evicted meanwhile, and those of a calendar quota's lease of an
+// earlier window, which the grant's must not join. A refill that failed is
+// not completed.
+func (ls *Leases) Complete(r Refill, g authority.Grant, now int64) (o Outcome, back []Return) {
 	if g.Multi != nil {
 		r.e.parts.Store(g.Multi)
 	}
-	o = Outcome{Granted: g.Granted, Remaining: g.Remaining, RetryAfter: g.RetryAfter, Min: r.req.Min, Expire: ls.windowEnd(g)}
-	return o, ls.sizer.Install(r.e, r.req, o, now)
+	o = Outcome{Granted: g.Granted, Remaining: g.Remaining, RetryAfter: g.RetryAfter, Min: r.req.Min,
+		Expire: ls.windowEnd(g), At: g.At, Window: ls.window(g)}
+	evicted, stale := ls.sizer.Install(r.e, r.req, o, now)
+	if stale.tokens > 0 {
+		back = append(back, r.e.back(stale))
+	}
+	if evicted > 0 {
+		back = append(back, r.e.back(held{tokens: evicted, since: g.At, window: o.Window}))
+	}
+	return o, back
+}
+
+// window is the Window stamp of a grant g's tokens: for a calendar quota,
+// the end of its window on the server's clock (the grant's time plus the
+// time to the boundary); 0 for a token bucket, a multi-limit, and a grant
+// whose time is unknown (such tokens are not given back to a quota).
+func (ls *Leases) window(g authority.Grant) int64 {
+	if !ls.limit.IsQuota() || ls.members != nil || g.At == 0 {
+		return 0
+	}
+	return g.At + g.ResetAfter.Microseconds()
 }
 
 // Collect answers t's caller once the refill it waited for completed with
@@ -318,14 +352,53 @@ func (ls *Leases) Holding(key string, now int64) int64 {
 
 // Give puts n tokens (taken from the bucket already and not used, such as
 // the surplus of a settled reservation) into key's live lease at now, to be
-// spent here or returned with the lease. It reports false, changing
-// nothing, when key holds no live lease.
-func (ls *Leases) Give(key string, n, now int64) bool {
+// spent here or returned with the lease. since and window stamp them (see
+// Return): tokens of another calendar window than the lease's do not join
+// it. It reports false, changing nothing, when they cannot join.
+func (ls *Leases) Give(key string, n, since, window, now int64) bool {
 	e := ls.table.Get(ls, key)
 	if e == nil || n <= 0 {
 		return false
 	}
-	return e.Give(n, now)
+	if ls.members != nil {
+		window = 0 // a multi-limit's lease carries no window (see Return)
+	}
+	return e.Give(n, since, window, now)
+}
+
+// Surrender takes the unspent tokens of key's live lease out at now, to go
+// back to the bucket, and ends its negative cache: for a request larger
+// than the lease that the bucket and the lease could serve together (the
+// caller returns the tokens, then asks for the whole request). Tokens set
+// aside for callers waiting on a refill stay theirs.
+func (ls *Leases) Surrender(key string, now int64) Return {
+	e := ls.table.Get(ls, key)
+	if e == nil {
+		return Return{}
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if now >= e.expires.Load() {
+		return Return{}
+	}
+	n := max(e.tokens.Swap(0), 0)
+	e.level -= n
+	e.denyUntil.Store(0)
+	return e.back(held{tokens: n, since: e.since, window: e.window})
+}
+
+// Since returns the since stamp of key's lease (see authority.Refund):
+// the server's clock at or before the grant of every token key's lease
+// holds now or will hold (a stamp only grows, but for an unknown 0), and
+// whether key has a lease that was ever granted.
+func (ls *Leases) Since(key string) (int64, bool) {
+	e := ls.table.Get(ls, key)
+	if e == nil {
+		return 0, false
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.since, e.since != 0
 }
 
 // Forget drops key's local state at once: its lease (the tokens are not
@@ -391,7 +464,7 @@ func (ls *Leases) getOrCreate(key string, now int64) (*entry, Return) {
 	if ev == nil {
 		return e, Return{}
 	}
-	return e, ev.back(ev.Drain())
+	return e, ev.back(ev.drainHeld())
 }
 
 // holdsFallback reports whether e's FailLocal bucket has not refilled by

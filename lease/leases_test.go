@@ -34,8 +34,8 @@ func refill(t *testing.T, ls *Leases, tk Ticket, g authority.Grant, now int64) O
 		g.Granted = r.Want
 	}
 	o, back := ls.Complete(r, g, now)
-	if back != 0 {
-		t.Fatalf("Complete returned %d tokens of a live key", back)
+	if len(back) != 0 {
+		t.Fatalf("Complete returned %+v of a live key", back)
 	}
 	return o
 }
@@ -198,8 +198,8 @@ func TestProtocolEvictionReturns(t *testing.T) {
 	}
 	// A refill of a's old entry that lands now goes back whole.
 	r := ls.Plan(Ticket{e: a}, later)
-	if _, back := ls.Complete(r, authority.Grant{Granted: 4, Remaining: 500}, later); back != 4 {
-		t.Errorf("Complete for an evicted key returned %d; want the 4 granted", back)
+	if _, back := ls.Complete(r, authority.Grant{Granted: 4, Remaining: 500}, later); len(back) != 1 || back[0].Tokens != 4 {
+		t.Errorf("Complete for an evicted key returned %+v; want the 4 granted", back)
 	}
 }
 

@@ -38,7 +38,7 @@ func grantAll(req request, remaining int64) Outcome {
 // plan calls z.Plan and checks the invariants every request must keep.
 func plan(t testing.TB, z sizer, e *entry, now int64) request {
 	t.Helper()
-	req := z.Plan(e, now)
+	req, _ := z.Plan(e, now)
 	if req.Min < 1 || req.Min > req.Want {
 		t.Fatalf("Plan at %d = %+v: want 1 <= Min <= Want", now, req)
 	}
@@ -67,8 +67,8 @@ func serveR(t testing.TB, z sizer, e *entry, n, now, remaining int64) (ok, hit b
 		r := ls.Plan(tk, now)
 		checkRefill(t, z, r, now)
 		o, back := ls.Complete(r, authority.Grant{Granted: r.Want, Remaining: remaining}, now)
-		if back != 0 {
-			t.Fatalf("Complete returned %d tokens of a live entry", back)
+		if len(back) != 0 {
+			t.Fatalf("Complete returned %+v of a live entry", back)
 		}
 		return o
 	}

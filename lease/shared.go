@@ -20,7 +20,7 @@ func NewTable(maxKeys int, s policy.Lease) *Table {
 // returning the tokens to give back, each to the bucket of its limit.
 func (t *Table) Sweep(now int64) []Return {
 	var out []Return
-	t.t.Sweep(now, t.idle, func(e *entry, n int64) { out = append(out, e.back(n)) })
+	t.t.Sweep(now, t.idle, func(e *entry, h held) { out = append(out, e.back(h)) })
 	return out
 }
 
@@ -28,16 +28,17 @@ func (t *Table) Sweep(now int64) []Return {
 // Close).
 func (t *Table) Drain() []Return {
 	var out []Return
-	t.t.Drain(func(e *entry, n int64) { out = append(out, e.back(n)) })
+	t.t.Drain(func(e *entry, h held) { out = append(out, e.back(h)) })
 	return out
 }
 
 // Len returns how many keys have local state, over every limit.
 func (t *Table) Len() int { return t.t.Len() }
 
-// back returns n tokens of e as a Return to the bucket of e's limit.
-func (e *entry) back(n int64) Return {
-	r := Return{Key: e.key, Tokens: n}
+// back returns tokens taken out of e as a Return to the bucket of e's
+// limit, with their stamps.
+func (e *entry) back(h held) Return {
+	r := Return{Key: e.key, Tokens: h.tokens, Since: h.since, Window: h.window}
 	if e.owner != nil {
 		r.Limit, r.Limits = e.owner.limit, e.owner.members
 	}

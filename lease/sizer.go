@@ -64,11 +64,18 @@ func (z sizer) Denied(e *entry, n, now int64) (bool, time.Duration) {
 const ewmaTau = float64(time.Second)
 
 // Plan starts a refill of e at now: it updates the demand estimate, takes the
-// pending wants, and returns what to ask the authority for. The caller must
-// hold no lock; Plan and Install lock e themselves.
-func (z sizer) Plan(e *entry, now int64) request {
+// pending wants, and returns what to ask the authority for, and the tokens
+// of a lease that expired by now, taken out to be returned: a refill never
+// counts them as the live lease nor adds its grant to them (a calendar
+// quota's would be revived in the next window). The caller must hold no
+// lock; Plan and Install lock e themselves.
+func (z sizer) Plan(e *entry, now int64) (request, held) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	var expired held
+	if now >= e.expires.Load() {
+		expired = e.takeAll()
+	}
 	// Reserved tokens not claimed by now (a waiter gave up) join the lease.
 	if r := e.reserved.Swap(0); r > 0 {
 		e.tokens.Add(r)
@@ -127,7 +134,7 @@ func (z sizer) Plan(e *entry, now int64) request {
 	}
 	want = clamp(want, 1, z.limit.Burst)
 	m := clamp(minWant, 1, want)
-	return request{Want: want, Min: m, Need: min(need, want), Whole: whole}
+	return request{Want: want, Min: m, Need: min(need, want), Whole: whole}, expired
 }
 
 // growHeadroom is how many leases of the slow-start size the bucket must
@@ -176,6 +183,8 @@ type Outcome struct {
 	// Expire, if set, caps the lease's life: a calendar quota's tokens are
 	// good until its window ends, however long the lease TTL.
 	Expire time.Duration
+	// At and Window stamp the granted tokens (see Return).
+	At, Window int64
 }
 
 // maxBatchWait caps how long a key at its limit waits to gather a batch
@@ -202,7 +211,9 @@ func (z sizer) batchFor(size int64) int64 {
 
 // Install puts granted tokens into e's lease at now, or, on a denial, starts
 // the negative cache. It returns the tokens e must refund because it was
-// evicted while the refill ran.
+// evicted while the refill ran (stamped as the grant), and the tokens of a
+// lease of another calendar window taken out first (stale): tokens of
+// an ended window never join the next one's.
 //
 // A key at its limit is refilled in batches. On a denial the key is denied
 // locally until a batch is available: RetryAfter plus the refill time of the
@@ -214,7 +225,7 @@ func (z sizer) batchFor(size int64) int64 {
 // one Redis call per batch, not one per token. For a cold key the batch is 1
 // and the cache lasts exactly RetryAfter; a wait cut short by DenyCap ends
 // batching.
-func (z sizer) Install(e *entry, req request, o Outcome, now int64) (refund int64) {
+func (z sizer) Install(e *entry, req request, o Outcome, now int64) (refund int64, stale held) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.lastRefill, e.refilled = now, true
@@ -236,7 +247,7 @@ func (z sizer) Install(e *entry, req request, o Outcome, now int64) (refund int6
 		}
 		e.level = e.tokens.Load()
 		e.lastNeed = 0
-		return 0
+		return 0, held{}
 	}
 	e.denyUntil.Store(0)
 	var rearm time.Duration
@@ -253,8 +264,15 @@ func (z sizer) Install(e *entry, req request, o Outcome, now int64) (refund int6
 	}
 	if e.removed.Load() {
 		e.level = 0
-		return o.Granted
+		return o.Granted, held{}
 	}
+	// Tokens still in the lease that have expired since the plan (a slow
+	// call), or that are of another calendar window than the grant's (the
+	// call crossed the boundary), go back rather than join the grant's.
+	if e.tokens.Load()+e.reserved.Load() > 0 && (now >= e.expires.Load() || e.window != o.Window) {
+		stale = e.takeAll()
+	}
+	e.stampGrant(o.At, o.Window)
 	// Reserve for the callers counted in the plan.
 	part := min(req.Need, o.Granted)
 	e.lastNeed = part
@@ -277,7 +295,7 @@ func (z sizer) Install(e *entry, req request, o Outcome, now int64) (refund int6
 		// No prefetch: before the cache ends it could only be denied.
 		e.low.Store(0)
 	}
-	return 0
+	return 0, stale
 }
 
 func clamp(v, lo, hi int64) int64 {

@@ -158,7 +158,7 @@ func (t *table) Len() int {
 // lease is empty and whose negative cache has ended (and, for an entry with
 // an owner, whose FailLocal bucket has refilled: see holdsFallback). refund
 // is called without any table lock held.
-func (t *table) Sweep(now, idle int64, refund func(e *entry, tokens int64)) {
+func (t *table) Sweep(now, idle int64, refund func(e *entry, h held)) {
 	var batch []*entry
 	for i := range t.shards {
 		s := &t.shards[i]
@@ -170,8 +170,8 @@ func (t *table) Sweep(now, idle int64, refund func(e *entry, tokens int64)) {
 		s.mu.RUnlock()
 		var stale []*entry
 		for _, e := range batch {
-			if n := e.Expire(now); n > 0 {
-				refund(e, n)
+			if h := e.expireHeld(now); h.tokens > 0 {
+				refund(e, h)
 			}
 			if now-e.lastUse.Load() > idle && e.tokens.Load() == 0 && now >= e.denyUntil.Load() && !e.refilling.Load() &&
 				(e.owner == nil || !e.owner.holdsFallback(e, now)) {
@@ -190,8 +190,8 @@ func (t *table) Sweep(now, idle int64, refund func(e *entry, tokens int64)) {
 		s.mu.Unlock()
 		for _, e := range stale {
 			if e.removed.Load() {
-				if n := e.Drain(); n > 0 {
-					refund(e, n)
+				if h := e.drainHeld(); h.tokens > 0 {
+					refund(e, h)
 				}
 			}
 		}
@@ -199,7 +199,7 @@ func (t *table) Sweep(now, idle int64, refund func(e *entry, tokens int64)) {
 }
 
 // Drain removes every entry and calls refund for each non-empty lease.
-func (t *table) Drain(refund func(e *entry, tokens int64)) {
+func (t *table) Drain(refund func(e *entry, h held)) {
 	for i := range t.shards {
 		s := &t.shards[i]
 		s.mu.Lock()
@@ -209,8 +209,8 @@ func (t *table) Drain(refund func(e *entry, tokens int64)) {
 		s.mu.Unlock()
 		for _, e := range m {
 			e.removed.Store(true)
-			if n := e.Drain(); n > 0 {
-				refund(e, n)
+			if h := e.drainHeld(); h.tokens > 0 {
+				refund(e, h)
 			}
 		}
 	}

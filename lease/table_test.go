@@ -251,7 +251,8 @@ func TestTableSweep(t *testing.T) {
 	var refunds []refund
 	sweep := func(now int64) {
 		refunds = refunds[:0]
-		tab.Sweep(now, idle, func(e *entry, n int64) {
+		tab.Sweep(now, idle, func(e *entry, h held) {
+			n := h.tokens
 			if n <= 0 {
 				t.Errorf("refund callback with %d tokens for %q", n, e.Key())
 			}
@@ -365,7 +366,7 @@ func TestTableSweepIdleWithLiveLease(t *testing.T) {
 	e, _ := tab.GetOrCreate(nil, "k", t0)
 	z.Install(e, request{Want: 4, Min: 1}, Outcome{Granted: 4}, t0)
 	var got int64
-	refund := func(_ *entry, n int64) { got += n }
+	refund := func(_ *entry, h held) { got += h.tokens }
 	tab.Sweep(t1, 2*s, refund)
 	if got != 0 || tab.Get(nil, "k") != e {
 		t.Fatalf("t1: refunded %d, present %v; want 0, true", got, tab.Get(nil, "k") != nil)
@@ -375,7 +376,7 @@ func TestTableSweepIdleWithLiveLease(t *testing.T) {
 		t.Errorf("t2: refunded %d, present %v, removed %v; want 4, false, true", got, tab.Get(nil, "k") != nil, e.removed.Load())
 	}
 	// A refill that was running when the entry was swept refunds its grant.
-	if back := z.Install(e, request{Want: 2, Min: 1}, Outcome{Granted: 2}, t2); back != 2 {
+	if back, _ := z.Install(e, request{Want: 2, Min: 1}, Outcome{Granted: 2}, t2); back != 2 {
 		t.Errorf("Install after sweep removal refund = %d; want 2", back)
 	}
 }
@@ -398,7 +399,8 @@ func TestTableDrain(t *testing.T) {
 
 	got := map[string]int64{}
 	calls := 0
-	tab.Drain(func(e *entry, n int64) {
+	tab.Drain(func(e *entry, h held) {
+		n := h.tokens
 		calls++
 		got[e.Key()] += n
 	})
@@ -414,14 +416,14 @@ func TestTableDrain(t *testing.T) {
 		}
 	}
 	// A refill finishing after Drain refunds.
-	if back := z.Install(live, request{Want: 1, Min: 1}, Outcome{Granted: 1}, t1); back != 1 {
+	if back, _ := z.Install(live, request{Want: 1, Min: 1}, Outcome{Granted: 1}, t1); back != 1 {
 		t.Errorf("Install after Drain refund = %d; want 1", back)
 	}
 	// The table still works.
 	if e, _ := tab.GetOrCreate(nil, "live", t1); e == live || e == nil {
 		t.Errorf("GetOrCreate after Drain returned the drained entry")
 	}
-	tab.Drain(func(e *entry, n int64) { t.Errorf("second Drain refunded %d for %q", n, e.Key()) })
+	tab.Drain(func(e *entry, h held) { t.Errorf("second Drain refunded %d for %q", h.tokens, e.Key()) })
 }
 
 func TestTableGetNoAllocs(t *testing.T) {
@@ -477,7 +479,7 @@ func TestTableConservationConcurrent(t *testing.T) {
 				return
 			default:
 			}
-			tab.Sweep(tick(), 5*ms, func(_ *entry, n int64) { refunded.Add(n) })
+			tab.Sweep(tick(), 5*ms, func(_ *entry, h held) { refunded.Add(h.tokens) })
 		}
 	}()
 	const workers, ops = 8, 20000
@@ -504,13 +506,15 @@ func TestTableConservationConcurrent(t *testing.T) {
 					continue
 				}
 				e.AddPending(n)
-				req := z.Plan(e, now)
+				req, expired := z.Plan(e, now)
+				refunded.Add(expired.tokens)
 				g := req.Want
 				if r.IntN(5) == 0 {
 					g = 0 // a denial now and then
 				}
 				granted.Add(g)
-				refunded.Add(z.Install(e, req, Outcome{Granted: g, RetryAfter: 100 * time.Microsecond, Min: req.Min}, tick()))
+				back, stale := z.Install(e, req, Outcome{Granted: g, RetryAfter: 100 * time.Microsecond, Min: req.Min}, tick())
+				refunded.Add(back + stale.tokens)
 				if ok, _ := e.Take(n, now); ok {
 					spent.Add(n)
 				}
@@ -520,7 +524,7 @@ func TestTableConservationConcurrent(t *testing.T) {
 	work.Wait()
 	close(stop)
 	wg.Wait()
-	tab.Drain(func(_ *entry, n int64) { refunded.Add(n) })
+	tab.Drain(func(_ *entry, h held) { refunded.Add(h.tokens) })
 	if tab.Len() != 0 {
 		t.Errorf("Len() = %d after Drain", tab.Len())
 	}

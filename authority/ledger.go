@@ -1,0 +1,224 @@
+package authority
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/leaselimit/leaselimit/policy"
+)
+
+// The ledger: every token that comes back to a bucket (a refund of unused
+// tokens, a lease returned, a reservation settled, a charge) is applied only
+// to the generation and the window it left, and only once (see refund.lua).
+
+// IDLife is how long Redis remembers that an adjustment was applied (its
+// id key's TTL). Within it an adjustment can be sent again under its id as
+// often as need be: go-redis resends a call whose connection broke, and a
+// caller resends one whose outcome it does not know (see ResendWithin).
+const IDLife = 2 * time.Minute
+
+// ResendWithin is how long after an adjustment was first sent (when it may
+// have reached Redis) a caller may still send it again under its id: half
+// of IDLife, so that the first send's id is remembered whenever a resend
+// arrives. An adjustment that never reached Redis has no such limit.
+const ResendWithin = IDLife / 2
+
+// MarkLife is how long a Reset's mark lives: tokens taken before a Reset
+// and given back up to this long after it are dropped. Leases come back
+// within seconds; only a Reservation settled later than this after a Reset
+// of its key could give its tokens to the fresh bucket.
+const MarkLife = 24 * time.Hour
+
+// Refund asks to give Tokens unused tokens back to the bucket of Key, or,
+// for negative Tokens, to charge it (see Adjust): one adjustment of the
+// ledger.
+type Refund struct {
+	Key    string // a key from (*Redis).Key
+	Limit  policy.Limit
+	Tokens int64
+	// Window, for a calendar quota, is the end (Unix µs, the server's
+	// clock) of the window the tokens were taken in: an adjustment in
+	// another window is not applied (that window started full). 0 for a
+	// token bucket; a quota's adjustment without it is not applied either.
+	Window int64
+	// Since is the server's clock (Unix µs) at or before the moment the
+	// tokens left the bucket (a Grant's At, or an earlier one): the
+	// adjustment is applied only if the bucket was not Reset since. 0
+	// means unknown: applied only to a bucket never Reset (within
+	// MarkLife).
+	Since int64
+	// ID is the adjustment's own id, set by Refund or Adjust when it is
+	// empty: a resend under the same id is not applied twice.
+	ID string
+}
+
+// Failed is an adjustment of a Refund pipeline that failed, with its
+// error; its ID is set, to send it again under.
+type Failed struct {
+	Refund
+	Err error
+}
+
+// markKey is the reset mark of the bucket at key: the same hash slot (the
+// bucket key ends with its hash tag), and no bucket key ends this way.
+func markKey(key string) string { return key + ":reset" }
+
+// idKey is the key that records the adjustment id as applied to key's
+// bucket.
+func idKey(key, id string) string { return key + ":adj:" + id }
+
+// Adjust adds n tokens to key's bucket under l, in one script call, as
+// Apply does for Refund{Key: key, Limit: l, Tokens: n, Window: window}:
+// tokens of an unknown generation, under a new id.
+func (r *Redis) Adjust(ctx context.Context, key string, l policy.Limit, n, window int64) (int64, error) {
+	return r.Apply(ctx, &Refund{Key: key, Limit: l, Tokens: n, Window: window})
+}
+
+// Apply applies one adjustment in one script call: a refund for
+// rf.Tokens > 0 (capped at the burst), a charge for rf.Tokens < 0 that
+// may take the bucket into debt, at most one burst of it (later requests
+// wait it out). It sets rf.ID if empty, and returns the tokens the bucket
+// then holds, negative in debt. |Tokens| above the burst (a refund) or
+// 2·burst (a charge) is capped there.
+func (r *Redis) Apply(ctx context.Context, rf *Refund) (int64, error) {
+	n := clampAdjust(rf.Tokens, rf.Limit)
+	if n == 0 {
+		return 0, fmt.Errorf("%w: adjust by 0", ErrScript)
+	}
+	if rf.ID == "" {
+		rf.ID = r.nextID("r")
+	}
+	keys, args := r.adjustCall(rf, n)
+	v, err := r.runKeys(ctx, refundScript, keys, args...)
+	if err != nil {
+		return 0, err
+	}
+	rem, _, err := decodeRefund(v)
+	return rem, err
+}
+
+// adjustCall returns the refund script's keys and arguments for rf, n
+// tokens.
+func (r *Redis) adjustCall(rf *Refund, n int64) ([]string, []any) {
+	rate, period := spec(rf.Limit)
+	keys := []string{rf.Key, markKey(rf.Key), idKey(rf.Key, rf.ID)}
+	args := []any{rate, period, rf.Limit.Burst, n, rf.Window, rf.Since, IDLife.Milliseconds()}
+	return keys, args
+}
+
+// Refund applies several adjustments in one pipeline (on a Cluster,
+// go-redis splits it by node). Adjustments without an ID to one key are
+// merged when they agree (the same sign, window and generation stamp, the
+// earliest kept), each merged one gets an ID; adjustments with an ID (sent
+// before) go as they are. Entries with Tokens 0 are skipped; Tokens are
+// capped as Apply caps them. It returns the adjustments that failed, with
+// their IDs, to be sent again under them (see ResendWithin).
+func (r *Redis) RefundAll(ctx context.Context, refunds []Refund) []Failed {
+	items := mergeRefunds(refunds)
+	invs := make([]*invocation, 0, len(items))
+	sent := make([]*Refund, 0, len(items))
+	for i := range items {
+		rf := &items[i]
+		n := clampAdjust(rf.Tokens, rf.Limit)
+		if n == 0 {
+			continue // capped to nothing
+		}
+		if rf.ID == "" {
+			rf.ID = r.nextID("r")
+		}
+		keys, args := r.adjustCall(rf, n)
+		invs = append(invs, &invocation{keys: keys, args: args})
+		sent = append(sent, rf)
+	}
+	if len(invs) == 0 {
+		return nil
+	}
+	r.runAll(ctx, refundScript, invs)
+	var failed []Failed
+	for i, in := range invs {
+		err := in.cmd.Err()
+		if err == nil {
+			_, _, err = decodeRefund(in.cmd.Val())
+		}
+		if err != nil {
+			failed = append(failed, Failed{Refund: *sent[i], Err: classify(err)})
+		}
+	}
+	return failed
+}
+
+// Refund is RefundAll for a caller that needs only the first failure's
+// error.
+func (r *Redis) Refund(ctx context.Context, refunds []Refund) error {
+	if failed := r.RefundAll(ctx, refunds); len(failed) > 0 {
+		return failed[0].Err
+	}
+	return nil
+}
+
+// mergeRefunds merges the adjustments without an ID that can be applied as
+// one: to one key, of one sign (a refund into a full bucket is capped at
+// its burst and a charge after it still counts; netted, the charge would
+// vanish), one window, and stamped with the earliest Since (a merged
+// adjustment is dropped if any of its tokens predate a Reset, which can
+// only under-admit).
+func mergeRefunds(refunds []Refund) []Refund {
+	type group struct {
+		key    string
+		window int64
+		charge bool
+	}
+	merged := make(map[group]int, len(refunds))
+	items := make([]Refund, 0, len(refunds))
+	for _, rf := range refunds {
+		if rf.Tokens == 0 {
+			continue
+		}
+		if rf.ID != "" {
+			items = append(items, rf)
+			continue
+		}
+		g := group{rf.Key, rf.Window, rf.Tokens < 0}
+		if i, ok := merged[g]; ok {
+			items[i].Tokens += rf.Tokens
+			items[i].Since = min(items[i].Since, rf.Since)
+			continue
+		}
+		merged[g] = len(items)
+		items = append(items, rf)
+	}
+	return items
+}
+
+// Reset makes key's bucket full again, for every instance, and starts its
+// next generation: tokens taken from it before are never given back to it
+// (see refund.lua). It returns the server's clock at the reset (Unix µs).
+func (r *Redis) Reset(ctx context.Context, key string) (int64, error) {
+	v, err := r.runKeys(ctx, resetScript, []string{key, markKey(key)}, MarkLife.Milliseconds())
+	if err != nil {
+		return 0, err
+	}
+	at, ok := v.(int64)
+	if !ok || at < 0 {
+		return 0, fmt.Errorf("%w: reset reply %v", ErrReply, v)
+	}
+	return at, nil
+}
+
+// refundOne gives n unused tokens back to key's bucket, capped at l.Burst,
+// as tokens of an unknown generation. It returns the whole tokens the
+// bucket then holds.
+func (r *Redis) refundOne(ctx context.Context, key string, l policy.Limit, n int64) (int64, error) {
+	if n < 1 || n > l.Burst {
+		return 0, fmt.Errorf("%w: refund n=%d burst=%d", ErrScript, n, l.Burst)
+	}
+	return r.Adjust(ctx, key, l, n, 0)
+}
+
+// clampAdjust caps an adjustment of a bucket under l at what the refund
+// script accepts: a refund at l.Burst, a charge at 2·l.Burst (the bucket
+// owes at most one burst whatever it held).
+func clampAdjust(n int64, l policy.Limit) int64 {
+	return min(max(n, -2*l.Burst), l.Burst)
+}

@@ -1,0 +1,208 @@
+package authority
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/leaselimit/leaselimit/policy"
+)
+
+// The ledger rule at the script: an adjustment applies once, to the
+// generation and the window its tokens left.
+
+// hourly refills one token an hour: a bucket that is a counter for the
+// length of a test.
+var hourly = policy.Limit{Name: "ledger", Rate: 1, Period: time.Hour, Burst: 100}
+
+// apply sends rf and fails t on an error; it returns the bucket's tokens.
+func apply(t *testing.T, r *Redis, rf Refund) int64 {
+	t.Helper()
+	w, err := r.Apply(context.Background(), &rf)
+	if err != nil {
+		t.Fatalf("Apply(%+v): %v", rf, err)
+	}
+	return w
+}
+
+// TestAdjustmentResentAfterOthers: instance A refunds 10 (Redis applies
+// it, the reply is lost), instance B refunds 10, go-redis resends A's call:
+// the bucket holds 50, not 60. One id per bucket, the last one, let the
+// resend through (issue 24, item 3).
+func TestAdjustmentResentAfterOthers(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, nb backendFactory) {
+		b := nb(t)
+		a, bb := b.newAuthority(t, testPrefix), b.newAuthority(t, testPrefix)
+		key := a.Key(hourly, "k")
+		mustExact(t, a, key, hourly, 70) // 30 left
+		fromA := Refund{Key: key, Limit: hourly, Tokens: 10, ID: "a-1"}
+		if w := apply(t, a, fromA); w != 40 {
+			t.Fatalf("A's refund: %d left; want 40", w)
+		}
+		if w := apply(t, bb, Refund{Key: key, Limit: hourly, Tokens: 10, ID: "b-1"}); w != 50 {
+			t.Fatalf("B's refund: %d left; want 50", w)
+		}
+		if w := apply(t, a, fromA); w != 50 {
+			t.Errorf("A's refund resent after B's: %d left; want 50 (applied once)", w)
+		}
+		// A charge between, and a grant: the resend is still recognised.
+		if w := apply(t, bb, Refund{Key: key, Limit: hourly, Tokens: -5, ID: "b-2"}); w != 45 {
+			t.Fatalf("B's charge: %d left; want 45", w)
+		}
+		mustExact(t, bb, key, hourly, 5) // 40 left
+		if w := apply(t, a, fromA); w != 40 {
+			t.Errorf("A's refund resent after a charge and a grant: %d left; want 40", w)
+		}
+	})
+}
+
+// TestRefundAndChargeInOnePipeline: a refund and a charge of one key in
+// one pipeline are two adjustments with two ids; the pipeline resent whole
+// applies neither again.
+func TestRefundAndChargeInOnePipeline(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, nb backendFactory) {
+		b := nb(t)
+		r := b.newAuthority(t, testPrefix)
+		key := r.Key(hourly, "k")
+		mustExact(t, r, key, hourly, 50) // 50 left
+		batch := []Refund{
+			{Key: key, Limit: hourly, Tokens: 10, ID: "p-1"},
+			{Key: key, Limit: hourly, Tokens: -30, ID: "p-2"},
+		}
+		for round := range 2 {
+			if failed := r.RefundAll(context.Background(), batch); len(failed) != 0 {
+				t.Fatalf("round %d: %v", round, failed[0].Err)
+			}
+			checkTokens(t, b, key, hourly, 30)
+		}
+	})
+}
+
+// TestRefundAllAssignsIDs: adjustments without an id get one, merged ones
+// share it, and a failed adjustment comes back with its id, to be resent
+// under it.
+func TestRefundAllAssignsIDs(t *testing.T) {
+	b := newMiniBackend(t)
+	r := b.newAuthority(t, testPrefix)
+	key := r.Key(hourly, "k")
+	mustExact(t, r, key, hourly, 50)
+	bad := hourly
+	bad.Rate = 0
+	failed := r.RefundAll(context.Background(), []Refund{
+		{Key: key, Limit: hourly, Tokens: 2},
+		{Key: key, Limit: hourly, Tokens: 3},
+		{Key: r.Key(bad, "x"), Limit: bad, Tokens: 1},
+	})
+	if len(failed) != 1 || failed[0].ID == "" || failed[0].Tokens != 1 {
+		t.Fatalf("failed = %+v; want the one invalid adjustment, with an id", failed)
+	}
+	checkTokens(t, b, key, hourly, 55)
+}
+
+// TestResetStartsAGeneration: tokens that left a bucket before its Reset
+// are not given back to the fresh bucket, nor charged to it; tokens taken
+// after it are (issue 24, item 7: Reserve(10), Reset, 10 Allows, Cancel,
+// 20 more Allows admitted 20 after the Reset where 10 is right).
+func TestResetStartsAGeneration(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, nb backendFactory) {
+		b := nb(t)
+		r := b.newAuthority(t, testPrefix)
+		ctx := context.Background()
+		l := policy.Limit{Name: "gen", Rate: 1, Period: time.Hour, Burst: 20}
+		key := r.Key(l, "k")
+		before, err := r.Acquire(ctx, key, l, 10, 10, 1) // the reservation
+		if err != nil || before.Granted != 10 || before.At == 0 {
+			t.Fatalf("reserve 10 = %+v, %v", before, err)
+		}
+		mark, err := r.Reset(ctx, key)
+		if err != nil || mark < before.At {
+			t.Fatalf("Reset = %d, %v; want a mark at or after %d", mark, err, before.At)
+		}
+		if b.exact() {
+			b.setTime(t, t0.Add(time.Millisecond)) // the server's clock moves on
+		}
+		after, err := r.Acquire(ctx, key, l, 10, 10, 1) // 10 Allows
+		if err != nil || after.Granted != 10 || after.At <= mark {
+			t.Fatalf("take 10 after the Reset = %+v, %v; want granted, stamped after %d", after, err, mark)
+		}
+		// Cancel the reservation: its tokens left the old bucket.
+		if w := apply(t, r, Refund{Key: key, Limit: l, Tokens: 10, Since: before.At}); w != 10 {
+			t.Errorf("cancel of a reservation from before the Reset: %d left; want 10 (dropped)", w)
+		}
+		if w := apply(t, r, Refund{Key: key, Limit: l, Tokens: -5, Since: before.At}); w != 10 {
+			t.Errorf("charge of a reservation from before the Reset: %d left; want 10 (dropped)", w)
+		}
+		if w := apply(t, r, Refund{Key: key, Limit: l, Tokens: 3}); w != 10 {
+			t.Errorf("tokens of an unknown generation after a Reset: %d left; want 10 (dropped)", w)
+		}
+		if w := apply(t, r, Refund{Key: key, Limit: l, Tokens: 4, Since: after.At}); w != 14 {
+			t.Errorf("refund of tokens taken after the Reset: %d left; want 14", w)
+		}
+		if g, _ := r.Acquire(ctx, key, l, 15, 15, 1); g.Granted != 0 {
+			t.Errorf("15 more after the Reset = %+v; want denied: 20 is the burst", g)
+		}
+	})
+}
+
+// TestNoResetAppliesUnknownGeneration: a bucket never Reset takes back
+// tokens whatever their stamp.
+func TestNoResetAppliesUnknownGeneration(t *testing.T) {
+	b := newMiniBackend(t)
+	r := b.newAuthority(t, testPrefix)
+	key := r.Key(hourly, "k")
+	mustExact(t, r, key, hourly, 30)
+	if w := apply(t, r, Refund{Key: key, Limit: hourly, Tokens: 10}); w != 80 {
+		t.Errorf("refund of 10, no stamp, no Reset: %d left; want 80", w)
+	}
+}
+
+// TestQuotaAdjustmentOfAnotherWindow: a calendar quota's refund or charge
+// of tokens taken in an earlier window is dropped; in the same window it
+// applies.
+func TestQuotaAdjustmentOfAnotherWindow(t *testing.T) {
+	b := newMiniBackend(t)
+	r := b.newAuthority(t, testPrefix)
+	ctx := context.Background()
+	q := policy.Quota("q", 30, policy.Hour, time.UTC)
+	key := r.Key(q, "k")
+	// The client names this window and the next by its own clock (see
+	// spec); the server's clock picks one of them.
+	end, _ := q.Calendar.Window(time.Now())
+	if time.Until(end) < 10*time.Second {
+		time.Sleep(time.Until(end) + time.Millisecond) // not across the boundary mid-test
+		end, _ = q.Calendar.Window(time.Now())
+	}
+	b.setTime(t, end.Add(-30*time.Minute))
+	g, err := r.Acquire(ctx, key, q, 20, 20, 1)
+	if err != nil || g.Granted != 20 {
+		t.Fatalf("take 20 = %+v, %v", g, err)
+	}
+	window := g.At + g.ResetAfter.Microseconds()
+	if window != end.UnixMicro() {
+		t.Fatalf("stamp + reset-after = %d; want the window's end %d", window, end.UnixMicro())
+	}
+	if w := apply(t, r, Refund{Key: key, Limit: q, Tokens: -3, Window: window, Since: g.At}); w != 7 {
+		t.Errorf("charge in its window: %d left; want 7", w)
+	}
+	b.setTime(t, end.Add(time.Minute)) // the server is in the next window
+	if w := apply(t, r, Refund{Key: key, Limit: q, Tokens: 5, Window: window, Since: g.At}); w != 30 {
+		t.Errorf("refund of the last window's tokens: %d left; want 30 (dropped: this window started full)", w)
+	}
+	if w := apply(t, r, Refund{Key: key, Limit: q, Tokens: -5, Window: window, Since: g.At}); w != 30 {
+		t.Errorf("charge for the last window's use: %d left; want 30 (dropped)", w)
+	}
+}
+
+// TestAcquireAllStamps: a multi-limit grant carries the server's clock.
+func TestAcquireAllStamps(t *testing.T) {
+	b := newMiniBackend(t)
+	r := b.newAuthority(t, testPrefix)
+	b.setTime(t, t0)
+	other := policy.Limit{Name: "other", Rate: 10, Period: time.Second, Burst: 10}
+	a := Acquisition{Key: r.Key(hourly, "k"), Limit: hourly, Want: 2, Min: 2, Share: 1,
+		With: []Member{{Key: r.Key(other, "k"), Limit: other}}}
+	r.AcquireAll(context.Background(), []*Acquisition{&a})
+	if a.Err != nil || a.Grant.Granted != 2 || a.Grant.At != micros(t0) {
+		t.Errorf("AcquireAll = %+v, %v; want 2 granted, stamped %d", a.Grant, a.Err, micros(t0))
+	}
+}

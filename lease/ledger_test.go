@@ -1,0 +1,117 @@
+package lease
+
+import (
+	"testing"
+	"time"
+
+	"github.com/leaselimit/leaselimit/authority"
+	"github.com/leaselimit/leaselimit/policy"
+)
+
+// The ledger in the lease: tokens keep where they came from (the grant's
+// time and a calendar quota's window), a refill never revives tokens of an
+// expired lease or of another window, and whatever leaves the lease says
+// where it goes back to.
+
+// TestInstallNeverRevivesExpiredTokens: a refill that finds the lease
+// expired takes its tokens out (to return them) rather than counting them
+// as the live lease and adding its grant to them, which revived a quota's
+// tokens in the next window.
+func TestInstallNeverRevivesExpiredTokens(t *testing.T) {
+	z := newSizer(policy.PerSecond(1000), policy.Lease{TTL: time.Second})
+	e := &entry{key: "k"}
+	z.Install(e, request{Want: 10, Min: 1}, Outcome{Granted: 10, Remaining: bigRemaining, At: 100}, 1*s)
+	e.AddPending(1)
+	req, expired := z.Plan(e, 3*s) // the lease expired at 2s
+	if expired.tokens != 10 || expired.since != 100 {
+		t.Fatalf("Plan on an expired lease took out %+v; want its 10 tokens, stamped 100", expired)
+	}
+	if _, stale := z.Install(e, req, Outcome{Granted: 5, Remaining: bigRemaining, Min: req.Min, At: 300}, 3*s); stale.tokens != 0 {
+		t.Errorf("Install returned %+v stale; the plan took them already", stale)
+	}
+	if got := e.Tokens() + e.Reserved(); got != 5 {
+		t.Errorf("lease holds %d after the refill; want its 5, none of the expired 10", got)
+	}
+	if e.since != 300 {
+		t.Errorf("since = %d; want 300, the new grant's (the lease was empty)", e.since)
+	}
+}
+
+// TestInstallOfAnotherWindow: a grant of a quota's next window does not
+// join a lease still live on the local clock but of the last window (the
+// call crossed the boundary): those tokens come out, stamped with their
+// window.
+func TestInstallOfAnotherWindow(t *testing.T) {
+	z := newSizer(policy.Quota("q", 1000, policy.Hour, time.UTC), policy.Lease{TTL: time.Minute, IdleTTL: time.Hour})
+	e := &entry{key: "k"}
+	z.Install(e, request{Want: 10, Min: 1}, Outcome{Granted: 10, Remaining: bigRemaining, At: 100, Window: 1000}, 1*s)
+	if _, stale := z.Install(e, request{Want: 4, Min: 1}, Outcome{Granted: 4, Remaining: bigRemaining, At: 1200, Window: 2000}, 2*s); stale.tokens != 10 || stale.window != 1000 || stale.since != 100 {
+		t.Errorf("stale = %+v; want the 10 tokens of window 1000, stamped 100", stale)
+	}
+	if e.Tokens() != 4 || e.window != 2000 || e.since != 1200 {
+		t.Errorf("lease = %d tokens, window %d, since %d; want 4 of window 2000 since 1200", e.Tokens(), e.window, e.since)
+	}
+	// A grant of the same window joins, and the lease keeps the earlier
+	// stamp: a lower bound of every token it holds.
+	if _, stale := z.Install(e, request{Want: 3, Min: 1}, Outcome{Granted: 3, Remaining: bigRemaining, At: 1500, Window: 2000}, 3*s); stale.tokens != 0 {
+		t.Errorf("stale = %+v for a grant of the same window", stale)
+	}
+	if e.Tokens() != 7 || e.since != 1200 {
+		t.Errorf("lease = %d tokens since %d; want 7 since 1200", e.Tokens(), e.since)
+	}
+}
+
+// TestGiveKeepsStamps: a surplus given to the lease lowers its since to
+// the surplus's own; a surplus of another window does not join.
+func TestGiveKeepsStamps(t *testing.T) {
+	z := newSizer(policy.Quota("q", 1000, policy.Hour, time.UTC), policy.Lease{TTL: time.Minute, IdleTTL: time.Hour})
+	e := &entry{key: "k"}
+	z.Install(e, request{Want: 10, Min: 1}, Outcome{Granted: 10, Remaining: bigRemaining, At: 500, Window: 1000}, 1*s)
+	if e.Give(3, 50, 2000, 2*s) {
+		t.Error("Give of another window's surplus joined the lease")
+	}
+	if !e.Give(3, 50, 1000, 2*s) || e.Tokens() != 13 || e.since != 50 {
+		t.Errorf("Give of 3 stamped 50: lease %d since %d; want 13 since 50", e.Tokens(), e.since)
+	}
+	h := e.drainHeld()
+	if h != (held{tokens: 13, since: 50, window: 1000}) {
+		t.Errorf("drained %+v; want 13 tokens since 50 of window 1000", h)
+	}
+}
+
+// TestCompleteStampsReturns: the tokens a refill brings for an evicted key
+// go back stamped with the grant: its time and, for a quota, the end of its
+// window (the grant's time plus the time to the boundary).
+func TestCompleteStampsReturns(t *testing.T) {
+	q := policy.Quota("q", 1000, policy.Hour, time.UTC)
+	z := newSizer(q, policy.Lease{TTL: time.Minute, IdleTTL: time.Hour})
+	e := &entry{key: "k"}
+	ls := over(z, e)
+	e.AddPending(1)
+	r := ls.Plan(Ticket{e: e, n: 1}, 1*s)
+	e.removed.Store(true)
+	_, back := ls.Complete(r, authority.Grant{Granted: 5, Remaining: 900, At: 7_000_000, ResetAfter: 3 * time.Second}, 1*s)
+	if len(back) != 1 || back[0].Tokens != 5 || back[0].Since != 7_000_000 || back[0].Window != 10_000_000 {
+		t.Errorf("returned %+v; want the 5 granted, since 7000000, window 10000000", back)
+	}
+}
+
+// TestSurrender: the unspent tokens of a live lease come out stamped, the
+// negative cache ends, and the tokens set aside for waiting callers stay.
+func TestSurrender(t *testing.T) {
+	z := newSizer(policy.PerSecond(1000), policy.Lease{TTL: time.Minute, IdleTTL: time.Hour})
+	e := &entry{key: "k"}
+	ls := over(z, e)
+	z.Install(e, request{Want: 10, Min: 1, Need: 2}, Outcome{Granted: 10, Remaining: bigRemaining, At: 42}, 1*s)
+	e.denyUntil.Store(5 * s)
+	r := ls.Surrender("k", 2*s)
+	if r.Tokens != 8 || r.Since != 42 || r.Key != "k" {
+		t.Errorf("Surrender = %+v; want the 8 unreserved tokens, since 42", r)
+	}
+	if e.Tokens() != 0 || e.Reserved() != 2 || e.denyUntil.Load() != 0 {
+		t.Errorf("after Surrender: %d tokens, %d reserved, denyUntil %d; want 0, 2, 0", e.Tokens(), e.Reserved(), e.denyUntil.Load())
+	}
+	if since, ok := ls.Since("k"); !ok || since != 42 {
+		t.Errorf("Since = %d, %v; want 42, true", since, ok)
+	}
+}
