@@ -71,6 +71,7 @@ func New(t *Table, limit policy.Limit, s policy.Lease, fleetSize int) *Leases {
 func NewGroup(t *Table, envelope policy.Limit, members []policy.Limit, s policy.Lease, fleetSize int) *Leases {
 	ls := New(t, envelope, s, fleetSize)
 	ls.members = members
+	ls.sizer.members = members
 	return ls
 }
 
@@ -228,7 +229,7 @@ func (ls *Leases) Complete(r Refill, g authority.Grant, now int64) (o Outcome, b
 		r.e.parts.Store(g.Multi)
 	}
 	o = Outcome{Granted: g.Granted, Remaining: g.Remaining, RetryAfter: g.RetryAfter, Min: r.req.Min,
-		Expire: ls.windowEnd(g), At: g.At, Window: ls.window(g)}
+		Expire: ls.windowEnd(g), At: g.At, Window: ls.window(g), Parts: g.Multi}
 	evicted, stale := ls.sizer.Install(r.e, r.req, o, now)
 	if stale.tokens > 0 {
 		back = append(back, r.e.back(stale))
@@ -262,15 +263,16 @@ func (ls *Leases) Collect(t Ticket, o Outcome, now int64) Answer {
 	if ok, left := e.Take(n, now); ok {
 		return Answer{Status: Granted, Remaining: ls.remaining(e, left), Parts: ls.parts(e)}
 	}
-	if o.Granted == 0 {
-		retry := o.RetryAfter
-		if o.Min < n && !ls.windowed() {
-			// The authority said when Min tokens are due; n need more
-			// (a calendar quota's come back all at once, at its boundary).
-			retry += ls.limit.Interval(n - o.Min)
-		}
-		return Answer{Status: Refused, Remaining: o.Remaining, RetryAfter: retry, Parts: ls.parts(e)}
+	if o.Granted == 0 && o.Min <= n {
+		// The authority said when Min tokens are due; n may need longer,
+		// by each limit's own rule (see extra).
+		more, _ := ls.sizer.extra(o.Remaining, o.Parts, o.Min, n)
+		return Answer{Status: Refused, Remaining: o.Remaining, RetryAfter: o.RetryAfter + more, Parts: ls.parts(e)}
 	}
+	// Past here the refill's tokens went to others, or it was denied for
+	// more than n (a caller that joined a refill already planned without
+	// it): the negative cache it set says what it says of n, or the caller
+	// asks again.
 	if denied, wait := ls.sizer.Denied(e, n, now); denied {
 		return Answer{Status: Cached, Remaining: e.Remote(), RetryAfter: wait, Parts: ls.parts(e)}
 	}
@@ -419,18 +421,52 @@ func (ls *Leases) parts(e *entry) *authority.Multi {
 	return e.parts.Load()
 }
 
-// windowed reports whether a calendar quota is among the limits: its
-// tokens come back all at once at a boundary, not one by one.
-func (ls *Leases) windowed() bool {
-	if ls.limit.IsQuota() {
-		return true
-	}
-	for _, m := range ls.members {
-		if m.IsQuota() {
-			return true
+// extra returns how much longer (negative: shorter) a request for n
+// tokens waits than one for m, from the buckets as an authority's denial
+// of m read them (remaining, a single limit's whole tokens; p, a
+// multi-limit's members), by the rule of each limit: a token bucket's own
+// refill of the difference; nothing for a calendar quota, whose tokens
+// come back all at once at its boundary, and fits for a smaller request a
+// single quota held enough for (its denial says nothing of that request).
+// A multi-limit waits until every member holds n (see wait). Never the
+// envelope's refill: it is the slowest member's, and a quota's Period/Rate
+// refills nothing.
+func (z sizer) extra(remaining int64, p *authority.Multi, m, n int64) (more time.Duration, fits bool) {
+	switch {
+	case n == m:
+		return 0, false
+	case z.members == nil && z.limit.IsQuota():
+		return 0, n < m && n <= remaining
+	case z.members == nil || p == nil || len(p.Parts) != len(z.members):
+		// One token bucket (or, had a multi-limit's denial no parts, its
+		// envelope, which is never faster than a member).
+		if n > m {
+			return z.limit.Interval(n - m), false
 		}
+		return -z.limit.Interval(m - n), false
 	}
-	return false
+	return z.wait(p, n) - z.wait(p, m), false
+}
+
+// wait is how long after p's reading every member of a multi-limit holds k
+// tokens, each by its own rule: a calendar quota short of k until its
+// window ends (its ResetAfter); a token bucket short of k until its refill
+// brings it there (full at its ResetAfter, it holds k the refill time of
+// Burst-k before).
+func (z sizer) wait(p *authority.Multi, k int64) time.Duration {
+	var w time.Duration
+	for i, l := range z.members {
+		part := p.Parts[i]
+		if part.Remaining >= k {
+			continue
+		}
+		t := part.ResetAfter
+		if !l.IsQuota() {
+			t -= l.Interval(l.Burst - k)
+		}
+		w = max(w, t)
+	}
+	return w
 }
 
 // windowEnd is how long a grant g's tokens are good for when a calendar

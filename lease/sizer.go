@@ -4,6 +4,7 @@ import (
 	"math"
 	"time"
 
+	"github.com/leaselimit/leaselimit/authority"
 	"github.com/leaselimit/leaselimit/policy"
 )
 
@@ -24,6 +25,9 @@ type sizer struct {
 	settings policy.Lease
 	horizon  float64 // seconds
 	perToken float64 // nanoseconds of refill per token
+	// members, for a multi-limit, are its limits (limit is then their
+	// envelope): a denial's wait for n tokens is theirs (see extra).
+	members []policy.Limit
 }
 
 // makeSizer returns a sizer for limit l with settings s (defaults applied).
@@ -34,29 +38,35 @@ func makeSizer(l policy.Limit, s policy.Lease) sizer {
 }
 
 // Denied reports whether the negative cache denies n tokens of e at now,
-// and the request's retry-after. A denial was for denyMin tokens; a smaller
-// request is denied for less, by the refill time of the difference. Without
-// a batch wait (see Install) that is exactly when a central bucket would
-// admit it; with one it also waits out the rest of the batch.
+// and the request's retry-after. A denial was for denyMin tokens; another
+// request waits longer or less by the rule of each limit (see extra): a
+// token bucket by its own refill time of the difference, a calendar quota
+// not at all (its tokens come back all at once, at its boundary), and a
+// smaller request a single quota held enough for is not denied here.
+// Without a batch wait (see Install) that is exactly when a central bucket
+// would admit it; with one it also waits out the rest of the batch.
 //
 // The retry-after is not the cache's lifetime (at most DenyCap, an internal
-// matter) but when the request can next be admitted here: once the bucket
-// holds n tokens, as Redis last said (availAt, the refill time of the
-// difference from denyMin added or taken off), and not before the cache
-// ends.
+// matter) but when the request can next be admitted here: once the buckets
+// hold n tokens, as Redis last said (availAt, with the difference from
+// denyMin added or taken off), and not before the cache ends.
 func (z sizer) Denied(e *entry, n, now int64) (bool, time.Duration) {
 	d := e.denyUntil.Load()
 	if now >= d {
 		return false, 0
 	}
 	m := e.denyMin.Load()
+	more, fits := z.extra(e.Remote(), e.parts.Load(), m, n)
+	if fits {
+		return false, 0
+	}
 	if n < m {
-		d -= int64(float64(m-n) * z.perToken)
+		d += int64(more)
 		if now >= d {
 			return false, 0
 		}
 	}
-	due := e.availAt.Load() + int64(float64(n-m)*z.perToken)
+	due := e.availAt.Load() + int64(more)
 	return true, time.Duration(max(d, due) - now)
 }
 
@@ -185,6 +195,9 @@ type Outcome struct {
 	Expire time.Duration
 	// At and Window stamp the granted tokens (see Return).
 	At, Window int64
+	// Parts, for a multi-limit, is each member's bucket as the authority
+	// read it (see extra); nil for one limit.
+	Parts *authority.Multi
 }
 
 // maxBatchWait caps how long a key at its limit waits to gather a batch
