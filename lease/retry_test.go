@@ -128,3 +128,23 @@ func TestSmallerRequestAfterDenial(t *testing.T) {
 		})
 	}
 }
+
+// TestRearmAfterGrantByEachLimitsRule: a key at its limit that takes the
+// last tokens of a calendar quota is told the next token is due at the
+// boundary, not a nominal per-token refill away.
+func TestRearmAfterGrantByEachLimitsRule(t *testing.T) {
+	q := policy.Quota("q", 100, policy.Day, time.UTC)
+	z := newSizer(q, policy.Lease{TTL: time.Second})
+	o := Outcome{Granted: 5, Remaining: 0, Expire: 3 * time.Hour}
+	if got := z.oneDue(o); got != 3*time.Hour {
+		t.Errorf("quota spent: next token due in %v; want 3h, its boundary", got)
+	}
+	o.Remaining = 2
+	if got := z.oneDue(o); got != 0 {
+		t.Errorf("quota with 2 left: next token due in %v; want 0", got)
+	}
+	b := newSizer(policy.PerSecond(10), policy.Lease{TTL: time.Second})
+	if got := b.oneDue(Outcome{Granted: 5, Remaining: 0}); got != 100*time.Millisecond {
+		t.Errorf("10/s spent: next token due in %v; want 100ms", got)
+	}
+}

@@ -301,14 +301,29 @@ func (z sizer) Install(e *entry, req request, o Outcome, now int64) (refund int6
 	if rearm > 0 {
 		// After the tokens too: a caller must not find the cache set and
 		// the lease still empty.
-		// The bucket holds a token already if Remaining > 0.
-		e.availAt.Store(now + int64(z.limit.Interval(1-o.Remaining)))
+		e.availAt.Store(now + int64(z.oneDue(o)))
 		e.denyMin.Store(1)
 		e.denyUntil.Store(now + int64(rearm))
 		// No prefetch: before the cache ends it could only be denied.
 		e.low.Store(0)
 	}
 	return 0, stale
+}
+
+// oneDue is how long after a grant o the buckets hold a token again, by
+// each limit's rule (see extra): none if the bucket holds one already; a
+// calendar quota's at its boundary (o.Expire, the time to it); a token
+// bucket's by its own refill; a multi-limit's when every member holds one.
+func (z sizer) oneDue(o Outcome) time.Duration {
+	switch {
+	case z.members != nil && o.Parts != nil && len(o.Parts.Parts) == len(z.members):
+		return z.wait(o.Parts, 1)
+	case o.Remaining >= 1:
+		return 0
+	case z.members == nil && z.limit.IsQuota():
+		return o.Expire
+	}
+	return z.limit.Interval(1 - o.Remaining)
 }
 
 func clamp(v, lo, hi int64) int64 {
