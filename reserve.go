@@ -77,11 +77,15 @@ func (r *Reservation) Decision() Decision { return r.decision }
 // one call within the time budget; ctx's cancellation does not stop it (a
 // response that ended because its client left still has to be paid for).
 // While Redis cannot be reached the adjustment is queued, with the
-// refunds, and applied when it is back; one whose call failed after it was
-// sent is dropped (it may have been applied) and counted:
+// refunds, and applied when it is back, once (it has its own id; see the
+// ledger in the README): one that never reached Redis waits until Redis
+// answers, one whose outcome is unknown is sent again under its id for
+// authority.ResendWithin, then dropped and counted:
 // ratelimit.lease.refunds.dropped for a surplus, ratelimit.settle.charges.dropped
-// for an excess. After the Limiter's Close, Settle makes its one call on
-// the caller's goroutine and returns its error.
+// for an excess. Its tokens go back only to the generation (see Reset) and
+// the calendar window they were taken from. After the Limiter's Close,
+// Settle makes its one call on the caller's goroutine and returns its
+// error.
 //
 // actual < 0 returns ErrInvalidCost and settles nothing.
 func (r *Reservation) Settle(ctx context.Context, actual int64) error {
