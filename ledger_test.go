@@ -185,3 +185,48 @@ func TestResetDropsTokensOfTheOldBucket(t *testing.T) {
 		})
 	}
 }
+// TestSettleWhileConnectionsRefused: exact mode, two reservations of 10,
+// then connections are refused for 1.5s (Redis up, its data kept):
+// Settle(60) and Settle(0) return nil and are applied once Redis can be
+// reached, once each: the bucket ends at 40 where it stayed at 80 (the
+// calls were counted as maybe applied although no byte reached Redis;
+// item 4).
+func TestSettleWhileConnectionsRefused(t *testing.T) {
+	srv := redistest.Start(t)
+	proxy := redistest.NewProxy(t, srv.Addr)
+	c := redis.NewClient(&redis.Options{Addr: proxy.Addr})
+	t.Cleanup(func() { c.Close() })
+	ctx := context.Background()
+	l := policy.Limit{Name: "refused", Rate: 1, Period: time.Hour, Burst: 100}
+	lim := mustNew(t, c, l, leaselimit.WithoutLease(), leaselimit.WithTimeout(100*time.Millisecond))
+	a, err := lim.Reserve(ctx, "k", 10)
+	if err != nil || !a.Decision().Allowed {
+		t.Fatalf("Reserve = %+v, %v", a, err)
+	}
+	b, err := lim.Reserve(ctx, "k", 10)
+	if err != nil || !b.Decision().Allowed {
+		t.Fatalf("Reserve = %+v, %v", b, err)
+	}
+	proxy.Refuse(true)
+	if err := a.Settle(ctx, 60); err != nil {
+		t.Errorf("Settle(60) while refused = %v; want nil (queued)", err)
+	}
+	if err := b.Settle(ctx, 0); err != nil {
+		t.Errorf("Settle(0) while refused = %v; want nil (queued)", err)
+	}
+	time.Sleep(1500 * time.Millisecond)
+	proxy.Refuse(false)
+	direct := mustNew(t, srv.Client(t), l, leaselimit.WithoutLease())
+	var last int64
+	if _, ok := waitUntil(10*time.Second, func() bool {
+		p, err := direct.Peek(ctx, "k")
+		last = p.Remaining
+		return err == nil && p.Remaining == 40
+	}); !ok {
+		t.Fatalf("bucket holds %d; want 40 (100 - 60 charged in all - 0): the settlements queued and applied once", last)
+	}
+	time.Sleep(500 * time.Millisecond) // a resend would land by now
+	if p, err := direct.Peek(ctx, "k"); err != nil || p.Remaining != 40 {
+		t.Errorf("bucket = %+v, %v later; want 40 still (applied once)", p, err)
+	}
+}

@@ -77,3 +77,47 @@ func TestParseStatsAndSub(t *testing.T) {
 		t.Errorf("Sub = %+v, want %+v", d, wantD)
 	}
 }
+
+func TestFrames(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		want int64
+	}{
+		{"", 0},
+		{"+OK\r\n", 1},
+		{"-ERR x\r\n:1\r\n", 2},
+		{"$5\r\nhe\r\no\r\n$-1\r\n$0\r\n\r\n", 3},
+		{"*3\r\n$4\r\nINCR\r\n$1\r\nk\r\n:7\r\n", 1},
+		{"*2\r\n*1\r\n+a\r\n*0\r\n*-1\r\n", 2},
+		{"%2\r\n+a\r\n:1\r\n+b\r\n*1\r\n_\r\n", 1},                       // RESP3 map
+		{"~2\r\n,1.5\r\n#t\r\n(12\r\n=7\r\ntxt:abc\r\n!3\r\nerr\r\n", 4}, // set, double, bool, big number, verbatim, bulk error
+		{">2\r\n+message\r\n+x\r\n", 1},
+		{"PING\r\nECHO a\r\n", 2}, // inline commands
+		{"*1\r\n$4\r\nPI", 0},     // incomplete
+	} {
+		// Whole, and split at every position: the count must not depend
+		// on how the stream arrives.
+		for cut := 0; cut <= len(c.in); cut++ {
+			var f frames
+			got := f.feed([]byte(c.in[:cut])) + f.feed([]byte(c.in[cut:]))
+			if got != c.want || f.broken {
+				t.Errorf("frames in %q split at %d = %d (broken %v), want %d", c.in, cut, got, f.broken, c.want)
+			}
+		}
+		var f frames
+		var got int64
+		for i := range len(c.in) {
+			got += f.feed([]byte{c.in[i]})
+		}
+		if got != c.want {
+			t.Errorf("frames in %q byte by byte = %d, want %d", c.in, got, c.want)
+		}
+	}
+	for _, bad := range []string{"+OK\n", "$x\r\n", "*-2\r\n", "|1\r\n+a\r\n+b\r\n", "*1\r\nPING\r\n"} {
+		var f frames
+		f.feed([]byte(bad))
+		if !f.broken {
+			t.Errorf("frames(%q) not broken", bad)
+		}
+	}
+}

@@ -13,38 +13,64 @@ import (
 // proxyDialTimeout bounds the proxy's connection attempts to its target.
 const proxyDialTimeout = 5 * time.Second
 
+// relistenFor bounds how long Refuse(false) retries listening on the
+// proxy's address again.
+const relistenFor = 5 * time.Second
+
 // Proxy is a TCP proxy that forwards connections to a target address and can
-// inject faults: latency, a blackhole, and abrupt disconnection. Create one
-// with NewProxy; its methods are safe for concurrent use.
+// inject faults: latency, a blackhole, abrupt disconnection, refused
+// connections and replies dropped after the target applied the request.
+// Create one with NewProxy; its methods are safe for concurrent use.
+//
+// The proxy follows the RESP protocol on each connection (commands one way,
+// replies the other), so that Refuse can close a connection between
+// requests and DropReplies after the target has answered. A stream that is
+// not RESP is still forwarded; those two faults then cut it at once.
 type Proxy struct {
 	// Addr is the address clients connect to, "127.0.0.1:<port>".
 	Addr string
 
+	tb     testing.TB // reports a failure to listen again after Refuse
 	target string
-	ln     net.Listener
 	ctx    context.Context // cancelled by Close, aborts dials to target
 	cancel context.CancelFunc
 
-	latency   atomic.Int64 // time.Duration added before forwarding a chunk
-	blackhole atomic.Bool  // drop everything read while set
+	latency   atomic.Int64                        // time.Duration added before forwarding a chunk
+	blackhole atomic.Bool                         // drop everything read while set
+	drop      atomic.Pointer[func(c []byte) bool] // DropReplies' match; nil: off
+	drops     atomic.Int64                        // connections DropReplies matched
 
-	mu     sync.Mutex
-	conns  map[*proxyConn]struct{} // live connections
-	closed bool
+	mu       sync.Mutex
+	ln       net.Listener // nil while refusing (and after Close)
+	refusing bool
+	conns    map[*proxyConn]struct{} // live connections
+	closed   bool
 
 	wg        sync.WaitGroup // every goroutine started by the proxy
 	closeOnce sync.Once
 }
 
 // proxyConn is one proxied connection: the accepted client side and the
-// dialed server side.
+// dialed server side, and where each direction stands in its protocol.
 type proxyConn struct {
 	client net.Conn
 	done   chan struct{} // closed by close
 
+	// Each framer is fed by the one pump of its direction only.
+	reqFrames, repFrames frames
+
 	mu     sync.Mutex
 	server net.Conn // nil until dialed
 	closed bool
+	// sent counts the complete requests forwarded to the server, answered
+	// the complete replies read from it (forwarded or dropped); writing is
+	// set while a chunk of requests is being written. A connection with
+	// answered >= sent and nothing being written has no request in flight.
+	sent, answered int64
+	writing        bool
+	unframed       bool // a direction is not RESP (or lost data): nothing is known
+	retiring       bool // Refuse: forward no more requests, close once answered
+	dropping       bool // DropReplies matched: drop the replies, cut once answered
 }
 
 // setServer records the dialed server side. It reports false (and closes
@@ -64,14 +90,44 @@ func (pc *proxyConn) setServer(server net.Conn) bool {
 func (pc *proxyConn) close() {
 	pc.mu.Lock()
 	defer pc.mu.Unlock()
+	pc.closeLocked(false)
+}
+
+// closeLocked closes both sides: the client's with a FIN if graceful (so
+// that a client reading a reply sees the end of the stream, which go-redis
+// retries, rather than a reset, which it does not), else with a reset.
+// pc.mu must be held.
+func (pc *proxyConn) closeLocked(graceful bool) {
 	if pc.closed {
 		return
 	}
 	pc.closed = true
 	close(pc.done)
-	abort(pc.client)
+	if graceful {
+		_ = pc.client.Close()
+	} else {
+		abort(pc.client)
+	}
 	if pc.server != nil {
 		abort(pc.server)
+	}
+}
+
+// idle reports whether pc has no request in flight. pc.mu must be held.
+func (pc *proxyConn) idle() bool {
+	return !pc.writing && pc.answered >= pc.sent
+}
+
+// retire stops pc forwarding requests and closes it as soon as it has no
+// request in flight: at once if it has none (or nothing is known of its
+// protocol), else once the server has answered and the replies are
+// forwarded.
+func (pc *proxyConn) retire() {
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	pc.retiring = true
+	if pc.unframed || pc.idle() {
+		pc.closeLocked(true)
 	}
 }
 
@@ -96,6 +152,7 @@ func NewProxy(tb testing.TB, target string) *Proxy {
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &Proxy{
 		Addr:   ln.Addr().String(),
+		tb:     tb,
 		target: target,
 		ln:     ln,
 		ctx:    ctx,
@@ -103,7 +160,7 @@ func NewProxy(tb testing.TB, target string) *Proxy {
 		conns:  make(map[*proxyConn]struct{}),
 	}
 	p.wg.Add(1)
-	go p.acceptLoop()
+	go p.acceptLoop(ln)
 	tb.Cleanup(p.Close)
 	return p
 }
@@ -125,6 +182,110 @@ func (p *Proxy) Blackhole(on bool) {
 	p.blackhole.Store(on)
 }
 
+// Refuse turns refusal on or off. While it is on, nothing listens on Addr,
+// so new connections are refused (ECONNREFUSED, as from a server that is
+// down), and the established ones are closed between requests: a
+// connection with no request in flight is closed at once, one waiting for
+// a reply is closed as soon as that reply has been forwarded, and a request
+// a client sends on it meanwhile is dropped. So every request either
+// reached the target and got its reply, or never reached the target: no
+// outcome is left unknown. (A connection whose stream is not RESP is
+// closed at once. The proxy forwards what it reads as it reads it, so a
+// pipeline that reaches it in several reads can be cut between two of its
+// commands: each command is still answered or never sent, but a client may
+// report the whole pipeline as failed.) The client side sees the end of
+// the stream (a FIN).
+//
+// Refuse(false) listens on Addr again; the port stays the proxy's, and if
+// another process took it meanwhile the test fails.
+func (p *Proxy) Refuse(on bool) {
+	p.mu.Lock()
+	if p.closed || p.refusing == on {
+		p.mu.Unlock()
+		return
+	}
+	p.refusing = on
+	if on {
+		ln := p.ln
+		p.ln = nil
+		conns := make([]*proxyConn, 0, len(p.conns))
+		for pc := range p.conns {
+			conns = append(conns, pc)
+		}
+		p.mu.Unlock()
+		if ln != nil {
+			_ = ln.Close()
+		}
+		for _, pc := range conns {
+			pc.retire()
+		}
+		return
+	}
+	p.mu.Unlock()
+	ln, err := p.listenAgain()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	switch {
+	case p.closed || p.refusing: // closed, or refusing again, meanwhile
+		if ln != nil {
+			_ = ln.Close()
+		}
+	case err != nil:
+		p.tb.Errorf("redistest: proxy: listen on %s again: %v", p.Addr, err)
+	default:
+		p.ln = ln
+		p.wg.Add(1) // under p.mu, before Close can start waiting
+		go p.acceptLoop(ln)
+	}
+}
+
+// listenAgain listens on p.Addr, retrying for a while: a connection the
+// proxy just closed can hold the port briefly.
+func (p *Proxy) listenAgain() (net.Listener, error) {
+	deadline := time.Now().Add(relistenFor)
+	for {
+		ln, err := net.Listen("tcp", p.Addr)
+		if err == nil || time.Now().After(deadline) {
+			return ln, err
+		}
+		select {
+		case <-p.ctx.Done():
+			return nil, p.ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+// DropReplies makes the proxy throw away the target's replies to the
+// requests match selects, after the target has applied them, and then cut
+// the connection, so that the client never learns the outcome of a call
+// that took effect. match is called with each chunk of request bytes the
+// proxy reads from a client (a command, a pipeline or part of one); it
+// must be safe for concurrent use. Once a connection has forwarded a chunk
+// match accepted, the proxy forwards no reply on it: it reads and drops
+// the replies to every request forwarded so far, then closes the
+// connection, the client side with a FIN (go-redis takes the end of the
+// stream for a retryable error and sends the command again on a new
+// connection, where it is matched again while dropping is on). A
+// connection whose stream is not RESP is cut at its first reply. AnyRequest
+// matches every request; nil turns dropping off (connections already
+// matched are still cut).
+func (p *Proxy) DropReplies(match func(chunk []byte) bool) {
+	if match == nil {
+		p.drop.Store(nil)
+		return
+	}
+	p.drop.Store(&match)
+}
+
+// AnyRequest matches every request, for DropReplies.
+func AnyRequest([]byte) bool { return true }
+
+// DroppedReplies returns how many connections DropReplies has matched: no
+// reply is forwarded on them from then on, and they are cut once the
+// target has answered (or sooner, if the client closes them).
+func (p *Proxy) DroppedReplies() int64 { return p.drops.Load() }
+
 // CutAll abruptly closes (with a TCP reset where possible) all current
 // connections, on both the client and the target side. The proxy keeps
 // accepting new connections.
@@ -141,8 +302,12 @@ func (p *Proxy) Close() {
 	p.closeOnce.Do(func() {
 		p.mu.Lock()
 		p.closed = true
+		ln := p.ln
+		p.ln = nil
 		p.mu.Unlock()
-		_ = p.ln.Close()
+		if ln != nil {
+			_ = ln.Close()
+		}
 		p.cancel()
 		p.CutAll()
 		p.wg.Wait()
@@ -161,10 +326,12 @@ func (p *Proxy) takeConns() []*proxyConn {
 	return conns
 }
 
-func (p *Proxy) acceptLoop() {
+// acceptLoop serves the connections ln accepts until ln is closed (by
+// Refuse or Close).
+func (p *Proxy) acceptLoop(ln net.Listener) {
 	defer p.wg.Done()
 	for {
-		c, err := p.ln.Accept()
+		c, err := ln.Accept()
 		if err != nil {
 			if errors.Is(err, net.ErrClosed) {
 				return
@@ -180,10 +347,11 @@ func (p *Proxy) acceptLoop() {
 		}
 		pc := &proxyConn{client: c, done: make(chan struct{})}
 		p.mu.Lock()
-		if p.closed {
+		if p.closed || p.ln != ln {
+			// Closed, or refusing: accepted just before the listener was.
 			p.mu.Unlock()
 			abort(c)
-			return
+			continue
 		}
 		p.conns[pc] = struct{}{}
 		p.wg.Add(1) // acceptLoop holds a count, so this may run concurrently with Wait
@@ -211,9 +379,9 @@ func (p *Proxy) serve(pc *proxyConn) {
 	go func() {
 		defer p.wg.Done()
 		defer pc.close()
-		p.pump(pc, server, pc.client)
+		p.pumpReplies(pc, server)
 	}()
-	p.pump(pc, pc.client, server)
+	p.pumpRequests(pc, server)
 }
 
 // forget removes pc from the live connections.
@@ -223,21 +391,119 @@ func (p *Proxy) forget(pc *proxyConn) {
 	p.mu.Unlock()
 }
 
-// pump copies from src to dst, applying the latency and the blackhole, until
-// reading or writing fails (which is how closing pc stops it).
-func (p *Proxy) pump(pc *proxyConn, src, dst net.Conn) {
+// pumpRequests copies requests from pc's client to server, applying the
+// latency, the blackhole, Refuse and DropReplies, until reading or writing
+// fails (which is how closing pc stops it).
+func (p *Proxy) pumpRequests(pc *proxyConn, server net.Conn) {
 	buf := make([]byte, 32<<10)
 	for {
-		n, err := src.Read(buf)
-		if n > 0 && p.forwardable(pc) {
-			if _, werr := dst.Write(buf[:n]); werr != nil {
-				return
-			}
+		n, err := pc.client.Read(buf)
+		if n > 0 && !p.forwardRequests(pc, server, buf[:n]) {
+			return
 		}
 		if err != nil {
 			return
 		}
 	}
+}
+
+// forwardRequests forwards one chunk of requests, unless the blackhole
+// drops it or pc is retiring, and reports whether pc is still open.
+func (p *Proxy) forwardRequests(pc *proxyConn, server net.Conn, chunk []byte) bool {
+	if !p.forwardable(pc) {
+		pc.mu.Lock()
+		pc.unframed = true // data lost: the stream's framing is gone
+		pc.mu.Unlock()
+		return true
+	}
+	// Matched before the write, so that no reply to it can slip through.
+	matched := false
+	if m := p.drop.Load(); m != nil {
+		matched = (*m)(chunk)
+	}
+	pc.mu.Lock()
+	if pc.retiring || pc.closed {
+		// Refused: this request never reaches the target.
+		if pc.unframed || pc.idle() {
+			pc.closeLocked(true)
+		}
+		open := !pc.closed
+		pc.mu.Unlock()
+		return open
+	}
+	pc.writing = true
+	if matched && !pc.dropping {
+		pc.dropping = true
+		p.drops.Add(1)
+	}
+	pc.mu.Unlock()
+
+	_, werr := server.Write(chunk)
+	n := pc.reqFrames.feed(chunk)
+
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	pc.writing = false
+	pc.sent += n
+	pc.unframed = pc.unframed || pc.reqFrames.broken
+	if pc.retiring && (pc.unframed || pc.idle()) || pc.dropping && pc.idle() {
+		// Answered already (the replies were read while this chunk was
+		// being written).
+		pc.closeLocked(true)
+	}
+	return werr == nil && !pc.closed
+}
+
+// pumpReplies copies replies from server to pc's client, applying the
+// latency, the blackhole, Refuse and DropReplies, until reading or writing
+// fails.
+func (p *Proxy) pumpReplies(pc *proxyConn, server net.Conn) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := server.Read(buf)
+		if n > 0 && !p.forwardReplies(pc, buf[:n]) {
+			return
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// forwardReplies forwards one chunk of replies, unless the blackhole drops
+// it or DropReplies does, and reports whether pc is still open.
+func (p *Proxy) forwardReplies(pc *proxyConn, chunk []byte) bool {
+	if !p.forwardable(pc) {
+		pc.mu.Lock()
+		pc.unframed = true
+		pc.mu.Unlock()
+		return true
+	}
+	n := pc.repFrames.feed(chunk)
+	pc.mu.Lock()
+	pc.unframed = pc.unframed || pc.repFrames.broken
+	if pc.dropping {
+		// Not forwarded: the target applied these requests, the client
+		// will never know.
+		pc.answered += n
+		if pc.unframed || pc.idle() {
+			pc.closeLocked(true)
+		}
+		open := !pc.closed
+		pc.mu.Unlock()
+		return open
+	}
+	pc.mu.Unlock()
+
+	_, werr := pc.client.Write(chunk)
+
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	pc.answered += n
+	if pc.retiring && (pc.unframed || pc.idle()) {
+		pc.closeLocked(true)
+	}
+	return werr == nil && !pc.closed
 }
 
 // forwardable waits out the current latency and reports whether a chunk just

@@ -2,11 +2,15 @@ package redistest_test
 
 import (
 	"bufio"
+	"bytes"
+	"errors"
 	"io"
 	"net"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -260,4 +264,135 @@ func TestProxyRedis(t *testing.T) {
 			t.Fatalf("read from cut connection: %v, want a connection error", err)
 		}
 	})
+}
+
+// readAll reads from c until it fails and returns what it read and the
+// error that ended the read.
+func readAll(t *testing.T, c net.Conn) (string, error) {
+	t.Helper()
+	if err := c.SetDeadline(time.Now().Add(10 * time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	var got strings.Builder
+	buf := make([]byte, 64)
+	for {
+		n, err := c.Read(buf)
+		got.Write(buf[:n])
+		if err != nil {
+			return got.String(), err
+		}
+	}
+}
+
+// waitClientCmd waits until srv has a client running cmd.
+func waitClientCmd(t *testing.T, s *redistest.Server, cmd string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if list, _ := s.Do(t, "CLIENT", "LIST").(string); strings.Contains(list, "cmd="+cmd+" ") {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no client runs %s", cmd)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func TestProxyRefuse(t *testing.T) {
+	s := redistest.Start(t)
+	p := redistest.NewProxy(t, s.Addr)
+	c := redis.NewClient(&redis.Options{Addr: p.Addr, DialerRetries: 1, MaxRetries: 1})
+	t.Cleanup(func() { c.Close() })
+	if err := c.Set(ctxTimeout(t, 10*time.Second), "k", "v", 0).Err(); err != nil {
+		t.Fatalf("SET through proxy: %v", err)
+	}
+
+	idle := dial(t, p.Addr)
+	if _, err := io.WriteString(idle, "*1\r\n$4\r\nPING\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	pong := make([]byte, len("+PONG\r\n"))
+	if _, err := io.ReadFull(idle, pong); err != nil || string(pong) != "+PONG\r\n" {
+		t.Fatalf("PING = %q, %v", pong, err)
+	}
+	busy := dial(t, p.Addr)
+	if _, err := io.WriteString(busy, "*3\r\n$5\r\nBLPOP\r\n$6\r\nnolist\r\n$3\r\n0.5\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	waitClientCmd(t, s, "blpop")
+
+	p.Refuse(true)
+	p.Refuse(true) // idempotent
+	// A request sent while the connection waits for its reply is dropped.
+	if _, err := io.WriteString(busy, "*2\r\n$4\r\nINCR\r\n$7\r\nrefused\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	// The idle connection is closed at once, gracefully.
+	if got, err := readAll(t, idle); got != "" || !errors.Is(err, io.EOF) {
+		t.Errorf("idle connection after Refuse read %q, %v; want EOF", got, err)
+	}
+	// The busy one gets its reply, then the end of the stream.
+	if got, err := readAll(t, busy); got != "*-1\r\n" || !errors.Is(err, io.EOF) {
+		t.Errorf("busy connection after Refuse read %q, %v; want BLPOP's null reply, then EOF", got, err)
+	}
+	if got := s.Do(t, "GET", "refused"); got != nil {
+		t.Errorf("a request sent after Refuse reached the server: GET refused = %#v", got)
+	}
+	if _, err := net.DialTimeout("tcp", p.Addr, 5*time.Second); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Errorf("dial while refusing: %v; want ECONNREFUSED", err)
+	}
+	if err := c.Get(ctxTimeout(t, 10*time.Second), "k").Err(); err == nil {
+		t.Error("GET through a refusing proxy succeeded")
+	}
+
+	p.Refuse(false)
+	p.Refuse(false)
+	if got, err := c.Get(ctxTimeout(t, 10*time.Second), "k").Result(); err != nil || got != "v" {
+		t.Fatalf("GET after Refuse(false) = %q, %v", got, err)
+	}
+	p.Refuse(true)
+	p.Close() // while refusing: nothing to wait for
+}
+
+func TestProxyDropReplies(t *testing.T) {
+	s := redistest.Start(t)
+	p := redistest.NewProxy(t, s.Addr)
+	c := redis.NewClient(&redis.Options{Addr: p.Addr, MaxRetries: 3})
+	t.Cleanup(func() { c.Close() })
+	ctx := ctxTimeout(t, 30*time.Second)
+	if err := c.Ping(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+
+	// The first INCR is applied, its reply dropped and its connection cut;
+	// go-redis sends it again on a new connection: applied twice.
+	var matched atomic.Int64
+	p.DropReplies(func(chunk []byte) bool {
+		return bytes.Contains(bytes.ToLower(chunk), []byte("incr")) && matched.Add(1) == 1
+	})
+	if got, err := c.Incr(ctx, "n").Result(); err != nil || got != 2 {
+		t.Fatalf("INCR with its first reply dropped = %d, %v; want 2 (applied, then resent)", got, err)
+	}
+	if got := s.Do(t, "GET", "n"); got != "2" {
+		t.Errorf("GET n = %#v; want \"2\"", got)
+	}
+	if n := p.DroppedReplies(); n != 1 {
+		t.Errorf("DroppedReplies = %d; want 1", n)
+	}
+
+	// Every reply dropped: each attempt is applied, none answered.
+	p.DropReplies(redistest.AnyRequest)
+	if err := c.Incr(ctx, "n").Err(); err == nil {
+		t.Error("INCR with every reply dropped succeeded")
+	}
+	applied, _ := strconv.Atoi(s.Do(t, "GET", "n").(string))
+	if applied < 3 || p.DroppedReplies() < 2 {
+		t.Errorf("after INCR with every reply dropped: n = %d, %d connections cut; want each attempt applied and cut", applied, p.DroppedReplies())
+	}
+
+	p.DropReplies(nil)
+	if got, err := c.Incr(ctx, "n").Result(); err != nil || got != int64(applied)+1 {
+		t.Fatalf("INCR after DropReplies(nil) = %d, %v; want %d", got, err, applied+1)
+	}
 }
