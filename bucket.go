@@ -43,6 +43,11 @@ func (l *Limiter) Peek(ctx context.Context, key string) (Decision, error) {
 		rkey = l.auth.Key(l.limit, key)
 	}
 	var b authority.Bucket
+	// What this instance holds is read before and after the bucket, and
+	// the lesser counted: a refill (or a lease given back) between the two
+	// reads moves tokens between the bucket and the lease, and must not be
+	// counted twice.
+	before := l.leases.Holding(key, l.clock.now())
 	_, err := l.oneCall(ctx, brk, func(ctx context.Context) (err error) {
 		b, err = l.auth.Peek(ctx, rkey, l.limit)
 		return err
@@ -51,7 +56,7 @@ func (l *Limiter) Peek(ctx context.Context, key string) (Decision, error) {
 		return Decision{Source: SourceNone}, err
 	}
 	d := Decision{Limit: l.limit, Remaining: b.Tokens, RetryAfter: b.RetryAfter, ResetAfter: b.ResetAfter, Source: SourceAuthority}
-	if held := l.leases.Holding(key, l.clock.now()); held > 0 {
+	if held := min(before, l.leases.Holding(key, l.clock.now())); held > 0 {
 		d.Remaining = min(b.Tokens+held, l.limit.Burst)
 		d.RetryAfter = 0
 		if !l.limit.IsQuota() {

@@ -197,12 +197,19 @@ func (l *Limiter) groupDecision(g authority.Grant) Decision {
 func (l *Limiter) peekGroup(ctx context.Context, key string) (Decision, error) {
 	var d Decision
 	parts := make([]Part, len(l.group))
-	held := l.leases.Holding(key, l.clock.now()) // the multi-limit's own lease, taken from every bucket
+	// The multi-limit's own lease, taken from every bucket: the lesser of
+	// what it held before and after the buckets were read (see Peek).
+	held := l.leases.Holding(key, l.clock.now())
+	pds := make([]Decision, len(l.group))
 	for i, p := range l.group {
 		pd, err := p.Peek(ctx, key)
 		if err != nil {
 			return Decision{Source: SourceNone}, err
 		}
+		pds[i] = pd
+	}
+	held = min(held, l.leases.Holding(key, l.clock.now()))
+	for i, pd := range pds {
 		if held > 0 {
 			pd.Remaining = min(pd.Remaining+held, pd.Limit.Burst)
 			pd.RetryAfter, pd.Allowed = 0, true

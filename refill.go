@@ -84,9 +84,14 @@ func (l *Limiter) pool(ctx context.Context, brk *breaker.Breaker, rkey, key stri
 	if r.Tokens <= 0 {
 		return denied, nil
 	}
-	for _, rf := range l.refunds.returned(r) {
+	back := l.refunds.returned(r)
+	for i, rf := range back {
 		rf.ID = l.auth.NewID()
 		if ok, err := l.send(ctx, brk, rf); !ok || err != nil {
+			// This one is queued (see send); so must the rest be.
+			for _, rest := range back[i+1:] {
+				l.refunds.add(rest)
+			}
 			return denied, nil
 		}
 	}
