@@ -21,9 +21,39 @@ type Reservation struct {
 	key      string
 	estimate int64
 	decision Decision
-	taken    time.Time   // when the estimate was taken (a quota's window)
-	since    int64       // the ledger stamp of its tokens (see authority.Refund.Since)
+	stamp    stamp       // where its tokens came from
 	settled  atomic.Bool // Settle or Cancel ran (or there was nothing to settle)
+}
+
+// stamp is where a reservation's tokens came from, for the ledger (see
+// authority.Refund): the server's clock at or before their grant (since),
+// and for a calendar quota the end of their window on the server's clock.
+// A reservation that took tokens as a lease changed windows cannot tell
+// which window they came from, so it keeps both ends of the doubt: a
+// surplus goes back only to the earlier window (refund), an excess is
+// charged to the later one (charge), so that either way an error can only
+// under-admit. 0 means not known, and for a multi-limit, whose members'
+// windows the client's clock at taken names.
+type stamp struct {
+	taken          time.Time
+	since          int64
+	refund, charge int64
+}
+
+// windowFor is authority.Refund.Window for an adjustment of n stamped
+// tokens of limit's bucket.
+func (s stamp) windowFor(limit policy.Limit, n int64) int64 {
+	if !limit.IsQuota() {
+		return 0
+	}
+	w := s.refund
+	if n < 0 {
+		w = s.charge
+	}
+	if w != 0 {
+		return w
+	}
+	return windowOf(limit, s.taken)
 }
 
 // Reserve takes estimate tokens of key now, like AllowN(ctx, key, estimate),
@@ -43,18 +73,27 @@ func (l *Limiter) Reserve(ctx context.Context, key string, estimate int64) (*Res
 	// The ledger stamp of the tokens, read before they are taken: a lease's
 	// stamp only grows, so what it says now holds for every token it will
 	// hand out (see lease.Leases.Since).
-	since, known := l.leases.Since(key)
+	since, before, known := l.leases.Since(key)
 	d, err := l.AllowN(ctx, key, estimate)
 	if err != nil {
 		return nil, err
 	}
+	st := stamp{taken: taken, since: since, refund: before}
 	switch {
-	case d.since != 0:
-		since = d.since // granted by Redis outside the lease: that grant's
-	case !known:
-		since, _ = l.leases.Since(key) // the lease made for this request
+	case d.since != 0: // granted by Redis outside the lease: that grant's
+		st.since = d.since
+		st.refund = windowOfGrant(l.limit, d.since, d.ResetAfter)
+		st.charge = st.refund
+	case !known: // the lease made for this request
+		st.since, st.refund, _ = l.leases.Since(key)
+		st.charge = st.refund
+	default:
+		_, st.charge, _ = l.leases.Since(key)
 	}
-	r := &Reservation{lim: l, key: key, estimate: estimate, decision: d, taken: taken, since: since}
+	if l.group != nil {
+		st.refund, st.charge = 0, 0 // each member's, by the client's clock (see stamp)
+	}
+	r := &Reservation{lim: l, key: key, estimate: estimate, decision: d, stamp: st}
 	if !d.Allowed || d.ShadowDenied || d.Source == SourceFallback {
 		r.settled.Store(true) // nothing was taken from the bucket
 	}
@@ -95,7 +134,7 @@ func (r *Reservation) Settle(ctx context.Context, actual int64) error {
 	if !r.settled.CompareAndSwap(false, true) {
 		return nil
 	}
-	return r.lim.adjust(context.WithoutCancel(ctx), r.key, r.estimate-actual, r.taken, r.since)
+	return r.lim.adjust(context.WithoutCancel(ctx), r.key, r.estimate-actual, r.stamp)
 }
 
 // adjustAfterClose makes an adjustment once the Limiter is closed: one
@@ -137,16 +176,16 @@ func windowOf(limit policy.Limit, taken time.Time) int64 {
 // settleLocally applies an adjustment of n tokens to key's live lease when
 // it can: the surplus joins it, an excess it holds comes out of it. (A
 // multi-limit's lease holds tokens taken from every bucket at once.)
-func (l *Limiter) settleLocally(key string, n int64, taken time.Time, since int64) bool {
+func (l *Limiter) settleLocally(key string, n int64, st stamp) bool {
 	if l.cfg.noLease {
 		return false
 	}
 	now := l.clock.now()
 	if n > 0 {
-		if !l.sameWindow(taken, time.Now()) {
+		if !l.sameWindow(st.taken, time.Now()) {
 			return false // a calendar quota's tokens of an earlier window: gone
 		}
-		return l.leases.Give(key, n, since, windowOf(l.limit, taken), now)
+		return l.leases.Give(key, n, st.since, st.windowFor(l.limit, n), now)
 	}
 	_, ok := l.leases.Held(key, -n, now)
 	return ok
@@ -158,15 +197,15 @@ func (r *Reservation) Cancel(ctx context.Context) error { return r.Settle(ctx, 0
 // adjust gives n tokens back to key's bucket (n > 0) or takes -n more
 // (n < 0): through this instance's lease when it holds a live one that can,
 // else through Redis (see Settle); for a multi-limit, to every limit's
-// bucket. since is the tokens' ledger stamp.
-func (l *Limiter) adjust(ctx context.Context, key string, n int64, taken time.Time, since int64) error {
-	if n == 0 || l.settleLocally(key, n, taken, since) {
+// bucket. st says where the tokens came from.
+func (l *Limiter) adjust(ctx context.Context, key string, n int64, st stamp) error {
+	if n == 0 || l.settleLocally(key, n, st) {
 		return nil
 	}
 	if l.group != nil {
 		var first error
 		for _, p := range l.group {
-			if err := p.adjust(ctx, key, n, taken, since); err != nil && first == nil {
+			if err := p.adjust(ctx, key, n, st); err != nil && first == nil {
 				first = err
 			}
 		}
@@ -176,7 +215,7 @@ func (l *Limiter) adjust(ctx context.Context, key string, n int64, taken time.Ti
 	if rkey == "" {
 		rkey = l.auth.Key(l.limit, key)
 	}
-	rf := l.refunds.adjustment(rkey, l.limit, n, windowOf(l.limit, taken), since)
+	rf := l.refunds.adjustment(rkey, l.limit, n, st.windowFor(l.limit, n), st.since)
 	if l.gate.isClosed() {
 		return l.adjustAfterClose(ctx, rf)
 	}

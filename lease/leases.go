@@ -137,8 +137,10 @@ type Return struct {
 	Limits []policy.Limit
 	// Since and Window say where the tokens came from (authority.Refund's
 	// fields of the same names): the server's clock at or before their
-	// grant, and for a calendar quota the end of their window (0 for a
-	// multi-limit's lease: its quota members do not take tokens back).
+	// grant, and for a calendar quota the end of their window (for a
+	// multi-limit's lease, the soonest of its quotas' ends, which only
+	// keeps the lease from outliving it: its quota members do not take
+	// tokens back).
 	Since, Window int64
 }
 
@@ -242,13 +244,17 @@ func (ls *Leases) Complete(r Refill, g authority.Grant, now int64) (o Outcome, b
 
 // window is the Window stamp of a grant g's tokens: for a calendar quota,
 // the end of its window on the server's clock (the grant's time plus the
-// time to the boundary); 0 for a token bucket, a multi-limit, and a grant
-// whose time is unknown (such tokens are not given back to a quota).
+// time to the boundary); for a multi-limit with quota members, the soonest
+// such end (its lease must not outlive it: see Install); 0 for token
+// buckets and for a grant whose time is unknown.
 func (ls *Leases) window(g authority.Grant) int64 {
-	if !ls.limit.IsQuota() || ls.members != nil || g.At == 0 {
+	if g.At == 0 {
 		return 0
 	}
-	return g.At + g.ResetAfter.Microseconds()
+	if end := ls.windowEnd(g); end > 0 {
+		return g.At + end.Microseconds()
+	}
+	return 0
 }
 
 // Collect answers t's caller once the refill it waited for completed with
@@ -389,18 +395,19 @@ func (ls *Leases) Surrender(key string, now int64) Return {
 	return e.back(held{tokens: n, since: e.since, window: e.window})
 }
 
-// Since returns the since stamp of key's lease (see authority.Refund):
-// the server's clock at or before the grant of every token key's lease
-// holds now or will hold (a stamp only grows, but for an unknown 0), and
-// whether key has a lease that was ever granted.
-func (ls *Leases) Since(key string) (int64, bool) {
+// Since returns the stamps of key's lease (see Return): since, the
+// server's clock at or before the grant of every token key's lease holds
+// now or will hold (a stamp only grows, but for an unknown 0), and window,
+// the end of a calendar quota's window its tokens belong to; and whether
+// key has a lease that was ever stamped.
+func (ls *Leases) Since(key string) (since, window int64, ok bool) {
 	e := ls.table.Get(ls, key)
 	if e == nil {
-		return 0, false
+		return 0, 0, false
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return e.since, e.since != 0
+	return e.since, e.window, e.since != 0
 }
 
 // Forget drops key's local state at once: its lease (the tokens are not

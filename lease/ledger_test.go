@@ -111,7 +111,7 @@ func TestSurrender(t *testing.T) {
 	if e.Tokens() != 0 || e.Reserved() != 2 || e.denyUntil.Load() != 0 {
 		t.Errorf("after Surrender: %d tokens, %d reserved, denyUntil %d; want 0, 2, 0", e.Tokens(), e.Reserved(), e.denyUntil.Load())
 	}
-	if since, ok := ls.Since("k"); !ok || since != 42 {
+	if since, _, ok := ls.Since("k"); !ok || since != 42 {
 		t.Errorf("Since = %d, %v; want 42, true", since, ok)
 	}
 }
