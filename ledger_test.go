@@ -185,6 +185,7 @@ func TestResetDropsTokensOfTheOldBucket(t *testing.T) {
 		})
 	}
 }
+
 // TestSettleWhileConnectionsRefused: exact mode, two reservations of 10,
 // then connections are refused for 1.5s (Redis up, its data kept):
 // Settle(60) and Settle(0) return nil and are applied once Redis can be
