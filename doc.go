@@ -52,8 +52,8 @@
 // and the public methods), refill.go (misses, coalesced refills, prefetch),
 // exact.go (one call for exactly n), authorize.go (the budgeted call, its
 // two variants chosen at New), fallback.go (the failure policy),
-// refunds.go and janitor.go (tokens on their way back, the background
-// goroutine), breakers.go (one breaker per node), gate.go (what Close waits
+// refunds.go and janitor.go (tokens on their way back, applied once to
+// the generation and window they left; the background goroutine), breakers.go (one breaker per node), gate.go (what Close waits
 // for), check.go (readiness), logger.go, options.go and decision.go.
 //
 // # Keys

@@ -1,13 +1,16 @@
 // Package authority is the Redis side of leaselimit: the token bucket as
 // embedded Lua scripts (acquire, acquire_many for a batch, acquire_all for
-// several limits at once, refund, which also charges, and peek) run
+// several limits at once, refund, which also charges, reset and peek) run
 // atomically on Redis's own clock, EVALSHA with a fallback to EVAL on
 // NOSCRIPT, the naming of Redis keys, and the decoding of script replies. It
 // works with any redis.UniversalClient: a single node, Sentinel
 // (FailoverClient) or Cluster.
 //
 // Every bucket lives in one key; the buckets of one user key share a hash
-// slot whatever their limits, so every script call touches one slot.
+// slot whatever their limits, so every script call touches one slot. The
+// ledger (ledger.go: refunds, charges and Reset) keeps two kinds of
+// short-lived keys in the same slot: an applied adjustment's id and a
+// Reset's mark.
 package authority
 
 import (
