@@ -249,9 +249,6 @@ func (l *Limiter) allowN(ctx context.Context, key string, n int64) (Decision, er
 		}
 		return admitted(l.limit, a.Remaining, SourceLease), nil
 	case lease.Cached:
-		if l.poolable(key, n, a.Remaining) {
-			return l.poolCached(ctx, key, n, l.decided(a))
-		}
 		if l.group != nil {
 			return l.decided(a), nil
 		}

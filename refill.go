@@ -63,18 +63,6 @@ func (l *Limiter) poolable(key string, n, remaining int64) bool {
 	return held > 0 && held < n && remaining+held >= n
 }
 
-// poolCached is pool for a request the negative cache denied.
-func (l *Limiter) poolCached(ctx context.Context, key string, n int64, denied Decision) (Decision, error) {
-	brk, rkey := l.route(key)
-	if brk.Rejects(l.clock.wall()) {
-		return denied, nil
-	}
-	if rkey == "" {
-		rkey = l.auth.Key(l.limit, key)
-	}
-	return l.pool(ctx, brk, rkey, key, n, denied)
-}
-
 // pool serves such a request (see poolable): the lease goes back to the
 // bucket first, in one call per bucket within the budget, then the request
 // asks Redis for exactly n. A lease that cannot go back now goes to the

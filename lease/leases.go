@@ -176,7 +176,11 @@ func (ls *Leases) Decide(key string, n, now int64) Answer {
 			}
 			return a
 		}
-		if denied, wait := ls.sizer.Denied(e, n, now); denied {
+		// A request larger than the lease that the bucket and the lease
+		// could serve together (a Settle surplus joined the lease) is not
+		// denied from the cache: it goes to the authority, whose denial
+		// the caller then pools with the lease (see Surrender).
+		if denied, wait := ls.sizer.Denied(e, n, now); denied && !pooled(e, n) {
 			e.Touch(now)
 			return Answer{Status: Cached, Remaining: e.Remote(), RetryAfter: wait, Parts: ls.parts(e)}
 		}
@@ -188,6 +192,13 @@ func (ls *Leases) Decide(key string, n, now int64) Answer {
 		a.Evicted = evicted(ev)
 	}
 	return a
+}
+
+// pooled reports whether e's lease and what its bucket held at the last
+// answer could serve n tokens together, though the lease alone cannot.
+func pooled(e *entry, n int64) bool {
+	t := e.tokens.Load()
+	return n > 1 && t > 0 && t < n && t+e.Remote() >= n
 }
 
 // evicted returns r as an Answer's Evicted: nil when it holds no tokens.

@@ -115,3 +115,23 @@ func TestSurrender(t *testing.T) {
 		t.Errorf("Since = %d, %v; want 42, true", since, ok)
 	}
 }
+
+// TestCachedDenialLeavesPooledRequests: the negative cache does not deny a
+// request larger than the lease that the lease and the bucket hold
+// together (a Settle surplus in the lease): it goes to the authority, whose
+// denial the caller pools with the lease. One neither can serve stays
+// denied here.
+func TestCachedDenialLeavesPooledRequests(t *testing.T) {
+	z := newSizer(policy.PerSecond(10), policy.Lease{TTL: time.Minute, IdleTTL: time.Hour})
+	e := &entry{key: "k"}
+	ls := over(z, e)
+	z.Install(e, request{Want: 12, Min: 1}, Outcome{Granted: 12, Remaining: 9, At: 1}, 1*s)
+	e.denyUntil.Store(10 * s)
+	e.denyMin.Store(20)
+	if a := ls.Decide("k", 20, 2*s); a.Status != Miss {
+		t.Errorf("Decide(20) with 12 leased and 9 in the bucket = %v; want Miss (pooled)", a.Status)
+	}
+	if a := ls.Decide("k", 25, 2*s); a.Status != Cached {
+		t.Errorf("Decide(25) = %v; want Cached: 21 cannot serve it", a.Status)
+	}
+}
