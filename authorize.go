@@ -74,14 +74,23 @@ func (a *calls) refund(c call, g authority.Grant) {
 	if g.Granted <= 0 {
 		return
 	}
-	a.refunds.add(authority.Refund{Key: c.rkey, Limit: a.limit, Tokens: g.Granted, Since: g.At, Window: windowOfGrant(a.limit, g.At, g.ResetAfter)})
+	a.refunds.add(authority.Refund{Key: c.rkey, Limit: a.limit, Tokens: g.Granted, Since: g.At, Window: windowOfGrant(a.limit, g.At, partReset(g, 0))})
 	for i, m := range c.with {
-		reset := time.Duration(0)
-		if g.Multi != nil && i+1 < len(g.Multi.Parts) {
-			reset = g.Multi.Parts[i+1].ResetAfter
-		}
-		a.refunds.add(authority.Refund{Key: m.Key, Limit: m.Limit, Tokens: g.Granted, Since: g.At, Window: windowOfGrant(m.Limit, g.At, reset)})
+		a.refunds.add(authority.Refund{Key: m.Key, Limit: m.Limit, Tokens: g.Granted, Since: g.At, Window: windowOfGrant(m.Limit, g.At, partReset(g, i+1))})
 	}
+}
+
+// partReset is the ResetAfter of bucket i of g (Key's first, then With's):
+// for a multi-limit grant its part's (g.ResetAfter is the longest of them),
+// else g's; 0 when g says nothing of it (no window can be named).
+func partReset(g authority.Grant, i int) time.Duration {
+	switch {
+	case g.Multi == nil && i == 0:
+		return g.ResetAfter
+	case g.Multi != nil && i < len(g.Multi.Parts):
+		return g.Multi.Parts[i].ResetAfter
+	}
+	return 0
 }
 
 // windowOfGrant is authority.Refund.Window for tokens of limit granted at

@@ -77,7 +77,8 @@ func (l *Limiter) Peek(ctx context.Context, key string) (Decision, error) {
 // default). Until then they may deny requests the full bucket would admit,
 // or admit from their leases, which the old bucket paid for.
 //
-// Reset makes one Redis call (DEL). While Redis is unavailable it returns
+// Reset makes one Redis call (a script that deletes the bucket and marks
+// the reset). While Redis is unavailable it returns
 // an error wrapping ErrUnavailable and changes nothing here.
 //
 // Reset starts the bucket's next generation: tokens taken from it before

@@ -105,7 +105,7 @@ func New(client redis.UniversalClient, limit policy.Limit, opts ...Option) (*Lim
 	if err := meters.Observe(e.brks.worst, func() int64 { return int64(e.table.Len()) }); err != nil {
 		return nil, fmt.Errorf("leaselimit: telemetry: %w", err)
 	}
-	e.refunds = newRefundQueue(auth, e.brks, meters, cfg.timeout, e.clock)
+	e.refunds = newRefundQueue(auth, e.brks, meters, cfg.timeout, e.clock, retriesCommands(client))
 	e.root = e.newLimiter(limit)
 	e.limits.LoadOrMake(limit, func() *Limiter { return e.root })
 	e.janitor = startJanitor(e.table, e.refunds, e.brks, e.root.log, e.clock, cfg.lease.TTL)

@@ -39,3 +39,16 @@ func poolSize(client redis.UniversalClient) int {
 	}
 	return pool
 }
+
+// retriesCommands reports whether client may send a command more than once
+// on its own (go-redis retries a command whose connection failed, and
+// reports only the last attempt's error): then an error that says the last
+// attempt never reached Redis says nothing of the earlier ones. Only a
+// single node's or Sentinel's client with MaxRetries off is known not to;
+// a ClusterClient also retries on its own (MaxRedirects).
+func retriesCommands(client redis.UniversalClient) bool {
+	if c, ok := client.(*redis.Client); ok {
+		return c.Options().MaxRetries > 0
+	}
+	return true
+}

@@ -43,9 +43,15 @@ type refundQueue struct {
 	budget time.Duration
 	clock  localClock
 
-	mu    sync.Mutex
-	queue []queued
-	max   int // maxQueuedRefunds; tests lower it
+	// retries: the client may send a command again on its own (see
+	// retriesCommands), so its errors cannot show that a call never
+	// reached Redis.
+	retries bool
+
+	mu     sync.Mutex
+	queue  []queued
+	max    int  // maxQueuedRefunds; tests lower it
+	closed bool // final ran: nothing more will be sent
 }
 
 // queued is one adjustment waiting in the queue.
@@ -56,8 +62,8 @@ type queued struct {
 	reached int64
 }
 
-func newRefundQueue(auth *authority.Redis, brks *breakers, tel *telemetry.Recorder, budget time.Duration, clock localClock) *refundQueue {
-	return &refundQueue{auth: auth, brks: brks, tel: tel, budget: budget, clock: clock, max: maxQueuedRefunds}
+func newRefundQueue(auth *authority.Redis, brks *breakers, tel *telemetry.Recorder, budget time.Duration, clock localClock, retries bool) *refundQueue {
+	return &refundQueue{auth: auth, brks: brks, tel: tel, budget: budget, clock: clock, retries: retries, max: maxQueuedRefunds}
 }
 
 // add queues one new adjustment (see authority.Refund): n unused tokens of
@@ -113,7 +119,7 @@ func (q *refundQueue) failed(rf authority.Refund, err error, reached int64) {
 		// Our own bug: sending it again cannot help.
 		q.countDropped(rf)
 		return
-	case reachedRedis(err) && reached == 0:
+	case q.reachedRedis(err) && reached == 0:
 		reached = max(now, 1) // 0 says none did
 	}
 	q.put(queued{Refund: rf, reached: reached})
@@ -142,17 +148,21 @@ func (q *refundQueue) sendable(qs []queued) []queued {
 }
 
 // reachedRedis reports whether a call that failed with err may have
-// reached Redis: false only when go-redis says no byte was written (the
-// dial failed, no connection was free in time, the client is closed) or the
-// breaker held the call back.
-func reachedRedis(err error) bool {
+// reached Redis: false when the breaker or Close held it back, or when
+// go-redis says no byte was written (the dial failed, no connection was
+// free in time, the client is closed) and the client does not retry on its
+// own (see retriesCommands: a retried call reports its last attempt only,
+// and an earlier one may have been applied before its connection broke).
+func (q *refundQueue) reachedRedis(err error) bool {
 	var op *net.OpError
 	switch {
+	case errors.Is(err, breaker.ErrOpen), errors.Is(err, ErrClosed):
+		return false
+	case q.retries:
+		return true
 	case errors.As(err, &op) && op.Op == "dial":
 		return false
 	case errors.Is(err, redis.ErrPoolTimeout), errors.Is(err, redis.ErrPoolExhausted), errors.Is(err, redis.ErrClosed):
-		return false
-	case errors.Is(err, breaker.ErrOpen), errors.Is(err, ErrClosed):
 		return false
 	}
 	return true
@@ -162,7 +172,9 @@ func reachedRedis(err error) bool {
 // case it is dropped and counted.
 func (q *refundQueue) put(a queued) {
 	q.mu.Lock()
-	if len(q.queue) >= q.max {
+	if len(q.queue) >= q.max || q.closed {
+		// Past the bound, or after Close's final send (a call that ended
+		// after it): dropped, and counted.
 		q.mu.Unlock()
 		q.countDropped(a.Refund)
 		return
@@ -248,6 +260,9 @@ func (q *refundQueue) putAll(g []queued) {
 // final sends whatever is queued, once, for Close, whatever the breakers
 // say: the Limiter gets no later chance. What fails is dropped and counted.
 func (q *refundQueue) final() error {
+	q.mu.Lock()
+	q.closed = true
+	q.mu.Unlock()
 	qs := q.sendable(q.take())
 	if len(qs) == 0 {
 		return nil

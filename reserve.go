@@ -9,6 +9,7 @@ import (
 
 	"github.com/leaselimit/leaselimit/authority"
 	"github.com/leaselimit/leaselimit/breaker"
+	"github.com/leaselimit/leaselimit/lease"
 	"github.com/leaselimit/leaselimit/policy"
 )
 
@@ -26,18 +27,40 @@ type Reservation struct {
 }
 
 // stamp is where a reservation's tokens came from, for the ledger (see
-// authority.Refund): the server's clock at or before their grant (since),
-// and for a calendar quota the end of their window on the server's clock.
-// A reservation that took tokens as a lease changed windows cannot tell
-// which window they came from, so it keeps both ends of the doubt: a
-// surplus goes back only to the earlier window (refund), an excess is
-// charged to the later one (charge), so that either way an error can only
-// under-admit. 0 means not known, and for a multi-limit, whose members'
-// windows the client's clock at taken names.
+// authority.Refund): the server's clock at their grant (the bucket's
+// generation) and, for a calendar quota, the end of their window. Tokens a
+// lease handed out cannot always be placed exactly (a lease mixes grants,
+// and may be refilled while Reserve runs), so a stamp keeps the two ends
+// of the doubt: a surplus goes back with the earliest origin the tokens
+// can have (refund), an excess is charged with the latest (charge), so
+// that either error can only under-admit. Unknown is 0; an unknown window
+// is named by the client's clock at taken.
 type stamp struct {
 	taken          time.Time
-	since          int64
-	refund, charge int64
+	refund, charge origin
+	// parts, for a multi-limit Redis granted outside a lease, is each
+	// member's origin (their windows differ).
+	parts []origin
+}
+
+// origin is the server's clock at (or bounding) a grant, and the end of
+// its calendar window.
+type origin struct{ since, window int64 }
+
+// of returns the origin for an adjustment of n tokens.
+func (s stamp) of(n int64) origin {
+	if n < 0 {
+		return s.charge
+	}
+	return s.refund
+}
+
+// member returns the stamp of a multi-limit's i-th member's bucket.
+func (s stamp) member(i int) stamp {
+	if i < len(s.parts) {
+		return stamp{taken: s.taken, refund: s.parts[i], charge: s.parts[i]}
+	}
+	return stamp{taken: s.taken, refund: origin{since: s.refund.since}, charge: origin{since: s.charge.since}}
 }
 
 // windowFor is authority.Refund.Window for an adjustment of n stamped
@@ -46,14 +69,34 @@ func (s stamp) windowFor(limit policy.Limit, n int64) int64 {
 	if !limit.IsQuota() {
 		return 0
 	}
-	w := s.refund
-	if n < 0 {
-		w = s.charge
-	}
-	if w != 0 {
+	if w := s.of(n).window; w != 0 {
 		return w
 	}
 	return windowOf(limit, s.taken)
+}
+
+// stampOf returns the stamp of the tokens of d, a decision to take n that
+// Reserve made: exactly a grant's when Redis granted outside a lease, else
+// what the lease said before (pre, if known) and after the take.
+func (l *Limiter) stampOf(d Decision, key string, taken time.Time, pre lease.Stamp, known bool) stamp {
+	st := stamp{taken: taken}
+	if d.since != 0 {
+		o := origin{since: d.since, window: windowOfGrant(l.limit, d.since, d.ResetAfter)}
+		st.refund, st.charge = o, o
+		if l.group != nil && len(d.Parts) == len(l.group) {
+			st.parts = make([]origin, len(l.group))
+			for i, p := range l.group {
+				st.parts[i] = origin{since: d.since, window: windowOfGrant(p.limit, d.since, d.Parts[i].ResetAfter)}
+			}
+		}
+		return st
+	}
+	post, _ := l.leases.Stamps(key)
+	st.charge = origin{since: post.Latest, window: post.Window}
+	if known {
+		st.refund = origin{since: pre.Since, window: pre.Window}
+	}
+	return st
 }
 
 // Reserve takes estimate tokens of key now, like AllowN(ctx, key, estimate),
@@ -66,33 +109,17 @@ func (s stamp) windowFor(limit policy.Limit, n int64) int64 {
 // tokens were taken from the bucket) settles to nothing: the policy decided
 // for the whole request.
 func (l *Limiter) Reserve(ctx context.Context, key string, estimate int64) (*Reservation, error) {
-	// Stamped before the tokens are taken: a quota's window read early can
+	// Read before the tokens are taken: a quota's window read early can
 	// only make a surplus be dropped (under-admission), read late it could
-	// put an old window's tokens into a new one.
+	// put an old window's tokens into a new one; and a lease's Since only
+	// grows, so what it says now holds for every token it hands out later.
 	taken := time.Now()
-	// The ledger stamp of the tokens, read before they are taken: a lease's
-	// stamp only grows, so what it says now holds for every token it will
-	// hand out (see lease.Leases.Since).
-	since, before, known := l.leases.Since(key)
+	pre, known := l.leases.Stamps(key)
 	d, err := l.AllowN(ctx, key, estimate)
 	if err != nil {
 		return nil, err
 	}
-	st := stamp{taken: taken, since: since, refund: before}
-	switch {
-	case d.since != 0: // granted by Redis outside the lease: that grant's
-		st.since = d.since
-		st.refund = windowOfGrant(l.limit, d.since, d.ResetAfter)
-		st.charge = st.refund
-	case !known: // the lease made for this request
-		st.since, st.refund, _ = l.leases.Since(key)
-		st.charge = st.refund
-	default:
-		_, st.charge, _ = l.leases.Since(key)
-	}
-	if l.group != nil {
-		st.refund, st.charge = 0, 0 // each member's, by the client's clock (see stamp)
-	}
+	st := l.stampOf(d, key, taken, pre, known)
 	r := &Reservation{lim: l, key: key, estimate: estimate, decision: d, stamp: st}
 	if !d.Allowed || d.ShadowDenied || d.Source == SourceFallback {
 		r.settled.Store(true) // nothing was taken from the bucket
@@ -185,10 +212,9 @@ func (l *Limiter) settleLocally(key string, n int64, st stamp) bool {
 		if !l.sameWindow(st.taken, time.Now()) {
 			return false // a calendar quota's tokens of an earlier window: gone
 		}
-		return l.leases.Give(key, n, st.since, st.windowFor(l.limit, n), now)
+		return l.leases.Give(key, n, st.refund.since, st.windowFor(l.limit, n), now)
 	}
-	_, ok := l.leases.Held(key, -n, now)
-	return ok
+	return l.leases.Charge(key, -n, st.windowFor(l.limit, n), now)
 }
 
 // Cancel gives the whole estimate back: Settle(ctx, 0).
@@ -204,8 +230,8 @@ func (l *Limiter) adjust(ctx context.Context, key string, n int64, st stamp) err
 	}
 	if l.group != nil {
 		var first error
-		for _, p := range l.group {
-			if err := p.adjust(ctx, key, n, st); err != nil && first == nil {
+		for i, p := range l.group {
+			if err := p.adjust(ctx, key, n, st.member(i)); err != nil && first == nil {
 				first = err
 			}
 		}
@@ -215,7 +241,7 @@ func (l *Limiter) adjust(ctx context.Context, key string, n int64, st stamp) err
 	if rkey == "" {
 		rkey = l.auth.Key(l.limit, key)
 	}
-	rf := l.refunds.adjustment(rkey, l.limit, n, st.windowFor(l.limit, n), st.since)
+	rf := l.refunds.adjustment(rkey, l.limit, n, st.windowFor(l.limit, n), st.of(n).since)
 	if l.gate.isClosed() {
 		return l.adjustAfterClose(ctx, rf)
 	}

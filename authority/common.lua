@@ -5,8 +5,9 @@
 -- "<w> <f> <t> <rid>" or "<w> <f> <t> <rid> <id> <granted> <remaining> <reset>":
 -- the bucket holds w + f/p tokens (w whole, negative for a bucket in debt
 -- (see refund.lua), 0 <= f < p), valid at t µs on
--- this server's clock; rid the request id of the last refund applied ("-"
--- for none), so a resent refund is not applied twice; then the request id
+-- this server's clock; rid, a field kept for the format (refunds once
+-- recorded their last id there; each adjustment now has its own id key,
+-- see refund.lua), passed through as it is; then the request id
 -- of the bucket's last grant and that grant's reply. It is written by one SET ... PX, so the state never
 -- exists without its TTL, and a refused write leaves nothing behind. A
 -- missing key is a full bucket.

@@ -49,6 +49,9 @@ type entry struct {
 	// the lease is empty, the next grant sets them afresh.
 	since  int64
 	window int64
+	// latest is the server's clock at the latest grant installed: at or
+	// after the grant of every token the lease holds (see Leases.Stamps).
+	latest int64
 	grow   int64 // slow-start lease size (see Plan)
 	batch  int64 // at its limit: the fewest tokens the next refill takes (see Install)
 }
@@ -101,20 +104,33 @@ func (e *entry) Take(n, now int64) (ok bool, left int64) {
 }
 
 // Give adds n tokens to a live lease; it reports false for an expired one,
-// or when the tokens are of another calendar window than the lease's.
-// since and window are the tokens' stamps (see entry.since): the lease's
-// since becomes the earlier of the two. e.mu orders it against expiry,
+// and for tokens that may be older than the lease's own or of another
+// calendar window (since and window are their stamps, see entry.since):
+// tokens taken before a Reset must not join a lease of the fresh bucket,
+// where they would be spent, not dropped. e.mu orders it against expiry,
 // which takes the tokens back.
 func (e *entry) Give(n, since, window, now int64) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if now >= e.expires.Load() || e.removed.Load() || since == 0 || since < e.since || window != e.window {
+		return false
+	}
+	e.tokens.Add(n)
+	e.level += n
+	return true
+}
+
+// Charge takes n tokens out of a live lease of the calendar window window
+// (see entry.since), for an excess settled against it; it reports false,
+// taking nothing, for an expired lease, another window, or fewer tokens.
+func (e *entry) Charge(n, window, now int64) bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if now >= e.expires.Load() || e.removed.Load() || window != e.window {
 		return false
 	}
-	e.tokens.Add(n)
-	e.level += n
-	e.since = min(e.since, since)
-	return true
+	ok, _ := e.Take(n, now)
+	return ok
 }
 
 // TakeReserved spends n of the tokens the last refill set aside for the
@@ -215,6 +231,11 @@ func (e *entry) takeAll() held {
 // keeps the earlier since (a lower bound of them all) and, for a calendar
 // quota, must be of the same window (see sizer.Install). e.mu must be held.
 func (e *entry) stampGrant(at, window int64) {
+	if at == 0 {
+		e.latest = max(e.latest, e.since) // unknown: no later bound either
+	} else {
+		e.latest = max(e.latest, at)
+	}
 	if e.tokens.Load()+e.reserved.Load() <= 0 {
 		e.since, e.window = at, window
 		return

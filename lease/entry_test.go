@@ -262,7 +262,7 @@ func TestPlanColdEntry(t *testing.T) {
 	z := newSizer(policy.PerSecond(100), policy.Lease{})
 	e := &entry{key: "k"}
 	req := plan(t, z, e, 1*s)
-	if req != (request{Want: 1, Min: 1}) {
+	if req != (request{Want: 1, Min: 1, At: 1 * s}) {
 		t.Errorf("cold Plan with nothing pending = %+v; want {Want:1 Min:1}", req)
 	}
 }
@@ -276,9 +276,9 @@ func TestPlanColdEntryAsksForNeedOnly(t *testing.T) {
 		pending []int64
 		want    request
 	}{
-		{[]int64{1}, request{Want: 1, Min: 1, Need: 1}},
-		{[]int64{3}, request{Want: 3, Min: 3, Need: 3}},
-		{[]int64{5, 2, 9}, request{Want: 16, Min: 2, Need: 16}},
+		{[]int64{1}, request{Want: 1, Min: 1, Need: 1, At: 1 * s}},
+		{[]int64{3}, request{Want: 3, Min: 3, Need: 3, At: 1 * s}},
+		{[]int64{5, 2, 9}, request{Want: 16, Min: 2, Need: 16, At: 1 * s}},
 	} {
 		e := &entry{key: "k"}
 		for _, n := range tc.pending {

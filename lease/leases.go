@@ -380,7 +380,10 @@ func (ls *Leases) Give(key string, n, since, window, now int64) bool {
 		return false
 	}
 	if ls.members != nil {
-		window = 0 // a multi-limit's lease carries no window (see Return)
+		// A multi-limit's tokens are named by no one window: they join a
+		// lease whose Window is 0 (no quota member), never one that ends
+		// with a quota's window (see Leases.window).
+		window = 0
 	}
 	return e.Give(n, since, window, now)
 }
@@ -406,19 +409,40 @@ func (ls *Leases) Surrender(key string, now int64) Return {
 	return e.back(held{tokens: n, since: e.since, window: e.window})
 }
 
-// Since returns the stamps of key's lease (see Return): since, the
-// server's clock at or before the grant of every token key's lease holds
-// now or will hold (a stamp only grows, but for an unknown 0), and window,
-// the end of a calendar quota's window its tokens belong to; and whether
-// key has a lease that was ever stamped.
-func (ls *Leases) Since(key string) (since, window int64, ok bool) {
+// Stamp is what key's lease says of where its tokens came from (see
+// Return), read under its lock: Since, at or before the grant of every
+// token it holds now or will hold (a lease's Since only grows, but for an
+// unknown 0); Latest, at or after the grant of every token it held up to
+// now; Window, the calendar window of its tokens (a lease's Window only
+// moves forward). A reader before and after a take brackets the taken
+// tokens' stamps.
+type Stamp struct {
+	Since, Latest, Window int64
+}
+
+// Stamps returns key's lease's Stamp, and whether key has a lease that
+// was ever stamped.
+func (ls *Leases) Stamps(key string) (Stamp, bool) {
 	e := ls.table.Get(ls, key)
 	if e == nil {
-		return 0, 0, false
+		return Stamp{}, false
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return e.since, e.window, e.since != 0
+	return Stamp{Since: e.since, Latest: e.latest, Window: e.window}, e.since != 0
+}
+
+// Charge takes n tokens of key's live lease of the calendar window window
+// at now, for a reservation's excess (see entry.Charge).
+func (ls *Leases) Charge(key string, n, window, now int64) bool {
+	e := ls.table.Get(ls, key)
+	if e == nil || n <= 0 {
+		return false
+	}
+	if ls.members != nil {
+		window = 0
+	}
+	return e.Charge(n, window, now)
 }
 
 // Forget drops key's local state at once: its lease (the tokens are not

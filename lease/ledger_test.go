@@ -61,21 +61,58 @@ func TestInstallOfAnotherWindow(t *testing.T) {
 	}
 }
 
-// TestGiveKeepsStamps: a surplus given to the lease lowers its since to
-// the surplus's own; a surplus of another window does not join.
+// TestGiveKeepsStamps: a surplus joins a live lease only when its tokens
+// are no older than the lease's (tokens from before a Reset must not join a
+// lease of the fresh bucket, where they would be spent) and of its window.
 func TestGiveKeepsStamps(t *testing.T) {
 	z := newSizer(policy.Quota("q", 1000, policy.Hour, time.UTC), policy.Lease{TTL: time.Minute, IdleTTL: time.Hour})
 	e := &entry{key: "k"}
 	z.Install(e, request{Want: 10, Min: 1}, Outcome{Granted: 10, Remaining: bigRemaining, At: 500, Window: 1000}, 1*s)
-	if e.Give(3, 50, 2000, 2*s) {
+	if e.Give(3, 600, 2000, 2*s) {
 		t.Error("Give of another window's surplus joined the lease")
 	}
-	if !e.Give(3, 50, 1000, 2*s) || e.Tokens() != 13 || e.since != 50 {
-		t.Errorf("Give of 3 stamped 50: lease %d since %d; want 13 since 50", e.Tokens(), e.since)
+	if e.Give(3, 50, 1000, 2*s) {
+		t.Error("Give of a surplus older than the lease (before a Reset, maybe) joined it")
+	}
+	if e.Give(3, 0, 1000, 2*s) {
+		t.Error("Give of a surplus of an unknown stamp joined the lease")
+	}
+	if !e.Give(3, 600, 1000, 2*s) || e.Tokens() != 13 || e.since != 500 {
+		t.Errorf("Give of 3 stamped 600: lease %d since %d; want 13 since 500", e.Tokens(), e.since)
 	}
 	h := e.drainHeld()
-	if h != (held{tokens: 13, since: 50, window: 1000}) {
-		t.Errorf("drained %+v; want 13 tokens since 50 of window 1000", h)
+	if h != (held{tokens: 13, since: 500, window: 1000}) {
+		t.Errorf("drained %+v; want 13 tokens since 500 of window 1000", h)
+	}
+}
+
+// TestChargeOfItsWindow: an excess comes out of a live lease of its own
+// window only.
+func TestChargeOfItsWindow(t *testing.T) {
+	z := newSizer(policy.Quota("q", 1000, policy.Hour, time.UTC), policy.Lease{TTL: time.Minute, IdleTTL: time.Hour})
+	e := &entry{key: "k"}
+	z.Install(e, request{Want: 10, Min: 1}, Outcome{Granted: 10, Remaining: bigRemaining, At: 500, Window: 1000}, 1*s)
+	if e.Charge(4, 2000, 2*s) {
+		t.Error("an excess of the next window was paid with this window's lease")
+	}
+	if !e.Charge(4, 1000, 2*s) || e.Tokens() != 6 {
+		t.Errorf("Charge(4) of its window: lease %d; want 6", e.Tokens())
+	}
+}
+
+// TestLateInstallOfAWindowsTokens: a grant of a calendar quota's window
+// whose reply arrives late (installed after the window's end) does not get
+// a fresh life: its lease ends a window's remaining time after the plan,
+// which came before the grant.
+func TestLateInstallOfAWindowsTokens(t *testing.T) {
+	z := newSizer(policy.Quota("q", 1000, policy.Hour, time.UTC), policy.Lease{TTL: time.Minute, IdleTTL: time.Hour})
+	e := &entry{key: "k"}
+	e.AddPending(1)
+	req, _ := z.Plan(e, 1*s)
+	// Redis granted 2s before the boundary; the reply lands 3s later.
+	z.Install(e, req, Outcome{Granted: 10, Remaining: bigRemaining, Min: req.Min, Expire: 2 * time.Second, At: 7, Window: 9}, 4*s)
+	if ok, _ := e.Take(1, 4*s); ok {
+		t.Error("a lease of the last window's tokens served after the window ended")
 	}
 }
 
@@ -111,8 +148,8 @@ func TestSurrender(t *testing.T) {
 	if e.Tokens() != 0 || e.Reserved() != 2 || e.denyUntil.Load() != 0 {
 		t.Errorf("after Surrender: %d tokens, %d reserved, denyUntil %d; want 0, 2, 0", e.Tokens(), e.Reserved(), e.denyUntil.Load())
 	}
-	if since, _, ok := ls.Since("k"); !ok || since != 42 {
-		t.Errorf("Since = %d, %v; want 42, true", since, ok)
+	if st, ok := ls.Stamps("k"); !ok || st.Since != 42 {
+		t.Errorf("Stamps = %+v, %v; want Since 42, true", st, ok)
 	}
 }
 

@@ -16,6 +16,10 @@ type request struct {
 	// Whole asks for up to Want whatever the bucket holds (no MaxShare
 	// cap): a key at its limit taking the batch it waited for.
 	Whole bool
+	// At is when the refill was planned (local now): before the
+	// authority granted, so a window's end measured from the grant is
+	// measured from here, not from a late install (see Install).
+	At int64
 }
 
 // sizer turns a key's observed demand into a lease size. It is immutable and
@@ -144,7 +148,7 @@ func (z sizer) Plan(e *entry, now int64) (request, held) {
 	}
 	want = clamp(want, 1, z.limit.Burst)
 	m := clamp(minWant, 1, want)
-	return request{Want: want, Min: m, Need: min(need, want), Whole: whole}, expired
+	return request{Want: want, Min: m, Need: min(need, want), Whole: whole, At: now}, expired
 }
 
 // growHeadroom is how many leases of the slow-start size the bucket must
@@ -295,7 +299,15 @@ func (z sizer) Install(e *entry, req request, o Outcome, now int64) (refund int6
 	e.remote.Store(o.Remaining)
 	exp := now + int64(z.settings.TTL)
 	if o.Expire > 0 {
-		exp = min(exp, now+int64(o.Expire))
+		// From the plan, which came before the grant: a reply that
+		// arrives late (after the window's end) must not give the
+		// window's tokens a fresh life after it. An install without a
+		// plan time (tests) counts from now.
+		from := now
+		if req.At != 0 {
+			from = min(req.At, now)
+		}
+		exp = min(exp, from+int64(o.Expire))
 	}
 	e.expires.Store(exp)
 	if rearm > 0 {
