@@ -186,6 +186,39 @@ func TestResetDropsTokensOfTheOldBucket(t *testing.T) {
 	}
 }
 
+// TestResetThenSurplusOnTheSameInstance: Reserve(10), Reset, an Allow that
+// builds a lease from the fresh bucket, then Cancel on the same instance:
+// the reservation's 10 tokens must not join that lease (they were spent
+// from it: 30 admitted after the Reset on a burst of 20).
+func TestResetThenSurplusOnTheSameInstance(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	l := policy.Limit{Name: "reset-same", Rate: 1, Period: time.Hour, Burst: 20}
+	lim := mustNew(t, srv.Client(t), l)
+	r, err := lim.Reserve(ctx, "k", 10)
+	if err != nil || !r.Decision().Allowed {
+		t.Fatalf("Reserve(10) = %+v, %v", r, err)
+	}
+	if err := lim.Reset(ctx, "k"); err != nil {
+		t.Fatal(err)
+	}
+	admitted := 0
+	if d, err := lim.Allow(ctx, "k"); err == nil && d.Allowed {
+		admitted++
+	}
+	if err := r.Cancel(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for range 40 {
+		if d, err := lim.Allow(ctx, "k"); err == nil && d.Allowed {
+			admitted++
+		}
+	}
+	if admitted > 20 {
+		t.Errorf("admitted %d after the Reset; want at most the fresh bucket's 20", admitted)
+	}
+}
+
 // TestSettleWhileConnectionsRefused: exact mode, two reservations of 10,
 // then connections are refused for 1.5s (Redis up, its data kept):
 // Settle(60) and Settle(0) return nil and are applied once Redis can be
