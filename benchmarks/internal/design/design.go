@@ -8,6 +8,9 @@
 //     (HMGET, refill, HSET, PEXPIRE on Redis's TIME), one EVALSHA on every
 //     decision. It is the textbook "Lua token bucket per request" design,
 //     written here so that it shares no code with leaselimit.
+//   - lean_floor: the simplest correct batched token bucket (see
+//     leanfloor.go): what any batched Redis design must do, so the floor
+//     the others are measured against.
 //   - leaselimit_exact: leaselimit with WithoutLease(): every decision is one
 //     call of leaselimit's own acquire script, through its breaker and time
 //     budget.
@@ -31,12 +34,13 @@ import (
 const (
 	RedisRate       = "redis_rate"
 	LuaPerRequest   = "lua_per_request"
+	LeanFloor       = "lean_floor"
 	LeaselimitExact = "leaselimit_exact"
 	LeaselimitLease = "leaselimit_lease"
 )
 
 // Names lists every design, baseline first.
-var Names = []string{RedisRate, LuaPerRequest, LeaselimitExact, LeaselimitLease}
+var Names = []string{RedisRate, LuaPerRequest, LeanFloor, LeaselimitExact, LeaselimitLease}
 
 // Result is the outcome of one decision.
 type Result struct {
@@ -69,6 +73,8 @@ func New(name string, client *redis.Client, limit policy.Limit) (Decider, error)
 		return newRedisRate(client, limit)
 	case LuaPerRequest:
 		return newLua(client, limit), nil
+	case LeanFloor:
+		return newLeanFloor(client, limit)
 	case LeaselimitExact:
 		l, err := leaselimit.New(client, limit, leaselimit.WithoutLease(), leaselimit.WithPrefix("ll-exact"))
 		if err != nil {
