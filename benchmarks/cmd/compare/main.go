@@ -1,12 +1,14 @@
 // Command compare runs leaselimit and the designs it replaces side by side,
 // in one process, on one real redis-server, and prints a Markdown table.
 //
-//	go run ./cmd/compare [-redis ADDR] [-duration 5s] [-warmup 5s] [-goroutines 64] [-designs a,b] [-workloads prefix,...] [-short]
+//	go run ./cmd/compare [-redis ADDR] [-duration 5s] [-rounds 5] [-warmup 5s] [-goroutines 64] [-designs a,b] [-workloads prefix,...] [-short]
 //
 // Without -redis it starts redis-server (from PATH) on a free loopback port
-// and stops it on exit. Each cell (workload × design) runs for -duration;
-// the first three workloads first run -warmup on their own keys, so leases
-// reach their steady size. -short runs 1s cells with a 100ms warm-up for CI.
+// and stops it on exit. Each design of a workload runs for -duration in
+// all, interleaved with the others: -rounds rounds of one slice per design,
+// in an order rotated each round (see interleave.go); the first three
+// workloads first run -warmup on their own keys, so leases reach their
+// steady size. -short runs 1s per design with a 100ms warm-up for CI.
 // See README.md for the columns.
 package main
 
@@ -29,7 +31,6 @@ import (
 	"github.com/leaselimit/leaselimit/benchmarks/internal/latency"
 	"github.com/leaselimit/leaselimit/internal/redistest"
 	"github.com/leaselimit/leaselimit/policy"
-	"github.com/redis/go-redis/v9"
 )
 
 // workload is one row group of the table.
@@ -69,7 +70,8 @@ var (
 
 type config struct {
 	addr       string
-	duration   time.Duration
+	duration   time.Duration // per design, over all rounds
+	rounds     int
 	warmup     time.Duration
 	goroutines int
 	runID      string
@@ -100,7 +102,8 @@ func main() {
 func run() error {
 	var (
 		addr       = flag.String("redis", "", "address of a Redis to use (default: start redis-server on a free loopback port)")
-		duration   = flag.Duration("duration", 5*time.Second, "measured time of each cell (workload × design)")
+		duration   = flag.Duration("duration", 5*time.Second, "measured time of each design on each workload, over all rounds")
+		rounds     = flag.Int("rounds", 5, "rounds of interleaved slices (at least 5): each round runs every design once, in a rotated order")
 		goroutines = flag.Int("goroutines", 64, "concurrent callers per cell")
 		short      = flag.Bool("short", false, "1s cells and a 100ms warm-up, for CI")
 		warmup     = flag.Duration("warmup", 5*time.Second, "how long the first three workloads (those that need not start from a full bucket) run on their own keys before each measurement, so leases reach their steady size")
@@ -121,6 +124,9 @@ func run() error {
 	if *warmup < 0 || *warmup > time.Hour {
 		return fmt.Errorf("-warmup %v must be in [0, 1h]", *warmup)
 	}
+	if *rounds < 5 || *rounds > 1000 {
+		return fmt.Errorf("-rounds %d must be in [5, 1000]", *rounds)
+	}
 	if *goroutines < 1 || *goroutines > 10_000 {
 		return fmt.Errorf("-goroutines %d must be in [1, 10000]", *goroutines)
 	}
@@ -135,6 +141,7 @@ func run() error {
 	cfg := config{
 		addr:       *addr,
 		duration:   *duration,
+		rounds:     *rounds,
 		warmup:     *warmup,
 		goroutines: *goroutines,
 		runID:      strconv.FormatInt(time.Now().UnixNano(), 36),
@@ -158,30 +165,25 @@ func run() error {
 	fmt.Fprintf(os.Stderr, "compare: Redis %s at %s, %d goroutines, %v per cell (+%v warm-up), GOMAXPROCS %d, %s\n",
 		version, cfg.addr, cfg.goroutines, cfg.duration, cfg.warmup, runtime.GOMAXPROCS(0), runtime.Version())
 
-	var results []cellResult
+	fmt.Fprintf(os.Stderr, "compare: %d rounds of %v slices, order rotated each round\n", cfg.rounds, cfg.duration/time.Duration(cfg.rounds))
+	var groups [][]*setup
 	for _, wl := range workloads {
 		if !selected(wl.name, *which) {
 			continue
 		}
-		for _, d := range designs {
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			fmt.Fprintf(os.Stderr, "compare: %-24s %-18s ", wl.name, d)
-			r, err := runCell(ctx, cfg, wl, d)
-			if err != nil {
-				fmt.Fprintln(os.Stderr, "error")
-				return fmt.Errorf("%s / %s: %w", wl.name, d, err)
-			}
-			fmt.Fprintf(os.Stderr, "%.0f decisions/s\n", r.rate())
-			results = append(results, r)
+		setups, err := runWorkload(ctx, cfg, wl, designs)
+		if err != nil {
+			return err
 		}
+		groups = append(groups, setups)
 	}
-	printTable(cfg, version, results)
-	for _, r := range results {
-		if r.fallbacks > 0 {
-			fmt.Fprintf(os.Stderr, "compare: warning: %s / %s: %d decisions were made by leaselimit's failure policy (Redis over its time budget)\n",
-				r.workload.name, r.design, r.fallbacks)
+	printTable(cfg, version, groups)
+	for _, g := range groups {
+		for _, s := range g {
+			if r := s.res; r.fallbacks > 0 {
+				fmt.Fprintf(os.Stderr, "compare: warning: %s / %s: %d decisions were made by leaselimit's failure policy (Redis over its time budget)\n",
+					r.workload.name, r.design, r.fallbacks)
+			}
 		}
 	}
 	return nil
@@ -205,110 +207,31 @@ func pickDesigns(list string) ([]string, error) {
 	return out, nil
 }
 
-// cellResult is what one workload × design run measured.
+// cellResult is what the slices of one workload × design measured, summed.
 type cellResult struct {
 	workload  workload
 	design    string
-	decisions int64 // demand: decisions made in the measured interval
+	decisions int64 // demand: decisions made in the measured intervals
 	admitted  int64
 	fallbacks int64
 	elapsed   time.Duration
 	hist      latency.Hist
 	cmds      int64         // Redis total_commands_processed, minus our INFO calls
 	reqs      int64         // commands sent by the clients
-	cpu       time.Duration // Redis's CPU time in the measured interval
+	cpu       time.Duration // Redis's CPU time in the measured intervals
+	clientCPU time.Duration // this process's CPU time in them (the design's alone runs then)
+	mallocs   int64         // heap allocations in them
+	idealSum  float64       // limited workloads: the slices' ideals, summed
 }
 
 func (r *cellResult) rate() float64 { return float64(r.decisions) / r.elapsed.Seconds() }
 
-// ideal is the most a single central token bucket could admit for the
-// demand over the run: min(demand, Burst + Rate·T).
-func (r *cellResult) ideal() float64 {
-	l := r.workload.limit
-	capacity := float64(l.Burst) + float64(l.Rate)*r.elapsed.Seconds()/l.Period.Seconds()
-	return min(float64(r.decisions), capacity)
-}
-
-// runCell measures one design on one workload with fresh Redis keys (so
-// limited workloads start from a full bucket), and closes everything it
-// made before it returns.
-func runCell(ctx context.Context, cfg config, wl workload, name string) (res cellResult, err error) {
-	res = cellResult{workload: wl, design: name}
-	prefix := "cmp-" + cfg.runID + ":" + strings.ReplaceAll(wl.name, " ", "_") + ":" + name + ":"
-	keys := make([]string, wl.keys)
-	for i := range keys {
-		keys[i] = prefix + "k" + strconv.Itoa(i)
-	}
-
-	var reqs design.Counter
-	clients := make([]*redis.Client, wl.instances)
-	decs := make([]design.Decider, wl.instances)
-	defer func() {
-		for _, d := range decs {
-			if d != nil {
-				if cerr := d.Close(); cerr != nil && err == nil {
-					err = fmt.Errorf("close: %w", cerr)
-				}
-			}
-		}
-		for _, c := range clients {
-			if c != nil {
-				if cerr := c.Close(); cerr != nil && err == nil {
-					err = fmt.Errorf("close client: %w", cerr)
-				}
-			}
-		}
-	}()
-	for i := range clients {
-		clients[i] = design.NewClient(cfg.addr, &reqs)
-		if decs[i], err = design.New(name, clients[i], wl.limit); err != nil {
-			return res, err
-		}
-	}
-
-	// Warm up connections and script caches with throwaway deciders on
-	// another key; a limited workload's own key must start with a full
-	// bucket, so only unlimited workloads also warm up on their real keys
-	// (which brings leases to their steady-state size).
-	for i, c := range clients {
-		w, err := design.New(name, c, wl.limit)
-		if err != nil {
-			return res, err
-		}
-		_, werr := drive(ctx, cfg, wl, []design.Decider{w}, []string{prefix + "warm" + strconv.Itoa(i)}, 50*time.Millisecond, false)
-		if cerr := w.Close(); werr == nil {
-			werr = cerr
-		}
-		if werr != nil {
-			return res, fmt.Errorf("warm-up: %w", werr)
-		}
-	}
-	if !wl.limited && !wl.cold && cfg.warmup > 0 {
-		if _, err := drive(ctx, cfg, wl, decs, keys, cfg.warmup, false); err != nil {
-			return res, fmt.Errorf("warm-up: %w", err)
-		}
-	}
-
-	c0, err := redistest.ReadStats(cfg.addr)
-	if err != nil {
-		return res, err
-	}
-	r0 := reqs.Load()
-	m, err := drive(ctx, cfg, wl, decs, keys, cfg.duration, true)
-	if err != nil {
-		return res, err
-	}
-	c1, err := redistest.ReadStats(cfg.addr)
-	if err != nil {
-		return res, err
-	}
-	res.reqs = reqs.Load() - r0
-	d := c1.Sub(c0)
-	res.cmds = d.TotalCommands - 1 // the first INFO is counted in the second reading
-	res.cpu = d.CPU
-	res.decisions, res.admitted, res.fallbacks = m.decisions, m.admitted, m.fallbacks
-	res.elapsed, res.hist = m.elapsed, m.hist
-	return res, nil
+// idealOf is the most a single central token bucket, full at the start,
+// could admit of demand decisions over elapsed: min(demand, Burst + Rate·T).
+func idealOf(wl workload, demand int64, elapsed time.Duration) float64 {
+	l := wl.limit
+	capacity := float64(l.Burst) + float64(l.Rate)*elapsed.Seconds()/l.Period.Seconds()
+	return min(float64(demand), capacity)
 }
 
 type measured struct {
@@ -419,45 +342,48 @@ func drive(ctx context.Context, cfg config, wl workload, decs []design.Decider, 
 // and start points, hence different orders.
 var strides = []int{1, 7919, 3, 4999, 7, 6007, 9, 1237, 11, 8191, 13, 2749, 17, 9973, 19, 5281}
 
-func printTable(cfg config, version string, results []cellResult) {
+func printTable(cfg config, version string, groups [][]*setup) {
 	w := cfg.out
-	fmt.Fprintf(w, "Redis %s, %d goroutines, %v per cell, GOMAXPROCS %d (NumCPU %d), %s/%s, %s%s\n\n",
-		version, cfg.goroutines, cfg.duration, runtime.GOMAXPROCS(0), runtime.NumCPU(), runtime.GOOS, runtime.GOARCH, runtime.Version(), loadAvg())
-	fmt.Fprintln(w, "| workload | design | decisions/s | vs redis_rate | of lean_floor | p50 | p99 | p99.9 | Redis cmds/decision | requests/decision | Redis CPU/decision | admitted / ideal | fallbacks |")
-	fmt.Fprintln(w, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-	base, floor := map[string]float64{}, map[string]float64{}
-	for _, r := range results {
-		switch r.design {
-		case design.RedisRate:
-			base[r.workload.name] = r.rate()
-		case design.LeanFloor:
-			floor[r.workload.name] = r.rate()
+	fmt.Fprintf(w, "Redis %s, %d goroutines, %v per design in %d interleaved rounds, GOMAXPROCS %d (NumCPU %d), %s/%s, %s%s\n\n",
+		version, cfg.goroutines, cfg.duration, cfg.rounds, runtime.GOMAXPROCS(0), runtime.NumCPU(), runtime.GOOS, runtime.GOARCH, runtime.Version(), loadAvg())
+	fmt.Fprintln(w, "| workload | design | decisions/s | vs redis_rate, median [range] | of lean_floor, median [range] | p50 | p99 | p99.9 | client CPU/decision | Redis CPU/decision | allocs/decision | Redis cmds/decision | requests/decision | admitted / ideal | fallbacks |")
+	fmt.Fprintln(w, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+	for _, g := range groups {
+		var base, floor []float64
+		for _, s := range g {
+			switch s.name {
+			case design.RedisRate:
+				base = s.rates
+			case design.LeanFloor:
+				floor = s.rates
+			}
 		}
-	}
-	for _, r := range results {
-		ratio, share := "—", "—"
-		if b := base[r.workload.name]; b > 0 {
-			ratio = fmt.Sprintf("%.2f×", r.rate()/b)
+		for _, s := range g {
+			r := &s.res
+			ratio, share := "—", "—"
+			if sp, ok := ratios(s.rates, base); ok {
+				ratio = fmt.Sprintf("%.2f× [%.2f–%.2f]", sp.median, sp.lo, sp.hi)
+			}
+			if sp, ok := ratios(s.rates, floor); ok {
+				share = fmt.Sprintf("%.0f%% [%.0f–%.0f]", 100*sp.median, 100*sp.lo, 100*sp.hi)
+			}
+			adm := "—"
+			if r.workload.limited {
+				adm = fmt.Sprintf("%.3f (%d / %.0f)", float64(r.admitted)/r.idealSum, r.admitted, r.idealSum)
+			} else if r.admitted != r.decisions {
+				adm = fmt.Sprintf("%d of %d denied", r.decisions-r.admitted, r.decisions)
+			}
+			n := float64(r.decisions)
+			fb := "0"
+			if r.fallbacks > 0 {
+				fb = fmt.Sprintf("**%.3g%%**", 100*float64(r.fallbacks)/n)
+			}
+			fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %.1f | %s | %s | %s | %s |\n",
+				r.workload.name, r.design, count(r.rate()), ratio, share,
+				dur(r.hist.Quantile(0.5)), dur(r.hist.Quantile(0.99)), dur(r.hist.Quantile(0.999)),
+				dur(time.Duration(float64(r.clientCPU)/n)), dur(time.Duration(float64(r.cpu)/n)), float64(r.mallocs)/n,
+				perDecision(float64(r.cmds)/n), perDecision(float64(r.reqs)/n), adm, fb)
 		}
-		if f := floor[r.workload.name]; f > 0 {
-			share = fmt.Sprintf("%.0f%%", 100*r.rate()/f)
-		}
-		adm := "—"
-		if r.workload.limited {
-			ideal := r.ideal()
-			adm = fmt.Sprintf("%.3f (%d / %.0f)", float64(r.admitted)/ideal, r.admitted, ideal)
-		} else if r.admitted != r.decisions {
-			adm = fmt.Sprintf("%d of %d denied", r.decisions-r.admitted, r.decisions)
-		}
-		n := float64(r.decisions)
-		fb := "0"
-		if r.fallbacks > 0 {
-			fb = fmt.Sprintf("**%.3g%%**", 100*float64(r.fallbacks)/n)
-		}
-		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
-			r.workload.name, r.design, count(r.rate()), ratio, share,
-			dur(r.hist.Quantile(0.5)), dur(r.hist.Quantile(0.99)), dur(r.hist.Quantile(0.999)),
-			perDecision(float64(r.cmds)/n), perDecision(float64(r.reqs)/n), dur(time.Duration(float64(r.cpu)/n)), adm, fb)
 	}
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "Workloads: hot key and 10k keys use a limit of 1e9/s (burst 1e9), so every decision should be admitted;")
@@ -468,8 +394,12 @@ func printTable(cfg config, version string, results []cellResult) {
 	fmt.Fprintln(w, "lua_per_request is a minimal classic token-bucket script of our own (design.tokenBucket), one EVALSHA per decision.")
 	fmt.Fprintln(w, "lean_floor is the simplest correct batched token bucket (design/leanfloor.go): what any batched design must do;")
 	fmt.Fprintln(w, "\"of lean_floor\" is each design's rate as a share of it, the physical floor on the machine at hand.")
-	fmt.Fprintln(w, "Redis CPU/decision is the server's used_cpu_sys + used_cpu_user (INFO cpu) over the cell, per decision.")
-	for _, r := range results {
+	fmt.Fprintln(w, "Ratios: each round runs every design for one slice, in an order rotated each round; a design's ratio is taken")
+	fmt.Fprintln(w, "against the baseline's rate in the same round, and the median of the rounds is reported with their range.")
+	fmt.Fprintln(w, "Redis CPU/decision is the server's used_cpu_sys + used_cpu_user (INFO cpu) over the slices, per decision;")
+	fmt.Fprintln(w, "client CPU/decision is this process's user + system CPU (getrusage) over them, and allocs/decision its heap")
+	fmt.Fprintln(w, "allocations (runtime.MemStats.Mallocs), load generator included: only one design runs during a slice.")
+	for _, r := range allResults(groups) {
 		if r.fallbacks > 0 {
 			fmt.Fprintln(w, "\nfallbacks: decisions made by leaselimit's failure policy (FailOpen: admit) because Redis did not answer")
 			fmt.Fprintln(w, "within its 100ms budget or its breaker was open; they never reached Redis, so a cell with many of them")
@@ -477,6 +407,17 @@ func printTable(cfg config, version string, results []cellResult) {
 			break
 		}
 	}
+}
+
+// allResults returns the results of every design of every workload.
+func allResults(groups [][]*setup) []cellResult {
+	var out []cellResult
+	for _, g := range groups {
+		for _, s := range g {
+			out = append(out, s.res)
+		}
+	}
+	return out
 }
 
 func count(v float64) string {
