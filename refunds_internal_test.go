@@ -2,6 +2,10 @@ package leaselimit
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
 	"sync"
 	"testing"
 	"time"
@@ -160,4 +164,46 @@ func (c *stepClock) add(d time.Duration) {
 	c.mu.Lock()
 	c.t = c.t.Add(d)
 	c.mu.Unlock()
+}
+
+// TestReachedRedis: an adjustment counts as never having reached Redis
+// only when that is certain: the breaker or Close held it back, or, for a
+// client that never sends a command twice on its own, go-redis failed to
+// dial or to get a connection. A client that retries reports only its
+// last attempt, which hides an earlier one that may have been applied
+// before its connection broke (its reply lost, then the dial refused).
+func TestReachedRedis(t *testing.T) {
+	dial := &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connect: connection refused")}
+	read := &net.OpError{Op: "read", Net: "tcp", Err: errors.New("connection reset by peer")}
+	for _, tc := range []struct {
+		err     error
+		retries bool
+		want    bool
+	}{
+		{breaker.ErrOpen, true, false},
+		{ErrClosed, true, false},
+		{dial, true, true},
+		{dial, false, false},
+		{fmt.Errorf("wrapped: %w", dial), false, false},
+		{redis.ErrPoolTimeout, false, false},
+		{redis.ErrPoolTimeout, true, true},
+		{read, false, true},
+		{io.EOF, false, true},
+		{context.DeadlineExceeded, false, true},
+	} {
+		q := &refundQueue{retries: tc.retries}
+		if got := q.reachedRedis(tc.err); got != tc.want {
+			t.Errorf("reachedRedis(%v) with retries %v = %v; want %v", tc.err, tc.retries, got, tc.want)
+		}
+	}
+	def := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	defer def.Close()
+	if !retriesCommands(def) {
+		t.Error("a client with go-redis's default options does not retry?")
+	}
+	once := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1})
+	defer once.Close()
+	if retriesCommands(once) {
+		t.Error("a client with MaxRetries -1 retries?")
+	}
 }
