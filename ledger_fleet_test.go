@@ -1101,24 +1101,6 @@ func runResetLedger(t *testing.T, srv *redistest.Server, seed int64, round time.
 // ---------------------------------------------------------------------------
 // Part 3: a calendar quota across window boundaries, on miniredis.
 
-// ledgerClock is a Clock set by hand.
-type ledgerClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *ledgerClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *ledgerClock) Set(t time.Time) {
-	c.mu.Lock()
-	c.now = t
-	c.mu.Unlock()
-}
-
 func runQuotaLedger(t *testing.T, seed int64, round time.Duration) {
 	v := &violations{t: t, seed: seed}
 	rng := rand.New(rand.NewPCG(uint64(seed), 0x9707a))
@@ -1133,7 +1115,7 @@ func runQuotaLedger(t *testing.T, seed int64, round time.Duration) {
 	}
 	phases := []time.Time{end.Add(-3 * time.Second), end.Add(time.Second), end.Add(ledgerPeriod + time.Second)}
 	mr := miniredis.RunT(t)
-	clk := &ledgerClock{now: phases[0]}
+	clk := &fakeClock{now: phases[0]}
 	ctx := context.Background()
 
 	const instances, keys = 3, 2
