@@ -31,7 +31,7 @@ const ResendWithin = IDLife / 2
 const MarkLife = 24 * time.Hour
 
 // Refund asks to give Tokens unused tokens back to the bucket of Key, or,
-// for negative Tokens, to charge it (see Adjust): one adjustment of the
+// for negative Tokens, to charge it (see Apply): one adjustment of the
 // ledger.
 type Refund struct {
 	Key    string // a key from (*Redis).Key
@@ -48,7 +48,7 @@ type Refund struct {
 	// means unknown: applied only to a bucket never Reset (within
 	// MarkLife).
 	Since int64
-	// ID is the adjustment's own id, set by Refund or Adjust when it is
+	// ID is the adjustment's own id, set by Apply or RefundAll when it is
 	// empty: a resend under the same id is not applied twice.
 	ID string
 }
@@ -67,13 +67,6 @@ func markKey(key string) string { return key + ":reset" }
 // idKey is the key that records the adjustment id as applied to key's
 // bucket.
 func idKey(key, id string) string { return key + ":adj:" + id }
-
-// Adjust adds n tokens to key's bucket under l, in one script call, as
-// Apply does for Refund{Key: key, Limit: l, Tokens: n, Window: window}:
-// tokens of an unknown generation, under a new id.
-func (r *Redis) Adjust(ctx context.Context, key string, l policy.Limit, n, window int64) (int64, error) {
-	return r.Apply(ctx, &Refund{Key: key, Limit: l, Tokens: n, Window: window})
-}
 
 // Apply applies one adjustment in one script call: a refund for
 // rf.Tokens > 0 (capped at the burst), a charge for rf.Tokens < 0 that
@@ -107,7 +100,7 @@ func (r *Redis) adjustCall(rf *Refund, n int64) ([]string, []any) {
 	return keys, args
 }
 
-// Refund applies several adjustments in one pipeline (on a Cluster,
+// RefundAll applies several adjustments in one pipeline (on a Cluster,
 // go-redis splits it by node). Adjustments without an ID to one key are
 // merged when they agree (the same sign, window and generation stamp, the
 // earliest kept), each merged one gets an ID; adjustments with an ID (sent
@@ -146,15 +139,6 @@ func (r *Redis) RefundAll(ctx context.Context, refunds []Refund) []Failed {
 		}
 	}
 	return failed
-}
-
-// Refund is RefundAll for a caller that needs only the first failure's
-// error.
-func (r *Redis) Refund(ctx context.Context, refunds []Refund) error {
-	if failed := r.RefundAll(ctx, refunds); len(failed) > 0 {
-		return failed[0].Err
-	}
-	return nil
 }
 
 // mergeRefunds merges the adjustments without an ID that can be applied as
@@ -204,16 +188,6 @@ func (r *Redis) Reset(ctx context.Context, key string) (int64, error) {
 		return 0, fmt.Errorf("%w: reset reply %v", ErrReply, v)
 	}
 	return at, nil
-}
-
-// refundOne gives n unused tokens back to key's bucket, capped at l.Burst,
-// as tokens of an unknown generation. It returns the whole tokens the
-// bucket then holds.
-func (r *Redis) refundOne(ctx context.Context, key string, l policy.Limit, n int64) (int64, error) {
-	if n < 1 || n > l.Burst {
-		return 0, fmt.Errorf("%w: refund n=%d burst=%d", ErrScript, n, l.Burst)
-	}
-	return r.Adjust(ctx, key, l, n, 0)
 }
 
 // clampAdjust caps an adjustment of a bucket under l at what the refund
