@@ -47,26 +47,19 @@ func (l *Limiter) miss(ctx context.Context, key string, n int64, a lease.Answer)
 	if a.Status == lease.Exact {
 		return l.callExact(ctx, brk, rkey, key, n)
 	}
-	if a.Status == lease.Refused && l.poolable(key, n, a.Remaining) {
+	if a.Status == lease.Refused && l.leases.Pooled(key, n, l.clock.now()) {
 		return l.pool(ctx, brk, rkey, key, n, l.decided(a))
 	}
 	return l.decided(a), nil
 }
 
-// poolable reports whether a request for n tokens of key that the bucket
-// denied, remaining tokens left there, could be served by the bucket and
-// this instance's lease together, though by neither alone: a request
-// larger than the lease (a Settle surplus joined it, or it is what smaller
-// requests left).
-func (l *Limiter) poolable(key string, n, remaining int64) bool {
-	held := l.leases.Holding(key, l.clock.now())
-	return held > 0 && held < n && remaining+held >= n
-}
-
-// pool serves such a request (see poolable): the lease goes back to the
-// bucket first, in one call per bucket within the budget, then the request
-// asks Redis for exactly n. A lease that cannot go back now goes to the
-// refund queue, and denied, the decision the bucket made, stands.
+// pool serves a request the bucket denied though the bucket and this
+// instance's lease could serve it together (see lease.Leases.Pooled): a
+// request larger than the lease, which a Settle surplus joined or smaller
+// requests left. The lease goes back to the bucket first, in one call per
+// bucket within the budget, then the request asks Redis for exactly n. A
+// lease that cannot go back now goes to the refund queue, and denied, the
+// decision the bucket made, stands.
 func (l *Limiter) pool(ctx context.Context, brk *breaker.Breaker, rkey, key string, n int64, denied Decision) (Decision, error) {
 	r := l.leases.Surrender(key, l.clock.now())
 	if r.Tokens <= 0 {

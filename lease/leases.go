@@ -180,7 +180,7 @@ func (ls *Leases) Decide(key string, n, now int64) Answer {
 		// could serve together (a Settle surplus joined the lease) is not
 		// denied from the cache: it goes to the authority, whose denial
 		// the caller then pools with the lease (see Surrender).
-		if denied, wait := ls.sizer.Denied(e, n, now); denied && !pooled(e, n) {
+		if denied, wait := ls.sizer.Denied(e, n, now); denied && !pooled(e, n, now) {
 			e.Touch(now)
 			return Answer{Status: Cached, Remaining: e.Remote(), RetryAfter: wait, Parts: ls.parts(e)}
 		}
@@ -194,11 +194,21 @@ func (ls *Leases) Decide(key string, n, now int64) Answer {
 	return a
 }
 
-// pooled reports whether e's lease and what its bucket held at the last
-// answer could serve n tokens together, though the lease alone cannot.
-func pooled(e *entry, n int64) bool {
+// pooled reports whether e's live lease and what its bucket held at the
+// last answer could serve n tokens together, though the lease alone
+// cannot (see Surrender, which gives such a lease back).
+func pooled(e *entry, n, now int64) bool {
 	t := e.tokens.Load()
-	return n > 1 && t > 0 && t < n && t+e.Remote() >= n
+	return n > 1 && t > 0 && t < n && t+e.Remote() >= n && now < e.expires.Load()
+}
+
+// Pooled reports whether key's live lease and its bucket, as the authority
+// last said, could serve n tokens together though neither alone can: a
+// request the authority denied that the caller can serve by giving the
+// lease back first (Surrender), then asking for all of it.
+func (ls *Leases) Pooled(key string, n, now int64) bool {
+	e := ls.table.Get(ls, key)
+	return e != nil && pooled(e, n, now)
 }
 
 // evicted returns r as an Answer's Evicted: nil when it holds no tokens.

@@ -172,3 +172,26 @@ func TestCachedDenialLeavesPooledRequests(t *testing.T) {
 		t.Errorf("Decide(25) = %v; want Cached: 21 cannot serve it", a.Status)
 	}
 }
+
+// TestPooled: Leases.Pooled says what the negative cache's check says, for
+// a live lease only.
+func TestPooled(t *testing.T) {
+	z := newSizer(policy.PerSecond(10), policy.Lease{TTL: time.Minute, IdleTTL: time.Hour})
+	e := &entry{key: "k"}
+	ls := over(z, e)
+	z.Install(e, request{Want: 12, Min: 1}, Outcome{Granted: 12, Remaining: 9, At: 1}, 1*s)
+	for _, tc := range []struct {
+		n, now int64
+		want   bool
+	}{
+		{20, 2 * s, true},   // 12 leased + 9 in the bucket
+		{21, 2 * s, true},   // exactly
+		{22, 2 * s, false},  // neither together
+		{10, 2 * s, false},  // the lease alone
+		{20, 62 * s, false}, // the lease expired
+	} {
+		if got := ls.Pooled("k", tc.n, tc.now); got != tc.want {
+			t.Errorf("Pooled(%d) at %ds = %v; want %v", tc.n, tc.now/s, got, tc.want)
+		}
+	}
+}
