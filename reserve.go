@@ -214,7 +214,7 @@ func (l *Limiter) settleLocally(key string, n int64, st stamp) bool {
 		}
 		return l.leases.Give(key, n, st.refund.since, st.windowFor(l.limit, n), now)
 	}
-	return l.leases.Charge(key, -n, st.windowFor(l.limit, n), now)
+	return l.leases.Charge(key, -n, now)
 }
 
 // Cancel gives the whole estimate back: Settle(ctx, 0).

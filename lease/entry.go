@@ -120,13 +120,13 @@ func (e *entry) Give(n, since, window, now int64) bool {
 	return true
 }
 
-// Charge takes n tokens out of a live lease of the calendar window window
-// (see entry.since), for an excess settled against it; it reports false,
-// taking nothing, for an expired lease, another window, or fewer tokens.
-func (e *entry) Charge(n, window, now int64) bool {
+// Charge takes n tokens out of a live lease, for an excess settled against
+// it; it reports false, taking nothing, for an expired lease or fewer
+// tokens.
+func (e *entry) Charge(n, now int64) bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if now >= e.expires.Load() || e.removed.Load() || window != e.window {
+	if now >= e.expires.Load() || e.removed.Load() {
 		return false
 	}
 	ok, _ := e.Take(n, now)

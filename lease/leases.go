@@ -442,17 +442,31 @@ func (ls *Leases) Stamps(key string) (Stamp, bool) {
 	return Stamp{Since: e.since, Latest: e.latest, Window: e.window}, e.since != 0
 }
 
-// Charge takes n tokens of key's live lease of the calendar window window
-// at now, for a reservation's excess (see entry.Charge).
-func (ls *Leases) Charge(key string, n, window, now int64) bool {
+// Charge takes n tokens of key's live lease at now, for a reservation's
+// excess, when that is the same as charging the bucket: the lease's
+// unused tokens all go back to it. A lease that holds a calendar quota's
+// tokens never pays a charge: what it holds when its window ends is not
+// given back (the next window started full), so a charge paid from it
+// would cost the quota nothing.
+func (ls *Leases) Charge(key string, n, now int64) bool {
 	e := ls.table.Get(ls, key)
-	if e == nil || n <= 0 {
+	if e == nil || n <= 0 || ls.quota() {
 		return false
 	}
-	if ls.members != nil {
-		window = 0
+	return e.Charge(n, now)
+}
+
+// quota reports whether a calendar quota is among the limits.
+func (ls *Leases) quota() bool {
+	if ls.limit.IsQuota() {
+		return true
 	}
-	return e.Charge(n, window, now)
+	for _, m := range ls.members {
+		if m.IsQuota() {
+			return true
+		}
+	}
+	return false
 }
 
 // Forget drops key's local state at once: its lease (the tokens are not

@@ -86,17 +86,33 @@ func TestGiveKeepsStamps(t *testing.T) {
 	}
 }
 
-// TestChargeOfItsWindow: an excess comes out of a live lease of its own
-// window only.
-func TestChargeOfItsWindow(t *testing.T) {
-	z := newSizer(policy.Quota("q", 1000, policy.Hour, time.UTC), policy.Lease{TTL: time.Minute, IdleTTL: time.Hour})
-	e := &entry{key: "k"}
-	z.Install(e, request{Want: 10, Min: 1}, Outcome{Granted: 10, Remaining: bigRemaining, At: 500, Window: 1000}, 1*s)
-	if e.Charge(4, 2000, 2*s) {
-		t.Error("an excess of the next window was paid with this window's lease")
-	}
-	if !e.Charge(4, 1000, 2*s) || e.Tokens() != 6 {
-		t.Errorf("Charge(4) of its window: lease %d; want 6", e.Tokens())
+// TestChargeNeverFromAQuotaLease: an excess comes out of a token bucket's
+// live lease (its unused tokens all go back to the bucket), never out of a
+// calendar quota's, alone or in a multi-limit: what such a lease holds at
+// its window's end is lost, so a charge paid from it would cost nothing
+// (TestFleetLedger, seed 154231781: 4 over a quota of 45).
+func TestChargeNeverFromAQuotaLease(t *testing.T) {
+	q := policy.Quota("q", 1000, policy.Hour, time.UTC)
+	b := policy.PerSecond(1000)
+	for _, tc := range []struct {
+		name string
+		ls   func(tab *Table) *Leases
+		want bool
+	}{
+		{"token bucket", func(tab *Table) *Leases { return New(tab, b, policy.Lease{}, 1) }, true},
+		{"quota", func(tab *Table) *Leases { return New(tab, q, policy.Lease{}, 1) }, false},
+		{"multi-limit with a quota", func(tab *Table) *Leases {
+			return NewGroup(tab, b, []policy.Limit{b, q}, policy.Lease{}, 1)
+		}, false},
+	} {
+		ls := tc.ls(NewTable(64, policy.Lease{}))
+		a := ls.Decide("k", 1, 1*s)
+		ls.Join(a.Ticket)
+		r := ls.Plan(a.Ticket, 1*s)
+		ls.Complete(r, authority.Grant{Granted: 10, Remaining: 500, At: 5, ResetAfter: time.Minute}, 1*s)
+		if got := ls.Charge("k", 4, 2*s); got != tc.want {
+			t.Errorf("%s: Charge(4) from a lease of 10 = %v; want %v", tc.name, got, tc.want)
+		}
 	}
 }
 
