@@ -38,9 +38,9 @@ type Reservation struct {
 type stamp struct {
 	taken          time.Time
 	refund, charge origin
-	// parts, for a multi-limit Redis granted outside a lease, is each
-	// member's origin (their windows differ).
-	parts []origin
+	// refundParts and chargeParts, for a multi-limit, are its members'
+	// window ends (their windows differ), as refund and charge bound them.
+	refundParts, chargeParts []int64
 }
 
 // origin is the server's clock at (or bounding) a grant, and the end of
@@ -57,10 +57,14 @@ func (s stamp) of(n int64) origin {
 
 // member returns the stamp of a multi-limit's i-th member's bucket.
 func (s stamp) member(i int) stamp {
-	if i < len(s.parts) {
-		return stamp{taken: s.taken, refund: s.parts[i], charge: s.parts[i]}
+	m := stamp{taken: s.taken, refund: origin{since: s.refund.since}, charge: origin{since: s.charge.since}}
+	if i < len(s.refundParts) {
+		m.refund.window = s.refundParts[i]
 	}
-	return stamp{taken: s.taken, refund: origin{since: s.refund.since}, charge: origin{since: s.charge.since}}
+	if i < len(s.chargeParts) {
+		m.charge.window = s.chargeParts[i]
+	}
+	return m
 }
 
 // windowFor is authority.Refund.Window for an adjustment of n stamped
@@ -84,17 +88,20 @@ func (l *Limiter) stampOf(d Decision, key string, taken time.Time, pre lease.Sta
 		o := origin{since: d.since, window: windowOfGrant(l.limit, d.since, d.ResetAfter)}
 		st.refund, st.charge = o, o
 		if l.group != nil && len(d.Parts) == len(l.group) {
-			st.parts = make([]origin, len(l.group))
+			st.refundParts = make([]int64, len(l.group))
 			for i, p := range l.group {
-				st.parts[i] = origin{since: d.since, window: windowOfGrant(p.limit, d.since, d.Parts[i].ResetAfter)}
+				st.refundParts[i] = windowOfGrant(p.limit, d.since, d.Parts[i].ResetAfter)
 			}
+			st.chargeParts = st.refundParts
 		}
 		return st
 	}
 	post, _ := l.leases.Stamps(key)
 	st.charge = origin{since: post.Latest, window: post.Window}
+	st.chargeParts = post.Windows
 	if known {
 		st.refund = origin{since: pre.Since, window: pre.Window}
+		st.refundParts = pre.Windows
 	}
 	return st
 }

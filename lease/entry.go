@@ -52,8 +52,12 @@ type entry struct {
 	// latest is the server's clock at the latest grant installed: at or
 	// after the grant of every token the lease holds (see Leases.Stamps).
 	latest int64
-	grow   int64 // slow-start lease size (see Plan)
-	batch  int64 // at its limit: the fewest tokens the next refill takes (see Install)
+	// windows, for a multi-limit's lease, are its members' window ends
+	// (0 for a token bucket member): fixed for the lease's life, since a
+	// grant of another window never joins it (see sizer.Install).
+	windows []int64
+	grow    int64 // slow-start lease size (see Plan)
+	batch   int64 // at its limit: the fewest tokens the next refill takes (see Install)
 }
 
 // useGrain is how stale entry.lastUse may be; it keeps hot keys from writing
@@ -230,14 +234,14 @@ func (e *entry) takeAll() held {
 // entry.since): an empty lease takes the grant's; one still holding tokens
 // keeps the earlier since (a lower bound of them all) and, for a calendar
 // quota, must be of the same window (see sizer.Install). e.mu must be held.
-func (e *entry) stampGrant(at, window int64) {
+func (e *entry) stampGrant(at, window int64, windows []int64) {
 	if at == 0 {
 		e.latest = max(e.latest, e.since) // unknown: no later bound either
 	} else {
 		e.latest = max(e.latest, at)
 	}
 	if e.tokens.Load()+e.reserved.Load() <= 0 {
-		e.since, e.window = at, window
+		e.since, e.window, e.windows = at, window, windows
 		return
 	}
 	e.since = min(e.since, at)

@@ -289,7 +289,7 @@ func (z sizer) Install(e *entry, req request, o Outcome, now int64) (refund int6
 	if e.tokens.Load()+e.reserved.Load() > 0 && (now >= e.expires.Load() || e.window != o.Window) {
 		stale = e.takeAll()
 	}
-	e.stampGrant(o.At, o.Window)
+	e.stampGrant(o.At, o.Window, z.memberWindows(o))
 	// Reserve for the callers counted in the plan.
 	part := min(req.Need, o.Granted)
 	e.lastNeed = part
@@ -320,6 +320,25 @@ func (z sizer) Install(e *entry, req request, o Outcome, now int64) (refund int6
 		e.low.Store(0)
 	}
 	return 0, stale
+}
+
+// memberWindows is, for a multi-limit grant o with a quota among its
+// members, each member's window end on the server's clock (0 for a token
+// bucket member); nil otherwise, and when the grant's time is unknown.
+func (z sizer) memberWindows(o Outcome) []int64 {
+	if z.members == nil || o.At == 0 || o.Parts == nil || len(o.Parts.Parts) != len(z.members) {
+		return nil
+	}
+	var ws []int64
+	for i, m := range z.members {
+		if m.IsQuota() {
+			if ws == nil {
+				ws = make([]int64, len(z.members))
+			}
+			ws[i] = o.At + o.Parts.Parts[i].ResetAfter.Microseconds()
+		}
+	}
+	return ws
 }
 
 // oneDue is how long after a grant o the buckets hold a token again, by
