@@ -27,14 +27,13 @@ type Reservation struct {
 }
 
 // stamp is where a reservation's tokens came from, for the ledger (see
-// authority.Refund): the server's clock at their grant (the bucket's
-// generation) and, for a calendar quota, the end of their window. Tokens a
-// lease handed out cannot always be placed exactly (a lease mixes grants,
-// and may be refilled while Reserve runs), so a stamp keeps the two ends
-// of the doubt: a surplus goes back with the earliest origin the tokens
-// can have (refund), an excess is charged with the latest (charge), so
-// that either error can only under-admit. Unknown is 0; an unknown window
-// is named by the client's clock at taken.
+// authority.Refund): the server's clock at or before their grant (the
+// bucket's generation: tokens that may predate a Reset are dropped, their
+// charge too) and, for a calendar quota, the end of their window. A
+// lease's window can move on while Reserve runs, so a stamp keeps both
+// ends of that doubt: a surplus goes back to the earliest window the
+// tokens can be of (refund), an excess is charged to the latest (charge).
+// Unknown is 0; an unknown window is named by the client's clock at taken.
 type stamp struct {
 	taken          time.Time
 	refund, charge origin
@@ -96,12 +95,19 @@ func (l *Limiter) stampOf(d Decision, key string, taken time.Time, pre lease.Sta
 		}
 		return st
 	}
+	// The generation: the lease's Since before the take bounds the tokens
+	// from below, for a refund and a charge alike (tokens that may predate
+	// a Reset are not the fresh bucket's to take back or to be charged
+	// for); a lease made for this request has no earlier reading. The
+	// window: a surplus goes back to the earliest, an excess is charged to
+	// the latest.
 	post, _ := l.leases.Stamps(key)
-	st.charge = origin{since: post.Latest, window: post.Window}
+	st.charge = origin{since: post.Since, window: post.Window}
 	st.chargeParts = post.Windows
 	if known {
 		st.refund = origin{since: pre.Since, window: pre.Window}
 		st.refundParts = pre.Windows
+		st.charge.since = pre.Since
 	}
 	return st
 }

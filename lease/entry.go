@@ -49,9 +49,6 @@ type entry struct {
 	// the lease is empty, the next grant sets them afresh.
 	since  int64
 	window int64
-	// latest is the server's clock at the latest grant installed: at or
-	// after the grant of every token the lease holds (see Leases.Stamps).
-	latest int64
 	// windows, for a multi-limit's lease, are its members' window ends
 	// (0 for a token bucket member): fixed for the lease's life, since a
 	// grant of another window never joins it (see sizer.Install).
@@ -235,11 +232,6 @@ func (e *entry) takeAll() held {
 // keeps the earlier since (a lower bound of them all) and, for a calendar
 // quota, must be of the same window (see sizer.Install). e.mu must be held.
 func (e *entry) stampGrant(at, window int64, windows []int64) {
-	if at == 0 {
-		e.latest = max(e.latest, e.since) // unknown: no later bound either
-	} else {
-		e.latest = max(e.latest, at)
-	}
 	if e.tokens.Load()+e.reserved.Load() <= 0 {
 		e.since, e.window, e.windows = at, window, windows
 		return

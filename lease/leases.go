@@ -422,14 +422,13 @@ func (ls *Leases) Surrender(key string, now int64) Return {
 // Stamp is what key's lease says of where its tokens came from (see
 // Return), read under its lock: Since, at or before the grant of every
 // token it holds now or will hold (a lease's Since only grows, but for an
-// unknown 0); Latest, at or after the grant of every token it held up to
-// now; Window, the calendar window of its tokens (a lease's Window only
+// unknown 0); Window, the calendar window of its tokens (a lease's Window only
 // moves forward); Windows, for a multi-limit, its members' window ends
 // (see entry.windows; read-only). A reader before and after a take
 // brackets the taken tokens' stamps.
 type Stamp struct {
-	Since, Latest, Window int64
-	Windows               []int64
+	Since, Window int64
+	Windows       []int64
 }
 
 // Stamps returns key's lease's Stamp, and whether key has a lease that
@@ -441,7 +440,7 @@ func (ls *Leases) Stamps(key string) (Stamp, bool) {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return Stamp{Since: e.since, Latest: e.latest, Window: e.window, Windows: e.windows}, e.since != 0
+	return Stamp{Since: e.since, Window: e.window, Windows: e.windows}, e.since != 0
 }
 
 // Charge takes n tokens of key's live lease at now, for a reservation's
