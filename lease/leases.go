@@ -284,7 +284,11 @@ func (ls *Leases) window(g authority.Grant) int64 {
 // others, Cached, Miss (Join t again) or Exact.
 func (ls *Leases) Collect(t Ticket, o Outcome, now int64) Answer {
 	e, n := t.e, t.n
-	if e.TakeReserved(n) {
+	// A calendar quota's tokens set aside for this caller are of the
+	// window the refill was granted in: once the lease that window bounds
+	// has expired (the reply came after the boundary), they must not admit
+	// a request of the next window; they go back with the lease.
+	if !(ls.quota() && now >= e.expires.Load()) && e.TakeReserved(n) {
 		return Answer{Status: Granted, Remaining: ls.remaining(e, e.Tokens()), Parts: ls.parts(e)}
 	}
 	if ok, left := e.Take(n, now); ok {

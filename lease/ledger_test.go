@@ -211,3 +211,30 @@ func TestPooled(t *testing.T) {
 		}
 	}
 }
+
+// TestQuotaReservedTokensEndWithTheirWindow: a caller that joined a refill
+// of a calendar quota whose reply came after the window's end is not
+// admitted from that window's tokens (5,001 of 5,000 in a new day, under
+// -race); for a token bucket the tokens set aside are its own.
+func TestQuotaReservedTokensEndWithTheirWindow(t *testing.T) {
+	for _, tc := range []struct {
+		limit policy.Limit
+		want  Status
+	}{
+		{policy.Quota("q", 1000, policy.Hour, time.UTC), Miss},
+		{policy.PerSecond(1000), Granted},
+	} {
+		ls := New(NewTable(64, policy.Lease{}), tc.limit, policy.Lease{}, 1)
+		a := ls.Decide("k", 1, 1*s)
+		ls.Join(a.Ticket)
+		r := ls.Plan(a.Ticket, 1*s)
+		// Granted 2s before the boundary; the reply is collected 3s later.
+		o, _ := ls.Complete(r, authority.Grant{Granted: 5, Remaining: 500, At: 7, ResetAfter: 2 * time.Second}, 4*s)
+		if tc.limit.IsQuota() {
+			o.Expire = 2 * time.Second
+		}
+		if got := ls.Collect(a.Ticket, o, 4*s); got.Status != tc.want {
+			t.Errorf("%v: Collect after the window's end = %v; want %v", tc.limit, got.Status, tc.want)
+		}
+	}
+}
