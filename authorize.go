@@ -171,10 +171,10 @@ const (
 	callOutwaited       // the waiter left at the hard cap, the process still behind: the call tells the breaker its outcome
 )
 
-// detached runs each call in its own goroutine on a context detached from
-// the caller's, so that its outcome is known even if the caller leaves;
-// the caller waits for it up to the budget (and the grace while the process
-// is behind).
+// detached hands each call to its lane's senders (see lane.submit), whose
+// goroutines carry it on a context detached from the caller's, so that its
+// outcome is known even if the caller leaves; the caller waits for it up to
+// the budget (and the grace while the process is behind).
 type detached struct{ *calls }
 
 func (a detached) authorize(ctx context.Context, c call) reply {
@@ -186,45 +186,17 @@ func (a detached) authorize(ctx context.Context, c call) reply {
 	start := time.Now()
 	hardCap := start.Add((1 + saturationGrace) * budget)
 	replies := c.brk.Replies()
+	ln := a.brks.laneFor(c.brk)
+	tctx, span := a.tel.StartAuthority(ctx, c.want, c.min, ln.ep)
+	c.span = &callSpan{span: span}
+	d := &detachedCall{calls: a.calls, c: c, ctx: tctx, start: start, done: done, delivered: make(chan struct{})}
+	d.c.sent = &d.sent
 	// The call's own deadline lies a budget past the hard cap, so that the
 	// waiter's cap decides first; go-redis honours it while waiting for a
 	// pooled connection, which late readers hold longer.
-	tctx, span := a.tel.StartAuthority(ctx, c.want, c.min, a.brks.laneFor(c.brk).ep)
-	c.span = &callSpan{span: span}
-	cctx, cancel := context.WithDeadline(context.WithoutCancel(tctx), hardCap.Add(budget))
-	var state atomic.Int32
-	var sent atomic.Int64
-	c.sent = &sent
-	// The call writes its result before it claims the outcome, so a waiter
-	// that finds the outcome claimed reads the result at once: a goroutine
-	// preempted between the claim and a channel send would otherwise keep
-	// the waiter for as long as a saturated scheduler takes to run it.
-	var result reply
-	delivered := make(chan struct{})
-	go func() {
-		defer a.gate.leave()
-		defer cancel()
-		r := a.acquire(cctx, c)
-		if errors.Is(r.err, breaker.ErrBudget) {
-			// The call's own deadline lies past the hard cap: the waiter
-			// decides every timeout before it, unless this process kept
-			// the waiter (and likely this goroutine) from running.
-			r.err = fmt.Errorf("%w: %v", errSaturated, r.err)
-		}
-		result = r
-		if state.CompareAndSwap(callPending, callDelivered) {
-			close(delivered)
-			done(r.err)
-			return
-		}
-		if s := state.Load(); s == callLeft || s == callOutwaited {
-			done(r.err)
-		}
-		if r.err == nil && c.refill == nil {
-			// The caller left before the grant arrived: give it back.
-			a.refund(c, r.grant)
-		}
-	}()
+	d.pending = pending{a: acquisition(a.limit, d.c), ctx: tctx, deadline: hardCap.Add(budget), sent: &d.sent, finish: d}
+	ln.submit(&d.pending)
+	state, sent := &d.state, &d.sent
 	// settle ends the wait with what the waiter decided, unless the call
 	// delivered its result first, which then wins.
 	settle := func(to int32, err error) reply {
@@ -240,8 +212,8 @@ func (a detached) authorize(ctx context.Context, c call) reply {
 			return reply{err: err}
 		}
 		// The call delivered first: as on the delivered path below.
-		a.sawLate(ctx, result.err, start)
-		return result
+		a.sawLate(ctx, d.result.err, start)
+		return d.result
 	}
 	// Check points: at an eighth of the budget (if the process is behind
 	// by then, its decisions start yielding at once, rather than after a
@@ -264,9 +236,9 @@ func (a detached) authorize(ctx context.Context, c call) reply {
 			probed = probe.Done()
 		}
 		select {
-		case <-delivered:
-			a.sawLate(ctx, result.err, start)
-			return result
+		case <-d.delivered:
+			a.sawLate(ctx, d.result.err, start)
+			return d.result
 		case <-ctx.Done():
 			return settle(callLeft, ctx.Err())
 		case <-probed:
@@ -293,7 +265,7 @@ func (a detached) authorize(ctx context.Context, c call) reply {
 		// on a busy process): Redis is blamed only if no probe found the
 		// process behind within the last half budget.
 		behind = behind || overload.Recent(now, budget/2)
-		behind = behind || a.congested(c.brk, replies) || a.queued(c.brk, replies, &sent)
+		behind = behind || a.congested(c.brk, replies) || a.queued(c.brk, replies, sent)
 		if behind && !held {
 			overload.Hold()
 			held = true
@@ -316,6 +288,52 @@ func (a detached) authorize(ctx context.Context, c call) reply {
 		}
 		due = now.Add(next)
 		timer.Reset(next)
+	}
+}
+
+// detachedCall is one call of the detached variant: its place in its
+// lane, and what the waiter and the lane's sender share. The sender writes
+// the result before it claims the outcome, so a waiter that finds the
+// outcome claimed reads the result at once: a sender preempted between the
+// claim and a channel send would otherwise keep the waiter for as long as
+// a saturated scheduler takes to run it.
+type detachedCall struct {
+	pending // the call in its lane
+	*calls
+	c         call
+	ctx       context.Context // the call span's
+	start     time.Time
+	done      func(error) // the breaker's
+	sent      atomic.Int64
+	state     atomic.Int32 // callPending, then who decided
+	result    reply
+	delivered chan struct{} // closed when result is the waiter's
+}
+
+// finished takes the call's outcome from its lane's sender: its span,
+// metrics and lease install (see end), then either the waiter gets it, or,
+// if the waiter left, the breaker learns it and an exact grant goes back.
+func (d *detachedCall) finished(p *pending) {
+	defer d.gate.leave()
+	r := d.end(d.ctx, d.c, d.start, p.a.Grant, p.a.Err)
+	if errors.Is(r.err, breaker.ErrBudget) {
+		// The call's own deadline lies past the hard cap: the waiter
+		// decides every timeout before it, unless this process kept
+		// the waiter (and likely the sender) from running.
+		r.err = fmt.Errorf("%w: %v", errSaturated, r.err)
+	}
+	d.result = r
+	if d.state.CompareAndSwap(callPending, callDelivered) {
+		close(d.delivered)
+		d.done(r.err)
+		return
+	}
+	if s := d.state.Load(); s == callLeft || s == callOutwaited {
+		d.done(r.err)
+	}
+	if r.err == nil && d.c.refill == nil {
+		// The caller left before the grant arrived: give it back.
+		d.refund(d.c, r.grant)
 	}
 }
 
@@ -377,19 +395,29 @@ func (a *calls) admit(c call) (done func(error), err error) {
 	return done, nil
 }
 
-// acquire makes the script call on ctx, which carries the deadline, with
-// its span and metrics, and installs a refill's grant in the lease at once.
-// A deadline overrun is marked with breaker.ErrBudget.
+// acquire makes the script call on ctx, which carries the deadline, on
+// the caller's goroutine (the direct variant), with its span and metrics,
+// and installs a refill's grant in the lease at once. A deadline overrun is
+// marked with breaker.ErrBudget.
 func (a *calls) acquire(ctx context.Context, c call) reply {
 	ln := a.brks.laneFor(c.brk)
-	cctx := ctx
-	if c.span == nil {
-		var span trace.Span
-		cctx, span = a.tel.StartAuthority(ctx, c.want, c.min, ln.ep)
-		c.span = &callSpan{span: span}
-	}
+	var span trace.Span
+	ctx, span = a.tel.StartAuthority(ctx, c.want, c.min, ln.ep)
+	c.span = &callSpan{span: span}
 	start := time.Now()
-	g, err := ln.acquire(cctx, authority.Acquisition{Key: c.rkey, Limit: a.limit, Want: c.want, Min: c.min, Share: c.share, With: c.with}, c.sent)
+	g, err := ln.acquire(ctx, acquisition(a.limit, c), c.sent)
+	return a.end(ctx, c, start, g, err)
+}
+
+// acquisition is the authority call c makes on limit's buckets.
+func acquisition(limit policy.Limit, c call) authority.Acquisition {
+	return authority.Acquisition{Key: c.rkey, Limit: limit, Want: c.want, Min: c.min, Share: c.share, With: c.with}
+}
+
+// end is what follows a call begun at start with its outcome g, err: its
+// metrics and span, what the breakers learn of it, and for a refill the
+// grant installed in the lease.
+func (a *calls) end(cctx context.Context, c call, start time.Time, g authority.Grant, err error) reply {
 	a.tel.RecordAuthority(cctx, time.Since(start), g.Granted, err)
 	errType := ""
 	switch {

@@ -15,9 +15,18 @@ import (
 // together in the next one, as auto-pipelining clients do. There is no wait
 // window: a call that finds a free pipeline goes at once, alone if nothing
 // else waits, so an idle Limiter pays no latency for batching; under load,
-// a batch forms during each round trip. The lane starts no goroutine: the
-// caller that finds a free pipeline sends it, and hands the batch that
-// formed meanwhile to one of its members.
+// a batch forms during each round trip.
+//
+// Who sends a pipeline depends on the client. One that honours context
+// deadlines (see honoursDeadlines) is bounded by the batch's deadline, so
+// the caller that finds a free pipeline sends it on its own goroutine, and
+// hands the batch that formed meanwhile to one of its members. Any other
+// client may hold a read for its ReadTimeout (3s by default), far past the
+// time budget, so its calls are sent by the lane's senders: at most one
+// long-lived goroutine per pipeline, started when first needed and stopped
+// by stop; the caller waits for its outcome, bounded by the budget, and the
+// sender delivers it (see pending.finish) whether or not anyone still
+// waits. No call has a goroutine of its own.
 type lane struct {
 	auth     *authority.Redis
 	max      int                // pipelines in flight at once
@@ -26,16 +35,30 @@ type lane struct {
 
 	mu       sync.Mutex
 	queue    []*pending
-	inflight int
+	inflight int // pipelines in flight (callers send) or senders started
+
+	// The senders' state (a client that does not honour deadlines).
+	work    *sync.Cond     // signalled when the queue gains a call, or on stop
+	idle    int            // senders waiting for work
+	stopped bool           // stop ran: senders exit once the queue is empty
+	senders sync.WaitGroup // the senders started
 }
 
 // pending is one call waiting in a lane.
 type pending struct {
 	a        authority.Acquisition
+	ctx      context.Context // the caller's, for its values (the trace) only
 	deadline time.Time
 	sent     *atomic.Int64 // if set, stamped when the call's batch is sent
-	done     chan struct{} // closed when a holds the outcome, or when this call leads
-	lead     []*pending    // set before done is closed: the batch this call must send
+
+	// A call the caller sends (acquire):
+	done chan struct{} // closed when a holds the outcome, or when this call leads; made only if the call queues
+	lead []*pending    // set before done is closed: the batch this call must send
+	one  [1]*pending   // the batch of a call that goes alone, without allocating one
+
+	// A call a sender sends (submit): called on the sender's goroutine
+	// with the outcome in a.
+	finish interface{ finished(p *pending) }
 }
 
 // maxBatch bounds a pipeline, so that one round trip never carries an
@@ -51,25 +74,29 @@ const maxBatch = 128
 func lanePipelines(pool int) int { return min(max(pool/4, 1), 8) }
 
 func newLane(auth *authority.Redis, pool int, fallback time.Duration, ep telemetry.Endpoint) *lane {
-	return &lane{auth: auth, max: lanePipelines(pool), fallback: fallback, ep: ep}
+	ln := &lane{auth: auth, max: lanePipelines(pool), fallback: fallback, ep: ep}
+	ln.work = sync.NewCond(&ln.mu)
+	return ln
 }
 
-// acquire makes call a on the lane, bounded by ctx: alone if a pipeline is
-// free, else in the next batch. sent, if not nil, is stamped when a's
-// batch leaves. A call that leaves on ctx before its batch
-// is sent is taken out of it; one whose batch is under way waits for it
-// (bounded by the batch's deadline, the latest of its members').
+// acquire makes call a on the lane on the caller's goroutine, bounded by
+// ctx: alone if a pipeline is free, else in the next batch. sent, if not
+// nil, is stamped when a's batch leaves. A call that leaves on ctx before
+// its batch is sent is taken out of it; one whose batch is under way waits
+// for it (bounded by the batch's deadline, the latest of its members').
+// For a client that honours deadlines only (see lane).
 func (ln *lane) acquire(ctx context.Context, a authority.Acquisition, sent *atomic.Int64) (authority.Grant, error) {
-	p := &pending{a: a, sent: sent, done: make(chan struct{})}
+	p := &pending{a: a, ctx: ctx, sent: sent}
 	p.deadline, _ = ctx.Deadline()
 	ln.mu.Lock()
 	if ln.inflight < ln.max {
 		ln.inflight++
 		batch := ln.take(p)
 		ln.mu.Unlock()
-		ln.send(ctx, batch)
+		ln.relay(batch)
 		return p.a.Grant, p.a.Err
 	}
+	p.done = make(chan struct{})
 	ln.queue = append(ln.queue, p)
 	ln.mu.Unlock()
 	select {
@@ -87,9 +114,85 @@ func (ln *lane) acquire(ctx context.Context, a authority.Acquisition, sent *atom
 		<-p.done // already in a batch: its outcome, or the lead, is coming
 	}
 	if p.lead != nil {
-		ln.send(ctx, p.lead)
+		ln.relay(p.lead)
 	}
 	return p.a.Grant, p.a.Err
+}
+
+// relay sends batch (the caller holds one of the lane's pipelines),
+// delivers each member's outcome, and passes the pipeline on to the batch
+// that formed meanwhile, or frees it.
+func (ln *lane) relay(batch []*pending) {
+	ln.send(batch)
+	ln.mu.Lock()
+	next := ln.take(nil)
+	if next == nil {
+		ln.inflight--
+	}
+	ln.mu.Unlock()
+	for _, p := range batch {
+		if p.done != nil && p.lead == nil { // a leader's done was closed to make it lead
+			close(p.done)
+		}
+	}
+	if next != nil {
+		// The first waiting call sends the next batch; this caller
+		// returns with its outcome now.
+		next[0].lead = next
+		close(next[0].done)
+	}
+}
+
+// submit queues p for the lane's senders, which send it and call
+// p.finish.finished with its outcome. p.deadline bounds its batch (the
+// lane's fallback if zero). For a client that does not honour deadlines.
+func (ln *lane) submit(p *pending) {
+	ln.mu.Lock()
+	ln.queue = append(ln.queue, p)
+	switch {
+	case ln.idle > 0:
+		ln.work.Signal()
+	case ln.inflight < ln.max && !ln.stopped:
+		ln.inflight++
+		ln.senders.Add(1)
+		go ln.sender()
+	}
+	ln.mu.Unlock()
+}
+
+// sender sends the queue's batches until stop, then what is left.
+func (ln *lane) sender() {
+	defer ln.senders.Done()
+	ln.mu.Lock()
+	for {
+		for len(ln.queue) == 0 && !ln.stopped {
+			ln.idle++
+			ln.work.Wait()
+			ln.idle--
+		}
+		if len(ln.queue) == 0 { // stopped
+			ln.mu.Unlock()
+			return
+		}
+		batch := ln.take(nil)
+		ln.mu.Unlock()
+		ln.send(batch)
+		for _, p := range batch {
+			p.finish.finished(p)
+		}
+		ln.mu.Lock()
+	}
+}
+
+// stop ends the lane's senders once they have sent what is queued, and
+// waits for them. Calls submitted later are never sent: the Limiter
+// admits none once it is closing.
+func (ln *lane) stop() {
+	ln.mu.Lock()
+	ln.stopped = true
+	ln.work.Broadcast()
+	ln.mu.Unlock()
+	ln.senders.Wait()
 }
 
 // take removes up to maxBatch waiting calls from the queue (after first,
@@ -102,7 +205,8 @@ func (ln *lane) take(first *pending) []*pending {
 		if first == nil {
 			return nil
 		}
-		return []*pending{first} // an idle lane: no batch to form
+		first.one[0] = first
+		return first.one[:] // an idle lane: no batch to form
 	}
 	batch := make([]*pending, 0, min(len(ln.queue), maxBatch)+1)
 	keys := make(map[string]struct{}, cap(batch))
@@ -124,11 +228,10 @@ func (ln *lane) take(first *pending) []*pending {
 	return batch
 }
 
-// send sends batch as one pipeline (the caller holds one of the lane's
-// pipelines), delivers each member's outcome, and passes the pipeline on
-// to the batch that formed meanwhile, or frees it. ctx carries only values:
-// the pipeline's deadline is its members' latest.
-func (ln *lane) send(ctx context.Context, batch []*pending) {
+// send sends batch as one pipeline, each member's outcome in its a. The
+// pipeline's context carries the first member's values (its trace) and
+// the members' latest deadline.
+func (ln *lane) send(batch []*pending) {
 	var deadline time.Time
 	for _, p := range batch {
 		if p.deadline.After(deadline) {
@@ -146,24 +249,11 @@ func (ln *lane) send(ctx context.Context, batch []*pending) {
 			p.sent.Store(now)
 		}
 	}
+	ctx := batch[0].ctx
+	if ctx == nil {
+		ctx = context.Background()
+	}
 	cctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
 	ln.auth.AcquireAll(cctx, as)
 	cancel()
-	ln.mu.Lock()
-	next := ln.take(nil)
-	if next == nil {
-		ln.inflight--
-	}
-	ln.mu.Unlock()
-	for _, p := range batch {
-		if p.lead == nil { // a leader's done was closed to make it lead
-			close(p.done)
-		}
-	}
-	if next != nil {
-		// The first waiting call sends the next batch; this caller
-		// returns with its outcome now.
-		next[0].lead = next
-		close(next[0].done)
-	}
 }

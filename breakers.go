@@ -144,6 +144,21 @@ func (b *breakers) forKey(rkey string, budget time.Duration) *breaker.Breaker {
 	return nb.Breaker
 }
 
+// stop stops the senders of every lane (see lane.stop), once the calls
+// the Limiter admitted have ended.
+func (b *breakers) stop() {
+	b.oneLane.stop()
+	b.mu.RLock()
+	lanes := make([]*lane, 0, len(b.lanes))
+	for _, ln := range b.lanes {
+		lanes = append(lanes, ln)
+	}
+	b.mu.RUnlock()
+	for _, ln := range lanes {
+		ln.stop()
+	}
+}
+
 // laneFor returns the lane of brk, a breaker forKey returned.
 func (b *breakers) laneFor(brk *breaker.Breaker) *lane {
 	if brk == b.one {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/leaselimit/leaselimit/authority"
 	"github.com/leaselimit/leaselimit/breaker"
+	"github.com/leaselimit/leaselimit/internal/overload"
 )
 
 // ErrUnavailable is wrapped by the errors of Peek and Reset when Redis
@@ -136,6 +137,9 @@ func (l *Limiter) oneCall(ctx context.Context, brk *breaker.Breaker, op func(con
 		return false, fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
 	budget := l.cfg.timeout
+	if _, ok := l.calls.(direct); ok {
+		return l.oneCallInPlace(ctx, done, op)
+	}
 	ch := make(chan error, 1)
 	if !l.gate.spawn(func() {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), (1+saturationGrace)*budget)
@@ -156,13 +160,48 @@ func (l *Limiter) oneCall(ctx context.Context, brk *breaker.Breaker, op func(con
 	case <-ctx.Done():
 		return true, ctx.Err()
 	}
+	return true, oneCallError(err)
+}
+
+// oneCallInPlace is oneCall on a client that honours deadlines (see
+// boundedClient): op runs on the caller's goroutine, on ctx bounded by the
+// budget (by saturationGrace budgets more while this process is behind, as
+// for an acquire call). The breaker is told a timeout of the budget, not
+// one of the caller's ctx.
+func (l *Limiter) oneCallInPlace(ctx context.Context, done func(error), op func(context.Context) error) (sent bool, err error) {
+	if !l.gate.enter() {
+		done(nil)
+		return false, ErrClosed
+	}
+	defer l.gate.leave()
+	limit := l.cfg.timeout
+	if overload.Recent(time.Now(), limit) {
+		limit *= 1 + saturationGrace
+	}
+	cctx, cancel := context.WithTimeout(ctx, limit)
+	err = op(cctx)
+	cancel()
+	switch {
+	case err != nil && ctx.Err() != nil:
+		done(nil) // the caller left: not Redis's doing
+		return true, ctx.Err()
+	case errors.Is(err, context.DeadlineExceeded):
+		done(breaker.ErrBudget)
+		return true, fmt.Errorf("%w: no reply within %v", ErrUnavailable, limit)
+	}
+	done(err)
+	return true, oneCallError(err)
+}
+
+// oneCallError is what oneCall returns for op's error.
+func oneCallError(err error) error {
 	switch {
 	case err == nil:
-		return true, nil
+		return nil
 	case errors.Is(err, authority.ErrScript), errors.Is(err, authority.ErrReply):
-		return true, fmt.Errorf("leaselimit: %w", err)
+		return fmt.Errorf("leaselimit: %w", err)
 	case breaker.Counts(err):
-		return true, fmt.Errorf("%w: %w", ErrUnavailable, err)
+		return fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
-	return true, fmt.Errorf("leaselimit: redis: %w", err)
+	return fmt.Errorf("leaselimit: redis: %w", err)
 }

@@ -364,6 +364,7 @@ func (l *Limiter) Close() error {
 	defer l.meters.Close()
 	l.janitor.halt()
 	l.gate.wait()
+	l.brks.stop() // the calls the lanes' senders carried have ended
 	l.refunds.addReturns(l.table.Drain()...)
 	return l.refunds.final()
 }
