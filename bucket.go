@@ -3,12 +3,8 @@ package leaselimit
 import (
 	"context"
 	"errors"
-	"fmt"
-	"time"
 
 	"github.com/leaselimit/leaselimit/authority"
-	"github.com/leaselimit/leaselimit/breaker"
-	"github.com/leaselimit/leaselimit/internal/overload"
 )
 
 // ErrUnavailable is wrapped by the errors of Peek and Reset when Redis
@@ -41,7 +37,7 @@ func (l *Limiter) Peek(ctx context.Context, key string) (Decision, error) {
 	}
 	brk, rkey := l.route(key)
 	if rkey == "" {
-		rkey = l.auth.Key(l.limit, key)
+		rkey = l.namer.Key(key)
 	}
 	var b authority.Bucket
 	// What this instance holds is read before and after the bucket, and
@@ -49,7 +45,7 @@ func (l *Limiter) Peek(ctx context.Context, key string) (Decision, error) {
 	// reads moves tokens between the bucket and the lease, and must not be
 	// counted twice.
 	before := l.leases.Holding(key, l.clock.now())
-	_, err := l.oneCall(ctx, brk, func(ctx context.Context) (err error) {
+	_, err := l.path.Do(ctx, brk, func(ctx context.Context) (err error) {
 		b, err = l.auth.Peek(ctx, rkey, l.limit)
 		return err
 	})
@@ -107,9 +103,9 @@ func (l *Limiter) Reset(ctx context.Context, key string) error {
 	}
 	brk, rkey := l.route(key)
 	if rkey == "" {
-		rkey = l.auth.Key(l.limit, key)
+		rkey = l.namer.Key(key)
 	}
-	if _, err := l.oneCall(ctx, brk, func(ctx context.Context) error {
+	if _, err := l.path.Do(ctx, brk, func(ctx context.Context) error {
 		_, err := l.auth.Reset(ctx, rkey)
 		return err
 	}); err != nil {
@@ -117,91 +113,4 @@ func (l *Limiter) Reset(ctx context.Context, key string) error {
 	}
 	l.leases.Forget(key)
 	return nil
-}
-
-// oneCall makes one Redis call, op, through brk within the time budget.
-// op runs in a goroutine of the gate (Close waits for it), on a context
-// detached from ctx, since go-redis's default options do not honour
-// deadlines on reads; the breaker is told op's real outcome whenever it
-// comes. The error is ErrClosed, ctx's, or wraps ErrUnavailable (the
-// breaker is open, a failure that counts against it, no reply in the
-// budget); Redis replies that mean misconfiguration (NOPERM and the like)
-// are returned as they are. sent reports whether op ran (false: it never
-// will, so its effect can be queued for later without doubling it).
-func (l *Limiter) oneCall(ctx context.Context, brk *breaker.Breaker, op func(context.Context) error) (sent bool, err error) {
-	if brk.Rejects(l.clock.wall()) {
-		return false, fmt.Errorf("%w: %w", ErrUnavailable, breaker.ErrOpen)
-	}
-	done, err := brk.Allow()
-	if err != nil {
-		return false, fmt.Errorf("%w: %w", ErrUnavailable, err)
-	}
-	budget := l.cfg.timeout
-	if _, ok := l.calls.(direct); ok {
-		return l.oneCallInPlace(ctx, done, op)
-	}
-	ch := make(chan error, 1)
-	if !l.gate.spawn(func() {
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), (1+saturationGrace)*budget)
-		defer cancel()
-		err := op(cctx)
-		done(err)
-		ch <- err
-	}) {
-		done(nil)
-		return false, ErrClosed
-	}
-	timer := time.NewTimer(budget)
-	defer timer.Stop()
-	select {
-	case err = <-ch:
-	case <-timer.C:
-		return true, fmt.Errorf("%w: no reply within %v", ErrUnavailable, budget)
-	case <-ctx.Done():
-		return true, ctx.Err()
-	}
-	return true, oneCallError(err)
-}
-
-// oneCallInPlace is oneCall on a client that honours deadlines (see
-// boundedClient): op runs on the caller's goroutine, on ctx bounded by the
-// budget (by saturationGrace budgets more while this process is behind, as
-// for an acquire call). The breaker is told a timeout of the budget, not
-// one of the caller's ctx.
-func (l *Limiter) oneCallInPlace(ctx context.Context, done func(error), op func(context.Context) error) (sent bool, err error) {
-	if !l.gate.enter() {
-		done(nil)
-		return false, ErrClosed
-	}
-	defer l.gate.leave()
-	limit := l.cfg.timeout
-	if overload.Recent(time.Now(), limit) {
-		limit *= 1 + saturationGrace
-	}
-	cctx, cancel := context.WithTimeout(ctx, limit)
-	err = op(cctx)
-	cancel()
-	switch {
-	case err != nil && ctx.Err() != nil:
-		done(nil) // the caller left: not Redis's doing
-		return true, ctx.Err()
-	case errors.Is(err, context.DeadlineExceeded):
-		done(breaker.ErrBudget)
-		return true, fmt.Errorf("%w: no reply within %v", ErrUnavailable, limit)
-	}
-	done(err)
-	return true, oneCallError(err)
-}
-
-// oneCallError is what oneCall returns for op's error.
-func oneCallError(err error) error {
-	switch {
-	case err == nil:
-		return nil
-	case errors.Is(err, authority.ErrScript), errors.Is(err, authority.ErrReply):
-		return fmt.Errorf("leaselimit: %w", err)
-	case breaker.Counts(err):
-		return fmt.Errorf("%w: %w", ErrUnavailable, err)
-	}
-	return fmt.Errorf("leaselimit: redis: %w", err)
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/leaselimit/leaselimit/authority"
 	"github.com/leaselimit/leaselimit/breaker"
 	"github.com/leaselimit/leaselimit/internal/overload"
+	"github.com/leaselimit/leaselimit/internal/redispath"
 	"github.com/leaselimit/leaselimit/lease"
 	"github.com/leaselimit/leaselimit/policy"
 	"github.com/leaselimit/leaselimit/telemetry"
@@ -37,11 +38,12 @@ type Limiter struct {
 	*engine // shared with every Limiter of the same New (see For)
 
 	limit   policy.Limit
-	invalid error // set by For for an invalid limit: every call returns it
+	namer   authority.Namer // names limit's buckets
+	invalid error           // set by For for an invalid limit: every call returns it
 	tel     *telemetry.Recorder
 	log     *logger             // nil without WithLogger
 	leases  *lease.Leases       // this limit's local decision protocol and state
-	calls   authorizer          // budgeted authority calls
+	calls   *redispath.Caller   // budgeted authority calls
 	sf      *singleflight.Group // one refill per key at a time (refill.go)
 	group   []*Limiter          // a multi-limit's limits, each its own Limiter (group.go); nil for one limit
 	enforce float64             // the share of keys whose decisions are enforced (shadow.go)
@@ -93,22 +95,22 @@ func New(client redis.UniversalClient, limit policy.Limit, opts ...Option) (*Lim
 	e := &engine{
 		cfg:    cfg,
 		clock:  newLocalClock(cfg.clock),
-		client: client,
 		auth:   auth,
 		table:  lease.NewTable(cfg.maxKeys, cfg.lease),
-		slots:  make(chan struct{}, prefetchSlots(poolSize(client))),
 		meters: meters,
 	}
-	e.brks = newBreakers(client, "leaselimit:"+limit.Name, e.breakerSettings(), &e.gate, auth, cfg.timeout)
+	e.path = redispath.New(redispath.Config{Client: client, Auth: auth, Budget: cfg.timeout, Name: "leaselimit:" + limit.Name,
+		Breaker: e.breakerSettings(), Tel: meters, Closed: ErrClosed, Unavailable: ErrUnavailable})
+	e.slots = make(chan struct{}, prefetchSlots(e.path.Pool()))
 	// A metric reader may collect at once: the gauges read the breakers
 	// and the key table, which exist from here on.
-	if err := meters.Observe(e.brks.worst, func() int64 { return int64(e.table.Len()) }); err != nil {
+	if err := meters.Observe(e.path.State, func() int64 { return int64(e.table.Len()) }); err != nil {
 		return nil, fmt.Errorf("leaselimit: telemetry: %w", err)
 	}
-	e.refunds = newRefundQueue(auth, e.brks, meters, cfg.timeout, e.clock, retriesCommands(client))
+	e.refunds = newRefundQueue(auth, e.path, meters, e.clock)
 	e.root = e.newLimiter(limit)
 	e.limits.LoadOrMake(limit, func() *Limiter { return e.root })
-	e.janitor = startJanitor(e.table, e.refunds, e.brks, e.root.log, e.clock, cfg.lease.TTL)
+	e.janitor = startJanitor(e.table, e.refunds, e.path, e.root.log, e.clock, cfg.lease.TTL)
 	return e.root, nil
 }
 
@@ -119,7 +121,7 @@ func (l *Limiter) Limit() policy.Limit { return l.limit }
 // On a Redis Cluster, each master node has its own breaker; this is the most
 // severe of their states. The breakers are the engine's: every Limiter of
 // one New reports the same state.
-func (l *Limiter) BreakerState() breaker.State { return l.brks.worst() }
+func (l *Limiter) BreakerState() breaker.State { return l.path.State() }
 
 // LocalKeys returns how many keys the engine holds local state for, over
 // every limit of one New (the table that WithMaxKeys bounds).
@@ -215,11 +217,11 @@ func recording(ctx context.Context) (trace.Span, bool) {
 // breaker needs it), key's Redis key; elsewhere rkey is "" and is built only
 // when a Redis call is to be made, so breaker-open decisions stay cheap.
 func (l *Limiter) route(key string) (brk *breaker.Breaker, rkey string) {
-	if l.brks.cluster == nil {
-		return l.brks.one, ""
+	if l.path.Cluster() == nil {
+		return l.path.Shared(), ""
 	}
-	rkey = l.auth.Key(l.limit, key)
-	return l.brks.forKey(rkey, l.cfg.timeout), rkey
+	rkey = l.namer.Key(key)
+	return l.path.Route(rkey), rkey
 }
 
 // allowN is one decision: validated, then made by the lease protocol (or,
@@ -263,7 +265,7 @@ func (l *Limiter) usable() error {
 	if l.invalid != nil {
 		return l.invalid
 	}
-	if l.gate.isClosed() {
+	if l.path.IsClosed() {
 		return ErrClosed
 	}
 	return nil
@@ -358,13 +360,12 @@ func (l *Limiter) Close() error {
 	if l != l.root {
 		return errCloseFor
 	}
-	if !l.gate.close() {
+	if !l.path.Close() {
 		return ErrClosed
 	}
 	defer l.meters.Close()
 	l.janitor.halt()
-	l.gate.wait()
-	l.brks.stop() // the calls the lanes' senders carried have ended
+	l.path.Wait()
 	l.refunds.addReturns(l.table.Drain()...)
 	return l.refunds.final()
 }

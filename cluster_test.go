@@ -75,6 +75,18 @@ func bucketKey(l policy.Limit, userKey string) string {
 	return leaselimit.DefaultPrefix + ":" + l.Name + ":" + authority.ParamsTag(l) + ":{" + hex.EncodeToString(sum[:16]) + "}"
 }
 
+// batchSHA is the SHA1 of the acquire script, batch.lua, which has no
+// prelude.
+func batchSHA(t *testing.T) string {
+	t.Helper()
+	src, err := os.ReadFile(filepath.Join("authority", "batch.lua"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := sha1.Sum(src)
+	return hex.EncodeToString(h[:])
+}
+
 // scriptSHA returns the SHA1 of a script as the authority sends it: the
 // shared prelude common.lua followed by parts.
 func scriptSHA(t *testing.T, parts ...string) string {
@@ -592,7 +604,7 @@ func TestClusterDecisions(t *testing.T) {
 func TestClusterManualFailover(t *testing.T) {
 	c := redistest.StartCluster(t, 3, 1)
 	cc := c.Client(t)
-	acquireSHA := scriptSHA(t, "take.lua", "acquire.lua")
+	acquireSHA := batchSHA(t)
 	opts := []leaselimit.Option{leaselimit.WithTimeout(2 * time.Second), leaselimit.WithFailureMode(policy.FailClosed)}
 	limit := policy.PerSecond(1_000_000)
 	exact := mustNew(t, cc, limit.WithName("cl-mf-exact"), append(opts, leaselimit.WithoutLease())...)
@@ -975,7 +987,7 @@ func TestSentinelFailover(t *testing.T) {
 		t.Fatalf("%d fallback decisions before the kill", fb)
 	}
 
-	acquireSHA := scriptSHA(t, "take.lua", "acquire.lua")
+	acquireSHA := batchSHA(t)
 	replicaCached := scriptCached(t, s.Replicas[0], acquireSHA)
 	old := s.Master
 	kill := time.Now()

@@ -50,11 +50,14 @@
 //
 // The root package holds one concern per file: client.go (the Limiter, New
 // and the public methods), refill.go (misses, coalesced refills, prefetch),
-// exact.go (one call for exactly n), authorize.go (the budgeted call, its
-// two variants chosen at New), fallback.go (the failure policy),
-// refunds.go and janitor.go (tokens on their way back, applied once to
-// the generation and window they left; the background goroutine), breakers.go (one breaker per node), gate.go (what Close waits
-// for), check.go (readiness), logger.go, options.go and decision.go.
+// exact.go (one call for exactly n), authorize.go (what a call asks of
+// Redis, and what is done with a grant whose caller may have left),
+// fallback.go (the failure policy), refunds.go and janitor.go (tokens on
+// their way back, applied once to the generation and window they left; the
+// background goroutine), check.go (readiness), logger.go, options.go and
+// decision.go. Every Redis call goes through internal/redispath: the time
+// budget, the breakers (one per node), the lanes that batch acquire calls,
+// and the gate Close waits for.
 //
 // # Keys
 //

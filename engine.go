@@ -6,24 +6,22 @@ import (
 	"github.com/leaselimit/leaselimit/authority"
 	"github.com/leaselimit/leaselimit/breaker"
 	"github.com/leaselimit/leaselimit/internal/cowmap"
+	"github.com/leaselimit/leaselimit/internal/redispath"
 	"github.com/leaselimit/leaselimit/lease"
 	"github.com/leaselimit/leaselimit/policy"
 	"github.com/leaselimit/leaselimit/telemetry"
-	"github.com/redis/go-redis/v9"
 	"golang.org/x/sync/singleflight"
 )
 
-// engine is what every Limiter of one New shares: the Redis client, its
-// breakers and lanes, the key table (one MaxKeys bound for every limit), the
-// refund queue, the janitor, the gate Close waits on, and the Limiters that
-// For has made. Each Limiter adds what is its limit's own (see Limiter).
+// engine is what every Limiter of one New shares: the path to Redis (its
+// breakers, lanes, time budget and the gate Close waits on), the key table
+// (one MaxKeys bound for every limit), the refund queue, the janitor, and
+// the Limiters that For has made. Each Limiter adds what is its limit's own (see Limiter).
 type engine struct {
 	cfg     config
 	clock   localClock
-	gate    gate // Close waits for every call and goroutine it admitted
-	client  redis.UniversalClient
 	auth    *authority.Redis // the bucket scripts and key names
-	brks    *breakers        // one per node
+	path    *redispath.Path  // every Redis call, and every goroutine Close waits for
 	table   *lease.Table     // the local state of every limit's keys
 	refunds *refundQueue     // unused tokens on their way back
 	janitor *janitor         // expiry, eviction and refunds in the background
@@ -80,14 +78,14 @@ func (e *engine) newLimiter(limit policy.Limit) *Limiter {
 	l := &Limiter{
 		engine:  e,
 		limit:   limit,
+		namer:   e.auth.Namer(limit),
 		tel:     tel,
 		log:     newLogger(e.cfg.logger, limit.Name),
 		leases:  lease.New(e.table, limit, e.cfg.lease, e.cfg.fleetSize),
 		sf:      new(singleflight.Group),
 		enforce: e.cfg.enforce,
 	}
-	l.calls = newAuthorizer(e.client, &calls{auth: e.auth, limit: limit, budget: e.cfg.timeout, pool: poolSize(e.client), client: e.client,
-		brks: e.brks, leases: l.leases, refunds: e.refunds, gate: &e.gate, clock: e.clock, tel: tel, log: l.log})
+	l.calls = e.path.Caller(tel, &receiver{leases: l.leases, refunds: e.refunds, clock: e.clock, log: l.log})
 	return l
 }
 

@@ -14,7 +14,7 @@ func (l *Limiter) allowExact(ctx context.Context, key string, n int64) (Decision
 		return l.fallback(ctx, brk, key, n, telemetry.ReasonBreakerOpen), nil
 	}
 	if rkey == "" {
-		rkey = l.auth.Key(l.limit, key)
+		rkey = l.namer.Key(key)
 	}
 	return l.callExact(ctx, brk, rkey, key, n)
 }
@@ -26,7 +26,7 @@ func (l *Limiter) callExact(ctx context.Context, brk *breaker.Breaker, rkey, key
 		// Before the call: a failing call may trip the breaker.
 		sp.SetAttributes(telemetry.AttrCoalesced.Bool(false), telemetry.AttrBreaker.String(brk.State().String()))
 	}
-	r := l.calls.authorize(ctx, call{brk: brk, rkey: rkey, want: n, min: n, share: 1, with: l.members(key)})
+	r := l.authorize(ctx, call{brk: brk, rkey: rkey, want: n, min: n, share: 1, with: l.members(key)})
 	if r.err != nil {
 		return l.onError(ctx, brk, key, n, r.err)
 	}

@@ -82,6 +82,7 @@ func (e *engine) newGroup(limits []policy.Limit) *Limiter {
 	l := &Limiter{
 		engine:  e,
 		limit:   first.limit, // names the first bucket; the lease protocol uses the envelope
+		namer:   e.auth.Namer(first.limit),
 		tel:     e.meters.WithLimit(name),
 		log:     newLogger(e.cfg.logger, name),
 		leases:  lease.NewGroup(e.table, envelope(name, limits), limits, e.cfg.lease, e.cfg.fleetSize),
@@ -89,8 +90,7 @@ func (e *engine) newGroup(limits []policy.Limit) *Limiter {
 		sf:      new(singleflight.Group),
 		enforce: e.cfg.enforce,
 	}
-	l.calls = newAuthorizer(e.client, &calls{auth: e.auth, limit: first.limit, budget: e.cfg.timeout, pool: poolSize(e.client), client: e.client,
-		brks: e.brks, leases: l.leases, refunds: e.refunds, gate: &e.gate, clock: e.clock, tel: l.tel, log: l.log})
+	l.calls = e.path.Caller(l.tel, &receiver{leases: l.leases, refunds: e.refunds, clock: e.clock, log: l.log})
 	return l
 }
 
@@ -117,7 +117,7 @@ func (l *Limiter) members(key string) []authority.Member {
 	}
 	with := make([]authority.Member, len(l.group)-1)
 	for i, p := range l.group[1:] {
-		with[i] = authority.Member{Key: l.auth.Key(p.limit, key), Limit: p.limit}
+		with[i] = authority.Member{Key: p.namer.Key(key), Limit: p.limit}
 	}
 	return with
 }

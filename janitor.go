@@ -3,6 +3,7 @@ package leaselimit
 import (
 	"time"
 
+	"github.com/leaselimit/leaselimit/internal/redispath"
 	"github.com/leaselimit/leaselimit/lease"
 )
 
@@ -12,7 +13,7 @@ import (
 type janitor struct {
 	table   *lease.Table
 	refunds *refundQueue
-	brks    *breakers
+	path    *redispath.Path
 	log     *logger
 	clock   localClock
 	every   time.Duration
@@ -22,8 +23,8 @@ type janitor struct {
 
 // startJanitor starts the janitor; it runs every quarter of the lease TTL,
 // between 5ms and 250ms.
-func startJanitor(table *lease.Table, refunds *refundQueue, brks *breakers, log *logger, clock localClock, ttl time.Duration) *janitor {
-	j := &janitor{table: table, refunds: refunds, brks: brks, log: log, clock: clock,
+func startJanitor(table *lease.Table, refunds *refundQueue, path *redispath.Path, log *logger, clock localClock, ttl time.Duration) *janitor {
+	j := &janitor{table: table, refunds: refunds, path: path, log: log, clock: clock,
 		every: min(max(ttl/4, 5*time.Millisecond), 250*time.Millisecond),
 		stop:  make(chan struct{}), done: make(chan struct{})}
 	go j.run()
@@ -40,7 +41,7 @@ func (j *janitor) run() {
 			return
 		case <-t.C:
 		}
-		j.log.breakerState(j.brks.worst())
+		j.log.breakerState(j.path.State())
 		j.refunds.addReturns(j.table.Sweep(j.clock.now())...)
 		j.refunds.flush()
 	}

@@ -21,7 +21,7 @@ func (l *Limiter) miss(ctx context.Context, key string, n int64, a lease.Answer)
 		return l.fallback(ctx, brk, key, n, telemetry.ReasonBreakerOpen), nil
 	}
 	if rkey == "" {
-		rkey = l.auth.Key(l.limit, key)
+		rkey = l.namer.Key(key)
 	}
 	state := brk.State() // before the call: a failing call may trip the breaker
 	for a.Status == lease.Miss {
@@ -86,7 +86,7 @@ func (l *Limiter) pool(ctx context.Context, brk *breaker.Breaker, rkey, key stri
 func (l *Limiter) refill(ctx context.Context, brk *breaker.Breaker, rkey string, t lease.Ticket) (any, error) {
 	r := l.leases.Plan(t, l.clock.now())
 	l.refunds.addReturn(&r.Expired)
-	rep := l.calls.authorize(context.WithoutCancel(ctx), call{brk: brk, rkey: rkey, want: r.Want, min: r.Min, share: r.Share, refill: &r,
+	rep := l.authorize(context.WithoutCancel(ctx), call{brk: brk, rkey: rkey, want: r.Want, min: r.Min, share: r.Share, refill: &refillCall{plan: r},
 		with: l.members(t.Key())})
 	if rep.err != nil {
 		return nil, rep.err
@@ -114,11 +114,11 @@ func (l *Limiter) prefetch(ctx context.Context, t lease.Ticket) {
 		l.leases.Prefetched(t)
 		return
 	}
-	ok := l.gate.spawn(func() {
+	ok := l.path.Spawn(func() {
 		defer func() { <-l.slots }()
 		defer l.leases.Prefetched(t)
-		rkey := l.auth.Key(l.limit, t.Key())
-		brk := l.brks.forKey(rkey, l.cfg.timeout)
+		rkey := l.namer.Key(t.Key())
+		brk := l.path.Route(rkey)
 		if brk.Rejects(l.clock.wall()) {
 			return
 		}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/leaselimit/leaselimit/authority"
 	"github.com/leaselimit/leaselimit/breaker"
+	"github.com/leaselimit/leaselimit/internal/redispath"
 	"github.com/leaselimit/leaselimit/lease"
 	"github.com/leaselimit/leaselimit/policy"
 	"github.com/leaselimit/leaselimit/telemetry"
@@ -37,14 +38,13 @@ const maxQueuedRefunds = 100_000
 // (authority.ResendWithin from its first such send), then dropped and
 // counted.
 type refundQueue struct {
-	auth   *authority.Redis
-	brks   *breakers
-	tel    *telemetry.Recorder
-	budget time.Duration
-	clock  localClock
+	auth  *authority.Redis
+	path  *redispath.Path
+	tel   *telemetry.Recorder
+	clock localClock
 
 	// retries: the client may send a command again on its own (see
-	// retriesCommands), so its errors cannot show that a call never
+	// redispath.Path.Retries), so its errors cannot show that a call never
 	// reached Redis.
 	retries bool
 
@@ -62,8 +62,8 @@ type queued struct {
 	reached int64
 }
 
-func newRefundQueue(auth *authority.Redis, brks *breakers, tel *telemetry.Recorder, budget time.Duration, clock localClock, retries bool) *refundQueue {
-	return &refundQueue{auth: auth, brks: brks, tel: tel, budget: budget, clock: clock, retries: retries, max: maxQueuedRefunds}
+func newRefundQueue(auth *authority.Redis, path *redispath.Path, tel *telemetry.Recorder, clock localClock) *refundQueue {
+	return &refundQueue{auth: auth, path: path, tel: tel, clock: clock, retries: path.Retries(), max: maxQueuedRefunds}
 }
 
 // add queues one new adjustment (see authority.Refund): n unused tokens of
@@ -151,8 +151,9 @@ func (q *refundQueue) sendable(qs []queued) []queued {
 // reached Redis: false when the breaker or Close held it back, or when
 // go-redis says no byte was written (the dial failed, no connection was
 // free in time, the client is closed) and the client does not retry on its
-// own (see retriesCommands: a retried call reports its last attempt only,
-// and an earlier one may have been applied before its connection broke).
+// own (see redispath.Path.Retries: a retried call reports its last attempt
+// only, and an earlier one may have been applied before its connection
+// broke).
 func (q *refundQueue) reachedRedis(err error) bool {
 	var op *net.OpError
 	switch {
@@ -202,30 +203,15 @@ func (q *refundQueue) flush() {
 	}
 	groups := map[*breaker.Breaker][]queued{}
 	for _, a := range qs {
-		brk := q.brks.forKey(a.Key, q.budget)
+		brk := q.path.Route(a.Key)
 		groups[brk] = append(groups[brk], a)
 	}
-	now := q.clock.wall()
 	for brk, g := range groups {
-		if brk.Rejects(now) {
+		failed, sent := q.path.Refund(brk, refundsOf(g), tokens(g))
+		if !sent {
 			q.putAll(g) // kept until Redis is back
 			continue
 		}
-		done, err := brk.Allow()
-		if err != nil {
-			q.putAll(g)
-			continue
-		}
-		span := q.tel.StartRefund(q.brks.laneFor(brk).ep, len(g))
-		ctx, cancel := context.WithTimeout(context.Background(), q.budget)
-		failed := q.auth.RefundAll(ctx, refundsOf(g))
-		cancel()
-		err = firstError(failed)
-		q.tel.EndRefund(span, tokens(g), err)
-		if err != nil && errors.Is(err, context.DeadlineExceeded) {
-			err = fmt.Errorf("%w: %w", breaker.ErrBudget, err)
-		}
-		done(err)
 		q.refail(g, failed)
 		if n := tokens(g) - tokensOf(failed); n > 0 {
 			q.tel.CountRefund(context.Background(), n)
@@ -267,20 +253,15 @@ func (q *refundQueue) final() error {
 	if len(qs) == 0 {
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), q.budget)
-	defer cancel()
-	span := q.tel.StartRefund(q.brks.oneLane.ep, len(qs))
-	failed := q.auth.RefundAll(ctx, refundsOf(qs))
-	err := firstError(failed)
-	q.tel.EndRefund(span, tokens(qs), err)
+	failed := q.path.RefundFinal(refundsOf(qs), tokens(qs))
 	for _, f := range failed {
 		q.countDropped(f.Refund)
 	}
 	if n := tokens(qs) - tokensOf(failed); n > 0 {
 		q.tel.CountRefund(context.Background(), n)
 	}
-	if err != nil {
-		return fmt.Errorf("leaselimit: refund on close: %w", err)
+	if len(failed) > 0 {
+		return fmt.Errorf("leaselimit: refund on close: %w", failed[0].Err)
 	}
 	return nil
 }
@@ -304,14 +285,6 @@ func refundsOf(qs []queued) []authority.Refund {
 		rs[i] = a.Refund
 	}
 	return rs
-}
-
-// firstError returns the error of the first failed adjustment, if any.
-func firstError(failed []authority.Failed) error {
-	if len(failed) == 0 {
-		return nil
-	}
-	return failed[0].Err
 }
 
 // tokens returns the tokens qs refund (charges left out).

@@ -252,10 +252,10 @@ func (l *Limiter) adjust(ctx context.Context, key string, n int64, st stamp) err
 	}
 	brk, rkey := l.route(key)
 	if rkey == "" {
-		rkey = l.auth.Key(l.limit, key)
+		rkey = l.namer.Key(key)
 	}
 	rf := l.refunds.adjustment(rkey, l.limit, n, st.windowFor(l.limit, n), st.of(n).since)
-	if l.gate.isClosed() {
+	if l.path.IsClosed() {
 		return l.adjustAfterClose(ctx, rf)
 	}
 	_, err := l.send(ctx, brk, rf)
@@ -270,7 +270,7 @@ func (l *Limiter) adjust(ctx context.Context, key string, n int64, st stamp) err
 // for the caller's mistakes and a closed Limiter: an outage is not one;
 // applied reports whether Redis applied rf within the budget.
 func (l *Limiter) send(ctx context.Context, brk *breaker.Breaker, rf authority.Refund) (applied bool, err error) {
-	sent, err := l.oneCall(ctx, brk, func(ctx context.Context) error {
+	sent, err := l.path.Do(ctx, brk, func(ctx context.Context) error {
 		c := rf
 		_, err := l.auth.Apply(ctx, &c)
 		if err != nil && !errors.Is(err, authority.ErrScript) {

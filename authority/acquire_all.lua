@@ -4,18 +4,17 @@
 --
 -- KEYS     the buckets (see common.lua); on a Cluster they share a hash
 --          slot (their hash tag is the digest of one user key).
--- ARGV     want, min, share_ppm (as for acquire.lua), then r, p (or a
+-- ARGV     want, min, share_ppm (as for a call of batch.lua), then r, p (or a
 --          calendar quota's windows, see spec), burst for each key, in KEYS
 --          order.
 -- Returns  {granted, denied, retry_after_us, then remaining_i, reset_after_us_i
 --          for each key, then now}: now (µs, the server's clock) stamps the
---          grant for the ledger (see take.lua); denied is 0 when granted, else the (1-based) index
+--          grant for the ledger (see refund.lua); denied is 0 when granted, else the (1-based) index
 --          of the bucket that makes the request wait longest; retry_after_us
 --          is how long until every bucket holds min tokens. A grant takes the
 --          same g tokens from every bucket, min <= g <= want, and no more than
 --          max(min, floor(tokens * share)) of any one. A denial writes nothing.
---          A bucket's recorded request id and last grant are kept: a resent
---          acquire call on one of them must still find its own.
+--          A bucket's tail (see common.lua) is passed through as it is.
 local want, min, share = int(1), int(2), int(3)
 if not (want and min and share) or share > 1000000 or min > want or #ARGV ~= 3 + 3 * #KEYS or #KEYS < 1 then
   return redis.error_reply('ERR leaselimit: invalid acquire_all arguments')

@@ -1,16 +1,19 @@
 // Package authority is the Redis side of leaselimit: the token bucket as
-// embedded Lua scripts (acquire, acquire_many for a batch, acquire_all for
-// several limits at once, refund, which also charges, reset and peek) run
-// atomically on Redis's own clock, EVALSHA with a fallback to EVAL on
-// NOSCRIPT, the naming of Redis keys, and the decoding of script replies. It
-// works with any redis.UniversalClient: a single node, Sentinel
-// (FailoverClient) or Cluster.
+// embedded Lua scripts (batch, which decides a batch of single-limit
+// acquire calls in one invocation, acquire_all for several limits at once,
+// refund, which also charges, reset and peek) run atomically on Redis's own
+// clock, EVALSHA with a fallback to EVAL on NOSCRIPT, the naming of Redis
+// keys, and the decoding of script replies. It works with any
+// redis.UniversalClient: a single node, Sentinel (FailoverClient) or
+// Cluster.
 //
 // Every bucket lives in one key; the buckets of one user key share a hash
-// slot whatever their limits, so every script call touches one slot. The
-// ledger (ledger.go: refunds, charges and Reset) keeps two kinds of
-// short-lived keys in the same slot: an applied adjustment's id and a
-// Reset's mark.
+// slot whatever their limits, so every script call touches one slot. A
+// batch invocation that granted keeps its reply for a few seconds in a
+// batch key of the same slot, so that a resent invocation takes nothing
+// twice (see batch.lua). The ledger (ledger.go: refunds, charges and Reset)
+// keeps two kinds of short-lived keys in the same slot: an applied
+// adjustment's id and a Reset's mark.
 package authority
 
 import (
@@ -26,7 +29,9 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
+	"github.com/leaselimit/leaselimit/internal/cowmap"
 	"github.com/leaselimit/leaselimit/policy"
 	"github.com/redis/go-redis/v9"
 )
@@ -34,14 +39,8 @@ import (
 //go:embed common.lua
 var commonSrc string
 
-//go:embed take.lua
-var takeSrc string
-
-//go:embed acquire.lua
-var acquireBody string
-
-//go:embed acquire_many.lua
-var acquireManyBody string
+//go:embed batch.lua
+var batchSrc string
 
 //go:embed refund.lua
 var refundBody string
@@ -52,13 +51,12 @@ var resetBody string
 //go:embed acquire_all.lua
 var acquireAllBody string
 
-// The scripts as sent to Redis: the shared prelude, then the body.
+// The scripts as sent to Redis: the shared prelude, then the body; batch.lua
+// stands alone.
 var (
-	acquireSrc     = commonSrc + takeSrc + acquireBody
-	acquireManySrc = commonSrc + takeSrc + acquireManyBody
-	refundSrc      = commonSrc + refundBody
-	resetSrc       = commonSrc + resetBody
-	acquireAllSrc  = commonSrc + acquireAllBody
+	refundSrc     = commonSrc + refundBody
+	resetSrc      = commonSrc + resetBody
+	acquireAllSrc = commonSrc + acquireAllBody
 )
 
 // MaxPrefixLen is the longest key prefix accepted.
@@ -115,7 +113,10 @@ type Redis struct {
 	client redis.UniversalClient
 	prefix string
 	idBase string        // random per Redis value, so ids differ across instances
-	seq    atomic.Uint64 // request ids
+	seq    atomic.Uint64 // adjustment and batch ids
+
+	limits  cowmap.Map[policy.Limit, *limitArgs] // see limitArgsOf
+	nlimits atomic.Int32                         // entries in limits
 }
 
 type script struct {
@@ -123,11 +124,10 @@ type script struct {
 }
 
 var (
-	acquireScript     = newScript(acquireSrc)
-	acquireManyScript = newScript(acquireManySrc)
-	refundScript      = newScript(refundSrc)
-	resetScript       = newScript(resetSrc)
-	acquireAllScript  = newScript(acquireAllSrc)
+	batchScript      = newScript(batchSrc)
+	refundScript     = newScript(refundSrc)
+	resetScript      = newScript(resetSrc)
+	acquireAllScript = newScript(acquireAllSrc)
 )
 
 func newScript(src string) script {
@@ -178,17 +178,32 @@ func ValidatePrefix(p string) error {
 // changes a limit therefore starts every key on a fresh, full bucket of the
 // new limit; the old buckets expire by their own TTL.
 func (r *Redis) Key(l policy.Limit, userKey string) string {
-	sum := sha256.Sum256([]byte(userKey))
-	var b strings.Builder
-	b.Grow(len(r.prefix) + len(l.Name) + 48 + 36)
-	b.WriteString(r.prefix)
-	b.WriteByte(':')
-	b.WriteString(l.Name)
-	b.WriteByte(':')
-	b.WriteString(ParamsTag(l))
-	b.WriteString(":{")
+	return r.Namer(l).Key(userKey)
+}
+
+// Namer names the buckets of one limit: Namer(l).Key(userKey) is
+// Key(l, userKey), without working out the limit's part of the name again
+// for every key. Its zero value is not usable.
+type Namer struct {
+	head string // "<prefix>:<limit name>:<params>:{"
+}
+
+// Namer returns the namer of l's buckets.
+func (r *Redis) Namer(l policy.Limit) Namer {
+	return Namer{head: r.prefix + ":" + l.Name + ":" + ParamsTag(l) + ":{"}
+}
+
+// Key returns the Redis key of userKey's bucket (see (*Redis).Key), in one
+// allocation: the key itself.
+func (n Namer) Key(userKey string) string {
+	// The digest reads the string's bytes in place: a []byte copy would be
+	// a second allocation for keys longer than a few dozen bytes.
+	sum := sha256.Sum256(unsafe.Slice(unsafe.StringData(userKey), len(userKey)))
 	var hx [32]byte
 	hex.Encode(hx[:], sum[:16])
+	var b strings.Builder
+	b.Grow(len(n.head) + len(hx) + 1)
+	b.WriteString(n.head)
 	b.Write(hx[:])
 	b.WriteByte('}')
 	return b.String()
@@ -234,16 +249,21 @@ func spec(l policy.Limit) (any, any) {
 	if !l.IsQuota() {
 		return Reduced(l)
 	}
-	end, next := l.Calendar.Window(time.Now())
+	end, next := l.Calendar.Window(wallClock())
 	return "w" + strconv.FormatInt(end.UnixMicro(), 10), next.UnixMicro()
 }
+
+// wallClock is this process's clock, which picks a calendar quota's windows
+// (see spec); a variable so that tests can hold it still.
+var wallClock = time.Now
 
 // NewID returns a new adjustment id (see Refund.ID), for a caller that
 // must know it before the adjustment is sent.
 func (r *Redis) NewID() string { return r.nextID("r") }
 
-// nextID returns a request id unique to this process and call: the
-// random base, then kind, then a sequence number.
+// nextID returns an id unique to this process and call (an adjustment's,
+// a batch invocation's): the random base, then kind, then a sequence
+// number.
 func (r *Redis) nextID(kind string) string {
 	return r.idBase + kind + strconv.FormatUint(r.seq.Add(1), 36)
 }
@@ -267,14 +287,15 @@ type Acquisition struct {
 	// With, if set, are more buckets the same tokens are taken from, all
 	// or none, in one script call (acquire_all.lua): a request under
 	// several limits. On a Cluster they must share Key's hash slot (keys of
-	// one user key do: see Key). Such a call records no request id: a
-	// resent one takes its tokens twice, which can only under-admit.
+	// one user key do: see Key). Such a call is not resend-safe: a resent
+	// one takes its tokens twice, which can only under-admit.
 	With []Member
 
 	Grant Grant
 	Err   error
 
-	args []any // the script's arguments, the request id last
+	args []any      // a multi-limit call's script arguments
+	lim  *limitArgs // a single-limit call's limit
 }
 
 // Member is one more bucket of a multi-limit Acquisition.
@@ -283,27 +304,25 @@ type Member struct {
 	Limit policy.Limit
 }
 
-// prepare checks a's arguments and builds the script's, with a fresh
-// request id: a resent call (go-redis retries a command or pipeline whose
-// connection broke) returns the first call's grant instead of taking
-// tokens twice. It reports false, with a.Err set, for arguments the script
-// would reject.
+// ppm returns share in parts per million, as the scripts take it: NaN and
+// values above 1 mean "no cap", values at or below 0 the smallest share.
+func ppm(share float64) int64 {
+	if share < 1 {
+		return max(int64(share*1e6), 1)
+	}
+	return 1e6
+}
+
+// prepare checks a multi-limit call's arguments and builds the script's.
+// It reports false, with a.Err set, for arguments the script would reject.
 func (r *Redis) prepare(a *Acquisition) bool {
 	l := a.Limit
 	if a.Min < 1 || a.Min > a.Want || a.Want > l.Burst {
 		a.Err = fmt.Errorf("%w: acquire want=%d min=%d burst=%d", ErrScript, a.Want, a.Min, l.Burst)
 		return false
 	}
-	ppm := int64(1e6)
-	if a.Share < 1 { // NaN and values above 1 mean "no cap"
-		ppm = max(int64(a.Share*1e6), 1)
-	}
 	rate, period := spec(l)
-	if len(a.With) == 0 {
-		a.args = []any{rate, period, l.Burst, a.Want, a.Min, ppm, r.nextID("")}
-		return true
-	}
-	a.args = append(make([]any, 0, 3+3*(1+len(a.With))), a.Want, a.Min, ppm, rate, period, l.Burst)
+	a.args = append(make([]any, 0, 3+3*(1+len(a.With))), a.Want, a.Min, ppm(a.Share), rate, period, l.Burst)
 	for _, m := range a.With {
 		if a.Want > m.Limit.Burst {
 			a.Err = fmt.Errorf("%w: acquire want=%d burst=%d", ErrScript, a.Want, m.Limit.Burst)
@@ -325,61 +344,105 @@ func (a *Acquisition) keys() []string {
 	return ks
 }
 
-// maxPerScript bounds the calls one acquire_many invocation decides:
-// Redis runs a script to its end before serving anything else.
+// maxPerScript bounds the calls one batch invocation decides: Redis runs a
+// script to its end before serving anything else.
 const maxPerScript = 64
 
+// batchLife is how long a batch invocation that granted keeps its reply
+// (its batch key's TTL; see batch.lua). go-redis resends a pipeline only
+// within the call's context deadline, which callers bound to well under a
+// second, so a few seconds covers every resend; a short life keeps the
+// number of live batch keys small (one per invocation that granted).
+const batchLife = 5 * time.Second
+
+// batchLifeArg is batchLife as the script's argument, boxed once.
+var batchLifeArg any = batchLife.Milliseconds()
+
 // AcquireAll makes several acquire calls at once, each with its own outcome
-// in its Grant and Err. One call is one script call. Several go in one
-// pipeline: on a single node (or Sentinel) as acquire_many invocations of
-// up to maxPerScript calls each, which share the script call's fixed cost;
-// on a Cluster or Ring, whose keys live on several nodes and slots, as one
-// acquire call per key (go-redis splits the pipeline by node). Calls the
-// server answers NOSCRIPT are sent again by EVAL in a second pipeline. A
-// key must appear at most once in as, so that a pipeline go-redis resends
-// after a broken connection replays each call's grant by its request id
-// instead of taking it twice.
+// in its Grant and Err. Multi-limit calls (With set) are acquire_all calls,
+// one pipeline of them. The others go to the batch script (batch.lua): on a
+// single node (or Sentinel) in invocations of up to maxPerScript calls,
+// which share the script call's fixed cost; on a Cluster or Ring, whose keys
+// live on several nodes and slots, grouped by the key's hash tag (the calls
+// on one user key share an invocation; go-redis splits the pipeline by
+// node). A key may appear several times: its calls are decided in the order
+// of as. Calls whose arguments the script would reject fail alone, with
+// ErrScript, before anything is sent. Invocations the server answers
+// NOSCRIPT are sent again by EVAL in a second pipeline. Each invocation
+// carries a fresh batch id, so that one go-redis resends after a broken
+// connection returns its first reply instead of taking tokens twice.
 func (r *Redis) AcquireAll(ctx context.Context, as []*Acquisition) {
 	as = r.acquireWith(ctx, as)
-	if len(as) == 1 {
-		a := as[0]
-		if !r.prepare(a) {
-			return
-		}
-		v, err := r.run(ctx, acquireScript, a.Key, a.args...)
-		if err != nil {
-			a.Err = err
-			return
-		}
-		a.Grant, a.Err = DecodeGrant(v)
-		return
-	}
 	ready := make([]*Acquisition, 0, len(as))
 	for _, a := range as {
-		if r.prepare(a) {
+		if r.check(a) {
 			ready = append(ready, a)
 		}
 	}
 	if len(ready) == 0 {
 		return
 	}
+	var batches []*batch
 	if r.multiKey() {
-		r.acquireMany(ctx, ready)
-		return
-	}
-	invs := make([]*invocation, len(ready))
-	for i, a := range ready {
-		invs[i] = &invocation{keys: []string{a.Key}, args: a.args}
-	}
-	r.runAll(ctx, acquireScript, invs)
-	for i, a := range ready {
-		v, err := invs[i].cmd.Result()
-		if err != nil {
-			a.Err = classify(err)
-			continue
+		batches = make([]*batch, 0, (len(ready)+maxPerScript-1)/maxPerScript)
+		for i := 0; i < len(ready); i += maxPerScript {
+			batches = append(batches, r.newBatch(ready[i:min(i+maxPerScript, len(ready))]))
 		}
-		a.Grant, a.Err = DecodeGrant(v)
+	} else {
+		batches = r.byHashTag(ready)
 	}
+	if len(batches) == 1 { // no pipeline for a lone invocation
+		in := &batches[0].invocation
+		in.cmd = r.client.EvalSha(ctx, batchScript.sha, in.keys, in.args...)
+		if isNoScript(in.cmd.Err()) {
+			in.cmd = r.client.Eval(ctx, batchScript.src, in.keys, in.args...)
+		}
+	} else {
+		invs := make([]*invocation, len(batches))
+		for i, b := range batches {
+			invs[i] = &b.invocation
+		}
+		r.runAll(ctx, batchScript, invs)
+	}
+	for _, b := range batches {
+		b.decode()
+	}
+}
+
+// byHashTag returns the batches of as on a Cluster or Ring: one per hash
+// tag (split at maxPerScript), each keeping the order of as.
+func (r *Redis) byHashTag(as []*Acquisition) []*batch {
+	group := make(map[string]int, len(as))
+	var groups [][]*Acquisition
+	for _, a := range as {
+		tag := hashTag(a.Key)
+		i, ok := group[tag]
+		if !ok {
+			i = len(groups)
+			group[tag] = i
+			groups = append(groups, nil)
+		}
+		groups[i] = append(groups[i], a)
+	}
+	var batches []*batch
+	for _, g := range groups {
+		for i := 0; i < len(g); i += maxPerScript {
+			batches = append(batches, r.newBatch(g[i:min(i+maxPerScript, len(g))]))
+		}
+	}
+	return batches
+}
+
+// hashTag returns the part of key that Redis Cluster hashes: the text
+// between the first '{' and the next '}' when it is not empty, else the
+// whole key. Every bucket key ends with its tag (see Key).
+func hashTag(key string) string {
+	if i := strings.IndexByte(key, '{'); i >= 0 {
+		if j := strings.IndexByte(key[i+1:], '}'); j > 0 {
+			return key[i+1 : i+1+j]
+		}
+	}
+	return key
 }
 
 // acquireWith makes the multi-limit calls of as (those with With), in one
@@ -398,10 +461,12 @@ func (r *Redis) acquireWith(ctx context.Context, as []*Acquisition) []*Acquisiti
 			invs = append(invs, &invocation{keys: a.keys(), args: a.args})
 		}
 	}
-	if len(multi) == 0 {
+	if len(rest) == len(as) {
 		return as
 	}
-	r.runAll(ctx, acquireAllScript, invs)
+	if len(multi) > 0 {
+		r.runAll(ctx, acquireAllScript, invs)
+	}
 	for i, a := range multi {
 		v, err := invs[i].cmd.Result()
 		if err != nil {
@@ -421,52 +486,6 @@ func (r *Redis) multiKey() bool {
 		return false
 	}
 	return true
-}
-
-// acquireMany decides as in acquire_many invocations of up to
-// maxPerScript calls, pipelined.
-func (r *Redis) acquireMany(ctx context.Context, as []*Acquisition) {
-	type chunk struct {
-		calls []*Acquisition
-		invocation
-	}
-	var chunks []*chunk
-	invs := make([]*invocation, 0, (len(as)+maxPerScript-1)/maxPerScript)
-	for i := 0; i < len(as); i += maxPerScript {
-		c := &chunk{calls: as[i:min(i+maxPerScript, len(as))]}
-		for _, a := range c.calls {
-			c.keys = append(c.keys, a.Key)
-			c.args = append(c.args, a.args...)
-		}
-		chunks = append(chunks, c)
-		invs = append(invs, &c.invocation)
-	}
-	r.runAll(ctx, acquireManyScript, invs)
-	for _, c := range chunks {
-		v, err := c.cmd.Result()
-		if err != nil {
-			err = classify(err)
-			for _, a := range c.calls {
-				a.Err = err
-			}
-			continue
-		}
-		arr, ok := v.([]any)
-		if !ok || len(arr) != len(c.calls) {
-			err := fmt.Errorf("%w: acquire_many returned %T of %d for %d calls", ErrReply, v, len(arr), len(c.calls))
-			for _, a := range c.calls {
-				a.Err = err
-			}
-			continue
-		}
-		for i, a := range c.calls {
-			if e, ok := arr[i].(error); ok {
-				a.Err = classify(e)
-				continue
-			}
-			a.Grant, a.Err = DecodeGrant(arr[i])
-		}
-	}
 }
 
 // exact takes exactly n tokens or none: Acquire(ctx, key, l, n, n, 1).
@@ -546,35 +565,6 @@ func classify(err error) error {
 		return fmt.Errorf("%w: %w", ErrRefused, err)
 	}
 	return err
-}
-
-// DecodeGrant decodes an acquire reply: an array of four non-negative
-// integers {granted, remaining, retry_after_us, reset_after_us} and, but
-// for a resent call's stored reply, a fifth: the server's clock (µs) at the
-// grant, Grant.At.
-func DecodeGrant(v any) (Grant, error) {
-	var n [5]int64
-	k := 5
-	if arr, ok := v.([]any); ok && len(arr) == 4 {
-		k = 4
-	}
-	if err := decodeInts(v, n[:k], 1); err != nil {
-		return Grant{}, err
-	}
-	const maxMicros = int64(1<<63-1) / int64(time.Microsecond)
-	if n[2] > maxMicros || n[3] > maxMicros {
-		return Grant{}, fmt.Errorf("%w: duration out of range in %v", ErrReply, v)
-	}
-	if n[0] > 0 && n[2] != 0 {
-		return Grant{}, fmt.Errorf("%w: granted %d with retry-after %dµs", ErrReply, n[0], n[2])
-	}
-	return Grant{
-		Granted:    n[0],
-		Remaining:  max(n[1], 0), // a bucket in debt holds none
-		RetryAfter: time.Duration(n[2]) * time.Microsecond,
-		ResetAfter: time.Duration(n[3]) * time.Microsecond,
-		At:         n[4],
-	}, nil
 }
 
 // decodeAll decodes an acquire_all reply for k buckets:

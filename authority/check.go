@@ -90,16 +90,23 @@ func (r *Redis) checkNode(ctx context.Context, each time.Duration, key string, c
 		where = node + ": "
 	}
 	err := withTimeout(ctx, each, func(ctx context.Context) error {
-		if _, err := r.Acquire(ctx, key, checkLimit, 1, 1, 1); err != nil {
-			return err
+		a := &Acquisition{Key: key, Limit: checkLimit, Want: 1, Min: 1, Share: 1}
+		if !r.check(a) {
+			return a.Err
+		}
+		bt := r.newBatch([]*Acquisition{a})
+		r.runAll(ctx, batchScript, []*invocation{&bt.invocation})
+		if bt.decode(); a.Err != nil {
+			return a.Err
 		}
 		// The token back: the bucket is full again, so the key is deleted;
-		// the refund's id key goes too (it would expire in IDLife).
+		// the refund's id key and the batch key go too (they would expire
+		// in IDLife and batchLife). All three share the check key's slot.
 		rf := Refund{Key: key, Limit: checkLimit, Tokens: 1}
 		if _, err := r.Apply(ctx, &rf); err != nil {
 			return err
 		}
-		return client.Del(ctx, idKey(key, rf.ID)).Err()
+		return client.Del(ctx, idKey(key, rf.ID), bt.keys[0]).Err()
 	})
 	if err != nil {
 		return fmt.Errorf("%w: %s%s", ErrCheck, where, explain(err))

@@ -1,14 +1,18 @@
--- leaselimit common prelude, prepended to acquire.lua and refund.lua.
+-- leaselimit common prelude, prepended to acquire_all.lua, refund.lua,
+-- reset.lua and peek.lua (batch.lua stands alone, with copies of the few
+-- helpers it needs).
 --
 -- A limit refills r tokens every p µs (its rate and period reduced by their
 -- gcd), up to burst tokens. A bucket is one string,
--- "<w> <f> <t> <rid>" or "<w> <f> <t> <rid> <id> <granted> <remaining> <reset>":
+-- "<w> <f> <t> <rid>" (batch.lua writes "<w> <f> <t> -") or, as acquire
+-- scripts before batch.lua wrote it, "<w> <f> <t> <rid> <id> <granted> <remaining> <reset>":
 -- the bucket holds w + f/p tokens (w whole, negative for a bucket in debt
 -- (see refund.lua), 0 <= f < p), valid at t µs on
 -- this server's clock; rid, a field kept for the format (refunds once
 -- recorded their last id there; each adjustment now has its own id key,
--- see refund.lua), passed through as it is; then the request id
--- of the bucket's last grant and that grant's reply. It is written by one SET ... PX, so the state never
+-- see refund.lua), passed through as it is; then, in the old form, the
+-- request id of the bucket's last grant and that grant's reply, now unused
+-- (a batch's resend is answered from its batch key, see batch.lua). It is written by one SET ... PX, so the state never
 -- exists without its TTL, and a refused write leaves nothing behind. A
 -- missing key is a full bucket.
 --

@@ -11,7 +11,7 @@ import (
 
 const maxMicros = int64(math.MaxInt64) / int64(time.Microsecond)
 
-func TestDecodeGrant(t *testing.T) {
+func TestDecodeRefGrant(t *testing.T) {
 	good := []struct {
 		in   any
 		want Grant
@@ -24,9 +24,9 @@ func TestDecodeGrant(t *testing.T) {
 		{[]any{int64(0), int64(0), maxMicros, maxMicros}, grant(0, 0, time.Duration(maxMicros)*us, time.Duration(maxMicros)*us)},
 	}
 	for _, tc := range good {
-		got, err := DecodeGrant(tc.in)
+		got, err := decodeRefGrant(tc.in)
 		if err != nil || got != tc.want {
-			t.Errorf("DecodeGrant(%#v) = %+v, %v; want %+v, nil", tc.in, got, err, tc.want)
+			t.Errorf("decodeRefGrant(%#v) = %+v, %v; want %+v, nil", tc.in, got, err, tc.want)
 		}
 	}
 
@@ -59,22 +59,22 @@ func TestDecodeGrant(t *testing.T) {
 		{"typed slice", []int64{1, 2, 0, 0}},
 	}
 	for _, tc := range bad {
-		got, err := DecodeGrant(tc.in)
+		got, err := decodeRefGrant(tc.in)
 		if !errors.Is(err, ErrReply) {
-			t.Errorf("DecodeGrant(%s: %#v) = %+v, %v; want an error wrapping ErrReply", tc.name, tc.in, got, err)
+			t.Errorf("decodeRefGrant(%s: %#v) = %+v, %v; want an error wrapping ErrReply", tc.name, tc.in, got, err)
 		}
 		if got != (Grant{}) {
-			t.Errorf("DecodeGrant(%s) returned %+v with its error; want the zero Grant", tc.name, got)
+			t.Errorf("decodeRefGrant(%s) returned %+v with its error; want the zero Grant", tc.name, got)
 		}
 	}
 }
 
-// TestDecodeGrantDebt: a bucket in debt (negative remaining) decodes as
+// TestdecodeRefGrantDebt: a bucket in debt (negative remaining) decodes as
 // holding none.
-func TestDecodeGrantDebt(t *testing.T) {
-	g, err := DecodeGrant([]any{int64(0), int64(-2), int64(5), int64(9)})
+func TestDecodeRefGrantDebt(t *testing.T) {
+	g, err := decodeRefGrant([]any{int64(0), int64(-2), int64(5), int64(9)})
 	if err != nil || g.Remaining != 0 || g.RetryAfter != 5*time.Microsecond {
-		t.Errorf("DecodeGrant of a bucket in debt = %+v, %v; want Remaining 0", g, err)
+		t.Errorf("decodeRefGrant of a bucket in debt = %+v, %v; want Remaining 0", g, err)
 	}
 }
 
@@ -129,7 +129,7 @@ func fuzzReply(kind uint8, a, b, c, d int64, s string) any {
 	}
 }
 
-func FuzzDecodeGrant(f *testing.F) {
+func FuzzDecodeRefGrant(f *testing.F) {
 	f.Add(uint8(0), int64(1), int64(2), int64(0), int64(3), "")
 	f.Add(uint8(0), int64(0), int64(0), int64(5), int64(5), "")
 	f.Add(uint8(0), int64(1), int64(0), int64(5), int64(0), "")
@@ -139,57 +139,57 @@ func FuzzDecodeGrant(f *testing.F) {
 	f.Add(uint8(9), int64(0), int64(0), int64(0), int64(0), "7")
 	f.Fuzz(func(t *testing.T, kind uint8, a, b, c, d int64, s string) {
 		in := fuzzReply(kind, a, b, c, d, s)
-		g, err := DecodeGrant(in)
+		g, err := decodeRefGrant(in)
 		if err != nil {
 			if !errors.Is(err, ErrReply) {
-				t.Fatalf("DecodeGrant(%#v) error %v does not wrap ErrReply", in, err)
+				t.Fatalf("decodeRefGrant(%#v) error %v does not wrap ErrReply", in, err)
 			}
 			if g != (Grant{}) {
-				t.Fatalf("DecodeGrant(%#v) returned %+v with its error", in, g)
+				t.Fatalf("decodeRefGrant(%#v) returned %+v with its error", in, g)
 			}
 			return
 		}
 		if g.Granted < 0 || g.Remaining < 0 || g.RetryAfter < 0 || g.ResetAfter < 0 {
-			t.Fatalf("DecodeGrant(%#v) = %+v: negative field", in, g)
+			t.Fatalf("decodeRefGrant(%#v) = %+v: negative field", in, g)
 		}
 		if g.Granted > 0 && g.RetryAfter != 0 {
-			t.Fatalf("DecodeGrant(%#v) = %+v: granted with a retry-after", in, g)
+			t.Fatalf("decodeRefGrant(%#v) = %+v: granted with a retry-after", in, g)
 		}
 		if g.RetryAfter%time.Microsecond != 0 || g.ResetAfter%time.Microsecond != 0 {
-			t.Fatalf("DecodeGrant(%#v) = %+v: durations not whole µs", in, g)
+			t.Fatalf("decodeRefGrant(%#v) = %+v: durations not whole µs", in, g)
 		}
 		arr, ok := in.([]any)
 		if !ok || len(arr) < 4 || len(arr) > 5 {
-			t.Fatalf("DecodeGrant accepted %#v", in)
+			t.Fatalf("decodeRefGrant accepted %#v", in)
 		}
 		var n [5]int64
 		for i, e := range arr {
 			x, ok := e.(int64)
 			if !ok {
-				t.Fatalf("DecodeGrant accepted element %d of type %T in %#v", i, e, in)
+				t.Fatalf("decodeRefGrant accepted element %d of type %T in %#v", i, e, in)
 			}
 			n[i] = x
 		}
 		want := grant(n[0], n[1], time.Duration(n[2])*us, time.Duration(n[3])*us)
 		want.At = n[4]
 		if g != want {
-			t.Fatalf("DecodeGrant(%#v) = %+v; want %+v", in, g, want)
+			t.Fatalf("decodeRefGrant(%#v) = %+v; want %+v", in, g, want)
 		}
 	})
 }
 
-// TestDecodeGrantAcceptsEveryValidReply checks the converse of the fuzz
+// TestdecodeRefGrantAcceptsEveryValidReply checks the converse of the fuzz
 // target on a grid: every well-formed reply decodes.
-func TestDecodeGrantAcceptsEveryValidReply(t *testing.T) {
+func TestDecodeRefGrantAcceptsEveryValidReply(t *testing.T) {
 	vals := []int64{0, 1, 2, 1000, 1 << 53, maxMicros}
 	for _, a := range vals {
 		for _, b := range vals {
 			for _, c := range vals {
 				for _, d := range vals {
-					_, err := DecodeGrant([]any{a, b, c, d})
+					_, err := decodeRefGrant([]any{a, b, c, d})
 					valid := !(a > 0 && c != 0)
 					if (err == nil) != valid {
-						t.Errorf("DecodeGrant({%d %d %d %d}) err = %v; valid = %v", a, b, c, d, err, valid)
+						t.Errorf("decodeRefGrant({%d %d %d %d}) err = %v; valid = %v", a, b, c, d, err, valid)
 					}
 				}
 			}

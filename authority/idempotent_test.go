@@ -2,67 +2,99 @@ package authority
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/leaselimit/leaselimit/policy"
-	"github.com/redis/go-redis/v9"
 )
 
-// TestAcquireResendIsIdempotent: the same acquire call sent twice (as
-// go-redis does when a connection breaks after the write) takes its tokens
-// once; a new request id takes again.
-func TestAcquireResendIsIdempotent(t *testing.T) {
-	m := miniredis.RunT(t)
-	m.SetTime(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
-	c := redis.NewClient(&redis.Options{Addr: m.Addr()})
-	defer c.Close()
+// suiteBatchResend: the same batch invocation sent twice (as go-redis does
+// when a connection breaks after the write) takes its tokens once and
+// returns the same reply, stamp included; a fresh batch id takes again. The
+// batch key lives batchLife at most; a batch of denials stores none.
+func suiteBatchResend(t *testing.T, nb backendFactory) {
 	ctx := context.Background()
+	b := nb(t)
+	r := b.newAuthority(t, testPrefix)
 	l := policy.Limit{Name: "idem", Rate: 1, Period: time.Hour, Burst: 10}
-	r, err := New(c, testPrefix)
-	if err != nil {
-		t.Fatal(err)
-	}
-	key := r.Key(l, "k")
-	call := func(id string) Grant {
+	key, other := r.Key(l, "k"), r.Key(l, "other")
+	calls := func(want ...int64) []*Acquisition {
 		t.Helper()
-		v, err := c.Eval(ctx, acquireSrc, []string{key}, l.Rate, l.PeriodMicros(), l.Burst, 4, 4, 1_000_000, id).Result()
+		var as []*Acquisition
+		for i, w := range want {
+			k := key
+			if i%2 == 1 {
+				k = other
+			}
+			a := &Acquisition{Key: k, Limit: l, Want: w, Min: w, Share: 1}
+			if !r.check(a) {
+				t.Fatal(a.Err)
+			}
+			as = append(as, a)
+		}
+		return as
+	}
+	send := func(bt *batch) string {
+		t.Helper()
+		v, err := b.client.EvalSha(ctx, batchScript.sha, bt.keys, bt.args...).Result()
+		if isNoScript(err) {
+			v, err = b.client.Eval(ctx, batchScript.src, bt.keys, bt.args...).Result()
+		}
 		if err != nil {
 			t.Fatal(err)
 		}
-		g, err := DecodeGrant(v)
-		if err != nil {
+		return v.(string)
+	}
+
+	bt := r.newBatch(calls(4, 3, 2))
+	first := send(bt)
+	state := b.value(t, key) + "|" + b.value(t, other)
+	again := send(bt)
+	if again != first {
+		t.Fatalf("resent invocation replied %q; the first %q", again, first)
+	}
+	if got := b.value(t, key) + "|" + b.value(t, other); got != state {
+		t.Fatalf("resent invocation changed the buckets from %s to %s", state, got)
+	}
+	g1, g2 := make([]Grant, 3), make([]Grant, 3)
+	for i, reply := range []string{first, again} {
+		if err := decodeBatch(reply, bt.calls); err != nil {
 			t.Fatal(err)
 		}
-		return g
-	}
-	first := call("req-1")
-	again := call("req-1")
-	if again.At != 0 || first.At == 0 {
-		t.Errorf("stamps: first %d, resent %d; want the first stamped and the resent one unknown (0)", first.At, again.At)
-	}
-	again.At = first.At
-	if first != again || first.Granted != 4 || first.Remaining != 6 {
-		t.Fatalf("resent call = %+v, first %+v; want the same grant of 4 with 6 left", again, first)
-	}
-	if g := call("req-2"); g.Granted != 4 || g.Remaining != 2 {
-		t.Fatalf("new id = %+v; want 4 granted, 2 left", g)
-	}
-	// A denial writes nothing, so resending it is harmless too.
-	if g := call("req-3"); g.Granted != 0 || g.Remaining != 2 {
-		t.Fatalf("over the limit = %+v; want a denial with 2 left", g)
-	}
-	for _, bad := range []string{"", string(make([]byte, 65))} {
-		if _, err := c.Eval(ctx, acquireSrc, []string{key}, l.Rate, l.PeriodMicros(), l.Burst, 1, 1, 1_000_000, bad).Result(); err == nil {
-			t.Errorf("request id of %d bytes accepted", len(bad))
+		for j, a := range bt.calls {
+			[][]Grant{g1, g2}[i][j] = a.Grant
 		}
 	}
-	// Through Acquire, every call has its own id.
-	if g, err := r.Acquire(ctx, key, l, 1, 1, 1); err != nil || g.Granted != 1 || g.Remaining != 1 {
-		t.Fatalf("Acquire = %+v, %v; want 1 granted, 1 left", g, err)
+	for j := range g1 {
+		if g1[j] != g2[j] || g1[j].At == 0 {
+			t.Errorf("call %d: first %+v, resent %+v; want the same, stamped", j, g1[j], g2[j])
+		}
 	}
-	if g, err := r.Acquire(ctx, key, l, 1, 1, 1); err != nil || g.Granted != 1 || g.Remaining != 0 {
-		t.Fatalf("second Acquire = %+v, %v; want 1 granted, 0 left", g, err)
+	if g1[0].Granted != 4 || g1[0].Remaining != 6 || g1[1].Remaining != 7 || g1[2].Remaining != 4 {
+		t.Errorf("grants %+v; want 4 (6 left), 3 (7 left), 2 (4 left)", g1)
+	}
+	batchKey := bt.keys[0]
+	if !strings.HasPrefix(batchKey, testPrefix+":batch:{"+hashTag(key)+"}:") {
+		t.Errorf("batch key %s; want it in the first key's slot", batchKey)
+	}
+	if ttl := b.pttl(t, batchKey); ttl <= 0 || ttl > batchLife {
+		t.Errorf("batch key TTL %v; want (0, %v]", ttl, batchLife)
+	}
+
+	// A fresh batch id takes again.
+	if got := send(r.newBatch(calls(4))); strings.Join(strings.Fields(got)[1:3], " ") != "4 0" {
+		t.Errorf("a fresh batch = %q; want 4 granted, 0 left", got)
+	}
+	// Denials only: nothing stored, so a resend decides again.
+	keysBefore := b.allKeys(t)
+	deny := r.newBatch(calls(1))
+	if got := send(deny); !strings.Contains(got, " 0 0 ") {
+		t.Errorf("over the limit = %q; want a denial with none left", got)
+	}
+	if got := b.allKeys(t); strings.Join(got, ",") != strings.Join(keysBefore, ",") {
+		t.Errorf("a batch of denials wrote keys: %v, before %v", got, keysBefore)
 	}
 }
+
+func TestBatchResend(t *testing.T) { forEachBackend(t, suiteBatchResend) }

@@ -196,3 +196,25 @@ func TestNew(t *testing.T) {
 		t.Fatalf("New(c, %q) = %v, %v", "x", r, err)
 	}
 }
+
+// TestNamer: Namer(l).Key is Key, in one allocation whatever the user
+// key's length.
+func TestNamer(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) // never dialled
+	t.Cleanup(func() { _ = c.Close() })
+	r, err := New(c, testPrefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := policy.Quota("q", 100, policy.Day, nil)
+	n := r.Namer(l)
+	for _, uk := range hostileKeys {
+		if got, want := n.Key(uk), r.Key(l, uk); got != want {
+			t.Errorf("Namer.Key(%q) = %q; Key gives %q", uk, got, want)
+		}
+	}
+	long := strings.Repeat("k", 4096)
+	if allocs := testing.AllocsPerRun(100, func() { _ = n.Key(long) }); allocs != 1 {
+		t.Errorf("Namer.Key allocates %v times; want 1", allocs)
+	}
+}

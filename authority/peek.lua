@@ -2,7 +2,7 @@
 -- no write.
 --
 -- KEYS[1]  the bucket (see common.lua). A missing key is a full bucket.
--- ARGV     r, p (or a calendar quota's windows), burst (as for acquire.lua).
+-- ARGV     r, p (or a calendar quota's windows), burst (as in batch.lua's headers).
 -- Returns  {tokens, retry_after_us, reset_after_us}: the whole tokens the
 --          bucket holds now, the µs until it holds one (0 when it does),
 --          and the µs until it is full.

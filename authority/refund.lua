@@ -6,13 +6,13 @@
 -- KEYS[2]  the bucket's reset mark (see reset.lua)
 -- KEYS[3]  the adjustment's id key: it exists once the adjustment was
 --          applied (or dropped), for ARGV[8] ms
--- ARGV     r, p (or a calendar quota's windows), burst (see acquire.lua),
+-- ARGV     r, p (or a calendar quota's windows), burst (as in batch.lua's headers),
 --          n (an integer: 1 <= n <= burst to refund, -2·burst <= n <= -1 to
 --          charge), window, since, the id key's life in ms.
 --          window: for a calendar quota, the end (µs) of the window the
 --          tokens were taken in; 0 for a token bucket.
 --          since: the server's clock (µs) no later than when the tokens
---          left the bucket (the grant's stamp, see take.lua); 0 if unknown.
+--          left the bucket (the grant's stamp: the now of batch.lua's reply); 0 if unknown.
 -- Returns  {remaining, reset_after_us}; remaining is negative for a bucket
 --          in debt.
 --
@@ -83,8 +83,7 @@ if w >= burst then
   return {burst, 0}
 end
 local reset = wait(cal, burst - w, f, last, now, a, b)
--- The tail (the last grant's request id and reply) is kept: a resent
--- acquire must still find it.
+-- The tail (the old form's last grant, see common.lua) is passed through.
 err = store(KEYS[1], w, f, last, rid, tail, ttl_ms(reset))
 if err then return err end
 return {w, reset}

@@ -15,13 +15,13 @@ import (
 )
 
 func TestScriptSHAs(t *testing.T) {
-	for _, s := range []script{acquireScript, refundScript} {
+	for _, s := range []script{batchScript, refundScript} {
 		h := sha1.Sum([]byte(s.src))
 		if s.sha != hex.EncodeToString(h[:]) || len(s.sha) != 40 {
 			t.Errorf("sha %q does not match the source", s.sha)
 		}
 	}
-	if acquireScript.src == "" || refundScript.src == "" || acquireScript.sha == refundScript.sha {
+	if batchScript.src == "" || refundScript.src == "" || batchScript.sha == refundScript.sha {
 		t.Error("embedded scripts missing or identical")
 	}
 }
@@ -32,7 +32,7 @@ func suiteScripts(t *testing.T, nb backendFactory) {
 
 	t.Run("SCRIPT LOAD gives the embedded SHA", func(t *testing.T) {
 		b := nb(t)
-		for _, s := range []script{acquireScript, refundScript} {
+		for _, s := range []script{batchScript, refundScript} {
 			sha, err := b.client.ScriptLoad(ctx, s.src).Result()
 			if err != nil {
 				t.Fatalf("SCRIPT LOAD: %v", err)
@@ -54,8 +54,8 @@ func suiteScripts(t *testing.T, nb backendFactory) {
 		if got, want := b.rec.take(), []string{"evalsha", "eval"}; !reflect.DeepEqual(got, want) {
 			t.Errorf("first Acquire sent %v; want %v", got, want)
 		}
-		if !b.scriptCached(t, acquireScript.sha) {
-			t.Fatal("acquire script not cached after the EVAL fallback")
+		if !b.scriptCached(t, batchScript.sha) {
+			t.Fatal("batch script not cached after the EVAL fallback")
 		}
 		checkGrant(t, b, "Exact(2) cached", mustExact(t, r, key, l, 2), grant(2, 1, 0, 400*ms))
 		if got, want := b.rec.take(), []string{"evalsha"}; !reflect.DeepEqual(got, want) {
@@ -64,16 +64,16 @@ func suiteScripts(t *testing.T, nb backendFactory) {
 		// SCRIPT FLUSH between calls (a restart or failover drops the cache
 		// too): the bucket state is kept and the next call still works.
 		b.flushScripts(t)
-		if b.scriptCached(t, acquireScript.sha) {
-			t.Fatal("acquire script still cached after SCRIPT FLUSH")
+		if b.scriptCached(t, batchScript.sha) {
+			t.Fatal("batch script still cached after SCRIPT FLUSH")
 		}
 		b.rec.reset()
 		checkGrant(t, b, "Exact(2) after SCRIPT FLUSH", mustExact(t, r, key, l, 2), grant(0, 1, 100*ms, 400*ms))
 		if got, want := b.rec.take(), []string{"evalsha", "eval"}; !reflect.DeepEqual(got, want) {
 			t.Errorf("Acquire after SCRIPT FLUSH sent %v; want %v", got, want)
 		}
-		if !b.scriptCached(t, acquireScript.sha) {
-			t.Error("acquire script not cached again")
+		if !b.scriptCached(t, batchScript.sha) {
+			t.Error("batch script not cached again")
 		}
 		checkGrant(t, b, "Exact(1) after SCRIPT FLUSH", mustExact(t, r, key, l, 1), grant(1, 0, 0, 500*ms))
 	})
@@ -102,7 +102,7 @@ func suiteScripts(t *testing.T, nb backendFactory) {
 		b.untouched(t)
 	})
 
-	t.Run("invalid limits are rejected by the script", func(t *testing.T) {
+	t.Run("invalid limits are rejected before the script", func(t *testing.T) {
 		b := nb(t)
 		r := b.newAuthority(t, testPrefix)
 		// The widest limit Validate accepts must work in the script.
@@ -148,8 +148,10 @@ func suiteScripts(t *testing.T, nb backendFactory) {
 		garbage := []string{"abc", "", " ", "1.5", "0.999", "-1", "0", "-0", "9007199254740992",
 			"9007199254740993", "1e300", "-1e300", "nan", "NaN", "inf", "-inf", "1/2", "1,5", "--1", "1 2"}
 		valid := map[*script][]any{
-			&acquireScript: {int64(10), int64(1_000_000), int64(5), int64(1), int64(1), int64(1_000_000)},
-			&refundScript:  {int64(10), int64(1_000_000), int64(5), int64(1)},
+			// window, one limit (r, p, burst), one call under it (L+1: not
+			// exact) of want 1, min 1, share_ppm 1e6.
+			&batchScript:  {int64(5000), int64(1), int64(10), int64(1_000_000), int64(5), int64(2), int64(1), int64(1), int64(1_000_000)},
+			&refundScript: {int64(10), int64(1_000_000), int64(5), int64(1)},
 		}
 		type call struct {
 			name string
@@ -158,7 +160,7 @@ func suiteScripts(t *testing.T, nb backendFactory) {
 		}
 		var calls []call
 		for s, argv := range valid {
-			name := "acquire"
+			name := "batch"
 			if s == &refundScript {
 				name = "refund"
 			}
@@ -178,18 +180,28 @@ func suiteScripts(t *testing.T, nb backendFactory) {
 			)
 		}
 		calls = append(calls,
-			call{"acquire share 1000001 ppm", &acquireScript, []any{10, 1_000_000, 5, 1, 1, 1_000_001}},
-			call{"acquire min > want", &acquireScript, []any{10, 1_000_000, 5, 2, 3, 1_000_000}},
-			call{"acquire want > burst", &acquireScript, []any{10, 1_000_000, 5, 6, 1, 1_000_000}},
-			call{"acquire burst*period+rate = 2^53+1", &acquireScript, []any{2, 1, int64(1<<53 - 1), 1, 1, 1_000_000}},
-			call{"acquire burst > 2^52", &acquireScript, []any{1, 1_000_000, int64(1<<52 + 1), 1, 1, 1_000_000}},
+			call{"batch share 1000001 ppm", &batchScript, []any{5000, 1, 10, 1_000_000, 5, 2, 1, 1, 1_000_001}},
+			call{"batch min > want", &batchScript, []any{5000, 1, 10, 1_000_000, 5, 2, 2, 3, 1_000_000}},
+			call{"batch want > burst", &batchScript, []any{5000, 1, 10, 1_000_000, 5, 1, 6}},
+			call{"batch limit 0", &batchScript, []any{5000, 1, 10, 1_000_000, 5, 0, 1}},
+			call{"batch limit past L", &batchScript, []any{5000, 1, 10, 1_000_000, 5, 3, 1, 1, 1_000_000}},
+			call{"batch one ARGV too many", &batchScript, []any{5000, 1, 10, 1_000_000, 5, 1, 1, 1}},
+			call{"batch fewer calls than keys", &batchScript, []any{5000, 1, 10, 1_000_000, 5}},
+			call{"batch quota window not before next", &batchScript, []any{5000, 1, "w100", 100, 5, 1, 1}},
+			call{"batch quota window garbage", &batchScript, []any{5000, 1, "wx", 100, 5, 1, 1}},
+			call{"batch burst*period+rate = 2^53+1", &batchScript, []any{5000, 1, 2, 1, int64(1<<53 - 1), 1, 1}},
+			call{"batch burst > 2^52", &batchScript, []any{5000, 1, 1, 1_000_000, int64(1<<52 + 1), 1, 1}},
 			call{"refund n > burst", &refundScript, []any{10, 1_000_000, 5, 6}},
 			call{"refund n < -2·burst", &refundScript, []any{10, 1_000_000, 5, -11}},
 			call{"refund burst*period+rate = 2^53+1", &refundScript, []any{2, 1, int64(1<<53 - 1), 1}},
 		)
 		for _, c := range calls {
 			for _, k := range []string{key, fresh} {
-				err := b.client.Eval(ctx, c.s.src, []string{k}, c.argv...).Err()
+				keys := []string{k}
+				if c.s == &batchScript {
+					keys = []string{testPrefix + ":batch:{x}:1", k}
+				}
+				err := b.client.Eval(ctx, c.s.src, keys, c.argv...).Err()
 				if err == nil || !strings.Contains(err.Error(), "leaselimit: invalid") {
 					t.Errorf("EVAL %s: err = %v; want one containing %q", c.name, err, "leaselimit: invalid")
 				}
@@ -210,8 +222,8 @@ func suiteScripts(t *testing.T, nb backendFactory) {
 		b := nb(t)
 		// The scripts read KEYS[1] only; with no key they must fail, not
 		// write a key named "nil" or similar.
-		for _, s := range []script{acquireScript, refundScript} {
-			_ = b.client.Eval(ctx, s.src, nil, 10, 1_000_000, 5, 1, 1, 1_000_000).Err()
+		for _, s := range []script{batchScript, refundScript} {
+			_ = b.client.Eval(ctx, s.src, nil, 5000, 1, 10, 1_000_000, 5, 1, 1).Err()
 		}
 		if ks := b.keys(t); len(ks) != 0 {
 			t.Errorf("scripts called without KEYS wrote %v", ks)
@@ -229,9 +241,9 @@ func TestScriptLenientNumbers(t *testing.T) {
 		b := nb(t)
 		for _, v := range []string{"0x10", "1e1", "10.0", " 10 ", "+10", "010"} {
 			key := fmt.Sprintf("lenient:{%s}", v)
-			err := b.client.Eval(context.Background(), acquireScript.src, []string{key},
-				v, 1_000_000, 20, 1, 1, 1_000_000).Err()
-			t.Logf("%s: acquire with rate %q: err = %v", b.name, v, err)
+			err := b.client.Eval(context.Background(), batchScript.src, []string{key + ":batch", key},
+				5000, 1, v, 1_000_000, 20, 1, 1).Err()
+			t.Logf("%s: batch with rate %q: err = %v", b.name, v, err)
 		}
 	})
 }

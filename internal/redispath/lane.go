@@ -1,4 +1,4 @@
-package leaselimit
+package redispath
 
 import (
 	"context"
@@ -196,10 +196,10 @@ func (ln *lane) stop() {
 }
 
 // take removes up to maxBatch waiting calls from the queue (after first,
-// the caller's own, if not nil), in order, at
-// most one per key (a pipeline go-redis resends after a broken connection
-// then replays each call by its request id; see authority.AcquireAll);
-// later calls on a key wait for the next batch. ln.mu must be held.
+// the caller's own, if not nil), in order. Calls on one key may share a
+// batch: the script decides them in order, and a batch go-redis resends
+// returns its stored replies (see authority.AcquireAll). ln.mu must be
+// held.
 func (ln *lane) take(first *pending) []*pending {
 	if len(ln.queue) == 0 {
 		if first == nil {
@@ -208,23 +208,18 @@ func (ln *lane) take(first *pending) []*pending {
 		first.one[0] = first
 		return first.one[:] // an idle lane: no batch to form
 	}
-	batch := make([]*pending, 0, min(len(ln.queue), maxBatch)+1)
-	keys := make(map[string]struct{}, cap(batch))
+	n := min(len(ln.queue), maxBatch)
+	if first != nil {
+		n = min(len(ln.queue), maxBatch-1)
+	}
+	batch := make([]*pending, 0, n+1)
 	if first != nil {
 		batch = append(batch, first)
-		keys[first.a.Key] = struct{}{}
 	}
-	rest := ln.queue[:0]
-	for _, p := range ln.queue {
-		if _, dup := keys[p.a.Key]; dup || len(batch) == maxBatch {
-			rest = append(rest, p)
-			continue
-		}
-		keys[p.a.Key] = struct{}{}
-		batch = append(batch, p)
-	}
-	clear(ln.queue[len(rest):])
-	ln.queue = rest
+	batch = append(batch, ln.queue[:n]...)
+	rest := copy(ln.queue, ln.queue[n:])
+	clear(ln.queue[rest:])
+	ln.queue = ln.queue[:rest]
 	return batch
 }
 

@@ -1,4 +1,4 @@
-package leaselimit
+package redispath
 
 import (
 	"testing"

@@ -1,4 +1,4 @@
-package leaselimit
+package redispath
 
 import (
 	"context"
@@ -14,10 +14,11 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// breakers holds the circuit breakers of a Limiter: one for a single node or
-// Sentinel deployment, one per master node for a Redis Cluster, so that one
-// failed shard sends only its own keys to the failure policy.
-type breakers struct {
+// nodes holds the circuit breakers of an engine, each with its lane of
+// batched acquire calls: one for a single node or Sentinel deployment, one
+// per master node for a Redis Cluster, so that one failed shard sends only
+// its own keys to the failure policy.
+type nodes struct {
 	name     string
 	settings breaker.Settings
 	now      func() time.Time                  // the Limiter's clock
@@ -53,15 +54,15 @@ type nodeBreaker struct {
 	routed atomic.Int64 // unix ns, coarse
 }
 
-// newBreakers returns the breakers of client, each with its lane of
-// batched calls (see lane) to auth.
-func newBreakers(client redis.UniversalClient, name string, s breaker.Settings, g *gate, auth *authority.Redis, budget time.Duration) *breakers {
+// newNodes returns the breakers of client, each with its lane of batched
+// calls (see lane) to auth.
+func newNodes(client redis.UniversalClient, name string, s breaker.Settings, g *gate, auth *authority.Redis, budget time.Duration) *nodes {
 	now := s.Now
 	if now == nil {
 		now = time.Now
 	}
 	pool := poolSize(client)
-	b := &breakers{name: name, settings: s, now: now, one: breaker.New(name, s), byNode: map[string]*nodeBreaker{}, gate: g,
+	b := &nodes{name: name, settings: s, now: now, one: breaker.New(name, s), byNode: map[string]*nodeBreaker{}, gate: g,
 		newLane: func(ep telemetry.Endpoint) *lane { return newLane(auth, pool, (1+saturationGrace+1)*budget, ep) }}
 	b.oneLane = b.newLane(endpointOf(client))
 	b.lanes = map[*breaker.Breaker]*lane{} // the node breakers'; one has oneLane
@@ -108,7 +109,7 @@ func splitAddr(addr string) (string, int) {
 // reads go-redis's cached slot map and never waits on the network: before
 // the map has loaded, the shared breaker is used and the map is loaded in
 // the background.
-func (b *breakers) forKey(rkey string, budget time.Duration) *breaker.Breaker {
+func (b *nodes) forKey(rkey string, budget time.Duration) *breaker.Breaker {
 	if b.cluster == nil {
 		return b.one
 	}
@@ -145,8 +146,8 @@ func (b *breakers) forKey(rkey string, budget time.Duration) *breaker.Breaker {
 }
 
 // stop stops the senders of every lane (see lane.stop), once the calls
-// the Limiter admitted have ended.
-func (b *breakers) stop() {
+// the engine admitted have ended.
+func (b *nodes) stop() {
 	b.oneLane.stop()
 	b.mu.RLock()
 	lanes := make([]*lane, 0, len(b.lanes))
@@ -160,7 +161,7 @@ func (b *breakers) stop() {
 }
 
 // laneFor returns the lane of brk, a breaker forKey returned.
-func (b *breakers) laneFor(brk *breaker.Breaker) *lane {
+func (b *nodes) laneFor(brk *breaker.Breaker) *lane {
 	if brk == b.one {
 		return b.oneLane
 	}
@@ -171,7 +172,7 @@ func (b *breakers) laneFor(brk *breaker.Breaker) *lane {
 }
 
 // loadMap starts one background load of the cluster's slot map.
-func (b *breakers) loadMap(budget time.Duration) {
+func (b *nodes) loadMap(budget time.Duration) {
 	if !b.mapLoading.CompareAndSwap(false, true) {
 		return
 	}
@@ -193,7 +194,7 @@ func (b *breakers) loadMap(budget time.Duration) {
 // go-redis refreshes it on MOVED replies, but not when a master dies, and
 // would otherwise keep sending a failed-over shard's keys to the dead node
 // for up to a minute.
-func (b *breakers) failed() {
+func (b *nodes) failed() {
 	if b.cluster == nil {
 		return
 	}
@@ -209,7 +210,7 @@ func (b *breakers) failed() {
 // half-open. A node breaker that no key was routed to for a while (twice
 // the open interval, at least 1s) is out of use: its node no longer serves
 // any slot.
-func (b *breakers) worst() breaker.State {
+func (b *nodes) worst() breaker.State {
 	w := b.one.State()
 	stale := max(2*b.settings.WithDefaults().OpenFor, time.Second)
 	since := b.now().Add(-stale).UnixNano()

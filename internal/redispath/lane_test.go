@@ -1,4 +1,4 @@
-package leaselimit
+package redispath
 
 import (
 	"context"
@@ -17,13 +17,13 @@ import (
 )
 
 // gatedHook holds the first single command until release is closed, and
-// records the keys of every pipeline of script calls.
+// records the calls of every acquire script invocation (its keys but the
+// batch key), sent alone or in a pipeline.
 type gatedHook struct {
 	release chan struct{}
 	once    sync.Once
 	mu      sync.Mutex
-	sizes   []int // keys per pipeline
-	singles int   // script calls sent alone
+	calls   []int // calls per invocation, in the order sent
 }
 
 func (h *gatedHook) DialHook(next redis.DialHook) redis.DialHook { return next }
@@ -31,28 +31,36 @@ func (h *gatedHook) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (h *gatedHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		h.once.Do(func() { <-h.release })
-		if cmd.Name() == "evalsha" {
-			h.mu.Lock()
-			h.singles++
-			h.mu.Unlock()
-		}
+		h.record(cmd)
 		return next(ctx, cmd)
 	}
 }
 
 func (h *gatedHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
-		if cmds[0].Name() == "evalsha" { // not the connection's handshake
-			keys := 0
-			for _, c := range cmds {
-				keys += int(c.Args()[2].(int))
-			}
-			h.mu.Lock()
-			h.sizes = append(h.sizes, keys)
-			h.mu.Unlock()
+		for _, c := range cmds {
+			h.record(c)
 		}
 		return next(ctx, cmds)
 	}
+}
+
+// record notes cmd's calls if it runs the acquire script (not the
+// connection's handshake).
+func (h *gatedHook) record(cmd redis.Cmder) {
+	if cmd.Name() != "evalsha" {
+		return
+	}
+	h.mu.Lock()
+	h.calls = append(h.calls, cmd.Args()[2].(int)-1)
+	h.mu.Unlock()
+}
+
+// sent returns the calls of each invocation recorded so far.
+func (h *gatedHook) sent() []int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]int(nil), h.calls...)
 }
 
 func newTestLane(t *testing.T, pipelines int) (*lane, *authority.Redis, *gatedHook) {
@@ -133,11 +141,10 @@ func TestLaneBatchesWhileInFlight(t *testing.T) {
 			t.Errorf("call %d: %+v, %v; want 1 token", i, grants[i], errs[i])
 		}
 	}
-	h.mu.Lock()
-	sizes := append([]int(nil), h.sizes...)
-	h.mu.Unlock()
-	if len(sizes) != 1 || sizes[0] != waiting-1 {
-		t.Errorf("keys of the pipelines sent: %v; want one pipeline of the %d valid calls that waited", sizes, waiting-1)
+	// The first call alone, then one invocation of the valid calls that
+	// waited.
+	if sent := h.sent(); len(sent) != 2 || sent[0] != 1 || sent[1] != waiting-1 {
+		t.Errorf("calls of the invocations sent: %v; want [1 %d]", sent, waiting-1)
 	}
 	if ln.inflight != 0 || len(ln.queue) != 0 {
 		t.Errorf("lane after the batch: %d in flight, %d queued; want none", ln.inflight, len(ln.queue))
@@ -219,26 +226,31 @@ func BenchmarkLane(b *testing.B) {
 	})
 }
 
-// TestLaneOneCallPerKey: calls on one key never share a batch (a resent
-// pipeline must replay each call's grant by its request id, and a bucket
-// remembers only its last grant's id): five calls on one key, queued behind
-// a busy pipeline, go in five batches, each granted.
-func TestLaneOneCallPerKey(t *testing.T) {
+// TestLaneCallsOnOneKeyShareABatch: calls on one key, queued behind a
+// busy pipeline, go in one batch and are decided in order (the script
+// reads and writes the key once; a resent batch returns its stored
+// replies): a burst of 3 and five calls of 1 grant three.
+func TestLaneCallsOnOneKeyShareABatch(t *testing.T) {
 	ln, auth, h := newTestLane(t, 1)
-	l := policy.PerSecond(10)
+	l := policy.Limit{Name: "same", Rate: 1, Period: time.Hour, Burst: 3}
 	ctx := context.Background()
-	acq := func(key string) error {
-		_, err := ln.acquire(ctx, authority.Acquisition{Key: auth.Key(l, key), Limit: l, Want: 1, Min: 1, Share: 1}, nil)
-		return err
+	acq := func(key string) (authority.Grant, error) {
+		return ln.acquire(ctx, authority.Acquisition{Key: auth.Key(l, key), Limit: l, Want: 1, Min: 1, Share: 1}, nil)
 	}
 	first := make(chan error, 1)
-	go func() { first <- acq("first") }()
+	go func() { _, err := acq("first"); first <- err }()
 	waitLane(t, ln, "the first call never took the lane's pipeline", busy)
 	var wg sync.WaitGroup
+	var granted atomic.Int64
 	errs := make(chan error, 5)
 	for range 5 {
 		wg.Add(1)
-		go func() { defer wg.Done(); errs <- acq("same") }()
+		go func() {
+			defer wg.Done()
+			g, err := acq("same")
+			granted.Add(g.Granted)
+			errs <- err
+		}()
 	}
 	waitLane(t, ln, "the five calls never queued", func(ln *lane) bool { return len(ln.queue) == 5 })
 	close(h.release)
@@ -252,18 +264,10 @@ func TestLaneOneCallPerKey(t *testing.T) {
 	if err := <-first; err != nil {
 		t.Fatal(err)
 	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	calls := 0
-	for _, keys := range h.sizes {
-		if keys != 1 {
-			t.Errorf("a pipeline carried %d calls; want one per key (%v)", keys, h.sizes)
-		}
-		calls += keys
+	if granted.Load() != 3 {
+		t.Errorf("five calls on a key with a burst of 3 were granted %d tokens; want 3", granted.Load())
 	}
-	// A batch of one goes as a single call, without a pipeline: the first
-	// call and the five, each alone.
-	if calls+h.singles != 6 {
-		t.Errorf("%d script calls (%d alone, pipelines %v); want the 6 calls one by one", calls+h.singles, h.singles, h.sizes)
+	if sent := h.sent(); len(sent) != 2 || sent[1] != 5 {
+		t.Errorf("calls of the invocations sent: %v; want the first alone, then the five in one", sent)
 	}
 }

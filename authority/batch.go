@@ -1,0 +1,281 @@
+package authority
+
+import (
+	"fmt"
+	"math/bits"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/leaselimit/leaselimit/policy"
+)
+
+// The batch script's Go side: its arguments (see batch.lua) and the
+// decoding of its reply, which is where a call's RetryAfter and ResetAfter
+// are worked out, with the script's exact arithmetic.
+
+// maxExact is 2^53: the scripts' numbers are integers below it.
+const maxExact = 1 << 53
+
+// huge is where durations saturate: 2^52 µs (about 142 years).
+const huge = 1 << 52
+
+// maxCachedLimits bounds the limits whose arguments are kept (see
+// limitArgsOf): a service has a few; one that makes limits on the fly gets
+// the arguments worked out for every call past this many.
+const maxCachedLimits = 1024
+
+// limitArgs is what the batch script and the decoding of its reply need of
+// a limit, worked out once.
+type limitArgs struct {
+	err          error // the script would reject the limit (ErrScript)
+	quota        bool
+	cal          policy.Calendar
+	rate, period uint64 // a token bucket's, reduced (see Reduced)
+	burst        int64
+	head         [3]any // a token bucket's header r, p, burst, boxed once; a quota's burst
+}
+
+// limitArgsOf returns l's arguments, from the cache when it has them.
+func (r *Redis) limitArgsOf(l policy.Limit) *limitArgs {
+	if la, ok := r.limits.Load(l); ok {
+		return la
+	}
+	if r.nlimits.Load() >= maxCachedLimits {
+		return newLimitArgs(l)
+	}
+	return r.limits.LoadOrMake(l, func() *limitArgs {
+		r.nlimits.Add(1)
+		return newLimitArgs(l)
+	})
+}
+
+// newLimitArgs works out l's arguments, and rejects in err the limits the
+// script would reject: a burst outside [1, 2^52], a rate or period (reduced)
+// outside [1, 2^53), a calendar without windows.
+func newLimitArgs(l policy.Limit) *limitArgs {
+	la := &limitArgs{quota: l.IsQuota(), cal: l.Calendar, burst: l.Burst}
+	bad := l.Burst < 1 || l.Burst > huge
+	if la.quota {
+		end, next := l.Calendar.Window(wallClock())
+		bad = bad || end.UnixMicro() < 1 || !next.After(end)
+		la.head[2] = l.Burst
+	} else if bad = bad || l.Rate < 1 || l.PeriodMicros() < 1; !bad {
+		rate, period := Reduced(l)
+		bad = rate >= maxExact || period >= maxExact
+		la.rate, la.period = uint64(rate), uint64(period)
+		la.head = [3]any{rate, period, l.Burst}
+	}
+	if bad {
+		la.err = fmt.Errorf("%w: limit %v", ErrScript, l)
+	}
+	return la
+}
+
+// header appends the limit's header to args: the cached one of a token
+// bucket; a quota's window ends, which depend on the time (see spec).
+func (la *limitArgs) header(args []any) []any {
+	if !la.quota {
+		return append(args, la.head[:]...)
+	}
+	end, next := la.cal.Window(wallClock())
+	return append(args, "w"+strconv.FormatInt(end.UnixMicro(), 10), next.UnixMicro(), la.head[2])
+}
+
+// check checks a single-limit call's arguments and finds its limit's. It
+// reports false, with a.Err set, for arguments the script would reject, so
+// that they fail alone and never reach it.
+func (r *Redis) check(a *Acquisition) bool {
+	la := r.limitArgsOf(a.Limit)
+	if la.err != nil {
+		a.Err = la.err
+		return false
+	}
+	if a.Min < 1 || a.Min > a.Want || a.Want > a.Limit.Burst {
+		a.Err = fmt.Errorf("%w: acquire want=%d min=%d burst=%d", ErrScript, a.Want, a.Min, a.Limit.Burst)
+		return false
+	}
+	a.lim = la
+	return true
+}
+
+// batch is one batch invocation: its calls, then its script call.
+type batch struct {
+	calls []*Acquisition
+	invocation
+}
+
+// newBatch builds the invocation of calls (at most maxPerScript, checked):
+// the batch key, then the calls' keys; the limits' headers, each once,
+// then each call's limit index and cost (and min and share_ppm when it is
+// not exact).
+func (r *Redis) newBatch(calls []*Acquisition) *batch {
+	var lims [maxPerScript]*limitArgs
+	var idx [maxPerScript]int64
+	nl, extra := 0, 0
+	for i, a := range calls {
+		k := 0
+		for k < nl && lims[k] != a.lim {
+			k++
+		}
+		if k == nl {
+			lims[nl] = a.lim
+			nl++
+		}
+		idx[i] = int64(k + 1)
+		if a.Min != a.Want {
+			extra += 2
+		}
+	}
+	args := make([]any, 0, 2+3*nl+2*len(calls)+extra)
+	args = append(args, batchLifeArg, int64(nl))
+	for _, la := range lims[:nl] {
+		args = la.header(args)
+	}
+	for i, a := range calls {
+		if a.Min == a.Want { // share cannot matter: the grant is want or nothing
+			args = append(args, idx[i], a.Want)
+		} else {
+			args = append(args, idx[i]+int64(nl), a.Want, a.Min, ppm(a.Share))
+		}
+	}
+	keys := make([]string, 1+len(calls))
+	keys[0] = r.prefix + ":batch:{" + hashTag(calls[0].Key) + "}:" + r.nextID("b")
+	for i, a := range calls {
+		keys[1+i] = a.Key
+	}
+	return &batch{calls: calls, invocation: invocation{keys: keys, args: args}}
+}
+
+// decode gives each call of b its outcome.
+func (b *batch) decode() {
+	v, err := b.cmd.Result()
+	if err == nil {
+		s, ok := v.(string)
+		if !ok {
+			err = fmt.Errorf("%w: batch reply %T, want a string", ErrReply, v)
+		} else {
+			err = decodeBatch(s, b.calls)
+		}
+	} else {
+		err = classify(err)
+	}
+	if err != nil {
+		for _, a := range b.calls {
+			a.Grant, a.Err = Grant{}, err
+		}
+	}
+}
+
+// decodeBatch decodes a batch reply (see batch.lua) in place, into each
+// call's Grant or Err.
+func decodeBatch(reply string, calls []*Acquisition) error {
+	body, lines, _ := strings.Cut(reply, "\n")
+	tok, rest := field(body)
+	now, err := strconv.ParseInt(tok, 10, 64)
+	if err != nil || now < 0 || now >= maxExact {
+		return fmt.Errorf("%w: batch reply %.80q", ErrReply, reply)
+	}
+	for _, a := range calls {
+		var t [3]string
+		t[0], rest = field(rest)
+		t[1], rest = field(rest)
+		t[2], rest = field(rest)
+		if t[0] == "e" {
+			j, err := strconv.Atoi(t[1])
+			msg, ok := line(lines, j)
+			if err != nil || !ok {
+				return fmt.Errorf("%w: batch reply %.80q", ErrReply, reply)
+			}
+			a.Grant, a.Err = Grant{}, classify(replyError(msg))
+			continue
+		}
+		var n [3]int64
+		for i := range n {
+			if n[i], err = strconv.ParseInt(t[i], 10, 64); err != nil {
+				return fmt.Errorf("%w: batch reply %.80q", ErrReply, reply)
+			}
+		}
+		if a.Grant, err = grantOf(a, now, n[0], n[1], n[2]); err != nil {
+			return err
+		}
+		a.Err = nil
+	}
+	if rest != "" {
+		return fmt.Errorf("%w: batch reply %.80q has more than %d calls", ErrReply, reply, len(calls))
+	}
+	return nil
+}
+
+// field returns the text of s up to its first space, and what follows it.
+func field(s string) (string, string) {
+	if i := strings.IndexByte(s, ' '); i >= 0 {
+		return s[:i], s[i+1:]
+	}
+	return s, ""
+}
+
+// line returns the j-th (1-based) line of lines.
+func line(lines string, j int) (string, bool) {
+	for ; j > 0 && lines != ""; j-- {
+		var l string
+		l, lines, _ = strings.Cut(lines, "\n")
+		if j == 1 {
+			return l, true
+		}
+	}
+	return "", false
+}
+
+// replyError is an error reply the batch script put in its reply for one
+// call's bucket: a redis.Error, so that it classifies as Redis's own.
+type replyError string
+
+func (e replyError) Error() string { return string(e) }
+func (e replyError) RedisError()   {}
+
+// grantOf is the outcome of call a from the script's g (granted), w (whole
+// tokens left, negative in debt) and x (a token bucket's fraction, a quota's
+// window end) at now: RetryAfter until min tokens (denials only) and
+// ResetAfter until burst tokens, as the script's take() computed them.
+func grantOf(a *Acquisition, now, g, w, x int64) (Grant, error) {
+	la := a.lim
+	if (g != 0 && (g < a.Min || g > a.Want)) || (g == 0 && w >= a.Min) || w <= -maxExact || w >= maxExact ||
+		x < 0 || x >= maxExact || (la.quota && x <= now) || (!la.quota && uint64(x) >= la.period) {
+		return Grant{}, fmt.Errorf("%w: batch reply {%d %d %d} for want=%d min=%d", ErrReply, g, w, x, a.Want, a.Min)
+	}
+	wait := func(m int64) time.Duration { // m >= 1 tokens more
+		if la.quota {
+			return time.Duration(x-now) * time.Microsecond
+		}
+		return time.Duration(untilTokens(uint64(m), uint64(x), la.rate, la.period)) * time.Microsecond
+	}
+	gr := Grant{Granted: g, Remaining: max(w, 0), At: now}
+	if g == 0 {
+		gr.RetryAfter = wait(a.Min - w)
+	}
+	if w < la.burst {
+		gr.ResetAfter = wait(la.burst - w)
+	}
+	return gr, nil
+}
+
+// untilTokens returns the µs until a bucket holding w + f/p tokens holds m
+// more whole tokens (m >= 1, f < p): ceil((m*p - f) / r), at most huge, as
+// until_tokens in common.lua, in 128-bit integers.
+func untilTokens(m, f, r, p uint64) int64 {
+	hi, lo := bits.Mul64(m, p)
+	lo, borrow := bits.Sub64(lo, f, 0)
+	hi -= borrow
+	if hi >= r { // the quotient needs more than 64 bits
+		return huge
+	}
+	q, rem := bits.Div64(hi, lo, r)
+	if q >= huge {
+		return huge
+	}
+	if rem > 0 {
+		q++
+	}
+	return int64(q)
+}

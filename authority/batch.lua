@@ -1,0 +1,284 @@
+-- leaselimit batch: decide a batch of single-limit acquire calls in one
+-- invocation, on one reading of the clock, in the order given. It stands
+-- alone (common.lua is not prepended): it needs only a few of its helpers,
+-- and a script's local functions are made anew on every invocation.
+--
+-- KEYS[1]    the batch key, "<prefix>:batch:{<hash tag>}:<batch id>": it
+--            holds this invocation's reply once a call was granted, for
+--            ARGV[1] ms. An invocation that finds it returns that reply and
+--            takes nothing: go-redis resends a pipeline whose connection
+--            broke, and the resent invocation must not take tokens twice.
+-- KEYS[1+i]  the bucket of call i (see common.lua). A key may appear more
+--            than once: it is read once, its calls are decided in order, and
+--            it is written once, at the end, with the state after its last
+--            grant (a key without a grant is not written).
+-- ARGV       window_ms, L, then L limit headers of three values each:
+--              r, p, burst       a token bucket: r tokens every p µs (the
+--                                rate and period reduced by their gcd)
+--              'w<end>', next, burst
+--                                a calendar quota: the ends (µs, the
+--                                client's clock) of its window and of the
+--                                next one, as spec in common.lua reads them
+--            then, per call, in KEYS order:
+--              k, want           an exact call (min = want, share 1) under
+--                                limit k (1 <= k <= L)
+--              L+k, want, min, share_ppm
+--                                any other call under limit k: grant g with
+--                                min <= g <= want and
+--                                g <= max(min, floor(available*share_ppm/1e6))
+--            Every number is an integer; an exact call on a small limit
+--            index with a small cost is two values below 256.
+-- Returns    one bulk string: "<now>", then per call " <granted> <w> <x>":
+--            granted 0 for a denial; w the whole tokens left (negative for a
+--            bucket in debt); x the fraction f of a token bucket (it holds
+--            w + f/p tokens at now), or the window's end of a calendar quota.
+--            The caller derives retry_after (until min tokens, denials only)
+--            and reset_after (until burst tokens) from them, as take() in
+--            the acquire script it replaced did: ceil((m*p - f)/r) µs for m tokens,
+--            saturated at 2^52, or window end - now for a quota. A call whose
+--            bucket could not be read (another program's key, a refused GET)
+--            reads " e <j> 0": the j-th line after the first holds the error.
+--
+-- The bucket is written in the compact form "<w> <f> <t> -"; the old form
+-- "<w> <f> <t> <rid> <id> <granted> <remaining> <reset>" is read too (its
+-- tail is ignored). Every number is an integer below 2^53, exact in Lua's
+-- doubles; products that could pass 2^53 go through muldiv.
+local MAX = 9007199254740992
+local HUGE = 4503599627370496
+local BAD = 'ERR leaselimit: invalid batch arguments'
+local floor = math.floor
+
+-- int returns v as an integer in [1, 2^53), or nil.
+local function int(v)
+  v = tonumber(v)
+  if v == nil or v ~= v or v % 1 ~= 0 or v < 1 or v >= MAX then return nil end
+  return v
+end
+
+-- refused is the error reply for a command Redis refused (an ACL without
+-- it, OOM, a read-only replica, another program's key): Redis's own error
+-- code first, so that callers classify it as Redis meant.
+local function refused(cmd, r)
+  return r.err .. ' (leaselimit: Redis refused ' .. cmd .. ' in the script)'
+end
+
+-- muldiv returns floor((a*b + f)/c) and (a*b + f) % c exactly, for
+-- 0 <= a, b, f < 2^53 and 1 <= c < 2^53; a quotient of HUGE or more comes
+-- back as HUGE (remainder 0). Products past 2^53 (huge rates and periods)
+-- take the slow path, whose functions are made only when first needed.
+local slow
+local function muldiv(a, b, f, c)
+  local x = a * b
+  -- A product of 2^53 or more computes as at least 2^53, so this test
+  -- never passes wrongly.
+  if x < MAX - f then
+    x = x + f
+    local q = floor(x / c)
+    if q > 0 and q * c > x then q = q - 1 end
+    local r = x - q * c
+    if r >= c then q, r = q + 1, r - c end
+    if q >= HUGE then return HUGE, 0 end
+    return q, r
+  end
+  if not slow then
+    local function divmod(a, c)
+      local q = floor(a / c)
+      if q > 0 and q * c > a then q = q - 1 end
+      local r = a - q * c
+      if r >= c then q, r = q + 1, r - c end
+      return q, r
+    end
+    -- addmod: the carry and (r + x) % c, never forming a sum above c.
+    local function addmod(r, x, c)
+      if r >= c - x then return 1, r - (c - x) end
+      return 0, r + x
+    end
+    slow = function(a, b, f, c)
+      local qa, ra = divmod(a, c)
+      local q, r = divmod(f, c)
+      if qa > 0 then
+        if b >= HUGE / qa then return HUGE, 0 end
+        q = q + qa * b
+        if q >= HUGE then return HUGE, 0 end
+      end
+      -- ra*b by doubling over the bits of b, reduced mod c at every step.
+      local hq, hr, bit = 0, 0, HUGE
+      while bit >= 1 do
+        local carry
+        carry, hr = addmod(hr, hr, c)
+        hq = hq * 2 + carry
+        if b >= bit then
+          b = b - bit
+          carry, hr = addmod(hr, ra, c)
+          hq = hq + carry
+        end
+        if hq >= HUGE then return HUGE, 0 end
+        bit = bit / 2
+      end
+      local carry
+      carry, r = addmod(r, hr, c)
+      q = q + hq + carry
+      if q >= HUGE then return HUGE, 0 end
+      return q, r
+    end
+  end
+  return slow(a, b, f, c)
+end
+
+local window, L = int(ARGV[1]), int(ARGV[2])
+local n = #KEYS - 1
+if not (window and L) or n < 1 or #ARGV < 2 + 3 * L then
+  return redis.error_reply(BAD)
+end
+
+local done = redis.pcall('GET', KEYS[1])
+if type(done) == 'table' then return redis.error_reply(refused('GET', done)) end
+if done then return done end
+
+-- The limits: CAL[k] tells a calendar quota; A, B are r and p, or the
+-- two window ends.
+local CAL, A, B, BURST = {}, {}, {}, {}
+for k = 1, L do
+  local i = 3 * k
+  local a, b, burst = ARGV[i], int(ARGV[i + 1]), int(ARGV[i + 2])
+  if string.byte(a, 1) == 119 then -- 'w'
+    a = tonumber(string.sub(a, 2))
+    if a == nil or a ~= a or a % 1 ~= 0 or a < 1 or a >= MAX or not b or b <= a then
+      return redis.error_reply(BAD)
+    end
+    CAL[k] = true
+  else
+    a = int(a)
+    CAL[k] = false
+  end
+  if not (a and b and burst) or burst > HUGE then return redis.error_reply(BAD) end
+  A[k], B[k], BURST[k] = a, b, burst
+end
+
+local clock = redis.pcall('TIME')
+if clock.err then return redis.error_reply(refused('TIME', clock)) end
+local now = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
+
+-- The buckets, one slot per distinct key: W, F, T its state as stored
+-- (nil W: missing, a full bucket), G the limit of its last grant (0: none,
+-- not to be written), E the line of its read error.
+local slot, K, W, F, T, G, E = {}, {}, {}, {}, {}, {}, {}
+local slots, errs, any = 0, nil, false
+local out = {string.format('%d', now)}
+local j = 2 + 3 * L -- the last ARGV read
+for c = 1, n do
+  local k, want = tonumber(ARGV[j + 1]), int(ARGV[j + 2])
+  local min, share = want, 1000000
+  if k and k > L then
+    k, min, share = k - L, int(ARGV[j + 3]), int(ARGV[j + 4])
+    j = j + 4
+  else
+    j = j + 2
+  end
+  if not (k and want and min and share) or k % 1 ~= 0 or k < 1 or k > L
+      or share > 1000000 or min > want or want > BURST[k] then
+    return redis.error_reply(BAD)
+  end
+
+  local key = KEYS[c + 1]
+  local s = slot[key]
+  if not s then
+    slots = slots + 1
+    s = slots
+    slot[key], K[s], G[s] = s, key, 0
+    local v = redis.pcall('GET', key)
+    local bad
+    if type(v) == 'table' then
+      bad = refused('GET', v)
+    elseif v then
+      local w, f, t = string.match(v, '^(-?%d+) (%d+) (%d+) %S')
+      if w then
+        W[s], F[s], T[s] = tonumber(w), tonumber(f), tonumber(t)
+      else
+        bad = 'ERR leaselimit: bucket ' .. key .. ' holds an unknown value'
+      end
+    end
+    if bad then
+      errs = errs or {}
+      errs[#errs + 1] = bad
+      E[s] = #errs
+    end
+  end
+
+  if E[s] then
+    out[c + 1] = ' e ' .. E[s] .. ' 0'
+  else
+    local cal, a, b, burst = CAL[k], A[k], B[k], BURST[k]
+    local w, f, last = W[s], F[s], T[s]
+    if w == nil then w, f, last = burst, 0, now end
+    -- Bring the bucket to now (advance in common.lua). A token bucket
+    -- refills, capped at burst; a clock that went backwards refills
+    -- nothing and keeps the later timestamp. A calendar quota whose window
+    -- (last) has ended is full again for the window now is in; a window
+    -- of the usual length from now if this server's clock is more than a
+    -- window ahead of the client's.
+    if cal then
+      if now >= last then
+        local cur = a
+        if now >= a then cur = b end
+        if now >= cur then cur = now + (b - a) end
+        w, last = burst, cur
+      end
+      f = 0
+    elseif w >= burst then
+      w, f = burst, 0
+      if now > last then last = now end
+    elseif now > last then
+      local q, rem = muldiv(now - last, a, f, b)
+      if q >= burst - w then w, f = burst, 0 else w, f = w + q, rem end
+      last = now
+    end
+
+    local g = 0
+    if w >= min then
+      g = want
+      if min < want then
+        -- floor(w * share / 1e6), exactly: split w so no product passes 2^53.
+        g = floor(w / 1000000) * share + floor((w % 1000000) * share / 1000000)
+        if g < min then g = min end
+        if g > want then g = want end
+      end
+      w = w - g
+      W[s], F[s], T[s], G[s] = w, f, last, k
+      any = true
+    end
+    if cal then f = last end
+    out[c + 1] = string.format(' %d %d %d', g, w, f)
+  end
+end
+if #ARGV ~= j then return redis.error_reply(BAD) end
+
+-- The writes: each granted bucket once, with a TTL until it is full again
+-- (a missing key reads as full) plus a margin.
+for s = 1, slots do
+  local k = G[s]
+  if k > 0 then
+    local w, f, last, burst = W[s], F[s], T[s], BURST[k]
+    local reset = 0
+    if w < burst then
+      if CAL[k] then
+        reset = last - now
+      else
+        local q, rem = muldiv(burst - w - 1, B[k], B[k] - f, A[k])
+        if q < HUGE and rem > 0 then q = q + 1 end
+        reset = q
+      end
+    end
+    local r = redis.pcall('SET', K[s], string.format('%d %d %d -', w, f, last),
+      'PX', string.format('%d', math.ceil(reset / 1000) + 1000))
+    if type(r) == 'table' and r.err then return redis.error_reply(refused('SET', r)) end
+  end
+end
+
+local reply = table.concat(out)
+if errs then reply = reply .. '\n' .. table.concat(errs, '\n') end
+if any then
+  local r = redis.pcall('SET', KEYS[1], reply, 'PX', string.format('%d', window))
+  if type(r) == 'table' and r.err then return redis.error_reply(refused('SET', r)) end
+end
+return reply

@@ -1,0 +1,289 @@
+package authority
+
+import (
+	"context"
+	"fmt"
+	"math/rand"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/leaselimit/leaselimit/policy"
+)
+
+// holdWallClock fixes the client's clock (which picks a calendar quota's
+// windows) at at for the rest of the test.
+func holdWallClock(t *testing.T, at time.Time) {
+	old := wallClock
+	wallClock = func() time.Time { return at }
+	t.Cleanup(func() { wallClock = old })
+}
+
+// bucketFields returns a bucket's "<w> <f> <t>" ("" when missing): what the
+// batch script and the reference must agree on, whatever their tails.
+func bucketFields(v string) string {
+	f := strings.Fields(v)
+	if len(f) < 3 {
+		return v
+	}
+	return strings.Join(f[:3], " ")
+}
+
+// TestBatchMatchesReference decides random batches of calls with the batch
+// script (AcquireAll) on one miniredis and call by call with the replaced
+// acquire script (refAcquireSrc) on another, both clocks set alike, and
+// wants every Grant field identical, and the buckets and their TTLs too.
+// The batches repeat keys; the limits are everyday ones, ones at the edge of
+// the exact range (muldiv's slow path, saturation at 2^52) and hourly and
+// daily quotas; the clock jumps forwards and back, past windows' ends;
+// charges put buckets in debt; and the batch side now and then reads the
+// reference's buckets, in the old 8-field form.
+func TestBatchMatchesReference(t *testing.T) {
+	ctx := context.Background()
+	client := time.Date(2025, 3, 1, 12, 30, 0, 0, time.UTC) // the client's clock
+	holdWallClock(t, client)
+	seeds := 25
+	if testing.Short() {
+		seeds = 10
+	}
+	var granted, denied, debts int
+	for seed := int64(1); seed <= int64(seeds); seed++ {
+		rng := rand.New(rand.NewSource(seed))
+		limits := []policy.Limit{randomLimit(rng, 1), randomLimit(rng, 2),
+			policy.Quota("hq", rng.Int63n(20)+1, policy.Hour, nil), policy.Quota("dq", rng.Int63n(1e12)+1, policy.Day, nil)}
+		if seed%3 == 0 {
+			limits = append(limits, edgeLimit("edge", policy.MaxRate, policy.MaxPeriod))
+		}
+		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) {
+			nb, ref := newMiniBackend(t), newMiniBackend(t)
+			r, rr := nb.newAuthority(t, testPrefix), ref.newAuthority(t, testPrefix)
+			refSHA, err := ref.client.ScriptLoad(ctx, refAcquireSrc).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			type bucket struct {
+				key string
+				l   policy.Limit
+			}
+			var buckets []bucket
+			for _, l := range limits {
+				for u := range 3 {
+					buckets = append(buckets, bucket{r.Key(l, fmt.Sprint("u", u)), l})
+				}
+			}
+			window := map[string]int64{} // a quota bucket's window at its last grant
+			now := client.Add(-time.Duration(rng.Int63n(int64(2 * time.Hour))))
+			for step := range 60 {
+				switch rng.Intn(6) {
+				case 0:
+				case 1:
+					now = now.Add(-time.Duration(rng.Int63n(int64(time.Second))))
+				case 2:
+					now = now.Add(time.Duration(rng.Int63n(1000)) * time.Microsecond)
+				case 3: // at a window's end, or a µs off it
+					now = client.Truncate(time.Hour).Add(time.Duration(rng.Intn(3)+1)*time.Hour +
+						time.Duration(rng.Intn(3)-1)*time.Microsecond)
+				default:
+					now = now.Add(time.Duration(rng.Int63n(int64(40 * time.Minute))))
+				}
+				nb.setTime(t, now)
+				ref.setTime(t, now)
+				what := fmt.Sprintf("step %d at %v", step, now.Sub(client))
+
+				if rng.Intn(8) == 0 { // the batch side reads the old form
+					for _, bk := range buckets {
+						if v := ref.value(t, bk.key); v != "" {
+							if err := nb.client.Set(ctx, bk.key, v, ref.pttl(t, bk.key)).Err(); err != nil {
+								t.Fatal(err)
+							}
+						}
+					}
+				}
+				if rng.Intn(5) == 0 { // a refund or, more often, a charge into debt
+					bk := buckets[rng.Intn(len(buckets))]
+					n := rng.Int63n(2*bk.l.Burst) - bk.l.Burst*3/2
+					if n == 0 {
+						n = -1
+					}
+					w := window[bk.key]
+					rf1 := Refund{Key: bk.key, Limit: bk.l, Tokens: n, Window: w}
+					rf2 := rf1
+					got, err1 := r.Apply(ctx, &rf1)
+					want, err2 := rr.Apply(ctx, &rf2)
+					if err1 != nil || err2 != nil || got != want {
+						t.Fatalf("%s: Apply(%d) = %d, %v; reference %d, %v", what, n, got, err1, want, err2)
+					}
+					if got < 0 {
+						debts++
+					}
+				}
+
+				var as []*Acquisition
+				for range rng.Intn(12) + 1 {
+					bk := buckets[rng.Intn(len(buckets))]
+					if rng.Intn(3) == 0 && len(as) > 0 { // the same key again
+						bk = bucket{as[len(as)-1].Key, as[len(as)-1].Limit}
+					}
+					want := rng.Int63n(min(bk.l.Burst, 5)) + 1
+					if rng.Intn(3) == 0 {
+						want = rng.Int63n(bk.l.Burst) + 1
+					}
+					mn, share := want, 1.0
+					if rng.Intn(3) == 0 {
+						mn, share = rng.Int63n(want)+1, rng.Float64()
+					}
+					as = append(as, &Acquisition{Key: bk.key, Limit: bk.l, Want: want, Min: mn, Share: share})
+				}
+				r.AcquireAll(ctx, as)
+				for i, a := range as {
+					rate, period := spec(a.Limit)
+					v, err := ref.client.EvalSha(ctx, refSHA, []string{a.Key}, rate, period, a.Limit.Burst, a.Want, a.Min, ppm(a.Share)).Result()
+					if err != nil {
+						t.Fatalf("%s: reference call %d: %v", what, i, err)
+					}
+					want, err := decodeRefGrant(v)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if a.Err != nil || a.Grant != want {
+						t.Fatalf("%s: call %d of %d (%v want=%d min=%d share=%v) = %+v, %v; reference %+v",
+							what, i, len(as), a.Limit, a.Want, a.Min, a.Share, a.Grant, a.Err, want)
+					}
+					if a.Grant.Granted > 0 {
+						granted++
+					} else {
+						denied++
+					}
+					if a.Limit.IsQuota() && a.Grant.Granted > 0 {
+						window[a.Key] = a.Grant.At + a.Grant.ResetAfter.Microseconds()
+					}
+				}
+				for _, bk := range buckets {
+					got, want := bucketFields(nb.value(t, bk.key)), bucketFields(ref.value(t, bk.key))
+					if got != want {
+						t.Fatalf("%s: bucket %s = %q; reference %q", what, bk.key, got, want)
+					}
+					if got != "" {
+						if a, b := nb.pttl(t, bk.key), ref.pttl(t, bk.key); a != b {
+							t.Fatalf("%s: bucket %s TTL %v; reference %v", what, bk.key, a, b)
+						}
+					}
+				}
+			}
+		})
+	}
+	t.Logf("%d calls granted, %d denied; %d charges left a bucket in debt", granted, denied, debts)
+	if granted == 0 || denied == 0 || debts == 0 {
+		t.Error("the random calls do not exercise grants, denials and debt")
+	}
+}
+
+// suiteBatchRepeatedKey: one key six times in one batch, burst 5: decided
+// in order (five granted, the sixth denied) and written once.
+func suiteBatchRepeatedKey(t *testing.T, nb backendFactory) {
+	ctx := context.Background()
+	b := nb(t)
+	r := b.newAuthority(t, testPrefix)
+	l := policy.Limit{Name: "rep", Rate: 1, Period: time.Hour, Burst: 5}
+	key := r.Key(l, "k")
+	var as []*Acquisition
+	for range 6 {
+		as = append(as, &Acquisition{Key: key, Limit: l, Want: 1, Min: 1, Share: 1})
+	}
+	if err := b.client.ScriptLoad(ctx, batchScript.src).Err(); err != nil {
+		t.Fatal(err)
+	}
+	b.rec.reset()
+	r.AcquireAll(ctx, as)
+	if got := b.rec.take(); len(got) != 1 || got[0] != "evalsha" {
+		t.Errorf("sent %v; want one evalsha", got)
+	}
+	for i, a := range as {
+		wantG, wantR := int64(1), int64(4-i)
+		if i == 5 {
+			wantG, wantR = 0, 0
+		}
+		if a.Err != nil || a.Grant.Granted != wantG || a.Grant.Remaining != wantR {
+			t.Errorf("call %d: %+v, %v; want %d granted, %d left", i, a.Grant, a.Err, wantG, wantR)
+		}
+		if i == 5 && a.Grant.RetryAfter <= 0 {
+			t.Errorf("call %d denied without a RetryAfter: %+v", i, a.Grant)
+		}
+	}
+	if v := b.value(t, key); !strings.HasPrefix(v, "0 ") || !strings.HasSuffix(v, " -") {
+		t.Errorf("bucket %q; want \"0 <f> <t> -\"", v)
+	}
+	if b.exact() {
+		// One SET of the bucket and one of the batch key: miniredis counts
+		// no commands, so the bucket's TTL is the check: the last grant's.
+		if ttl := b.pttl(t, key); ttl != 5*time.Hour+time.Second {
+			t.Errorf("TTL %v; want 5h1s", ttl)
+		}
+	}
+}
+
+func TestBatchRepeatedKey(t *testing.T) { forEachBackend(t, suiteBatchRepeatedKey) }
+
+// TestBatchWritesOnce counts the writes on a real server: a key that
+// appears six times in a batch is SET once.
+func TestBatchWritesOnce(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, nb backendFactory) {
+		b := nb(t)
+		if b.exact() {
+			t.Skip("miniredis keeps no command statistics")
+		}
+		ctx := context.Background()
+		r := b.newAuthority(t, testPrefix)
+		l := policy.Limit{Name: "rep", Rate: 1, Period: time.Hour, Burst: 5}
+		key := r.Key(l, "k")
+		var as []*Acquisition
+		for range 6 {
+			as = append(as, &Acquisition{Key: key, Limit: l, Want: 1, Min: 1, Share: 1})
+		}
+		r.AcquireAll(ctx, as)              // loads the script
+		b.setTime(t, t0.Add(10*time.Hour)) // full again
+		if err := b.client.ConfigResetStat(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		r.AcquireAll(ctx, as)
+		stats := b.client.Info(ctx, "commandstats").Val()
+		for _, want := range []string{"cmdstat_set:calls=2,", "cmdstat_get:calls=2,"} {
+			if !strings.Contains(stats, want) {
+				t.Errorf("commandstats lack %q (one bucket, one batch key):\n%s", want, stats)
+			}
+		}
+	})
+}
+
+// TestBatchForeignKeyFailsAlone: a bucket key that holds another type
+// fails the calls on it, not the others of its invocation.
+func TestBatchForeignKeyFailsAlone(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, nb backendFactory) {
+		b := nb(t)
+		ctx := context.Background()
+		r := b.newAuthority(t, testPrefix)
+		l := policy.PerSecond(10)
+		foreign := r.Key(l, "foreign")
+		if err := b.client.LPush(ctx, foreign, "x").Err(); err != nil {
+			t.Fatal(err)
+		}
+		as := []*Acquisition{
+			{Key: r.Key(l, "a"), Limit: l, Want: 1, Min: 1, Share: 1},
+			{Key: foreign, Limit: l, Want: 1, Min: 1, Share: 1},
+			{Key: r.Key(l, "b"), Limit: l, Want: 2, Min: 1, Share: 0.5},
+			{Key: foreign, Limit: l, Want: 1, Min: 1, Share: 1},
+		}
+		r.AcquireAll(ctx, as)
+		for i, a := range as {
+			if i%2 == 1 {
+				if a.Err == nil || !strings.Contains(a.Err.Error(), "WRONGTYPE") || !strings.Contains(a.Err.Error(), refusedMark) {
+					t.Errorf("call %d on a list: %v; want WRONGTYPE, refused in the script", i, a.Err)
+				}
+				continue
+			}
+			if a.Err != nil || a.Grant.Granted != a.Want {
+				t.Errorf("call %d: %+v, %v; want %d granted", i, a.Grant, a.Err, a.Want)
+			}
+		}
+	})
+}

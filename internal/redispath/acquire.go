@@ -1,0 +1,442 @@
+package redispath
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync/atomic"
+	"time"
+
+	"github.com/leaselimit/leaselimit/authority"
+	"github.com/leaselimit/leaselimit/breaker"
+	"github.com/leaselimit/leaselimit/internal/overload"
+	"github.com/leaselimit/leaselimit/telemetry"
+	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// saturationGrace is how many budgets more a call is waited for while this
+// process, not Redis, is behind (a probe found it behind, or the client's
+// own queue is congested): a call waits at most (1 + saturationGrace) × the
+// budget in all, 500ms with the default budget.
+const saturationGrace = 4
+
+// ErrSaturated marks a call abandoned at the hard cap while the process
+// was still behind. It is not a Redis failure: the breaker is credited
+// with the call's real outcome when it completes.
+var ErrSaturated = errors.New("no reply while this process was behind its scheduler")
+
+// Call is one acquire call: the authority call to make through Brk, the
+// breaker of its node (see Path.Route).
+type Call struct {
+	Brk *breaker.Breaker
+	Acq authority.Acquisition
+	// Keep marks a call whose grant is kept whoever waits for it (a lease
+	// refill): the Receiver's Arrived gets it as soon as it arrives. A grant
+	// of any other call that arrives after its caller stopped waiting goes
+	// to the Receiver's Unclaimed instead.
+	Keep bool
+	// Tag is the root's own, for its Receiver (what a refill must
+	// install); the path never reads it.
+	Tag any
+}
+
+// Receiver is told what the root must do with an answer that the caller
+// may not be there to take.
+type Receiver interface {
+	// Arrived gets the grant of a call with Keep, on the goroutine that
+	// received it (the caller's, or a lane's sender), before the caller
+	// gets the result.
+	Arrived(c Call, g authority.Grant)
+	// Unclaimed gets the grant of a call without Keep whose caller stopped
+	// waiting before it arrived: no one will use its tokens.
+	Unclaimed(c Call, g authority.Grant)
+	// Saturated is told of a call given up at the hard cap while this
+	// process was still behind (Redis may be healthy).
+	Saturated()
+}
+
+// Caller makes one Limiter's acquire calls, with its telemetry and its
+// Receiver. New picks one of two variants, once, by whether the client
+// honours context deadlines (see Path.Caller).
+//
+// A call that is not answered within the budget is Redis's failure only if
+// the process was keeping up: a CPU-bound process leaves the goroutine that
+// carries a reply waiting in the run queue, and that delay is its own, not
+// Redis's. So the waiter probes the scheduler (overload.Probe) and checks
+// whether the client's own queue is the hold-up (congested); if the process
+// is behind, it asks the process's decisions to yield (overload.Hold) so
+// the reply's goroutine runs, and keeps waiting up to saturationGrace
+// budgets more. Such a call never counts against the breaker: answered, it
+// is a success; abandoned at the cap, the caller gets ErrSaturated and the
+// breaker the call's real outcome.
+type Caller struct {
+	p    *Path
+	tel  *telemetry.Recorder
+	recv Receiver
+}
+
+// Caller returns a Caller on p for one Limiter: its telemetry (the limit's
+// name on spans and metrics) and its Receiver.
+func (p *Path) Caller(tel *telemetry.Recorder, recv Receiver) *Caller {
+	return &Caller{p: p, tel: tel, recv: recv}
+}
+
+// Acquire makes call c within the time budget. The error is the Path's
+// closed error, ErrSaturated, one wrapping breaker.ErrBudget (no reply in
+// the budget) or breaker.ErrOpen, ctx's, or the call's own.
+func (k *Caller) Acquire(ctx context.Context, c Call) (authority.Grant, error) {
+	if k.p.bounded {
+		return k.direct(ctx, c)
+	}
+	return k.detached(ctx, c)
+}
+
+// callSpan is a Redis call's client span that whoever finishes first ends:
+// the call when it returns, or its waiter when it gives up, so that the
+// span never outlives the decision span that is its parent.
+type callSpan struct {
+	span  trace.Span
+	ended atomic.Bool
+}
+
+// finish ends s with the call's outcome, once.
+func (s *callSpan) finish(tel *telemetry.Recorder, granted int64, err error, errType string) {
+	if s.ended.CompareAndSwap(false, true) {
+		tel.FinishAuthority(s.span, granted, err, errType)
+	}
+}
+
+// The states of one detached call made on the waiter's behalf.
+const (
+	callPending   int32 = iota
+	callDelivered       // the result went to the waiter
+	callGaveUp          // the waiter blamed Redis and told the breaker
+	callLeft            // the waiter's ctx ended: the call tells the breaker its outcome
+	callOutwaited       // the waiter left at the hard cap, the process still behind: the call tells the breaker its outcome
+)
+
+// detachedCall is one call of the detached variant: its place in its
+// lane, and what the waiter and the lane's sender share. The sender writes
+// the result before it claims the outcome, so a waiter that finds the
+// outcome claimed reads the result at once: a sender preempted between the
+// claim and a channel send would otherwise keep the waiter for as long as
+// a saturated scheduler takes to run it.
+type detachedCall struct {
+	pending // the call in its lane
+	k       *Caller
+	c       Call
+	span    callSpan
+	ctx     context.Context // the call span's
+	start   time.Time
+	done    func(error) // the breaker's
+	sent    atomic.Int64
+	state   atomic.Int32 // callPending, then who decided
+	grant   authority.Grant
+	err     error
+	// delivered is closed when grant and err are the waiter's.
+	delivered chan struct{}
+}
+
+// detached hands c to its lane's senders (see lane.submit), whose
+// goroutines carry it on a context detached from the caller's, so that its
+// outcome is known even if the caller leaves; the caller waits for it up
+// to the budget (and the grace while the process is behind).
+func (k *Caller) detached(ctx context.Context, c Call) (authority.Grant, error) {
+	done, err := k.p.admit(c.Brk)
+	if err != nil {
+		return authority.Grant{}, err
+	}
+	budget := k.p.budget
+	start := time.Now()
+	hardCap := start.Add((1 + saturationGrace) * budget)
+	replies := c.Brk.Replies()
+	ln := k.p.nodes.laneFor(c.Brk)
+	d := &detachedCall{k: k, c: c, start: start, done: done, delivered: make(chan struct{})}
+	d.ctx, d.span.span = k.tel.StartAuthority(ctx, c.Acq.Want, c.Acq.Min, ln.ep)
+	// The call's own deadline lies a budget past the hard cap, so that the
+	// waiter's cap decides first; go-redis honours it while waiting for a
+	// pooled connection, which late readers hold longer.
+	d.pending = pending{a: c.Acq, ctx: d.ctx, deadline: hardCap.Add(budget), sent: &d.sent, finish: d}
+	ln.submit(&d.pending)
+	// settle ends the wait with what the waiter decided, unless the call
+	// delivered its result first, which then wins.
+	settle := func(to int32, err error) (authority.Grant, error) {
+		if d.state.CompareAndSwap(callPending, to) {
+			errType := ""
+			if to == callGaveUp {
+				done(breaker.ErrBudget)
+				if k.p.unreachable(c.Brk, start.Add(-2*budget)) {
+					errType = "network"
+				}
+			}
+			d.span.finish(k.tel, 0, err, errType)
+			return authority.Grant{}, err
+		}
+		// The call delivered first: as on the delivered path below.
+		k.sawLate(ctx, d.err, start)
+		return d.grant, d.err
+	}
+	// Check points: at an eighth of the budget (if the process is behind
+	// by then, its decisions start yielding at once, rather than after a
+	// whole budget of starving the reply), at the budget, then every
+	// quarter budget up to the hard cap.
+	threshold := overload.Threshold(budget)
+	due := start.Add(threshold)
+	timer := time.NewTimer(threshold)
+	defer timer.Stop()
+	held := false
+	defer func() {
+		if held {
+			overload.Release()
+		}
+	}()
+	var probe *overload.Probe
+	for {
+		var probed <-chan struct{}
+		if probe != nil {
+			probed = probe.Done()
+		}
+		select {
+		case <-d.delivered:
+			k.sawLate(ctx, d.err, start)
+			return d.grant, d.err
+		case <-ctx.Done():
+			return settle(callLeft, ctx.Err())
+		case <-probed:
+		case <-timer.C:
+		}
+		now := time.Now()
+		var behind bool
+		switch {
+		case probe != nil:
+			behind = probe.Behind(threshold) // done, or not run within the threshold
+			probe = nil
+		case now.Sub(due) >= threshold:
+			overload.MarkBehind(now) // this waiter itself ran that late
+			behind = true
+		default:
+			// On time at a check point: measure the scheduler's delay,
+			// and wait up to the threshold for the verdict.
+			probe = overload.Start(k.p.gate.spawn)
+			timer.Reset(threshold)
+			continue
+		}
+		// A reply stuck while the process was behind needs a moment more
+		// once it has caught up (the network poller runs every 10ms or so
+		// on a busy process): Redis is blamed only if no probe found the
+		// process behind within the last half budget.
+		behind = behind || overload.Recent(now, budget/2)
+		behind = behind || k.p.congested(c.Brk, replies) || queued(c.Brk, replies, &d.sent)
+		if behind && !held {
+			overload.Hold()
+			held = true
+		}
+		var next time.Duration
+		switch {
+		case now.Sub(start) < budget:
+			next = start.Add(budget).Sub(now) // look again at the budget's end
+		case !behind:
+			return settle(callGaveUp, fmt.Errorf("%w: no reply within %v", breaker.ErrBudget, budget))
+		case !now.Before(hardCap):
+			g, err := settle(callOutwaited, fmt.Errorf("%w: %v", ErrSaturated, now.Sub(start).Round(time.Millisecond)))
+			if d.state.Load() == callOutwaited { // the waiter's decision, not a delivered result (settle counted that)
+				k.sawSaturation(ctx, telemetry.SaturatedAbandoned)
+				k.recv.Saturated()
+			}
+			return g, err
+		default:
+			next = min(budget/4, hardCap.Sub(now))
+		}
+		due = now.Add(next)
+		timer.Reset(next)
+	}
+}
+
+// finished takes the call's outcome from its lane's sender: its span,
+// metrics and what the Receiver must know (see end), then either the
+// waiter gets it, or, if the waiter left, the breaker learns it and a
+// grant no one keeps goes to the Receiver.
+func (d *detachedCall) finished(p *pending) {
+	defer d.k.p.gate.leave()
+	g, err := d.k.end(d.ctx, d.c, &d.span, d.start, p.a.Grant, p.a.Err)
+	if errors.Is(err, breaker.ErrBudget) {
+		// The call's own deadline lies past the hard cap: the waiter
+		// decides every timeout before it, unless this process kept
+		// the waiter (and likely the sender) from running.
+		err = fmt.Errorf("%w: %v", ErrSaturated, err)
+	}
+	d.grant, d.err = g, err
+	if d.state.CompareAndSwap(callPending, callDelivered) {
+		close(d.delivered)
+		d.done(err)
+		return
+	}
+	if s := d.state.Load(); s == callLeft || s == callOutwaited {
+		d.done(err)
+	}
+	if err == nil && !d.c.Keep {
+		// The caller left before the grant arrived.
+		d.k.recv.Unclaimed(d.c, g)
+	}
+}
+
+// direct makes the call in place, on the caller's goroutine, on ctx bounded
+// by a deadline: the client applies it to its reads, and a reply abandoned
+// then leaves its tokens debited (under-admission). A deadline cannot be
+// moved once a read has started, so it is chosen up front: the hard cap if
+// a probe found the process behind within the last budget (its decisions
+// then yield while the call runs), else the budget. A timeout is probed
+// before it is blamed on Redis: one while the process is behind does not
+// count against the breaker, and the caller gets ErrSaturated.
+func (k *Caller) direct(ctx context.Context, c Call) (authority.Grant, error) {
+	done, err := k.p.admit(c.Brk)
+	if err != nil {
+		return authority.Grant{}, err
+	}
+	defer k.p.gate.leave()
+	budget := k.p.budget
+	start := time.Now()
+	replies := c.Brk.Replies()
+	limit := budget
+	if overload.Recent(start, budget) {
+		limit = (1 + saturationGrace) * budget
+		overload.Hold()
+		defer overload.Release()
+	}
+	cctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	var sent atomic.Int64
+	ln := k.p.nodes.laneFor(c.Brk)
+	var span callSpan
+	cctx, span.span = k.tel.StartAuthority(cctx, c.Acq.Want, c.Acq.Min, ln.ep)
+	g, err := ln.acquire(cctx, c.Acq, &sent)
+	g, err = k.end(cctx, c, &span, start, g, err)
+	switch {
+	case err != nil && errors.Is(err, breaker.ErrBudget) && ctx.Err() == nil:
+		if overload.Measure(k.p.gate.spawn, overload.Threshold(budget)) || k.p.congested(c.Brk, replies) || queued(c.Brk, replies, &sent) {
+			k.sawSaturation(ctx, telemetry.SaturatedAbandoned)
+			k.recv.Saturated()
+			err = fmt.Errorf("%w: %v", ErrSaturated, time.Since(start).Round(time.Millisecond))
+		}
+	case err == nil && limit > budget && time.Since(start) > budget:
+		k.sawSaturation(ctx, telemetry.SaturatedAnswered)
+	}
+	done(err)
+	return g, err
+}
+
+// end is what follows a call begun at start with its outcome g, err: its
+// metrics and span, what the breakers learn of it, and for a call with
+// Keep the grant handed to the Receiver. A deadline overrun is marked with
+// breaker.ErrBudget.
+func (k *Caller) end(ctx context.Context, c Call, span *callSpan, start time.Time, g authority.Grant, err error) (authority.Grant, error) {
+	k.tel.RecordAuthority(ctx, time.Since(start), g.Granted, err)
+	errType := ""
+	switch {
+	case isNetworkError(err):
+		c.Brk.NoteNetworkError(time.Now())
+	case errors.Is(err, context.DeadlineExceeded) && k.p.unreachable(c.Brk, start):
+		errType = "network"
+	}
+	span.finish(k.tel, g.Granted, err, errType)
+	if !breaker.Counts(err) {
+		c.Brk.Replied()
+	}
+	if err != nil && errors.Is(err, context.DeadlineExceeded) {
+		err = fmt.Errorf("%w: %w", breaker.ErrBudget, err)
+	}
+	if err != nil {
+		if breaker.Counts(err) {
+			k.p.nodes.failed()
+		}
+		return authority.Grant{}, err
+	}
+	if c.Keep {
+		k.recv.Arrived(c, g)
+	}
+	return g, nil
+}
+
+// admit lets a call through brk and registers it with the gate; the caller
+// must call done with the call's outcome and then gate.leave.
+func (p *Path) admit(brk *breaker.Breaker) (done func(error), err error) {
+	done, err = brk.Allow()
+	if err != nil {
+		return nil, err
+	}
+	if !p.gate.enter() {
+		done(nil)
+		return nil, p.closed
+	}
+	return done, nil
+}
+
+// unreachable reports whether a call given up at the budget failed to
+// connect rather than to get an answer: go-redis retries a refused
+// connection (5 dials, backoff, 3 retries: over a second) far past any
+// budget, so the waiter's own timeout would hide it. Either the client's
+// pool holds no connection at all, or a call on brk came back with a
+// network error since.
+//
+// Only a single node's (or Sentinel's) pool is read: a ClusterClient's
+// PoolStats loads the slot map first, in this goroutine and without a
+// deadline, which on an unreachable Cluster blocks for seconds.
+func (p *Path) unreachable(brk *breaker.Breaker, since time.Time) bool {
+	if c, ok := p.client.(*redis.Client); ok {
+		if st := c.PoolStats(); st != nil && st.TotalConns == 0 {
+			return true
+		}
+	}
+	return brk.NetworkErrorSince(since)
+}
+
+// isNetworkError reports whether err is a network failure that is not a
+// timeout: a refused or reset connection.
+func isNetworkError(err error) bool {
+	var ne net.Error
+	return err != nil && errors.As(err, &ne) && !ne.Timeout()
+}
+
+// congested reports whether a call begun when brk had counted replies
+// waits in the client's own queue for a connection: Redis has answered a
+// whole pool's worth of other calls since, so each connection came back
+// within the budget, and the queue is this process's (more concurrent calls
+// than connections, or too little CPU to turn them round).
+func (p *Path) congested(brk *breaker.Breaker, replies int64) bool {
+	return brk.Replies()-replies >= int64(p.pool)
+}
+
+// queued reports whether a call begun when brk had counted replies has
+// not left this process yet (see pending.sent) while Redis has answered
+// other calls since: it waits in its lane behind batches that Redis is
+// turning round, which is this process's queue, not Redis failing. On a
+// hung Redis nothing is answered, and the call is blamed at the budget as
+// before.
+func queued(brk *breaker.Breaker, replies int64, sent *atomic.Int64) bool {
+	return sent.Load() == 0 && brk.Replies() > replies
+}
+
+// sawLate records a delivered call that ended past its budget: abandoned
+// by its own deadline while the process was behind (ErrSaturated), or
+// answered after the budget and not blamed on Redis (the waiter found the
+// process behind, or was itself too late to look).
+func (k *Caller) sawLate(ctx context.Context, err error, start time.Time) {
+	switch {
+	case errors.Is(err, ErrSaturated):
+		k.sawSaturation(ctx, telemetry.SaturatedAbandoned)
+		k.recv.Saturated()
+	case time.Since(start) > k.p.budget:
+		k.sawSaturation(ctx, telemetry.SaturatedAnswered)
+	}
+}
+
+// sawSaturation records a call that ran past its budget while the process
+// was behind: on the metric, and on the decision span in ctx.
+func (k *Caller) sawSaturation(ctx context.Context, outcome string) {
+	k.tel.CountSaturated(ctx, outcome)
+	if sp := trace.SpanFromContext(ctx); sp.IsRecording() {
+		sp.SetAttributes(telemetry.AttrSaturated.Bool(true))
+	}
+}
