@@ -2,6 +2,7 @@ package leaselimit
 
 import (
 	"context"
+	"errors"
 
 	"github.com/leaselimit/leaselimit/breaker"
 	"github.com/leaselimit/leaselimit/lease"
@@ -27,16 +28,33 @@ func (l *Limiter) miss(ctx context.Context, key string, n int64, a lease.Answer)
 	for a.Status == lease.Miss {
 		t := a.Ticket
 		l.leases.Join(t)
-		ch := l.sf.DoChan(key, func() (any, error) { return l.refill(ctx, brk, rkey, t) })
+		refill := func() (any, error) { return l.refill(ctx, brk, rkey, t) }
 		var r singleflight.Result
-		select {
-		case r = <-ch:
-		case <-ctx.Done():
-			// The refill goes on; what it brings for us stays in the lease.
-			return Decision{Source: SourceNone}, ctx.Err()
+		if l.leases.Lead(t) {
+			// No refill of the key is running: this caller runs it on its
+			// own goroutine (singleflight's DoChan would start one), and
+			// callers that miss meanwhile wait for it with DoChan.
+			r.Val, r.Err, r.Shared = l.sf.Do(key, refill)
+			l.leases.Led(t)
+		} else {
+			select {
+			case r = <-l.sf.DoChan(key, refill):
+			case <-ctx.Done():
+				// The refill goes on; what it brings for us stays in the lease.
+				return Decision{Source: SourceNone}, ctx.Err()
+			}
 		}
 		if sp, ok := recording(ctx); ok {
 			sp.SetAttributes(telemetry.AttrCoalesced.Bool(r.Shared), telemetry.AttrBreaker.String(state.String()))
+		}
+		if r.Err != nil && ctx.Err() != nil {
+			return Decision{Source: SourceNone}, ctx.Err()
+		}
+		if r.Err != nil && (errors.Is(r.Err, context.Canceled) || errors.Is(r.Err, context.DeadlineExceeded)) && !errors.Is(r.Err, breaker.ErrBudget) {
+			// The caller that ran the refill left (its context ended)
+			// before the grant came; the grant still goes to the lease.
+			// This caller's context is alive: it asks again.
+			continue
 		}
 		if r.Err != nil {
 			return l.onError(ctx, brk, key, n, r.Err)
@@ -86,7 +104,9 @@ func (l *Limiter) pool(ctx context.Context, brk *breaker.Breaker, rkey, key stri
 func (l *Limiter) refill(ctx context.Context, brk *breaker.Breaker, rkey string, t lease.Ticket) (any, error) {
 	r := l.leases.Plan(t, l.clock.now())
 	l.refunds.addReturn(&r.Expired)
-	rep := l.authorize(context.WithoutCancel(ctx), call{brk: brk, rkey: rkey, want: r.Want, min: r.Min, share: r.Share, refill: &refillCall{plan: r},
+	// The caller may stop waiting when its ctx ends: the call goes on, and
+	// its grant is installed in the lease when it arrives (see receiver).
+	rep := l.authorize(ctx, call{brk: brk, rkey: rkey, want: r.Want, min: r.Min, share: r.Share, refill: &refillCall{plan: r},
 		with: l.members(t.Key())})
 	if rep.err != nil {
 		return nil, rep.err
@@ -122,7 +142,9 @@ func (l *Limiter) prefetch(ctx context.Context, t lease.Ticket) {
 		if brk.Rejects(l.clock.wall()) {
 			return
 		}
-		_, _, _ = l.sf.Do(t.Key(), func() (any, error) { return l.refill(ctx, brk, rkey, t) })
+		// The request that claimed the prefetch may be over before the
+		// prefetch is: its ctx carries only the trace.
+		_, _, _ = l.sf.Do(t.Key(), func() (any, error) { return l.refill(context.WithoutCancel(ctx), brk, rkey, t) })
 	})
 	if !ok {
 		<-l.slots

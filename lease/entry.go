@@ -25,6 +25,7 @@ type entry struct {
 	size      atomic.Int64                    // target lease size at the last refill
 	low       atomic.Int64                    // prefetch when tokens fall below this
 	refilling atomic.Bool                     // a prefetch is queued or running
+	leading   atomic.Bool                     // a caller runs a refill on its own goroutine (see Leases.Lead)
 	removed   atomic.Bool                     // evicted from the table; refills must refund
 	fallback  atomic.Pointer[localBucket]     // the FailLocal bucket, made on first use
 	parts     atomic.Pointer[authority.Multi] // a multi-limit's buckets at the last grant (see Leases.members)

@@ -224,6 +224,17 @@ func evicted(r Return) *Return {
 // the tokens it would have taken then join the lease.
 func (ls *Leases) Join(t Ticket) { t.e.AddPending(t.n) }
 
+// Lead claims the refill of t's key for t's caller, to run on its own
+// goroutine: it reports false while another caller holds the claim (that
+// caller's refill is running, and t's caller waits for it). Led releases
+// the claim. The claim is a hint for whoever coalesces the refills (it
+// saves a goroutine for the one caller of a cold key), not a lock: two
+// refills of one key at once are still correct.
+func (ls *Leases) Lead(t Ticket) bool { return t.e.leading.CompareAndSwap(false, true) }
+
+// Led releases the claim Lead took.
+func (ls *Leases) Led(t Ticket) { t.e.leading.Store(false) }
+
 // Plan starts the refill that the callers joined to t's key wait for: the
 // one caller that performs it calls Plan once, asks the authority, and
 // hands the grant to Complete.

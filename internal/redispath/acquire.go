@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -158,7 +159,7 @@ func (k *Caller) detached(ctx context.Context, c Call) (authority.Grant, error) 
 	// The call's own deadline lies a budget past the hard cap, so that the
 	// waiter's cap decides first; go-redis honours it while waiting for a
 	// pooled connection, which late readers hold longer.
-	d.pending = pending{a: c.Acq, ctx: d.ctx, deadline: hardCap.Add(budget), sent: &d.sent, finish: d}
+	d.pending = pending{a: &d.c.Acq, ctx: d.ctx, deadline: hardCap.Add(budget), sent: &d.sent, finish: d}
 	ln.submit(&d.pending)
 	// settle ends the wait with what the waiter decided, unless the call
 	// delivered its result first, which then wins.
@@ -184,8 +185,8 @@ func (k *Caller) detached(ctx context.Context, c Call) (authority.Grant, error) 
 	// quarter budget up to the hard cap.
 	threshold := overload.Threshold(budget)
 	due := start.Add(threshold)
-	timer := time.NewTimer(threshold)
-	defer timer.Stop()
+	timer := newTimer(threshold)
+	defer releaseTimer(timer)
 	held := false
 	defer func() {
 		if held {
@@ -305,7 +306,14 @@ func (k *Caller) direct(ctx context.Context, c Call) (authority.Grant, error) {
 		overload.Hold()
 		defer overload.Release()
 	}
-	cctx, cancel := context.WithTimeout(ctx, limit)
+	base := ctx
+	if c.Keep {
+		// A grant kept whoever waits is not abandoned when the caller's
+		// ctx ends (this variant cannot stop waiting without stopping
+		// the call).
+		base = context.WithoutCancel(ctx)
+	}
+	cctx, cancel := context.WithTimeout(base, limit)
 	defer cancel()
 	var sent atomic.Int64
 	ln := k.p.nodes.laneFor(c.Brk)
@@ -395,8 +403,33 @@ func (p *Path) unreachable(brk *breaker.Breaker, since time.Time) bool {
 // isNetworkError reports whether err is a network failure that is not a
 // timeout: a refused or reset connection.
 func isNetworkError(err error) bool {
+	if err == nil {
+		return false // before ne, which escapes: no allocation on success
+	}
 	var ne net.Error
-	return err != nil && errors.As(err, &ne) && !ne.Timeout()
+	return errors.As(err, &ne) && !ne.Timeout()
+}
+
+// timers holds stopped timers for the waiters of detached calls: a
+// timer and its channel are two allocations, and most calls are answered
+// long before their first check point. Since Go 1.23, Stop and Reset
+// leave no stale value in a timer's channel, so a pooled timer is as good
+// as a new one.
+var timers sync.Pool
+
+// newTimer returns a timer that fires after d, from the pool if it can.
+func newTimer(d time.Duration) *time.Timer {
+	if t, ok := timers.Get().(*time.Timer); ok {
+		t.Reset(d)
+		return t
+	}
+	return time.NewTimer(d)
+}
+
+// releaseTimer stops t and returns it to the pool.
+func releaseTimer(t *time.Timer) {
+	t.Stop()
+	timers.Put(t)
 }
 
 // congested reports whether a call begun when brk had counted replies

@@ -46,8 +46,8 @@ type lane struct {
 
 // pending is one call waiting in a lane.
 type pending struct {
-	a        authority.Acquisition
-	ctx      context.Context // the caller's, for its values (the trace) only
+	a        *authority.Acquisition // its outcome is written in a.Grant and a.Err
+	ctx      context.Context        // the caller's, for its values (the trace) only
 	deadline time.Time
 	sent     *atomic.Int64 // if set, stamped when the call's batch is sent
 
@@ -65,13 +65,15 @@ type pending struct {
 // unbounded queue and replies start flowing back early.
 const maxBatch = 128
 
-// lanePipelines is how many pipelines a lane keeps in flight at once: a
-// quarter of the pool, at most 8 (so that batches leave connections to
-// refunds and checks). With one, Redis sits idle while each batch's
-// replies travel back; measured on the cold long tail (64 goroutines,
-// exact mode), 1, 2, 4 and 8 pipelines gave 26k, 38k, 34k and 44k
-// decisions/s in one noisy run.
-func lanePipelines(pool int) int { return min(max(pool/4, 1), 8) }
+// lanePipelines is how many pipelines a lane keeps in flight at once: two,
+// so that Redis works on one batch while the other's replies travel back
+// and the next forms. More make smaller batches, and each batch has a
+// fixed cost on Redis (a script call, a clock read, its resend key): in
+// one interleaved run (benchmarks/cmd/compare -short, exact mode, 64
+// goroutines) 2 pipelines gave 126k decisions/s on one hot key and 76k on
+// 10k keys where 5 gave 89k and 64k. A pool too small for two (one
+// connection) keeps one.
+func lanePipelines(pool int) int { return min(pool, 2) }
 
 func newLane(auth *authority.Redis, pool int, fallback time.Duration, ep telemetry.Endpoint) *lane {
 	ln := &lane{auth: auth, max: lanePipelines(pool), fallback: fallback, ep: ep}
@@ -86,7 +88,7 @@ func newLane(auth *authority.Redis, pool int, fallback time.Duration, ep telemet
 // for it (bounded by the batch's deadline, the latest of its members').
 // For a client that honours deadlines only (see lane).
 func (ln *lane) acquire(ctx context.Context, a authority.Acquisition, sent *atomic.Int64) (authority.Grant, error) {
-	p := &pending{a: a, ctx: ctx, sent: sent}
+	p := &pending{a: &a, ctx: ctx, sent: sent}
 	p.deadline, _ = ctx.Deadline()
 	ln.mu.Lock()
 	if ln.inflight < ln.max {
@@ -239,7 +241,7 @@ func (ln *lane) send(batch []*pending) {
 	as := make([]*authority.Acquisition, len(batch))
 	now := time.Now().UnixNano()
 	for i, p := range batch {
-		as[i] = &p.a
+		as[i] = p.a
 		if p.sent != nil {
 			p.sent.Store(now)
 		}

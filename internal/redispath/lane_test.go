@@ -271,3 +271,66 @@ func TestLaneCallsOnOneKeyShareABatch(t *testing.T) {
 		t.Errorf("calls of the invocations sent: %v; want the first alone, then the five in one", sent)
 	}
 }
+
+// finishes records the outcomes a lane's senders deliver.
+type finishes struct {
+	mu   sync.Mutex
+	got  map[*pending]authority.Grant
+	errs int
+}
+
+func (f *finishes) finished(p *pending) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if p.a.Err != nil {
+		f.errs++
+	}
+	f.got[p] = p.a.Grant
+}
+
+// TestLaneSenders: calls submitted to a lane are carried by its senders
+// (no more than its pipelines), each outcome delivered once, calls on one
+// key decided in order; stop waits for the queue to drain and ends every
+// sender (goleak in TestMain).
+func TestLaneSenders(t *testing.T) {
+	ln, auth, h := newTestLane(t, 2)
+	close(h.release)
+	l := policy.Limit{Name: "senders", Rate: 1, Period: time.Hour, Burst: 50}
+	f := &finishes{got: map[*pending]authority.Grant{}}
+	const calls = 200
+	ps := make([]*pending, calls)
+	for i := range ps {
+		a := authority.Acquisition{Key: auth.Key(l, "k"+strconv.Itoa(i%4)), Limit: l, Want: 1, Min: 1, Share: 1}
+		ps[i] = &pending{a: &a, deadline: time.Now().Add(5 * time.Second), finish: f}
+		ln.submit(ps[i])
+	}
+	ln.mu.Lock()
+	started := ln.inflight
+	ln.mu.Unlock()
+	if started > ln.max {
+		t.Errorf("%d senders started; want at most %d", started, ln.max)
+	}
+	ln.stop()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.got) != calls || f.errs != 0 {
+		t.Fatalf("%d outcomes, %d errors; want %d outcomes, no error", len(f.got), f.errs, calls)
+	}
+	var granted int64
+	for _, g := range f.got {
+		granted += g.Granted
+	}
+	if granted != 4*l.Burst {
+		t.Errorf("4 keys with a burst of %d granted %d tokens in all; want %d", l.Burst, granted, 4*l.Burst)
+	}
+	// In order: the first 50 calls of each key are the granted ones.
+	for i, p := range ps {
+		want := int64(0)
+		if i/4 < int(l.Burst) {
+			want = 1
+		}
+		if f.got[p].Granted != want {
+			t.Fatalf("call %d (the %dth on its key): granted %d; want %d", i, i/4+1, f.got[p].Granted, want)
+		}
+	}
+}

@@ -108,9 +108,11 @@ func run() error {
 		short      = flag.Bool("short", false, "1s cells and a 100ms warm-up, for CI")
 		warmup     = flag.Duration("warmup", 5*time.Second, "how long the first three workloads (those that need not start from a full bucket) run on their own keys before each measurement, so leases reach their steady size")
 		only       = flag.String("designs", strings.Join(design.Names, ","), "comma-separated designs to run")
+		ctxTimeout = flag.Bool("context-timeout", false, "create every client with go-redis's ContextTimeoutEnabled (leaselimit then calls Redis on the caller's goroutine)")
 		which      = flag.String("workloads", "", "run only the workloads whose name starts with one of these comma-separated prefixes (default: all)")
 	)
 	flag.Parse()
+	design.ContextTimeoutEnabled = *ctxTimeout
 	if flag.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q", flag.Args())
 	}

@@ -211,10 +211,16 @@ func (c *Counter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proc
 	}
 }
 
-// NewClient returns a go-redis client for addr with default options, its
-// commands counted by c (which may be nil).
+// ContextTimeoutEnabled is go-redis's option of that name for every client
+// NewClient makes (the harness's -context-timeout): with it, leaselimit
+// makes its calls on the caller's goroutine, bounded by their deadline;
+// without it (go-redis's default), its lanes' senders carry them.
+var ContextTimeoutEnabled bool
+
+// NewClient returns a go-redis client for addr with default options (but
+// ContextTimeoutEnabled), its commands counted by c (which may be nil).
 func NewClient(addr string, c *Counter) *redis.Client {
-	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	rdb := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: ContextTimeoutEnabled})
 	if c != nil {
 		rdb.AddHook(c)
 	}
