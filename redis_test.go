@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -381,6 +382,56 @@ func TestMisconfigurationIsAnError(t *testing.T) {
 		// executing the script can't run this command"; a direct call gets NOPERM.
 		if err == nil || !(strings.Contains(err.Error(), "NOPERM") || strings.Contains(err.Error(), "can't run this command")) {
 			t.Errorf("%s: Allow with an ACL lacking TIME = %+v, %v; want an error from the ACL", mode, d, err)
+		}
+	}
+}
+
+// TestCloseReturnsManyLeases: Close gives back the leases of thousands of
+// keys in one final pipeline, within a deadline that grows with it, on a
+// client that applies context deadlines (ContextTimeoutEnabled): a fixed
+// budget (10ms here) was far too short for 3,000 refund scripts, the more
+// so as the refund script, not yet cached, went by EVAL with its source in
+// every call, and Close failed with "context deadline exceeded", leaving
+// the tokens debited.
+func TestCloseReturnsManyLeases(t *testing.T) {
+	srv := redistest.Start(t)
+	const keys, each = 3000, 24
+	limit := policy.Limit{Name: "close-many", Rate: 1, Period: time.Hour, Burst: 100}
+	c := redisClientOpts(t, &redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
+	lim, err := leaselimit.New(c, limit, leaselimit.WithTimeout(10*time.Millisecond), leaselimit.WithFailureMode(policy.FailClosed))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	admitted := map[string]int64{}
+	for i := range keys {
+		key := "k" + strconv.Itoa(i)
+		for range each {
+			if d, err := lim.Allow(ctx, key); err != nil {
+				t.Fatal(err)
+			} else if d.Allowed && d.Source != leaselimit.SourceFallback {
+				admitted[key]++
+			}
+		}
+	}
+	if err := lim.Close(); err != nil {
+		t.Fatalf("Close = %v; want the leases given back", err)
+	}
+	// What every bucket holds now is its burst less what was admitted
+	// from it: the leases' unused tokens came back.
+	peek, err := leaselimit.New(c, limit, leaselimit.WithoutLease())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer peek.Close()
+	for i := 0; i < keys; i += 97 {
+		key := "k" + strconv.Itoa(i)
+		d, err := peek.Peek(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := limit.Burst - admitted[key]; d.Remaining != want {
+			t.Fatalf("%s holds %d after Close; want %d (burst %d less %d admitted)", key, d.Remaining, want, limit.Burst, admitted[key])
 		}
 	}
 }

@@ -501,9 +501,14 @@ type invocation struct {
 	cmd  *redis.Cmd
 }
 
-// runAll sends every invocation of s in one pipeline by EVALSHA, and those
-// the server answers NOSCRIPT (after SCRIPT FLUSH, a restart or a failover)
-// again by EVAL, which caches the script, in a second one. Each
+// runAll sends every invocation of s in one pipeline by EVALSHA. Those the
+// server answers NOSCRIPT (after SCRIPT FLUSH, a restart or a failover) go
+// again in a second pipeline: the first of them by EVAL, which caches the
+// script, the others by EVALSHA, which then finds it on that node (a
+// pipeline runs in order); any still answered NOSCRIPT (on a Cluster, other
+// nodes) go by EVAL in a third. Sending the source with every invocation
+// would cost Redis a SHA1 of the whole script each time: thousands of
+// refunds flushed at once took longer than the time budget. Each
 // invocation's reply or error is then in its cmd.
 func (r *Redis) runAll(ctx context.Context, s script, invs []*invocation) {
 	pipe := r.client.Pipeline()
@@ -511,16 +516,26 @@ func (r *Redis) runAll(ctx context.Context, s script, invs []*invocation) {
 		in.cmd = pipe.EvalSha(ctx, s.sha, in.keys, in.args...)
 	}
 	_, _ = pipe.Exec(ctx) // errors are read per command
-	var retry redis.Pipeliner
-	for _, in := range invs {
-		if isNoScript(in.cmd.Err()) {
+	for pass := 0; pass < 2; pass++ {
+		var retry redis.Pipeliner
+		for _, in := range invs {
+			if !isNoScript(in.cmd.Err()) {
+				continue
+			}
 			if retry == nil {
 				retry = r.client.Pipeline()
+				in.cmd = retry.Eval(ctx, s.src, in.keys, in.args...)
+				continue
 			}
-			in.cmd = retry.Eval(ctx, s.src, in.keys, in.args...)
+			if pass == 0 {
+				in.cmd = retry.EvalSha(ctx, s.sha, in.keys, in.args...)
+			} else {
+				in.cmd = retry.Eval(ctx, s.src, in.keys, in.args...)
+			}
 		}
-	}
-	if retry != nil {
+		if retry == nil {
+			return
+		}
 		_, _ = retry.Exec(ctx)
 	}
 }

@@ -35,13 +35,8 @@ type lane struct {
 
 	mu       sync.Mutex
 	queue    []*pending
-	inflight int // pipelines in flight (callers send) or senders started
-
-	// The senders' state (a client that does not honour deadlines).
-	work    *sync.Cond     // signalled when the queue gains a call, or on stop
-	idle    int            // senders waiting for work
-	stopped bool           // stop ran: senders exit once the queue is empty
-	senders sync.WaitGroup // the senders started
+	inflight int   // pipelines in flight, when callers send
+	senders  *crew // one goroutine per pipeline, when they do not (see submit)
 }
 
 // pending is one call waiting in a lane.
@@ -77,7 +72,7 @@ func lanePipelines(pool int) int { return min(pool, 2) }
 
 func newLane(auth *authority.Redis, pool int, fallback time.Duration, ep telemetry.Endpoint) *lane {
 	ln := &lane{auth: auth, max: lanePipelines(pool), fallback: fallback, ep: ep}
-	ln.work = sync.NewCond(&ln.mu)
+	ln.senders = newCrew(&ln.mu, ln.max, ln.nextBatch)
 	return ln
 }
 
@@ -151,51 +146,29 @@ func (ln *lane) relay(batch []*pending) {
 func (ln *lane) submit(p *pending) {
 	ln.mu.Lock()
 	ln.queue = append(ln.queue, p)
-	switch {
-	case ln.idle > 0:
-		ln.work.Signal()
-	case ln.inflight < ln.max && !ln.stopped:
-		ln.inflight++
-		ln.senders.Add(1)
-		go ln.sender()
-	}
+	ln.senders.wake()
 	ln.mu.Unlock()
 }
 
-// sender sends the queue's batches until stop, then what is left.
-func (ln *lane) sender() {
-	defer ln.senders.Done()
-	ln.mu.Lock()
-	for {
-		for len(ln.queue) == 0 && !ln.stopped {
-			ln.idle++
-			ln.work.Wait()
-			ln.idle--
-		}
-		if len(ln.queue) == 0 { // stopped
-			ln.mu.Unlock()
-			return
-		}
-		batch := ln.take(nil)
-		ln.mu.Unlock()
+// nextBatch is the senders' next piece of work (see crew): the batch that
+// waits, sent and its outcomes delivered. ln.mu is held.
+func (ln *lane) nextBatch() func() {
+	batch := ln.take(nil)
+	if batch == nil {
+		return nil
+	}
+	return func() {
 		ln.send(batch)
 		for _, p := range batch {
 			p.finish.finished(p)
 		}
-		ln.mu.Lock()
 	}
 }
 
 // stop ends the lane's senders once they have sent what is queued, and
 // waits for them. Calls submitted later are never sent: the Limiter
 // admits none once it is closing.
-func (ln *lane) stop() {
-	ln.mu.Lock()
-	ln.stopped = true
-	ln.work.Broadcast()
-	ln.mu.Unlock()
-	ln.senders.Wait()
-}
+func (ln *lane) stop() { ln.senders.stop() }
 
 // take removes up to maxBatch waiting calls from the queue (after first,
 // the caller's own, if not nil), in order. Calls on one key may share a

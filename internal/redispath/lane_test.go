@@ -74,6 +74,7 @@ func newTestLane(t *testing.T, pipelines int) (*lane, *authority.Redis, *gatedHo
 	}
 	ln := newLane(auth, 4, time.Second, telemetry.Endpoint{})
 	ln.max = pipelines
+	ln.senders.max = pipelines
 	return ln, auth, h
 }
 
@@ -305,7 +306,7 @@ func TestLaneSenders(t *testing.T) {
 		ln.submit(ps[i])
 	}
 	ln.mu.Lock()
-	started := ln.inflight
+	started := ln.senders.started
 	ln.mu.Unlock()
 	if started > ln.max {
 		t.Errorf("%d senders started; want at most %d", started, ln.max)

@@ -60,6 +60,7 @@ type Path struct {
 	retries bool // the client may send a command more than once on its own
 	gate    gate
 	nodes   *nodes
+	workers *workers // Do's calls on a client that does not honour deadlines
 
 	closed, unavailable error
 }
@@ -70,6 +71,7 @@ func New(cfg Config) *Path {
 		bounded: honoursDeadlines(cfg.Client), retries: retriesCommands(cfg.Client),
 		closed: cfg.Closed, unavailable: cfg.Unavailable}
 	p.nodes = newNodes(cfg.Client, cfg.Name, cfg.Breaker, &p.gate, cfg.Auth, cfg.Budget)
+	p.workers = newWorkers()
 	return p
 }
 
@@ -100,10 +102,11 @@ func (p *Path) Leave() { p.gate.leave() }
 func (p *Path) Close() bool { return p.gate.close() }
 
 // Wait waits for the calls and goroutines admitted before Close, then
-// stops the lanes' senders.
+// stops the lanes' senders and Do's workers.
 func (p *Path) Wait() {
 	p.gate.wait()
 	p.nodes.stop() // the calls the senders carried have ended
+	p.workers.stop()
 }
 
 // Shared returns the breaker of a single node or Sentinel deployment, and
@@ -134,9 +137,9 @@ func (p *Path) Failed() { p.nodes.failed() }
 //
 // On a client that honours deadlines op runs on the caller's goroutine,
 // bounded by the budget (by saturationGrace budgets more while this process
-// is behind, as for an acquire call). On any other, op runs in a goroutine
-// of the gate on a context detached from ctx, and the breaker is told op's
-// real outcome whenever it comes.
+// is behind, as for an acquire call). On any other, op is carried by one of
+// the path's few workers on a context detached from ctx, and the breaker is
+// told op's real outcome whenever it comes.
 func (p *Path) Do(ctx context.Context, brk *breaker.Breaker, op func(context.Context) error) (sent bool, err error) {
 	if brk.Rejects(time.Now()) {
 		return false, fmt.Errorf("%w: %w", p.unavailable, breaker.ErrOpen)
@@ -148,19 +151,22 @@ func (p *Path) Do(ctx context.Context, brk *breaker.Breaker, op func(context.Con
 	if p.bounded {
 		return p.doInPlace(ctx, done, op)
 	}
+	if !p.gate.enter() {
+		done(nil)
+		return false, p.closed
+	}
 	ch := make(chan error, 1)
-	if !p.gate.spawn(func() {
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), (1+saturationGrace)*p.budget)
+	deadline := time.Now().Add((1 + saturationGrace) * p.budget)
+	p.workers.run(func() {
+		defer p.gate.leave()
+		cctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
 		defer cancel()
 		err := op(cctx)
 		done(err)
 		ch <- err
-	}) {
-		done(nil)
-		return false, p.closed
-	}
-	timer := time.NewTimer(p.budget)
-	defer timer.Stop()
+	})
+	timer := newTimer(p.budget)
+	defer releaseTimer(timer)
 	select {
 	case err = <-ch:
 	case <-timer.C:
@@ -223,7 +229,7 @@ func (p *Path) Refund(brk *breaker.Breaker, rs []authority.Refund, tokens int64)
 		return nil, false
 	}
 	span := p.tel.StartRefund(p.nodes.laneFor(brk).ep, len(rs))
-	ctx, cancel := context.WithTimeout(context.Background(), p.budget)
+	ctx, cancel := context.WithTimeout(context.Background(), p.refundBudget(len(rs)))
 	failed = p.auth.RefundAll(ctx, rs)
 	cancel()
 	err = firstError(failed)
@@ -239,12 +245,29 @@ func (p *Path) Refund(brk *breaker.Breaker, rs []authority.Refund, tokens int64)
 // whatever the breakers say: the engine gets no later chance. It returns
 // those that failed.
 func (p *Path) RefundFinal(rs []authority.Refund, tokens int64) []authority.Failed {
-	ctx, cancel := context.WithTimeout(context.Background(), p.budget)
+	ctx, cancel := context.WithTimeout(context.Background(), p.refundBudget(len(rs)))
 	defer cancel()
 	span := p.tel.StartRefund(p.nodes.oneLane.ep, len(rs))
 	failed := p.auth.RefundAll(ctx, rs)
 	p.tel.EndRefund(span, tokens, firstError(failed))
 	return failed
+}
+
+// perRefund is what one adjustment adds to its pipeline's deadline: Redis
+// runs a refund script (four commands) and the pipeline carries it in 10 to
+// 30 µs on a loaded machine; 50 µs leaves a margin.
+const perRefund = 50 * time.Microsecond
+
+// maxRefundWait caps a pipeline's deadline (Close's final one waits for
+// it): go-redis's own default read timeout.
+const maxRefundWait = 3 * time.Second
+
+// refundBudget is the deadline of a pipeline of n adjustments: the budget,
+// plus perRefund each, at most maxRefundWait (or the budget, if longer). A
+// pipeline is sent whole, and on a client that honours deadlines a flush of
+// the leases of thousands of keys (Close's) does not fit in one budget.
+func (p *Path) refundBudget(n int) time.Duration {
+	return min(p.budget+time.Duration(n)*perRefund, max(maxRefundWait, p.budget))
 }
 
 // firstError returns the error of the first failed adjustment, if any.
