@@ -9,8 +9,9 @@ import (
 // honoursDeadlines reports whether client applies context deadlines to its
 // network reads and writes (go-redis's ContextTimeoutEnabled option). Only
 // then can a call be bounded by its context alone; otherwise a hung Redis
-// holds a read for the client's ReadTimeout (3s by default) and the Limiter
-// waits for each call in a separate goroutine instead (see newAuthorizer).
+// holds a read for the client's ReadTimeout (3s by default), so the path's
+// own goroutines make the calls and their callers wait at most the budget
+// (see Path and lane).
 func honoursDeadlines(client redis.UniversalClient) bool {
 	switch c := client.(type) {
 	case *redis.Client:

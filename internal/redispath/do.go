@@ -1,0 +1,102 @@
+package redispath
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/leaselimit/leaselimit/authority"
+	"github.com/leaselimit/leaselimit/breaker"
+	"github.com/leaselimit/leaselimit/internal/overload"
+)
+
+// Do makes one Redis call, op, through brk within the time budget: a peek,
+// a reset, an adjustment. The error is the closed error, ctx's, or wraps
+// the unavailable error (the breaker is open, a failure that counts
+// against it, no reply in the budget); Redis replies that mean
+// misconfiguration (NOPERM and the like) are returned as they are. sent
+// reports whether op ran (false: it never will, so its effect can be
+// queued for later without doubling it).
+//
+// On a client that honours deadlines op runs on the caller's goroutine,
+// bounded by the budget (by saturationGrace budgets more while this process
+// is behind, as for an acquire call). On any other, op is carried by one of
+// the path's few workers on a context detached from ctx, and the breaker is
+// told op's real outcome whenever it comes.
+func (p *Path) Do(ctx context.Context, brk *breaker.Breaker, op func(context.Context) error) (sent bool, err error) {
+	if brk.Rejects(time.Now()) {
+		return false, fmt.Errorf("%w: %w", p.unavailable, breaker.ErrOpen)
+	}
+	done, err := brk.Allow()
+	if err != nil {
+		return false, fmt.Errorf("%w: %w", p.unavailable, err)
+	}
+	if p.bounded {
+		return p.doInPlace(ctx, done, op)
+	}
+	if !p.gate.enter() {
+		done(nil)
+		return false, p.closed
+	}
+	ch := make(chan error, 1)
+	deadline := time.Now().Add((1 + saturationGrace) * p.budget)
+	p.workers.run(func() {
+		defer p.gate.leave()
+		cctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
+		defer cancel()
+		err := op(cctx)
+		done(err)
+		ch <- err
+	})
+	timer := newTimer(p.budget)
+	defer releaseTimer(timer)
+	select {
+	case err = <-ch:
+	case <-timer.C:
+		return true, fmt.Errorf("%w: no reply within %v", p.unavailable, p.budget)
+	case <-ctx.Done():
+		return true, ctx.Err()
+	}
+	return true, p.doError(err)
+}
+
+// doInPlace is Do on a client that honours deadlines. The breaker is told
+// a timeout of the budget, not one of the caller's ctx.
+func (p *Path) doInPlace(ctx context.Context, done func(error), op func(context.Context) error) (sent bool, err error) {
+	if !p.gate.enter() {
+		done(nil)
+		return false, p.closed
+	}
+	defer p.gate.leave()
+	limit := p.budget
+	if overload.Recent(time.Now(), limit) {
+		limit *= 1 + saturationGrace
+	}
+	cctx, cancel := context.WithTimeout(ctx, limit)
+	err = op(cctx)
+	cancel()
+	switch {
+	case err != nil && ctx.Err() != nil:
+		done(nil) // the caller left: not Redis's doing
+		return true, ctx.Err()
+	case errors.Is(err, context.DeadlineExceeded):
+		done(breaker.ErrBudget)
+		return true, fmt.Errorf("%w: no reply within %v", p.unavailable, limit)
+	}
+	done(err)
+	return true, p.doError(err)
+}
+
+// doError is what Do returns for op's error.
+func (p *Path) doError(err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, authority.ErrScript), errors.Is(err, authority.ErrReply):
+		return fmt.Errorf("leaselimit: %w", err)
+	case breaker.Counts(err):
+		return fmt.Errorf("%w: %w", p.unavailable, err)
+	}
+	return fmt.Errorf("leaselimit: redis: %w", err)
+}
