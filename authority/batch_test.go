@@ -14,8 +14,8 @@ import (
 // one would, each with its own outcome: a call with bad arguments fails
 // alone before anything is sent, a call on another program's key fails
 // alone in Redis, and calls the server answers NOSCRIPT (after SCRIPT
-// FLUSH) are sent again by EVAL. 150 calls span several acquire_many
-// invocations.
+// FLUSH) are sent again by EVAL. 150 calls span several invocations of the
+// batch script.
 func suiteAcquireAll(t *testing.T, nb backendFactory) {
 	ctx := context.Background()
 	b := nb(t)

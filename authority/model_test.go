@@ -8,7 +8,7 @@ import (
 )
 
 // model is a reference token bucket written from the documented semantics
-// (DESIGN.md "Semantics" and the contracts at the top of acquire.lua and
+// (DESIGN.md "Semantics" and the contracts at the top of batch.lua and
 // refund.lua), in exact big-integer arithmetic (math/big), so it holds for
 // limits up to policy.MaxRate tokens per policy.MaxPeriod. It shares no code
 // with the Lua scripts and no representation: it counts units, a token
