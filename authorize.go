@@ -40,12 +40,10 @@ type refillCall struct {
 	outcome lease.Outcome
 }
 
-// reply is a call's result: the grant and, for a refill, the outcome its
-// waiting callers collect.
+// reply is a call's result.
 type reply struct {
-	grant   authority.Grant
-	outcome lease.Outcome
-	err     error
+	grant authority.Grant
+	err   error
 }
 
 // authorize makes c through the engine's path to Redis (see redispath),
@@ -59,11 +57,7 @@ func (l *Limiter) authorize(ctx context.Context, c call) reply {
 	if err != nil {
 		return reply{err: err}
 	}
-	r := reply{grant: g}
-	if c.refill != nil {
-		r.outcome = c.refill.outcome
-	}
-	return r
+	return reply{grant: g}
 }
 
 // receiver is what a Limiter does with the answers its path delivers

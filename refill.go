@@ -59,7 +59,7 @@ func (l *Limiter) miss(ctx context.Context, key string, n int64, a lease.Answer)
 		if r.Err != nil {
 			return l.onError(ctx, brk, key, n, r.Err)
 		}
-		a = l.leases.Collect(t, r.Val.(lease.Outcome), l.clock.now())
+		a = l.leases.Collect(t, r.Val.(*refillCall).outcome, l.clock.now())
 		l.refunds.addReturn(a.Evicted)
 	}
 	if a.Status == lease.Exact {
@@ -98,20 +98,21 @@ func (l *Limiter) pool(ctx context.Context, brk *breaker.Breaker, rkey, key stri
 }
 
 // refill performs one refill of t's key: the work of the one caller that
-// runs a coalesced miss or a prefetch. ctx is that caller's context, used
-// only for its values (the trace); the call itself is bounded by the time
-// budget, and its grant is installed even if every waiter has left.
+// runs a coalesced miss or a prefetch. The call is bounded by the time
+// budget; its caller may stop waiting when ctx ends, and its grant is still
+// installed in the lease when it arrives (see receiver). The value is the
+// *refillCall, whose outcome every waiting caller collects (a pointer, so
+// that handing it through singleflight allocates nothing more).
 func (l *Limiter) refill(ctx context.Context, brk *breaker.Breaker, rkey string, t lease.Ticket) (any, error) {
 	r := l.leases.Plan(t, l.clock.now())
 	l.refunds.addReturn(&r.Expired)
-	// The caller may stop waiting when its ctx ends: the call goes on, and
-	// its grant is installed in the lease when it arrives (see receiver).
-	rep := l.authorize(ctx, call{brk: brk, rkey: rkey, want: r.Want, min: r.Min, share: r.Share, refill: &refillCall{plan: r},
+	rc := &refillCall{plan: r}
+	rep := l.authorize(ctx, call{brk: brk, rkey: rkey, want: r.Want, min: r.Min, share: r.Share, refill: rc,
 		with: l.members(t.Key())})
 	if rep.err != nil {
 		return nil, rep.err
 	}
-	return rep.outcome, nil
+	return rc, nil
 }
 
 // prefetchSlots is how many background refills of a Limiter may run at
