@@ -3,6 +3,7 @@ package leaselimit_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/leaselimit/leaselimit"
 	"github.com/leaselimit/leaselimit/internal/redistest"
@@ -28,6 +29,7 @@ func TestSameNameOtherLimit(t *testing.T) {
 			key := "user-" + first.String() + second.String()
 			a := mustNew(t, c, first, leaselimit.WithoutLease())
 			b := mustNew(t, c, second, leaselimit.WithoutLease())
+			start := time.Now()
 			if d, err := a.Allow(ctx, key); err != nil || !d.Allowed {
 				t.Fatalf("first limit: Allow = %+v, %v", d, err)
 			}
@@ -42,9 +44,15 @@ func TestSameNameOtherLimit(t *testing.T) {
 			if d, err := b.Allow(ctx, key); err != nil || d.Allowed {
 				t.Fatalf("second limit: Allow past its burst = %+v, %v; want a denial", d, err)
 			}
-			// And the first limit's bucket is as it left it: burst - 1.
-			if d, err := a.Allow(ctx, key); err != nil || !d.Allowed || d.Remaining != first.Burst-2 {
-				t.Fatalf("first limit after the second's burst: Allow = %+v, %v; want allowed with %d remaining", d, err, first.Burst-2)
+			// And the first limit's bucket is as it left it, burst - 1, but
+			// for what it refilled meanwhile (10/s refills a token every
+			// 100ms, which a loaded machine may take for the second's
+			// burst): after this call, burst - 2 and at most that much more.
+			d, err := a.Allow(ctx, key)
+			refilled := int64(time.Since(start) / first.Interval(1))
+			if err != nil || !d.Allowed || d.Remaining < first.Burst-2 || d.Remaining > min(first.Burst-2+refilled, first.Burst-1) {
+				t.Fatalf("first limit after the second's burst: Allow = %+v, %v; want allowed with %d remaining (%d more for the %d tokens it may have refilled)",
+					d, err, first.Burst-2, min(refilled, 1), refilled)
 			}
 		})
 	}
