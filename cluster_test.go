@@ -75,28 +75,26 @@ func bucketKey(l policy.Limit, userKey string) string {
 	return leaselimit.DefaultPrefix + ":" + l.Name + ":" + authority.ParamsTag(l) + ":{" + hex.EncodeToString(sum[:16]) + "}"
 }
 
-// batchSHA is the SHA1 of the acquire script, batch.lua, which has no
-// prelude.
+// batchSHA is the SHA1 of the acquire script as the authority sends it:
+// the arithmetic prelude muldiv.lua, then batch.lua.
 func batchSHA(t *testing.T) string {
 	t.Helper()
-	src, err := os.ReadFile(filepath.Join("authority", "batch.lua"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := sha1.Sum(src)
-	return hex.EncodeToString(h[:])
+	return shaOf(t, "muldiv.lua", "batch.lua")
 }
 
 // scriptSHA returns the SHA1 of a script as the authority sends it: the
-// shared prelude common.lua followed by parts.
+// preludes muldiv.lua and common.lua followed by parts.
 func scriptSHA(t *testing.T, parts ...string) string {
 	t.Helper()
-	src, err := os.ReadFile(filepath.Join("authority", "common.lua"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, p := range parts {
-		b, err := os.ReadFile(filepath.Join("authority", p))
+	return shaOf(t, append([]string{"muldiv.lua", "common.lua"}, parts...)...)
+}
+
+// shaOf returns the SHA1 of the authority's files named, concatenated.
+func shaOf(t *testing.T, files ...string) string {
+	t.Helper()
+	var src []byte
+	for _, f := range files {
+		b, err := os.ReadFile(filepath.Join("authority", f))
 		if err != nil {
 			t.Fatal(err)
 		}

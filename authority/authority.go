@@ -36,11 +36,14 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
+//go:embed muldiv.lua
+var muldivSrc string
+
 //go:embed common.lua
-var commonSrc string
+var commonBody string
 
 //go:embed batch.lua
-var batchSrc string
+var batchBody string
 
 //go:embed refund.lua
 var refundBody string
@@ -51,9 +54,12 @@ var resetBody string
 //go:embed acquire_all.lua
 var acquireAllBody string
 
-// The scripts as sent to Redis: the shared prelude, then the body; batch.lua
-// stands alone.
+// The scripts as sent to Redis: the arithmetic prelude (muldiv.lua), then
+// the shared helpers (common.lua) and the body; batch.lua needs only the
+// arithmetic.
 var (
+	commonSrc     = muldivSrc + commonBody
+	batchSrc      = muldivSrc + batchBody
 	refundSrc     = commonSrc + refundBody
 	resetSrc      = commonSrc + resetBody
 	acquireAllSrc = commonSrc + acquireAllBody

@@ -1,7 +1,8 @@
 -- leaselimit batch: decide a batch of single-limit acquire calls in one
 -- invocation, on one reading of the clock, in the order given. It stands
--- alone (common.lua is not prepended): it needs only a few of its helpers,
--- and a script's local functions are made anew on every invocation.
+-- alone but for muldiv.lua (common.lua is not prepended): it needs only a
+-- few of its helpers, and a script's local functions are made anew on every
+-- invocation.
 --
 -- KEYS[1]    the batch key, "<prefix>:batch:{<hash tag>}:<batch id>": it
 --            holds this invocation's reply once a call was granted, for
@@ -43,10 +44,7 @@
 -- "<w> <f> <t> <rid> <id> <granted> <remaining> <reset>" is read too (its
 -- tail is ignored). Every number is an integer below 2^53, exact in Lua's
 -- doubles; products that could pass 2^53 go through muldiv.
-local MAX = 9007199254740992
-local HUGE = 4503599627370496
 local BAD = 'ERR leaselimit: invalid batch arguments'
-local floor = math.floor
 
 -- int returns v as an integer in [1, 2^53), or nil.
 local function int(v)
@@ -60,69 +58,6 @@ end
 -- code first, so that callers classify it as Redis meant.
 local function refused(cmd, r)
   return r.err .. ' (leaselimit: Redis refused ' .. cmd .. ' in the script)'
-end
-
--- muldiv returns floor((a*b + f)/c) and (a*b + f) % c exactly, for
--- 0 <= a, b, f < 2^53 and 1 <= c < 2^53; a quotient of HUGE or more comes
--- back as HUGE (remainder 0). Products past 2^53 (huge rates and periods)
--- take the slow path, whose functions are made only when first needed.
-local slow
-local function muldiv(a, b, f, c)
-  local x = a * b
-  -- A product of 2^53 or more computes as at least 2^53, so this test
-  -- never passes wrongly.
-  if x < MAX - f then
-    x = x + f
-    local q = floor(x / c)
-    if q > 0 and q * c > x then q = q - 1 end
-    local r = x - q * c
-    if r >= c then q, r = q + 1, r - c end
-    if q >= HUGE then return HUGE, 0 end
-    return q, r
-  end
-  if not slow then
-    local function divmod(a, c)
-      local q = floor(a / c)
-      if q > 0 and q * c > a then q = q - 1 end
-      local r = a - q * c
-      if r >= c then q, r = q + 1, r - c end
-      return q, r
-    end
-    -- addmod: the carry and (r + x) % c, never forming a sum above c.
-    local function addmod(r, x, c)
-      if r >= c - x then return 1, r - (c - x) end
-      return 0, r + x
-    end
-    slow = function(a, b, f, c)
-      local qa, ra = divmod(a, c)
-      local q, r = divmod(f, c)
-      if qa > 0 then
-        if b >= HUGE / qa then return HUGE, 0 end
-        q = q + qa * b
-        if q >= HUGE then return HUGE, 0 end
-      end
-      -- ra*b by doubling over the bits of b, reduced mod c at every step.
-      local hq, hr, bit = 0, 0, HUGE
-      while bit >= 1 do
-        local carry
-        carry, hr = addmod(hr, hr, c)
-        hq = hq * 2 + carry
-        if b >= bit then
-          b = b - bit
-          carry, hr = addmod(hr, ra, c)
-          hq = hq + carry
-        end
-        if hq >= HUGE then return HUGE, 0 end
-        bit = bit / 2
-      end
-      local carry
-      carry, r = addmod(r, hr, c)
-      q = q + hq + carry
-      if q >= HUGE then return HUGE, 0 end
-      return q, r
-    end
-  end
-  return slow(a, b, f, c)
 end
 
 local window, L = int(ARGV[1]), int(ARGV[2])

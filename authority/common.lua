@@ -16,11 +16,8 @@
 -- exists without its TTL, and a refused write leaves nothing behind. A
 -- missing key is a full bucket.
 --
--- Every number is an integer below 2^53, exact in Lua's doubles; products
--- that could pass 2^53 (elapsed µs × r, tokens × p) go through muldiv, which
--- is exact and saturates its quotient at HUGE (2^52), far above any burst.
-local MAX = 9007199254740992
-local HUGE = 4503599627370496
+-- Every number is an integer below 2^53, exact in Lua's doubles (see
+-- muldiv.lua, prepended to this file).
 
 -- int returns ARGV[i] as an integer in [1, 2^53), or nil.
 local function int(i)
@@ -80,63 +77,6 @@ end
 -- white space.
 local function valid_id(id)
   return #id > 0 and #id <= 64 and not string.find(id, '%s')
-end
-
--- divmod returns floor(a/c) and a % c exactly, for 0 <= a < 2^53, 1 <= c < 2^53.
-local function divmod(a, c)
-  local q = math.floor(a / c)
-  if q > 0 and q * c > a then q = q - 1 end
-  local r = a - q * c
-  if r >= c then q, r = q + 1, r - c end
-  return q, r
-end
-
--- addmod returns the carry and (r + x) % c for 0 <= r, x < c, never forming
--- a sum above c.
-local function addmod(r, x, c)
-  if r >= c - x then return 1, r - (c - x) end
-  return 0, r + x
-end
-
--- muldiv returns floor((a*b + f)/c) and (a*b + f) % c exactly, for
--- 0 <= a, b, f < 2^53 and 1 <= c < 2^53; a quotient of HUGE or more comes
--- back as HUGE (remainder 0).
-local function muldiv(a, b, f, c)
-  -- The common case: a*b + f below 2^53, exact in a double. (A product of
-  -- 2^53 or more computes as at least 2^53, so the test never passes
-  -- wrongly.)
-  local x = a * b
-  if x < MAX - f then
-    local q, r = divmod(x + f, c)
-    if q >= HUGE then return HUGE, 0 end
-    return q, r
-  end
-  local qa, ra = divmod(a, c)
-  local q, r = divmod(f, c)
-  if qa > 0 then
-    if b >= HUGE / qa then return HUGE, 0 end
-    q = q + qa * b
-    if q >= HUGE then return HUGE, 0 end
-  end
-  -- ra*b by doubling over the bits of b, reduced mod c at every step.
-  local hq, hr, bit = 0, 0, HUGE
-  while bit >= 1 do
-    local carry
-    carry, hr = addmod(hr, hr, c)
-    hq = hq * 2 + carry
-    if b >= bit then
-      b = b - bit
-      carry, hr = addmod(hr, ra, c)
-      hq = hq + carry
-    end
-    if hq >= HUGE then return HUGE, 0 end
-    bit = bit / 2
-  end
-  local carry
-  carry, r = addmod(r, hr, c)
-  q = q + hq + carry
-  if q >= HUGE then return HUGE, 0 end
-  return q, r
 end
 
 -- until_tokens returns the µs until a bucket holding w + f/p tokens holds m
