@@ -186,10 +186,7 @@ func suiteBatchRepeatedKey(t *testing.T, nb backendFactory) {
 	r := b.newAuthority(t, testPrefix)
 	l := policy.Limit{Name: "rep", Rate: 1, Period: time.Hour, Burst: 5}
 	key := r.Key(l, "k")
-	var as []*Acquisition
-	for range 6 {
-		as = append(as, &Acquisition{Key: key, Limit: l, Want: 1, Min: 1, Share: 1})
-	}
+	as := repeated(key, l, 6)
 	if err := b.client.ScriptLoad(ctx, batchScript.src).Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -224,6 +221,15 @@ func suiteBatchRepeatedKey(t *testing.T, nb backendFactory) {
 
 func TestBatchRepeatedKey(t *testing.T) { forEachBackend(t, suiteBatchRepeatedKey) }
 
+// repeated returns n exact calls of one token on key under l.
+func repeated(key string, l policy.Limit, n int) []*Acquisition {
+	as := make([]*Acquisition, n)
+	for i := range as {
+		as[i] = &Acquisition{Key: key, Limit: l, Want: 1, Min: 1, Share: 1}
+	}
+	return as
+}
+
 // TestBatchWritesOnce counts the writes on a real server: a key that
 // appears six times in a batch is SET once.
 func TestBatchWritesOnce(t *testing.T) {
@@ -236,10 +242,7 @@ func TestBatchWritesOnce(t *testing.T) {
 		r := b.newAuthority(t, testPrefix)
 		l := policy.Limit{Name: "rep", Rate: 1, Period: time.Hour, Burst: 5}
 		key := r.Key(l, "k")
-		var as []*Acquisition
-		for range 6 {
-			as = append(as, &Acquisition{Key: key, Limit: l, Want: 1, Min: 1, Share: 1})
-		}
+		as := repeated(key, l, 6)
 		r.AcquireAll(ctx, as)              // loads the script
 		b.setTime(t, t0.Add(10*time.Hour)) // full again
 		if err := b.client.ConfigResetStat(ctx).Err(); err != nil {

@@ -14,7 +14,7 @@ import (
 // the budget, and returns those that failed. It reports false, sending
 // nothing, when brk holds calls back: they wait for Redis.
 func (p *Path) Refund(brk *breaker.Breaker, rs []authority.Refund, tokens int64) (failed []authority.Failed, sent bool) {
-	if brk.Rejects(time.Now()) {
+	if brk.Rejects(p.nodes.now()) { // the breakers' clock (WithClock)
 		return nil, false
 	}
 	done, err := brk.Allow()
