@@ -50,10 +50,10 @@ func (l *Limiter) miss(ctx context.Context, key string, n int64, a lease.Answer)
 		if r.Err != nil && ctx.Err() != nil {
 			return Decision{Source: SourceNone}, ctx.Err()
 		}
-		if r.Err != nil && (errors.Is(r.Err, context.Canceled) || errors.Is(r.Err, context.DeadlineExceeded)) && !errors.Is(r.Err, breaker.ErrBudget) {
-			// The caller that ran the refill left (its context ended)
-			// before the grant came; the grant still goes to the lease.
-			// This caller's context is alive: it asks again.
+		if errors.Is(r.Err, errRefillLeft) {
+			// The caller that ran the refill left before the grant came
+			// (the grant still goes to the lease); this one is still
+			// here: it asks again.
 			continue
 		}
 		if r.Err != nil {
@@ -109,11 +109,19 @@ func (l *Limiter) refill(ctx context.Context, brk *breaker.Breaker, rkey string,
 	rc := &refillCall{plan: r}
 	rep := l.authorize(ctx, call{brk: brk, rkey: rkey, want: r.Want, min: r.Min, share: r.Share, refill: rc,
 		with: l.members(t.Key())})
+	if rep.err != nil && ctx.Err() != nil {
+		return nil, errRefillLeft
+	}
 	if rep.err != nil {
 		return nil, rep.err
 	}
 	return rc, nil
 }
+
+// errRefillLeft is a refill's error when the caller that ran it stopped
+// waiting (its ctx ended) before the grant came: the callers that waited
+// with it ask again rather than take its ctx's error for theirs.
+var errRefillLeft = errors.New("leaselimit: the caller running the refill left")
 
 // prefetchSlots is how many background refills of a Limiter may run at
 // once: half the client's connection pool (one node's pool on a Cluster; the
