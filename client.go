@@ -98,6 +98,7 @@ func New(client redis.UniversalClient, limit policy.Limit, opts ...Option) (*Lim
 		auth:   auth,
 		table:  lease.NewTable(cfg.maxKeys, cfg.lease),
 		meters: meters,
+		closed: make(chan struct{}, 1),
 	}
 	e.path = redispath.New(redispath.Config{Client: client, Auth: auth, Budget: cfg.timeout, Name: "leaselimit:" + limit.Name,
 		Breaker: e.breakerSettings(), Tel: meters, Closed: ErrClosed, Unavailable: ErrUnavailable})
@@ -110,7 +111,8 @@ func New(client redis.UniversalClient, limit policy.Limit, opts ...Option) (*Lim
 	e.refunds = newRefundQueue(auth, e.path, meters, e.clock)
 	e.root = e.newLimiter(limit)
 	e.limits.LoadOrMake(limit, func() *Limiter { return e.root })
-	e.janitor = startJanitor(e.table, e.refunds, e.path, e.root.log, e.clock, cfg.lease.TTL)
+	e.debts = newDebtBook(cfg.maxKeys, meters, e.root.log, e.clock)
+	e.janitor = startJanitor(e.table, e.refunds, e.debts, e.closed, e.path, e.root.log, e.clock, cfg.lease.TTL)
 	return e.root, nil
 }
 
@@ -367,5 +369,6 @@ func (l *Limiter) Close() error {
 	l.janitor.halt()
 	l.path.Wait()
 	l.refunds.addReturns(l.table.Drain()...)
+	l.debts.move(l.refunds, l.path, true)
 	return l.refunds.final()
 }

@@ -24,6 +24,8 @@ type engine struct {
 	path    *redispath.Path  // every Redis call, and every goroutine Close waits for
 	table   *lease.Table     // the local state of every limit's keys
 	refunds *refundQueue     // unused tokens on their way back
+	debts   *debtBook        // what the failure policy admitted, to charge when Redis is back
+	closed  chan struct{}    // a breaker closed: the janitor charges the debts at once
 	janitor *janitor         // expiry, eviction and refunds in the background
 	slots   chan struct{}    // one per background refill in flight (refill.go)
 	// meters records what belongs to the engine rather than to one limit
@@ -97,6 +99,12 @@ func (e *engine) breakerSettings() breaker.Settings {
 	user := s.OnStateChange
 	s.OnStateChange = func(from, to breaker.State) {
 		e.meters.CountTransition(to)
+		if to == breaker.Closed {
+			select { // under the breaker's lock: never block
+			case e.closed <- struct{}{}:
+			default:
+			}
+		}
 		if user != nil {
 			user(from, to)
 		}

@@ -52,7 +52,8 @@ func (l *Limiter) onError(ctx context.Context, brk *breaker.Breaker, key string,
 
 // fallback is the failure policy's decision for n tokens of key, made for
 // reason while brk holds Redis calls back or a call failed. Leases already
-// held keep serving until they expire.
+// held keep serving until they expire. What the policy admits is charged
+// to the bucket once Redis answers again (see debtBook).
 func (l *Limiter) fallback(ctx context.Context, brk *breaker.Breaker, key string, n int64, reason string) Decision {
 	l.tel.CountFallback(ctx, reason)
 	l.log.fallback(l.cfg.mode.String(), reason)
@@ -68,9 +69,19 @@ func (l *Limiter) fallback(ctx context.Context, brk *breaker.Breaker, key string
 	now := l.clock.mono(wall)
 	if !l.cfg.noLease {
 		if a, ok := l.leases.Held(key, n, now); ok {
-			return l.decided(a)
+			return l.decided(a) // tokens taken from the bucket before
 		}
 	}
+	d := l.policyDecision(brk, key, n, now, wall)
+	if d.Allowed {
+		// Admitted without the bucket: charged to it once Redis answers.
+		l.owe(key, n, wall)
+	}
+	return d
+}
+
+// policyDecision is the failure policy's own decision for n tokens of key.
+func (l *Limiter) policyDecision(brk *breaker.Breaker, key string, n, now int64, wall time.Time) Decision {
 	switch l.cfg.mode {
 	case policy.FailClosed:
 		return denial(l.limit, 0, l.untilProbe(brk, wall), SourceFallback)

@@ -578,8 +578,10 @@ func TestSlowRedis(t *testing.T) {
 		const failures = 5
 		srv := redistest.Start(t)
 		proxy := redistest.NewProxy(t, srv.Addr)
+		// FailClosed: FailOpen's admissions would be charged to the
+		// bucket by script calls of their own, which this test counts.
 		lim := mustNew(t, redisClient(t, proxy.Addr), hotLimit.WithName("coalesce"),
-			leaselimit.WithTimeout(budget),
+			leaselimit.WithTimeout(budget), leaselimit.WithFailureMode(policy.FailClosed),
 			// A long TTL: no refund during the measurement.
 			leaselimit.WithLease(policy.Lease{TTL: time.Minute, IdleTTL: 2 * time.Minute}),
 			leaselimit.WithBreaker(breaker.Settings{Failures: failures, OpenFor: time.Minute}))

@@ -8,11 +8,13 @@ import (
 )
 
 // janitor is an engine's one background goroutine: it expires leases,
-// forgets idle keys (of every limit), sends refunds in batches and logs
-// breaker changes.
+// forgets idle keys (of every limit), sends refunds and the failure
+// policy's debts in batches and logs breaker changes.
 type janitor struct {
 	table   *lease.Table
 	refunds *refundQueue
+	debts   *debtBook
+	closed  <-chan struct{} // a breaker closed: charge the debts now
 	path    *redispath.Path
 	log     *logger
 	clock   localClock
@@ -23,8 +25,8 @@ type janitor struct {
 
 // startJanitor starts the janitor; it runs every quarter of the lease TTL,
 // between 5ms and 250ms.
-func startJanitor(table *lease.Table, refunds *refundQueue, path *redispath.Path, log *logger, clock localClock, ttl time.Duration) *janitor {
-	j := &janitor{table: table, refunds: refunds, path: path, log: log, clock: clock,
+func startJanitor(table *lease.Table, refunds *refundQueue, debts *debtBook, closed <-chan struct{}, path *redispath.Path, log *logger, clock localClock, ttl time.Duration) *janitor {
+	j := &janitor{table: table, refunds: refunds, debts: debts, closed: closed, path: path, log: log, clock: clock,
 		every: min(max(ttl/4, 5*time.Millisecond), 250*time.Millisecond),
 		stop:  make(chan struct{}), done: make(chan struct{})}
 	go j.run()
@@ -40,9 +42,13 @@ func (j *janitor) run() {
 		case <-j.stop:
 			return
 		case <-t.C:
+		case <-j.closed:
+			// Redis answers again: what the failure policy admitted
+			// meanwhile is charged before the next tick.
 		}
 		j.log.breakerState(j.path.State())
 		j.refunds.addReturns(j.table.Sweep(j.clock.now())...)
+		j.debts.move(j.refunds, j.path, false)
 		j.refunds.flush()
 	}
 }

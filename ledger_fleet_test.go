@@ -65,7 +65,11 @@ package leaselimit_test
 //     ratelimit.settle.charges.dropped does not widen anything.
 //
 // Charges are kept below half a burst per bucket, so a bucket never owes a
-// whole burst (the script forgives debt beyond that).
+// whole burst (the script forgives debt beyond that) for settlements alone.
+// What a failure policy admits (FailOpen, FailLocal) is charged to the
+// bucket once Redis answers again: the ledger counts it apart, and the
+// bucket must end that much lower too, unless the charges add up to more
+// than a Burst, when the script may forgive up to all of it.
 //
 // Run longer with LEASELIMIT_LEDGER_SEEDS=n (or -ledger.seeds=n): n seeds,
 // the fixed ones first; LEASELIMIT_LEDGER_SEED=s (-ledger.seed=s) runs one;
@@ -222,6 +226,7 @@ type tokenLedger struct {
 	admitted atomic.Int64 // tokens of admitted decisions that took from the bucket
 	surplus  atomic.Int64 // given back by settlements (counted before Settle)
 	charged  atomic.Int64 // charged by settlements above their estimate
+	fallback atomic.Int64 // admitted by a failure policy: charged once Redis answers
 	room     atomic.Int64 // what charges may still add (below half a burst)
 	reported atomic.Bool  // the bound at every moment: reported once
 	peeked   atomic.Bool  // a Peek over the ledger: reported once
@@ -243,13 +248,25 @@ func (l *tokenLedger) admit(v *violations, n int64, view, op string, src leaseli
 	}
 }
 
-// expected is what the bucket holds once every settlement is applied.
+// expected is what the bucket holds once every settlement and every
+// charge of the failure policy's admissions is applied, none forgiven.
 func (l *tokenLedger) expected() int64 {
-	return l.burst - l.admitted.Load() + l.surplus.Load() - l.charged.Load()
+	return l.burst - l.admitted.Load() + l.surplus.Load() - l.charged.Load() - l.fallback.Load()
 }
 
+// forgivable reports whether the script may have forgiven debt: charges
+// only take a bucket below zero (an admission takes what it holds), so it
+// owes more than a Burst only if the charges add up to more.
+func (l *tokenLedger) forgivable() bool {
+	return l.charged.Load()+l.fallback.Load() > l.burst
+}
+
+// admitFallback records n tokens admitted by a failure policy.
+func (l *tokenLedger) admitFallback(n int64) { l.fallback.Add(n) }
+
 func (l *tokenLedger) String() string {
-	return fmt.Sprintf("%s (burst %d, admitted %d, given back %d, charged %d)", l.name, l.burst, l.admitted.Load(), l.surplus.Load(), l.charged.Load())
+	return fmt.Sprintf("%s (burst %d, admitted %d, given back %d, charged %d, admitted by the failure policy %d)",
+		l.name, l.burst, l.admitted.Load(), l.surplus.Load(), l.charged.Load(), l.fallback.Load())
 }
 
 // takeRoom reserves room for a charge of n on every ledger, or none.
@@ -675,9 +692,12 @@ func (r *bucketRound) step(ctx context.Context, w *ledgerWorker, keys []string) 
 		}
 		d := res.Decision()
 		lr := &ledgerRes{res: res, view: vw, key: k, est: est, took: d.Allowed && d.Source != leaselimit.SourceFallback}
-		if lr.took {
-			for _, l := range vw.ledgers[k] {
+		for _, l := range vw.ledgers[k] {
+			switch {
+			case lr.took:
 				l.admit(r.v, est, vw.name, "Reserve", d.Source)
+			case d.Allowed:
+				l.admitFallback(est)
 			}
 		}
 		switch q := w.rng.IntN(10); {
@@ -710,8 +730,11 @@ func (r *bucketRound) allow(ctx context.Context, vw *ledgerView, k int, keys []s
 		r.v.add("%s: AllowN(%s, %d): %v", vw.name, keys[k], n, err)
 		return
 	}
-	if d.Allowed && d.Source != leaselimit.SourceFallback {
-		for _, l := range vw.ledgers[k] {
+	for _, l := range vw.ledgers[k] {
+		switch {
+		case d.Allowed && d.Source == leaselimit.SourceFallback:
+			l.admitFallback(n)
+		case d.Allowed:
 			l.admit(r.v, n, vw.name, "AllowN", d.Source)
 		}
 	}
@@ -791,10 +814,21 @@ func (r *bucketRound) check(keys []string) {
 			net += want - got
 			why := fmt.Sprintf("(ratelimit.lease.refunds.dropped %d, ratelimit.settle.charges.dropped %d; DropReplies matched %d connections so far; fault on/off at %s)",
 				refunds, charges, r.proxy.DroppedReplies(), strings.Join(r.timeline, ", "))
+			// Debt beyond a Burst is forgiven: where the charges add up
+			// to more, the failure policy's admissions may be forgiven,
+			// up to all of them (never a settled charge: those stay
+			// below half a Burst, and admissions never take a bucket
+			// below zero).
+			forgiven := int64(0)
+			if x.l.forgivable() {
+				forgiven = x.l.fallback.Load()
+			}
 			switch {
+			case got > want+forgiven:
+				r.v.add("%v: the closed fleet left %d tokens in the bucket, the ledger %d (%d of it forgivable debt): %d created from nothing (a refund applied twice, or a charge missing) %s",
+					x.l, got, want, forgiven, got-want-forgiven, why)
 			case got > want:
-				r.v.add("%v: the closed fleet left %d tokens in the bucket, the ledger %d: %d created from nothing (a refund applied twice, or a settled charge missing) %s",
-					x.l, got, want, got-want, why)
+				// Forgiven debt.
 			case got < want && r.kind.known():
 				r.v.add("%v: the closed fleet left %d tokens in the bucket, the ledger %d: %d lost in a round where every call reached Redis and was answered, or never reached it (a settlement dropped instead of queued, or a charge applied twice) %s",
 					x.l, got, want, want-got, why)

@@ -20,6 +20,7 @@ const (
 	logReadonly         // READONLY: a failover, or a replica by mistake
 	logSaturated        // a reply not read within the hard cap
 	logBreaker          // the breaker opened (closing is always logged)
+	logUncharged        // a failure policy's admission found the debt book full
 	logKinds
 )
 
@@ -82,6 +83,16 @@ func (g *logger) saturated() {
 		return
 	}
 	g.out.Warn("leaselimit: instance saturated: a Redis reply was not read within the hard cap; Redis may be healthy", g.limit)
+}
+
+// uncharged logs that an admission of the failure policy could not be
+// recorded for charging: the debt book holds max buckets already.
+func (g *logger) uncharged(max int) {
+	if g == nil || !g.due(logUncharged) {
+		return
+	}
+	g.out.Warn("leaselimit: the failure policy admitted a request that will not be charged to its bucket: the debt book is full (WithMaxKeys); counted on ratelimit.settle.charges.dropped", g.limit,
+		slog.Int("max_keys", max))
 }
 
 // breakerState logs a change of the breaker's state (the most severe of a

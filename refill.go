@@ -14,7 +14,9 @@ import (
 // (a.Status is Miss): the caller joins the refill of its key, one per key
 // at a time (concurrent misses of a key share one Redis call), and collects
 // its decision from the tokens it brings. When refills keep going to other
-// callers first, it asks Redis for exactly its n instead.
+// callers first, it asks Redis for exactly its n instead. While the breaker
+// is not closed, a caller never waits for a refill another caller runs
+// (it may be the probe): the failure policy decides for it at once.
 func (l *Limiter) miss(ctx context.Context, key string, n int64, a lease.Answer) (Decision, error) {
 	l.refunds.addReturn(a.Evicted)
 	brk, rkey := l.route(key)
@@ -37,6 +39,12 @@ func (l *Limiter) miss(ctx context.Context, key string, n int64, a lease.Answer)
 			r.Val, r.Err, r.Shared = l.sf.Do(key, refill)
 			l.leases.Led(t)
 		} else {
+			if brk.State() != breaker.Closed {
+				// The refill running may be the breaker's probe: only
+				// its own caller waits for it; this one could not have
+				// made a call itself, and decides by the policy now.
+				return l.fallback(ctx, brk, key, n, telemetry.ReasonBreakerOpen), nil
+			}
 			select {
 			case r = <-l.sf.DoChan(key, refill):
 			case <-ctx.Done():

@@ -119,8 +119,9 @@ func (l *Limiter) stampOf(d Decision, key string, taken time.Time, pre lease.Sta
 //
 // A Reservation never settled stays settled at its estimate. One whose
 // tokens the failure policy granted (Decision.Source is SourceFallback: no
-// tokens were taken from the bucket) settles to nothing: the policy decided
-// for the whole request.
+// tokens were taken from the bucket) is charged its estimate once Redis
+// answers again, like every admission of the policy, and settling it does
+// nothing more: the policy decided for the whole request.
 func (l *Limiter) Reserve(ctx context.Context, key string, estimate int64) (*Reservation, error) {
 	// Read before the tokens are taken: a quota's window read early can
 	// only make a surplus be dropped (under-admission), read late it could

@@ -1,0 +1,118 @@
+package leaselimit
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/leaselimit/leaselimit/breaker"
+	"github.com/leaselimit/leaselimit/internal/redispath"
+	"github.com/leaselimit/leaselimit/policy"
+	"github.com/leaselimit/leaselimit/telemetry"
+)
+
+// debtBook counts, per bucket, the tokens a failure policy admitted while
+// Redis could not answer (FailOpen's admissions, FailLocal's local share),
+// and charges them to the bucket once Redis answers again, as a Settle
+// charge is made: into debt, at most one Burst of it (see
+// authority.Redis.Apply). Without it, every stall longer than the time
+// budget would let the fleet admit past the limit and never pay it back;
+// with it, over a run with stalls the fleet exceeds the bound by at most
+// what the last stall admitted (and what a debt beyond one Burst forgives).
+//
+// Admissions of one bucket add up in one entry, so the book holds one
+// entry per bucket, bounded by WithMaxKeys; an admission that finds the
+// book full is not charged, counted on ratelimit.settle.charges.dropped
+// and logged. The janitor moves the entries of buckets whose breaker is
+// closed to the refund queue, which sends them once, under their own ids,
+// or keeps them until Redis answers (see refundQueue); Close moves the
+// rest before its final send.
+type debtBook struct {
+	mu    sync.Mutex
+	owed  map[debtKey]*debt
+	max   int
+	tel   *telemetry.Recorder
+	log   *logger
+	clock localClock
+}
+
+// debtKey names one bucket's debt: its Redis key and, for a calendar
+// quota, the end of the window the admissions were made in (a charge is
+// applied to that window only).
+type debtKey struct {
+	rkey   string
+	window int64
+}
+
+// debt is what one bucket owes.
+type debt struct {
+	limit  policy.Limit
+	tokens int64
+}
+
+func newDebtBook(max int, tel *telemetry.Recorder, log *logger, clock localClock) *debtBook {
+	return &debtBook{owed: make(map[debtKey]*debt), max: max, tel: tel, log: log, clock: clock}
+}
+
+// owe records n tokens of the bucket at rkey under limit that a failure
+// policy admitted at wall.
+func (b *debtBook) owe(rkey string, limit policy.Limit, n int64, wall time.Time) {
+	k := debtKey{rkey: rkey, window: windowOf(limit, wall)}
+	b.mu.Lock()
+	d, ok := b.owed[k]
+	switch {
+	case ok:
+		// A charge beyond two Bursts is capped by the script anyway (and
+		// debt beyond one Burst forgiven): the sum never overflows.
+		d.tokens = min(d.tokens+n, 2*limit.Burst)
+	case len(b.owed) < b.max:
+		b.owed[k] = &debt{limit: limit, tokens: min(n, 2*limit.Burst)}
+	default:
+		b.mu.Unlock()
+		b.tel.CountDroppedCharge(context.Background(), n)
+		b.log.uncharged(b.max)
+		return
+	}
+	b.mu.Unlock()
+}
+
+// move hands the debts of the buckets whose breaker is closed (all of
+// them, if all is set) to q as charges.
+func (b *debtBook) move(q *refundQueue, path *redispath.Path, all bool) {
+	b.mu.Lock()
+	if len(b.owed) == 0 {
+		b.mu.Unlock()
+		return
+	}
+	var due []debtKey
+	for k := range b.owed {
+		if all || path.Route(k.rkey).State() == breaker.Closed {
+			due = append(due, k)
+		}
+	}
+	charges := make([]*debt, len(due))
+	for i, k := range due {
+		charges[i] = b.owed[k]
+		delete(b.owed, k)
+	}
+	b.mu.Unlock()
+	for i, k := range due {
+		d := charges[i]
+		// Since 0: the server's clock at the admissions is unknown, so the
+		// charge applies only to a bucket not Reset since (see
+		// authority.Refund.Since).
+		q.add(q.adjustment(k.rkey, d.limit, -d.tokens, k.window, 0))
+	}
+}
+
+// owe charges key's bucket (every member's, for a multi-limit) n tokens
+// that the failure policy admitted at wall (see debtBook).
+func (l *Limiter) owe(key string, n int64, wall time.Time) {
+	if l.group != nil {
+		for _, p := range l.group {
+			p.owe(key, n, wall)
+		}
+		return
+	}
+	l.debts.owe(l.namer.Key(key), l.limit, n, wall)
+}

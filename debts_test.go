@@ -1,0 +1,260 @@
+package leaselimit_test
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/leaselimit/leaselimit"
+	"github.com/leaselimit/leaselimit/breaker"
+	"github.com/leaselimit/leaselimit/internal/redistest"
+	"github.com/leaselimit/leaselimit/policy"
+	"github.com/redis/go-redis/v9"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+)
+
+// debtLimit is a bucket that does not refill during a test.
+func debtLimit(name string, burst int64) policy.Limit {
+	return policy.Limit{Name: name, Rate: 1, Period: 24 * time.Hour, Burst: burst}
+}
+
+// level returns the whole tokens key's bucket holds under limit, negative
+// in debt, read by a Limiter of its own (see bucketLevel).
+func level(t *testing.T, c redis.UniversalClient, limit policy.Limit, key string) int64 {
+	t.Helper()
+	lim, err := leaselimit.New(c, limit, leaselimit.WithoutLease(), leaselimit.WithTimeout(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lim.Close()
+	d, err := lim.Peek(context.Background(), key)
+	if err != nil {
+		t.Fatalf("Peek(%s): %v", key, err)
+	}
+	return bucketLevel(d, limit)
+}
+
+// TestFallbackAdmissionsAreCharged: what the failure policy admits while
+// Redis cannot be reached (FailOpen's admissions, FailLocal's share; one
+// limit and a multi-limit; exact and lease mode) is charged to the bucket
+// once Redis answers again, so the bucket ends exactly as if Redis had
+// granted those tokens; and a charge past one Burst leaves the bucket one
+// Burst in debt, no more.
+func TestFallbackAdmissionsAreCharged(t *testing.T) {
+	srv := redistest.Start(t)
+	direct := srv.Client(t)
+	cases := []struct {
+		name  string
+		mode  policy.FailureMode
+		lease bool
+		multi bool
+		down  int64 // admissions tried while Redis is down
+	}{
+		{"open-exact", policy.FailOpen, false, false, 25},
+		{"open-lease", policy.FailOpen, true, false, 25},
+		{"local-exact", policy.FailLocal, false, false, 25},
+		{"open-multi", policy.FailOpen, false, true, 25},
+		{"open-past-burst", policy.FailOpen, false, false, 130},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			proxy := redistest.NewProxy(t, srv.Addr)
+			c := redis.NewClient(&redis.Options{Addr: proxy.Addr, DialerRetries: 1})
+			t.Cleanup(func() { _ = c.Close() })
+			a, b := debtLimit("debt-a-"+tc.name, 60), debtLimit("debt-b-"+tc.name, 50)
+			opts := []leaselimit.Option{leaselimit.WithFailureMode(tc.mode), leaselimit.WithTimeout(200 * time.Millisecond),
+				leaselimit.WithBreaker(breaker.Settings{OpenFor: 20 * time.Millisecond})}
+			if !tc.lease {
+				opts = append(opts, leaselimit.WithoutLease())
+			}
+			lim := mustNew(t, c, a, opts...)
+			view := lim
+			if tc.multi {
+				view = lim.For(a, b)
+			}
+			ctx := context.Background()
+			var taken, owed int64 // from the bucket; admitted by the policy
+			allow := func(phase string) {
+				d, err := view.Allow(ctx, "k")
+				switch {
+				case err != nil:
+					t.Fatalf("Allow (%s): %v", phase, err)
+				case d.Allowed && d.Source == leaselimit.SourceFallback:
+					owed++
+				case d.Allowed:
+					taken++
+				}
+			}
+			for range 10 {
+				allow("Redis up")
+			}
+			proxy.Refuse(true)
+			for range tc.down {
+				allow("Redis down")
+			}
+			if owed == 0 {
+				t.Fatalf("no admission of the failure policy in %d tries with Redis down", tc.down)
+			}
+			proxy.Refuse(false)
+			// Close returns the lease's unused tokens and sends what is
+			// still owed, whatever the breaker says.
+			waitReachable(t, c, "the client")
+			if err := lim.Close(); err != nil {
+				t.Fatalf("Close: %v", err)
+			}
+			limits := []policy.Limit{a}
+			if tc.multi {
+				limits = append(limits, b)
+			}
+			for _, l := range limits {
+				want := l.Burst - taken - owed
+				if want < -l.Burst {
+					want = -l.Burst // a debt past one Burst is forgiven
+				}
+				if got := level(t, direct, l, "k"); got != want {
+					t.Errorf("%s: the bucket holds %d; want %d (Burst %d, %d taken from it, %d admitted by the policy)",
+						l.Name, got, want, l.Burst, taken, owed)
+				}
+			}
+		})
+	}
+}
+
+// TestFallbackChargedWhileRunning: the janitor charges the policy's
+// admissions once the breaker is closed again, without waiting for Close.
+func TestFallbackChargedWhileRunning(t *testing.T) {
+	srv := redistest.Start(t)
+	proxy := redistest.NewProxy(t, srv.Addr)
+	c := redis.NewClient(&redis.Options{Addr: proxy.Addr, DialerRetries: 1})
+	t.Cleanup(func() { _ = c.Close() })
+	l := debtLimit("debt-running", 20)
+	lim := mustNew(t, c, l, leaselimit.WithoutLease(), leaselimit.WithTimeout(200*time.Millisecond),
+		leaselimit.WithBreaker(breaker.Settings{Failures: 1, OpenFor: 20 * time.Millisecond}))
+	ctx := context.Background()
+	proxy.Refuse(true)
+	owed := int64(0)
+	for range 15 {
+		if d, err := lim.Allow(ctx, "k"); err != nil || !d.Allowed || d.Source != leaselimit.SourceFallback {
+			t.Fatalf("Allow with Redis down = %+v, %v; want FailOpen's admission", d, err)
+		}
+		owed++
+	}
+	proxy.Refuse(false)
+	waitReachable(t, c, "the client")
+	// Decisions reach Redis again once the breaker's probes pass (the
+	// policy admits until then); the bucket is spent in a tight loop.
+	admitted := int64(0)
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		d, err := lim.Allow(ctx, "k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch {
+		case d.Allowed && d.Source == leaselimit.SourceFallback:
+			owed++ // before the breaker closes
+		case d.Allowed:
+			admitted++
+		}
+		if !d.Allowed && d.Source != leaselimit.SourceFallback {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("still admitting after 10 s: %d admitted by Redis after the outage", admitted)
+		}
+	}
+	// The debt follows while the Limiter runs: the bucket ends as if
+	// Redis had granted the outage's admissions too.
+	want := max(l.Burst-admitted-owed, -l.Burst)
+	got := level(t, srv.Client(t), l, "k")
+	for deadline := time.Now().Add(10 * time.Second); got != want && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+		got = level(t, srv.Client(t), l, "k")
+	}
+	if got != want {
+		t.Errorf("the bucket holds %d with the Limiter running; want %d (Burst %d, %d admitted by Redis, %d by the policy during the outage)",
+			got, want, l.Burst, admitted, owed)
+	}
+}
+
+// TestDebtBookFull: the debt book holds one entry per bucket, bounded by
+// WithMaxKeys; an admission that finds it full is not charged, and says
+// so on ratelimit.settle.charges.dropped and in the log.
+func TestDebtBookFull(t *testing.T) {
+	m, c := newMini(t)
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	var logs bytes.Buffer
+	lim := mustNew(t, c, debtLimit("debt-full", 10), leaselimit.WithoutLease(), leaselimit.WithMaxKeys(8),
+		leaselimit.WithMeterProvider(mp), leaselimit.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))),
+		leaselimit.WithBreaker(breaker.Settings{Failures: 1, OpenFor: time.Hour}))
+	m.Close()
+	ctx := context.Background()
+	for i := range 20 {
+		if d, err := lim.AllowN(ctx, "k"+string(rune('a'+i)), 2); err != nil || !d.Allowed || d.Source != leaselimit.SourceFallback {
+			t.Fatalf("AllowN with Redis down = %+v, %v", d, err)
+		}
+	}
+	_, charges := droppedTokens(t, reader)
+	if charges != 2*(20-8) {
+		t.Errorf("ratelimit.settle.charges.dropped = %d; want %d (12 keys past a book of 8, 2 tokens each)", charges, 2*(20-8))
+	}
+	if !strings.Contains(logs.String(), "will not be charged") {
+		t.Errorf("no log line for the uncharged admissions; log:\n%s", logs.String())
+	}
+}
+
+// TestOnlyTheProbeWaits: while the breaker is half-open, callers of a key
+// whose refill is the breaker's probe do not wait for it: the failure
+// policy decides for each at once, while the probe's own caller still
+// waits for Redis.
+// Regression: they joined the probe's refill and waited with it, up to
+// the budget, for a call they could not have made themselves.
+func TestOnlyTheProbeWaits(t *testing.T) {
+	srv := redistest.Start(t)
+	proxy := redistest.NewProxy(t, srv.Addr)
+	c := redis.NewClient(&redis.Options{Addr: proxy.Addr})
+	t.Cleanup(func() { _ = c.Close() })
+	lim := mustNew(t, c, policy.PerSecond(1000).WithName("probe-waits"), leaselimit.WithTimeout(2*time.Second),
+		leaselimit.WithBreaker(breaker.Settings{Failures: 1, OpenFor: 10 * time.Millisecond, Probes: 1}))
+	ctx := context.Background()
+	if _, err := lim.Allow(ctx, "warm"); err != nil {
+		t.Fatal(err)
+	}
+	proxy.Blackhole(true)
+	if d, err := lim.Allow(ctx, "first"); err != nil || d.Source != leaselimit.SourceFallback {
+		t.Fatalf("Allow with Redis hung = %+v, %v; want a fallback", d, err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); lim.BreakerState() != breaker.Open; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("breaker %v after a failure with Failures 1", lim.BreakerState())
+		}
+	}
+	time.Sleep(20 * time.Millisecond) // OpenFor: the next call is the probe
+	probed := make(chan struct{})
+	go func() {
+		defer close(probed)
+		_, _ = lim.Allow(ctx, "k") // the probe: waits for the hung Redis
+	}()
+	for deadline := time.Now().Add(10 * time.Second); lim.BreakerState() != breaker.HalfOpen; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("breaker %v; want the probe in flight (half-open)", lim.BreakerState())
+		}
+	}
+	for i := range 20 {
+		d, err := lim.Allow(ctx, "k")
+		if err != nil || !d.Allowed || d.Source != leaselimit.SourceFallback {
+			t.Fatalf("Allow #%d beside the probe = %+v, %v; want FailOpen's admission", i, d, err)
+		}
+		select {
+		case <-probed:
+			t.Fatalf("the probe ended before caller #%d beside it had its decision: it waited for the probe", i)
+		default:
+		}
+	}
+	proxy.Blackhole(false)
+	<-probed
+}
