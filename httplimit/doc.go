@@ -20,17 +20,31 @@
 // line (", "-separated), so the outermost Middleware's member comes first. The
 // member is the policy name (policy.Limit.Name, a quoted sf-string) with:
 //
-//   - q: the limit's Burst — the most the bucket holds;
-//   - w: the limit's Period in whole seconds, rounded up (at least 1). The
-//     bucket refills continuously at Rate per Period, so q requests per w
-//     seconds is exact only when Rate == Burst; otherwise read it as a hint;
+//   - q and w: q tokens per w seconds is the limit's sustained rate, Rate
+//     per Period, exactly: w is the shortest whole number of seconds that
+//     is a whole number of Periods (PerMinute(100) gives q=100;w=60, 5 per
+//     100 ms q=50;w=1, 7 per 1.5 s q=14;w=3). A client that has spent its
+//     burst and then paces itself to q per w seconds is not refused by this
+//     limit. (Only a rate whose tokens in that window need more than 15
+//     digits is rounded, down.) A calendar quota (policy.Quota) says its
+//     tokens per window, w being the window's usual length (a month counts
+//     30 days); t tells when its window ends.
+//   - leaselimit-burst: the most the bucket holds (Burst), the tokens a
+//     client may spend at once, when that is not q:
+//     policy.PerSecond(100).WithBurst(200) gives
+//     "default";q=100;w=1;leaselimit-burst=200. When it is absent the
+//     burst is q. The draft defines no burst parameter and asks that
+//     implementation-specific ones carry a vendor prefix (Section 3.1);
+//     clients that do not know it can ignore it, and q/w stays true.
 //   - r: Decision.Remaining, the tokens left for this key (best knowledge:
 //     with leases it counts the local lease plus what Redis last reported;
-//     during a Redis outage it is what the failure policy says);
+//     during a Redis outage, what the failure policy says). It never exceeds
+//     the burst.
 //   - t: the seconds, rounded up, until more quota is available: on an allowed
 //     request, until the next token arrives (0 when the bucket is full); on a
 //     denied request, until enough tokens for the request arrive — the same
-//     value as Retry-After.
+//     value as Retry-After. After r is spent, one token arrives every w/q
+//     seconds.
 //
 // A denied request gets 429 Too Many Requests, Retry-After (whole seconds,
 // rounded up, at least 1, never earlier than t) and an RFC 9457
@@ -39,6 +53,27 @@
 // violated policy in "violated-policies". WithDeniedHandler replaces the body;
 // the header fields are already set when it runs. WithLegacyHeaders adds
 // X-RateLimit-Limit, X-RateLimit-Remaining and X-RateLimit-Reset.
+//
+// # Redis outages
+//
+// While Redis is unavailable the Limiter's failure policy decides
+// (leaselimit.SourceFallback). Its admissions pass as usual. Its denials —
+// every request under policy.FailClosed, a request above this instance's
+// share of the limit under policy.FailLocal — are not the client's overuse,
+// and are not answered as if they were: they get 503 Service Unavailable,
+// Retry-After (the Decision's RetryAfter: for FailClosed, until the
+// circuit breaker lets a probe through; for FailLocal, until this
+// instance's share has the tokens), and a problem+json body of type
+// "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity"
+// (draft-10, Section 5.2, whose recommended status is 503), without
+// "violated-policies": no quota was exceeded. The response carries the
+// RateLimit-Policy member, which describes the limit and does not change
+// with an outage, but no RateLimit member and no legacy field of this
+// Middleware: the failure policy's Remaining is not the key's bucket
+// (FailClosed says 0 for every key), and Retry-After says when to come
+// back. WithOutageHandler replaces the response; WithOutageAsDenial answers
+// these denials like any other (429, with RateLimit), as before. A limit in
+// shadow mode never refuses, during an outage either.
 //
 // # Several limiters on one route
 //

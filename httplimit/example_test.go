@@ -65,3 +65,36 @@ func Example() {
 	//   Retry-After: 30
 	//   {"type":"https://iana.org/assignments/http-problem-types#quota-exceeded","title":"Request cannot be satisfied as assigned quota has been exceeded","status":429,"detail":"The quota of policy \"burst\" is exhausted; retry after 30 s.","violated-policies":["burst"]}
 }
+
+// A login limit that fails closed, while Redis is down: 503 with the time
+// until the limiter tries Redis again, not a 429 "quota exceeded".
+func Example_outage() {
+	mr, _ := miniredis.Run()
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr(), MaxRetries: -1})
+	defer rdb.Close()
+	login, err := leaselimit.New(rdb, policy.PerMinute(10).WithName("login"),
+		leaselimit.WithFailureMode(policy.FailClosed))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer login.Close()
+	mr.Close() // Redis goes away
+
+	app := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "welcome\n")
+	})
+	h := httplimit.Middleware(login, httplimit.ClientIP())(app)
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest("POST", "/login", nil))
+	fmt.Println(rec.Code)
+	fmt.Println("  RateLimit-Policy:", rec.Header().Get("RateLimit-Policy"))
+	fmt.Printf("  RateLimit: %q\n", rec.Header().Get("RateLimit"))
+	fmt.Println("  Retry-After:", rec.Header().Get("Retry-After"))
+	fmt.Print("  ", rec.Body.String())
+	// Output:
+	// 503
+	//   RateLimit-Policy: "login";q=10;w=60
+	//   RateLimit: ""
+	//   Retry-After: 1
+	//   {"type":"https://iana.org/assignments/http-problem-types#temporary-reduced-capacity","title":"Request cannot be satisfied due to temporary server capacity constraints","status":503,"detail":"Policy \"login\" is running at reduced capacity; retry after 1 s."}
+}

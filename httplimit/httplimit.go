@@ -18,8 +18,8 @@ type Limiter interface {
 	// AllowN decides whether n tokens may be taken for key now, and takes
 	// them if so.
 	AllowN(ctx context.Context, key string, n int64) (leaselimit.Decision, error)
-	// Limit returns the enforced limit; its Name, Burst and Period fill
-	// RateLimit-Policy. Middleware calls it once.
+	// Limit returns the enforced limit; its Name, Rate, Period and Burst
+	// fill RateLimit-Policy. Middleware calls it once.
 	Limit() policy.Limit
 }
 
@@ -43,6 +43,13 @@ type KeyFunc func(*http.Request) (string, error)
 // defined by draft-ietf-httpapi-ratelimit-headers-10, Section 5.1.
 const ProblemTypeQuotaExceeded = "https://iana.org/assignments/http-problem-types#quota-exceeded"
 
+// ProblemTypeTemporaryReducedCapacity is the RFC 9457 problem type of a
+// request the failure policy refused while Redis was unavailable (see
+// WithOutageHandler), defined by draft-ietf-httpapi-ratelimit-headers-10,
+// Section 5.2, for "a temporary reduction in server capacity", with 503 as
+// its recommended status code.
+const ProblemTypeTemporaryReducedCapacity = "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity"
+
 // Header field names, in Go's canonical form (HTTP field names are
 // case-insensitive; HTTP/2 and HTTP/3 send them in lower case).
 const (
@@ -61,10 +68,13 @@ type config struct {
 	limit    func(*http.Request) policy.Limit
 	cost     func(*http.Request) int64
 	denied   func(http.ResponseWriter, *http.Request, leaselimit.Decision)
+	outage   func(http.ResponseWriter, *http.Request, leaselimit.Decision)
 	keyError func(http.ResponseWriter, *http.Request, error)
 	limError func(http.ResponseWriter, *http.Request, error)
 	logger   *slog.Logger
 	legacy   bool
+	// outageAsDenial: WithOutageAsDenial
+	outageAsDenial bool
 	// shadowHeaders: WithShadowHeaders
 	shadowHeaders bool
 }
@@ -98,9 +108,38 @@ func WithCost(cost func(*http.Request) int64) Option {
 // RateLimit-Policy, RateLimit, Retry-After (and the legacy fields, if
 // enabled) are already set on w.Header(); h writes the status and body, and
 // may change the header fields. The default writes 429 with an RFC 9457
-// problem+json body of type ProblemTypeQuotaExceeded.
+// problem+json body of type ProblemTypeQuotaExceeded. A denial by the
+// failure policy while Redis is unavailable goes to the outage handler
+// instead (WithOutageHandler), unless WithOutageAsDenial is set.
 func WithDeniedHandler(h func(w http.ResponseWriter, r *http.Request, d leaselimit.Decision)) Option {
 	return func(c *config) { c.denied = h }
+}
+
+// WithOutageHandler replaces the response to a request that the failure
+// policy denied while Redis was unavailable: a denial with
+// d.Source == leaselimit.SourceFallback, which policy.FailClosed gives
+// every request and policy.FailLocal a request above this instance's share
+// of the limit. When h runs, RateLimit-Policy and Retry-After are set on
+// w.Header() — d.RetryAfter in whole seconds, rounded up, at least 1: for
+// FailClosed, until the circuit breaker lets a probe through; for
+// FailLocal, until the share has the tokens — and no RateLimit member or
+// legacy field of this Middleware is: the failure policy's Remaining is
+// not the key's bucket. The default writes 503 Service Unavailable with an
+// RFC 9457 problem+json body of type ProblemTypeTemporaryReducedCapacity,
+// so that clients and dashboards tell an outage from a client's overuse.
+// A limit in shadow mode never refuses, so h never runs for one.
+func WithOutageHandler(h func(w http.ResponseWriter, r *http.Request, d leaselimit.Decision)) Option {
+	return func(c *config) { c.outage = h }
+}
+
+// WithOutageAsDenial answers a failure policy's denial during a Redis
+// outage like any other denial: with a RateLimit member (the policy's
+// Remaining, and t until its RetryAfter), the legacy fields if enabled,
+// Retry-After, and the denied handler's response (by default 429
+// quota-exceeded), as httplimit did before WithOutageHandler existed: for
+// clients that back off from a 429 and from nothing else.
+func WithOutageAsDenial() Option {
+	return func(c *config) { c.outageAsDenial = true }
 }
 
 // WithKeyErrorHandler replaces the response to a request whose KeyFunc
@@ -176,11 +215,11 @@ func Middleware(lim Limiter, key KeyFunc, opts ...Option) func(http.Handler) htt
 	if key == nil {
 		panic("httplimit: Middleware with a nil KeyFunc")
 	}
-	m := &middleware{lim: lim, key: key, policy: fields.NewPolicy(lim.Limit())}
+	m := &middleware{lim: lim, key: key, policy: newPolicy(lim.Limit())}
 	if ml, ok := lim.(multiLimiter); ok {
 		if ls := ml.Limits(); len(ls) > 1 {
 			for _, l := range ls {
-				m.group = append(m.group, fields.NewPolicy(l))
+				m.group = append(m.group, newPolicy(l))
 			}
 		}
 	}
@@ -201,6 +240,9 @@ func Middleware(lim Limiter, key KeyFunc, opts ...Option) func(http.Handler) htt
 	}
 	if m.cfg.denied == nil {
 		m.cfg.denied = m.quotaExceeded
+	}
+	if m.cfg.outage == nil {
+		m.cfg.outage = reducedCapacity
 	}
 	if m.cfg.keyError == nil {
 		m.cfg.keyError = badKey
@@ -261,6 +303,18 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 	if d.Limit == (policy.Limit{}) {
 		d.Limit = pf.Limit
+	}
+	if d.Source == leaselimit.SourceFallback && (!d.Allowed || d.ShadowDenied) && !m.cfg.outageAsDenial {
+		// The failure policy refused (or, for a shadow limit, would have
+		// refused) while Redis was unavailable: its Remaining is not the
+		// key's bucket, so no RateLimit member and no legacy field.
+		if d.Allowed {
+			next.ServeHTTP(w, r)
+			return
+		}
+		h[HeaderRetryAfter] = []string{strconv.FormatInt(max(fields.CeilSeconds(d.RetryAfter), 1), 10)}
+		m.cfg.outage(w, r, d)
+		return
 	}
 	tight := pf.Limit // the limit the legacy fields and Retry-After describe
 	policies := []*fields.Policy{pf}
@@ -331,6 +385,17 @@ func (m *middleware) quotaExceeded(w http.ResponseWriter, _ *http.Request, d lea
 		Status:   http.StatusTooManyRequests,
 		Detail:   "The quota of policy \"" + name + "\" is exhausted; retry after " + retry + " s.",
 		Violated: []string{name},
+	})
+}
+
+// reducedCapacity is the default outage handler.
+func reducedCapacity(w http.ResponseWriter, _ *http.Request, d leaselimit.Decision) {
+	retry := w.Header().Get(HeaderRetryAfter)
+	writeProblem(w, problem{
+		Type:   ProblemTypeTemporaryReducedCapacity,
+		Title:  "Request cannot be satisfied due to temporary server capacity constraints",
+		Status: http.StatusServiceUnavailable,
+		Detail: "Policy \"" + d.Limit.Name + "\" is running at reduced capacity; retry after " + retry + " s.",
 	})
 }
 

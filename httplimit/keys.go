@@ -1,11 +1,13 @@
 package httplimit
 
 import (
+	"log/slog"
 	"net/http"
 	"net/netip"
 	"net/textproto"
 	"strconv"
 	"strings"
+	"sync/atomic"
 )
 
 // KeyError is a KeyFunc error whose Detail may be shown to the client; the
@@ -46,10 +48,22 @@ func (e *KeyError) Unwrap() error { return e.Err }
 // Forwarded field instead: a Middleware that read both would let clients
 // choose their key by sending the field the proxies do not maintain.
 //
+// When the key is a proxy's address although the request says it was
+// forwarded — a peer outside the trusted prefixes (or with none configured)
+// sends X-Forwarded-For, Forwarded or X-Real-IP, or a trusted peer sends only
+// a field this function does not read — every client behind that proxy
+// shares one bucket. The KeyFunc then logs one warning, the first time only,
+// to slog.Default() at the time (httplimit has no logger of its own here: set
+// your logger with slog.SetDefault). The warning names the field, the peer's
+// address and the fix; it never contains the field's value. Requests without
+// such a field, or from trusted peers whose field is read, log nothing. If
+// clients reach the server directly, a client that sends the field itself
+// triggers it, once; the header is then rightly ignored.
+//
 // ClientIP panics if a prefix is not valid. r.RemoteAddr that is not an IP
 // address (a Unix socket) is a KeyError.
 func ClientIP(trusted ...netip.Prefix) KeyFunc {
-	return clientIP(trusted, xffChain)
+	return clientIP(trusted, xffChain, xffReader)
 }
 
 // ClientIPForwarded is ClientIP reading the "for" parameters of the RFC 7239
@@ -57,9 +71,10 @@ func ClientIP(trusted ...netip.Prefix) KeyFunc {
 // right past trusted hops. Quoted values, ports, "[IPv6]" and obfuscated or
 // "unknown" identifiers are understood (the last two stop the walk, as a
 // non-address does in ClientIP). A field line that does not parse stops the
-// walk at the trusted hop before it.
+// walk at the trusted hop before it. It warns once, as ClientIP does, when
+// requests arrive through a proxy whose forwarding field it does not read.
 func ClientIPForwarded(trusted ...netip.Prefix) KeyFunc {
-	return clientIP(trusted, forwardedChain)
+	return clientIP(trusted, forwardedChain, forwardedReader)
 }
 
 // chainFunc walks the forwarding field of h from the right, calling visit
@@ -67,7 +82,85 @@ func ClientIPForwarded(trusted ...netip.Prefix) KeyFunc {
 // visit returns false.
 type chainFunc func(h http.Header, visit func(a netip.Addr, ok bool) bool)
 
-func clientIP(trusted []netip.Prefix, chain chainFunc) KeyFunc {
+// A reader describes a client-address key function for its warning: its
+// name, the forwarding field it reads and how to make a proxy send it.
+type reader struct {
+	fn, field, fix string
+}
+
+var (
+	xffReader = reader{"ClientIP", "X-Forwarded-For",
+		"make the proxy append its peer to X-Forwarded-For (nginx: proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for; HAProxy: option forwardfor), " +
+			"or key with httplimit.ClientIPForwarded if it maintains Forwarded"}
+	forwardedReader = reader{"ClientIPForwarded", "Forwarded",
+		"make the proxy maintain the RFC 7239 Forwarded field, or key with httplimit.ClientIP if it appends to X-Forwarded-For"}
+)
+
+// forwardingFields are the request header fields that say a request was
+// forwarded by a proxy: canonical key, and the name as usually written.
+var forwardingFields = [...]struct{ key, name string }{
+	{"X-Forwarded-For", "X-Forwarded-For"},
+	{"Forwarded", "Forwarded"},
+	{"X-Real-Ip", "X-Real-IP"},
+}
+
+// proxyWarning logs, once, that a client-address KeyFunc keyed a forwarded
+// request by the proxy's address. Until it has, each request from an
+// untrusted peer costs three header lookups; after, one atomic load.
+type proxyWarning struct {
+	reader
+	key     string // field in canonical form
+	trusted string // the configured prefixes, for the log
+	done    atomic.Bool
+}
+
+// forwardedBy returns the name of the first forwarding field h holds, other
+// than skip's canonical key, or "".
+func forwardedBy(h http.Header, skip string) string {
+	for _, f := range forwardingFields {
+		if f.key != skip && len(h[f.key]) > 0 {
+			return f.name
+		}
+	}
+	return ""
+}
+
+// untrustedPeer is called for a request keyed by its peer, which is not a
+// trusted proxy.
+func (w *proxyWarning) untrustedPeer(r *http.Request, peer netip.Addr) {
+	if w.done.Load() {
+		return
+	}
+	field := forwardedBy(r.Header, "")
+	if field == "" || !w.done.CompareAndSwap(false, true) {
+		return
+	}
+	host := netip.PrefixFrom(peer, peer.BitLen()).String()
+	fix := "if " + peer.String() + " is your load balancer or reverse proxy, add its prefix to the trusted ones: httplimit." + w.fn +
+		`(netip.MustParsePrefix("` + host + `"), ...); if clients connect directly, this field is their own and rightly ignored`
+	slog.Default().LogAttrs(r.Context(), slog.LevelWarn,
+		"httplimit: a request forwarded by a peer that is not a trusted proxy is keyed by the peer's address: all clients behind it share one bucket; logged once",
+		slog.String("func", w.fn), slog.String("header", field), slog.String("remote_addr", peer.String()),
+		slog.String("trusted", w.trusted), slog.String("fix", fix))
+}
+
+// trustedPeer is called for a request from a trusted proxy that sent no
+// field w reads.
+func (w *proxyWarning) trustedPeer(r *http.Request, peer netip.Addr) {
+	if w.done.Load() {
+		return
+	}
+	field := forwardedBy(r.Header, w.key)
+	if field == "" || !w.done.CompareAndSwap(false, true) {
+		return
+	}
+	slog.Default().LogAttrs(r.Context(), slog.LevelWarn,
+		"httplimit: a trusted proxy sends the client's address in a field this key function does not read: all clients behind it share one bucket; logged once",
+		slog.String("func", w.fn), slog.String("header", field), slog.String("reads", w.field),
+		slog.String("remote_addr", peer.String()), slog.String("fix", w.fix))
+}
+
+func clientIP(trusted []netip.Prefix, chain chainFunc, rd reader) KeyFunc {
 	prefixes := make([]netip.Prefix, len(trusted))
 	for i, p := range trusted {
 		if !p.IsValid() {
@@ -77,6 +170,14 @@ func clientIP(trusted []netip.Prefix, chain chainFunc) KeyFunc {
 			p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-96)
 		}
 		prefixes[i] = p.Masked()
+	}
+	warn := &proxyWarning{reader: rd, key: textproto.CanonicalMIMEHeaderKey(rd.field), trusted: "none"}
+	if len(prefixes) > 0 {
+		names := make([]string, len(prefixes))
+		for i, p := range prefixes {
+			names[i] = p.String()
+		}
+		warn.trusted = strings.Join(names, ",")
 	}
 	isTrusted := func(a netip.Addr) bool {
 		for _, p := range prefixes {
@@ -92,6 +193,11 @@ func clientIP(trusted []netip.Prefix, chain chainFunc) KeyFunc {
 			return "", &KeyError{Detail: "The client's address is unknown."}
 		}
 		if len(prefixes) == 0 || !isTrusted(peer) {
+			warn.untrustedPeer(r, peer)
+			return peer.String(), nil
+		}
+		if len(r.Header[warn.key]) == 0 {
+			warn.trustedPeer(r, peer)
 			return peer.String(), nil
 		}
 		client := peer

@@ -1,10 +1,14 @@
 package httplimit_test
 
 import (
+	"context"
 	"errors"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"strings"
+	"sync"
 	"testing"
 
 	"github.com/leaselimit/leaselimit/httplimit"
@@ -143,6 +147,161 @@ func TestClientIPThroughMiddleware(t *testing.T) {
 			t.Errorf("keys %q, want %q", f.keys, want)
 			break
 		}
+	}
+}
+
+// warnings records the log records of httplimit's key functions.
+type warnings struct {
+	mu      sync.Mutex
+	records []map[string]string // attributes, with the message as "msg" and the level as "level"
+}
+
+func (w *warnings) Enabled(context.Context, slog.Level) bool { return true }
+func (w *warnings) WithAttrs([]slog.Attr) slog.Handler       { return w }
+func (w *warnings) WithGroup(string) slog.Handler            { return w }
+func (w *warnings) Handle(_ context.Context, r slog.Record) error {
+	if !strings.HasPrefix(r.Message, "httplimit: ") {
+		return nil
+	}
+	m := map[string]string{"msg": r.Message, "level": r.Level.String()}
+	r.Attrs(func(a slog.Attr) bool {
+		m[a.Key] = a.Value.String()
+		return true
+	})
+	w.mu.Lock()
+	w.records = append(w.records, m)
+	w.mu.Unlock()
+	return nil
+}
+
+func (w *warnings) get() []map[string]string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return append([]map[string]string(nil), w.records...)
+}
+
+// captureDefault makes slog.Default() record into a warnings until the test
+// ends.
+func captureDefault(t *testing.T) *warnings {
+	t.Helper()
+	w := &warnings{}
+	old := slog.Default()
+	slog.SetDefault(slog.New(w))
+	t.Cleanup(func() { slog.SetDefault(old) })
+	return w
+}
+
+// TestClientIPProxyWarning: a request keyed by a proxy's address although it
+// says it was forwarded logs one warning per KeyFunc, naming the field, the
+// peer and the fix; other requests log nothing.
+func TestClientIPProxyWarning(t *testing.T) {
+	type req struct {
+		remote string
+		hdr    http.Header
+	}
+	plain := []req{{"203.0.113.7:1", nil}, {"10.0.0.1:1", http.Header{"X-Other": {"1"}}}}
+	realIP := func(v string) http.Header { return http.Header{"X-Real-Ip": {v}} }
+	for _, tc := range []struct {
+		name string
+		f    httplimit.KeyFunc
+		reqs []req
+		want map[string]string // nil: no warning; else attributes that must match exactly
+		fix  []string          // substrings of the fix
+	}{
+		{"no forwarding field", httplimit.ClientIP(), plain, nil, nil},
+		{"trusted proxy, no field", httplimit.ClientIP(proxies...), []req{{"10.0.0.1:1", nil}}, nil, nil},
+		{"trusted proxy, field read", httplimit.ClientIP(proxies...),
+			[]req{{"10.0.0.1:1", xff("203.0.113.7")}, {"[fd00::1]:1", http.Header{"X-Forwarded-For": {"203.0.113.7"}, "X-Real-Ip": {"203.0.113.7"}}}}, nil, nil},
+		{"trusted proxy, Forwarded read", httplimit.ClientIPForwarded(proxies...),
+			[]req{{"10.0.0.1:1", fwd("for=203.0.113.7")}, {"10.0.0.1:1", http.Header{"Forwarded": {"for=203.0.113.7"}, "X-Forwarded-For": {"203.0.113.7"}}}}, nil, nil},
+
+		{"X-Forwarded-For, nothing trusted", httplimit.ClientIP(),
+			append(plain, req{"10.1.2.3:4", xff("198.51.100.1")}, req{"10.1.2.4:4", xff("198.51.100.2")}, req{"10.1.2.3:4", fwd("for=198.51.100.2")}),
+			map[string]string{"level": "WARN", "func": "ClientIP", "header": "X-Forwarded-For", "remote_addr": "10.1.2.3", "trusted": "none"},
+			[]string{`httplimit.ClientIP(netip.MustParsePrefix("10.1.2.3/32"), ...)`, "if 10.1.2.3 is your load balancer"}},
+		{"Forwarded, nothing trusted", httplimit.ClientIP(), []req{{"10.1.2.3:4", fwd("for=198.51.100.1")}},
+			map[string]string{"func": "ClientIP", "header": "Forwarded", "remote_addr": "10.1.2.3", "trusted": "none"}, nil},
+		{"X-Real-IP, nothing trusted", httplimit.ClientIP(), []req{{"10.1.2.3:4", realIP("198.51.100.1")}},
+			map[string]string{"func": "ClientIP", "header": "X-Real-IP", "remote_addr": "10.1.2.3", "trusted": "none"}, nil},
+		{"v6 peer", httplimit.ClientIP(), []req{{"[2001:db8::5%eth0]:4", xff("198.51.100.1")}},
+			map[string]string{"header": "X-Forwarded-For", "remote_addr": "2001:db8::5"}, []string{`"2001:db8::5/128"`}},
+		{"ClientIPForwarded, nothing trusted", httplimit.ClientIPForwarded(), []req{{"10.1.2.3:4", xff("198.51.100.1")}},
+			map[string]string{"func": "ClientIPForwarded", "header": "X-Forwarded-For", "remote_addr": "10.1.2.3", "trusted": "none"},
+			[]string{"httplimit.ClientIPForwarded(netip.MustParsePrefix"}},
+		{"peer outside the trusted prefixes", httplimit.ClientIP(proxies...), []req{{"10.0.0.1:1", xff("203.0.113.7")}, {"192.0.2.1:1", xff("198.51.100.1")}},
+			map[string]string{"func": "ClientIP", "header": "X-Forwarded-For", "remote_addr": "192.0.2.1", "trusted": "10.0.0.0/8,fd00::/8"}, nil},
+
+		{"trusted proxy sends X-Real-IP only", httplimit.ClientIP(proxies...), []req{{"10.0.0.1:1", realIP("198.51.100.1")}},
+			map[string]string{"func": "ClientIP", "header": "X-Real-IP", "reads": "X-Forwarded-For", "remote_addr": "10.0.0.1"},
+			[]string{"proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for"}},
+		{"trusted proxy sends Forwarded to ClientIP", httplimit.ClientIP(proxies...), []req{{"10.0.0.1:1", fwd("for=198.51.100.1")}},
+			map[string]string{"func": "ClientIP", "header": "Forwarded", "reads": "X-Forwarded-For", "remote_addr": "10.0.0.1"},
+			[]string{"key with httplimit.ClientIPForwarded"}},
+		{"trusted proxy sends X-Forwarded-For to ClientIPForwarded", httplimit.ClientIPForwarded(proxies...), []req{{"[fd00::2]:1", xff("198.51.100.1")}},
+			map[string]string{"func": "ClientIPForwarded", "header": "X-Forwarded-For", "reads": "Forwarded", "remote_addr": "fd00::2"},
+			[]string{"key with httplimit.ClientIP if"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := captureDefault(t)
+			for _, r := range tc.reqs {
+				keyOf(t, tc.f, r.remote, r.hdr)
+				keyOf(t, tc.f, r.remote, r.hdr) // and again: still one warning
+			}
+			got := w.get()
+			if tc.want == nil {
+				if len(got) != 0 {
+					t.Fatalf("warnings %v, want none", got)
+				}
+				return
+			}
+			if len(got) != 1 {
+				t.Fatalf("%d warnings %v, want 1", len(got), got)
+			}
+			for k, v := range tc.want {
+				if got[0][k] != v {
+					t.Errorf("%s = %q, want %q (%v)", k, got[0][k], v, got[0])
+				}
+			}
+			for _, s := range tc.fix {
+				if !strings.Contains(got[0]["fix"], s) {
+					t.Errorf("fix %q does not contain %q", got[0]["fix"], s)
+				}
+			}
+			for k, v := range got[0] {
+				if strings.Contains(v, "198.51.100.") {
+					t.Errorf("%s = %q holds the field's value", k, v)
+				}
+			}
+		})
+	}
+}
+
+// TestClientIPProxyWarningConcurrent: one warning, however many requests
+// race to log it.
+func TestClientIPProxyWarningConcurrent(t *testing.T) {
+	w := captureDefault(t)
+	f := httplimit.ClientIP()
+	var wg sync.WaitGroup
+	for i := 0; i < 32; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := httptest.NewRequest("GET", "/", nil)
+			r.RemoteAddr = "10.1.2.3:4"
+			r.Header.Set("X-Forwarded-For", "198.51.100.1")
+			if k, err := f(r); err != nil || k != "10.1.2.3" {
+				t.Errorf("key %q, %v", k, err)
+			}
+		}()
+	}
+	wg.Wait()
+	if got := w.get(); len(got) != 1 {
+		t.Errorf("%d warnings, want 1: %v", len(got), got)
+	}
+	// Another KeyFunc warns on its own.
+	keyOf(t, httplimit.ClientIP(), "10.1.2.3:4", xff("198.51.100.1"))
+	if got := w.get(); len(got) != 2 {
+		t.Errorf("%d warnings after a second KeyFunc, want 2", len(got))
 	}
 }
 

@@ -18,7 +18,10 @@ func (c *policyCache) get(l policy.Limit) *fields.Policy {
 		return pf
 	}
 	if l.Validate() != nil {
-		return fields.NewPolicy(l)
+		return newPolicy(l)
 	}
-	return c.m.LoadOrMake(l, func() *fields.Policy { return fields.NewPolicy(l) })
+	return c.m.LoadOrMake(l, func() *fields.Policy { return newPolicy(l) })
 }
+
+// newPolicy formats l's fields.
+func newPolicy(l policy.Limit) *fields.Policy { return fields.NewPolicy(l) }

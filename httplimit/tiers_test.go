@@ -40,8 +40,8 @@ func TestLimitFunc(t *testing.T) {
 		{"ann", "free", 200, `"free";q=2;w=60`, `"free";r=1;t=30`},
 		{"ann", "free", 200, `"free";q=2;w=60`, `"free";r=0;t=30`},
 		{"ann", "free", 429, `"free";q=2;w=60`, `"free";r=0;t=30`},
-		{"ann", "pro", 200, `"pro";q=50;w=60`, `"pro";r=49;t=1`}, // an upgrade: the pro bucket, full
-		{"bob", "pro", 200, `"pro";q=50;w=60`, `"pro";r=49;t=1`},
+		{"ann", "pro", 200, `"pro";q=100;w=60;leaselimit-burst=50`, `"pro";r=49;t=1`}, // an upgrade: the pro bucket, full
+		{"bob", "pro", 200, `"pro";q=100;w=60;leaselimit-burst=50`, `"pro";r=49;t=1`},
 	} {
 		rec := call(want.user, want.plan)
 		if rec.Code != want.code || rec.Header().Get(httplimit.HeaderRateLimitPolicy) != want.policy ||

@@ -7,9 +7,15 @@
 //	go run ./examples/httpserver
 //	curl -i http://127.0.0.1:8080/
 //
-// -redis ADDR uses a real Redis; -trusted-proxies 10.0.0.0/8,fd00::/8 honours
-// X-Forwarded-For from those peers. SIGINT or SIGTERM stops it gracefully:
-// requests in flight finish, then unused leased tokens go back to Redis.
+// Flags (-h lists them) choose the Redis (-redis ADDR), the limits (-rate,
+// -period, -burst, -daily), what decides while Redis is unavailable
+// (-failure-mode open, closed or local, with -fleet-size instances sharing
+// the limits) and how long a Redis call may take before it does (-timeout).
+// Behind a load balancer, -trusted-proxies 10.0.0.0/8,fd00::/8 honours
+// X-Forwarded-For from those peers; without it every client shares the
+// proxy's bucket, and the server logs a warning the first time a forwarded
+// request arrives. SIGINT or SIGTERM stops it gracefully: requests in
+// flight finish, then unused leased tokens go back to Redis.
 package main
 
 import (
@@ -18,9 +24,9 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
-	"net/netip"
 	"os"
 	"os/signal"
 	"strings"
@@ -28,7 +34,6 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
-	"github.com/leaselimit/leaselimit"
 	"github.com/leaselimit/leaselimit/examples/httpserver/server"
 	"github.com/redis/go-redis/v9"
 )
@@ -43,59 +48,52 @@ func main() {
 // run serves until ctx ends, then shuts down gracefully. It returns the exit
 // code: 0, 1 when serving failed, 2 for bad flags.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("httpserver", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	addr := fs.String("addr", "127.0.0.1:8080", "listen `address`")
-	redisAddr := fs.String("redis", "", "Redis `address`; empty starts an embedded Redis (miniredis)")
-	trusted := fs.String("trusted-proxies", "", "comma-separated `prefixes` of proxies whose X-Forwarded-For is honoured")
-	legacy := fs.Bool("legacy-headers", false, "also send X-RateLimit-Limit, -Remaining and -Reset")
-	exact := fs.Bool("exact", false, "exact mode (leaselimit.WithoutLease): one Redis call per decision")
-	if err := fs.Parse(args); err != nil {
+	c, err := parseFlags(args, stderr)
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		return 0
+	case err != nil:
 		return 2
 	}
-	cfg := server.DefaultConfig()
-	cfg.LegacyHeaders = *legacy
-	if *exact {
-		cfg.Options = append(cfg.Options, leaselimit.WithoutLease())
-	}
-	for _, s := range strings.Split(*trusted, ",") {
-		if s = strings.TrimSpace(s); s == "" {
-			continue
-		}
-		p, err := netip.ParsePrefix(s)
-		if err != nil {
-			fmt.Fprintf(stderr, "httpserver: -trusted-proxies: %v\n", err)
-			return 2
-		}
-		cfg.TrustedProxies = append(cfg.TrustedProxies, p)
-	}
-	if err := serve(ctx, *addr, *redisAddr, cfg, stdout); err != nil {
+	// Logs go to stderr: the Limiters' breaker transitions and fallbacks,
+	// the middleware's errors, and, through the default logger,
+	// httplimit.ClientIP's warning about untrusted proxies.
+	logger := slog.New(slog.NewTextHandler(stderr, nil))
+	old := slog.Default()
+	slog.SetDefault(logger)
+	defer slog.SetDefault(old)
+	c.cfg.Logger = logger
+
+	if err := serve(ctx, c, stdout); err != nil {
 		fmt.Fprintf(stderr, "httpserver: %v\n", err)
 		return 1
 	}
 	return 0
 }
 
-func serve(ctx context.Context, addr, redisAddr string, cfg server.Config, stdout io.Writer) error {
-	if redisAddr == "" {
+func serve(ctx context.Context, c *command, stdout io.Writer) error {
+	opt := c.redis
+	if opt == nil {
 		mr, err := miniredis.Run()
 		if err != nil {
 			return fmt.Errorf("start the embedded Redis: %w", err)
 		}
 		defer mr.Close()
-		redisAddr = mr.Addr()
-		fmt.Fprintf(stdout, "embedded Redis (miniredis) on %s\n", redisAddr)
+		opt = &redis.Options{Addr: mr.Addr()}
+		fmt.Fprintf(stdout, "embedded Redis (miniredis) on %s\n", mr.Addr())
 	}
-	rdb := redis.NewClient(&redis.Options{Addr: redisAddr})
+	rdb := redis.NewClient(opt)
 	defer rdb.Close()
 
+	cfg := c.cfg
+	cfg.Options = c.options()
 	s, err := server.New(rdb, cfg)
 	if err != nil {
 		return err
 	}
 	defer s.Close() // after Shutdown: refunds leased tokens
 
-	ln, err := net.Listen("tcp", addr)
+	ln, err := net.Listen("tcp", c.addr)
 	if err != nil {
 		return err
 	}
@@ -104,8 +102,8 @@ func serve(ctx context.Context, addr, redisAddr string, cfg server.Config, stdou
 		ReadHeaderTimeout: 5 * time.Second,
 		IdleTimeout:       time.Minute,
 	}
-	fmt.Fprintf(stdout, "listening on http://%s (limits %q and %q per client address)\n",
-		ln.Addr(), cfg.Burst.String(), cfg.Daily.String())
+	fmt.Fprintln(stdout, describe(c))
+	fmt.Fprintf(stdout, "listening on http://%s\n", ln.Addr())
 
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
@@ -122,4 +120,24 @@ func serve(ctx context.Context, addr, redisAddr string, cfg server.Config, stdou
 		err = serr
 	}
 	return err
+}
+
+// describe says in one line what the server enforces.
+func describe(c *command) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "limits per client address: %s", c.cfg.Burst)
+	if c.cfg.Daily.Rate > 0 {
+		fmt.Fprintf(&b, "; %s", c.cfg.Daily)
+	}
+	fmt.Fprintf(&b, "; failure mode %s, fleet size %d, timeout %v; trusted proxies: ", c.mode, c.fleet, c.timeout)
+	if len(c.cfg.TrustedProxies) == 0 {
+		b.WriteString("none")
+	}
+	for i, p := range c.cfg.TrustedProxies {
+		if i > 0 {
+			b.WriteString(",")
+		}
+		b.WriteString(p.String())
+	}
+	return b.String()
 }

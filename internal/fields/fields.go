@@ -19,19 +19,13 @@ const MaxInt = 999_999_999_999_999
 // Policy is what a limit puts in the header fields, formatted once.
 type Policy struct {
 	Limit  policy.Limit
-	Member string // the RateLimit-Policy member: `"name";q=<burst>;w=<window>`
+	Member string // the RateLimit-Policy member (see policyMember)
 	prefix string // the RateLimit member up to its remaining count: `"name";r=`
 }
 
 // NewPolicy formats l's fields.
 func NewPolicy(l policy.Limit) *Policy {
-	quoted := string(AppendString(nil, l.Name))
-	return &Policy{
-		Limit: l,
-		Member: quoted + ";q=" + strconv.FormatInt(max(l.Burst, 0), 10) +
-			";w=" + strconv.FormatInt(max(CeilSeconds(l.Period), 1), 10),
-		prefix: quoted + ";r=",
-	}
+	return &Policy{Limit: l, Member: policyMember(l), prefix: string(AppendString(nil, l.Name)) + ";r="}
 }
 
 // RateLimit returns the RateLimit member of p's limit: `"name";r=<remaining>;t=<t>`.

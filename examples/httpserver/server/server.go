@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/netip"
 	"time"
@@ -19,15 +20,21 @@ import (
 // Config is what the example server enforces.
 type Config struct {
 	// Burst is the short limit, checked first; Daily the long quota, checked
-	// only for requests Burst admits.
+	// only for requests Burst admits. The zero Daily turns the quota off.
 	Burst, Daily policy.Limit
 	// TrustedProxies are the prefixes of reverse proxies whose
 	// X-Forwarded-For is honoured; none by default.
 	TrustedProxies []netip.Prefix
 	// LegacyHeaders adds X-RateLimit-Limit/Remaining/Reset.
 	LegacyHeaders bool
-	// Options for both Limiters, e.g. leaselimit.WithoutLease().
+	// Options for both Limiters, e.g. leaselimit.WithoutLease() or
+	// leaselimit.WithFailureMode(policy.FailLocal).
 	Options []leaselimit.Option
+	// Logger, if not nil, gets both Limiters' operational lines (breaker
+	// transitions, the failure policy taking over; leaselimit.WithLogger)
+	// and the middleware's errors (httplimit.WithLogger). Default: the
+	// Limiters log nothing and the middleware logs to slog.Default().
+	Logger *slog.Logger
 }
 
 // DefaultConfig is 10 requests per minute per client address (burst), within
@@ -41,7 +48,7 @@ func DefaultConfig() Config {
 
 // Server is the example's handler and the Limiters behind it.
 type Server struct {
-	burst, daily *leaselimit.Limiter
+	burst, daily *leaselimit.Limiter // daily nil when turned off
 	handler      http.Handler
 }
 
@@ -52,26 +59,36 @@ type Server struct {
 //	GET /         "hello, <client address>", rate limited by burst, then daily
 //	GET /healthz  "ok", not rate limited
 func New(rdb redis.UniversalClient, cfg Config) (*Server, error) {
-	burst, err := leaselimit.New(rdb, cfg.Burst, cfg.Options...)
-	if err != nil {
+	opts := cfg.Options
+	var hopts []httplimit.Option
+	if cfg.Logger != nil {
+		opts = append(opts[:len(opts):len(opts)], leaselimit.WithLogger(cfg.Logger)) // a copy: cfg.Options stays as given
+		hopts = append(hopts, httplimit.WithLogger(cfg.Logger))
+	}
+	if cfg.LegacyHeaders {
+		hopts = append(hopts, httplimit.WithLegacyHeaders())
+	}
+	s := &Server{}
+	var err error
+	if s.burst, err = leaselimit.New(rdb, cfg.Burst, opts...); err != nil {
 		return nil, fmt.Errorf("burst limit: %w", err)
 	}
-	daily, err := leaselimit.New(rdb, cfg.Daily, cfg.Options...)
-	if err != nil {
-		burst.Close()
-		return nil, fmt.Errorf("daily limit: %w", err)
+	if cfg.Daily != (policy.Limit{}) {
+		if s.daily, err = leaselimit.New(rdb, cfg.Daily, opts...); err != nil {
+			s.burst.Close()
+			return nil, fmt.Errorf("daily limit: %w", err)
+		}
 	}
 
 	key := httplimit.ClientIP(cfg.TrustedProxies...)
-	var opts []httplimit.Option
-	if cfg.LegacyHeaders {
-		opts = append(opts, httplimit.WithLegacyHeaders())
-	}
 	// The burst limit goes outside: a request it refuses never spends the
 	// daily quota. A request it admits and the daily quota refuses has spent
 	// a burst token, which comes back within seconds.
 	limited := func(h http.Handler) http.Handler {
-		return httplimit.Middleware(burst, key, opts...)(httplimit.Middleware(daily, key, opts...)(h))
+		if s.daily != nil {
+			h = httplimit.Middleware(s.daily, key, hopts...)(h)
+		}
+		return httplimit.Middleware(s.burst, key, hopts...)(h)
 	}
 
 	mux := http.NewServeMux()
@@ -83,13 +100,18 @@ func New(rdb redis.UniversalClient, cfg Config) (*Server, error) {
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		io.WriteString(w, "ok\n")
 	})
-	return &Server{burst: burst, daily: daily, handler: mux}, nil
+	s.handler = mux
+	return s, nil
 }
 
 // ServeHTTP serves the example's routes.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.handler.ServeHTTP(w, r) }
 
-// Close closes both Limiters, refunding their unused leased tokens.
+// Close closes the Limiters, refunding their unused leased tokens.
 func (s *Server) Close() error {
-	return errors.Join(s.burst.Close(), s.daily.Close())
+	err := s.burst.Close()
+	if s.daily != nil {
+		err = errors.Join(err, s.daily.Close())
+	}
+	return err
 }
