@@ -40,14 +40,27 @@ func (l *Limiter) onError(ctx context.Context, brk *breaker.Breaker, key string,
 	if redis.IsReadOnlyError(err) {
 		l.log.readonly(err)
 	}
-	reason := telemetry.ReasonError
+	return l.fallback(ctx, brk, key, n, fallbackReason(err)), nil
+}
+
+// fallbackReason names why a failed call left the decision to the failure
+// policy (ratelimit.reason, and the log line): the breaker held it back;
+// no connection could be made (a wrong address, Redis down: the path marks
+// a call it gave up on without ever connecting, since go-redis's own dial
+// retries outlast the budget); a connected Redis did not answer within the
+// budget; or any other outage.
+func fallbackReason(err error) string {
+	var te interface{ Timeout() bool }
 	switch {
 	case errors.Is(err, breaker.ErrOpen):
-		reason = telemetry.ReasonBreakerOpen
-	case errors.Is(err, breaker.ErrBudget), errors.Is(err, context.DeadlineExceeded):
-		reason = telemetry.ReasonTimeout
+		return telemetry.ReasonBreakerOpen
+	case breaker.Unreachable(err):
+		return telemetry.ReasonUnreachable
+	case errors.Is(err, breaker.ErrBudget), errors.Is(err, context.DeadlineExceeded),
+		errors.As(err, &te) && te.Timeout():
+		return telemetry.ReasonTimeout
 	}
-	return l.fallback(ctx, brk, key, n, reason), nil
+	return telemetry.ReasonError
 }
 
 // fallback is the failure policy's decision for n tokens of key, made for

@@ -3,12 +3,20 @@ package leaselimit_test
 import (
 	"context"
 	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/leaselimit/leaselimit"
 	"github.com/leaselimit/leaselimit/breaker"
 	"github.com/leaselimit/leaselimit/policy"
+	"github.com/leaselimit/leaselimit/telemetry"
+	"github.com/redis/go-redis/v9"
 )
 
 // TestFailLocalReportsShare: a FailLocal decision reports the share that
@@ -81,5 +89,149 @@ func TestClockForBreakerRetry(t *testing.T) {
 	}
 	if err := lim.Reset(ctx, "k"); !errors.Is(err, breaker.ErrOpen) {
 		t.Errorf("Reset with the breaker open = %v; want it held back (breaker.ErrOpen)", err)
+	}
+}
+
+// refusedAddr returns an address where nothing listens: a port listened
+// on, then closed.
+func refusedAddr(t *testing.T) string {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := lis.Addr().String()
+	lis.Close()
+	return addr
+}
+
+// silentAddr returns the address of a listener that accepts connections
+// and never answers: a hung Redis.
+func silentAddr(t *testing.T) string {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var conns []net.Conn
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := lis.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+			go func() { _, _ = io.Copy(io.Discard, c) }() // reads, never replies
+		}
+	}()
+	t.Cleanup(func() {
+		lis.Close()
+		<-done
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	return lis.Addr().String()
+}
+
+// reasonRun is what a Limiter on addr reported for calls made while Redis
+// could not answer: its log, its fallbacks by reason (ratelimit.fallbacks)
+// and its decision spans' ratelimit.reason.
+type reasonRun struct {
+	log    string
+	metric map[string]int64
+	spans  map[string]int
+	types  map[string]int // error.type of the Redis calls' spans
+}
+
+// fallbackReasons makes calls decisions under FailOpen on a client of addr
+// (ContextTimeoutEnabled if direct) with a 100ms budget.
+func fallbackReasons(t *testing.T, addr string, direct bool, calls int) reasonRun {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: direct})
+	t.Cleanup(func() { _ = c.Close() })
+	rig := newTelemetryRig(t)
+	var out logBuffer
+	lim := mustNew(t, c, policy.PerSecond(10).WithName("reasons"), append(rig.opts(), leaselimit.WithoutLease(),
+		leaselimit.WithFailureMode(policy.FailOpen), leaselimit.WithTimeout(100*time.Millisecond),
+		leaselimit.WithLogger(slog.New(slog.NewTextHandler(&out, nil))))...)
+	var run reasonRun
+	for i := range calls {
+		d, err := lim.Allow(context.Background(), "k"+strconv.Itoa(i))
+		if err != nil || !d.Allowed || d.Source != leaselimit.SourceFallback {
+			t.Fatalf("Allow #%d with Redis unable to answer = %+v, %v; want FailOpen's fallback", i+1, d, err)
+		}
+	}
+	_, run.metric = rig.saturatedCalls(t)
+	run.spans = map[string]int{}
+	for _, s := range spansNamed(rig, telemetry.DecisionSpan) {
+		v, _ := attrOf(s, telemetry.AttrReason)
+		run.spans[v.AsString()]++
+	}
+	run.types = map[string]int{}
+	for _, s := range spansNamed(rig, telemetry.AuthoritySpan) {
+		v, _ := attrOf(s, telemetry.AttrErrorType)
+		run.types[v.AsString()]++
+	}
+	out.mu.Lock()
+	run.log = out.buf.String()
+	out.mu.Unlock()
+	return run
+}
+
+// TestUnreachableReason: calls to an address where nothing listens (a
+// wrong address, Redis down) fall back with reason "unreachable" in the
+// log, on the decision span and on ratelimit.fallbacks, not "timeout",
+// although go-redis's dial retries outlast the budget; a Redis that
+// accepts connections but never answers still falls back with "timeout".
+// Regression: a wrong address was logged as reason=timeout.
+func TestUnreachableReason(t *testing.T) {
+	for _, direct := range []bool{false, true} {
+		mode := map[bool]string{false: "detached", true: "direct"}[direct]
+		t.Run("refused/"+mode, func(t *testing.T) {
+			run := fallbackReasons(t, refusedAddr(t), direct, 8)
+			t.Logf("fallbacks by reason: metric %v, spans %v; calls by error.type %v\n%s", run.metric, run.spans, run.types, run.log)
+			behind := run.metric[telemetry.ReasonSaturated] > 0 // a loaded machine: see TestSaturatedByOtherWork
+			if !behind && !strings.Contains(run.log, "reason=unreachable") {
+				t.Errorf("log does not say reason=unreachable:\n%s", run.log)
+			}
+			if !behind && (run.metric[telemetry.ReasonUnreachable] == 0 || run.spans[telemetry.ReasonUnreachable] == 0) {
+				t.Errorf("fallbacks by reason: metric %v, spans %v; want %q", run.metric, run.spans, telemetry.ReasonUnreachable)
+			}
+			// The breaker opens after five failures; every call before it
+			// is unreachable.
+			for _, r := range []string{telemetry.ReasonTimeout, telemetry.ReasonError} {
+				if run.metric[r] > 0 || run.spans[r] > 0 || strings.Contains(run.log, "reason="+r) {
+					t.Errorf("a refused connection reported as %q: metric %v, spans %v", r, run.metric, run.spans)
+				}
+			}
+		})
+		t.Run("silent/"+mode, func(t *testing.T) {
+			run := fallbackReasons(t, silentAddr(t), direct, 8)
+			t.Logf("fallbacks by reason: metric %v, spans %v; calls by error.type %v\n%s", run.metric, run.spans, run.types, run.log)
+			behind := run.metric[telemetry.ReasonSaturated] > 0
+			if !behind && !strings.Contains(run.log, "reason=timeout") {
+				t.Errorf("log does not say reason=timeout:\n%s", run.log)
+			}
+			if !behind && (run.metric[telemetry.ReasonTimeout] == 0 || run.spans[telemetry.ReasonTimeout] == 0) {
+				t.Errorf("fallbacks by reason: metric %v, spans %v; want %q", run.metric, run.spans, telemetry.ReasonTimeout)
+			}
+			if run.metric[telemetry.ReasonUnreachable] > 0 || run.spans[telemetry.ReasonUnreachable] > 0 || strings.Contains(run.log, "reason=unreachable") {
+				t.Errorf("a Redis that accepted the connection reported as unreachable: metric %v, spans %v", run.metric, run.spans)
+			}
+			// Regression (direct): a silent Redis's calls were error.type
+			// network, its connections dropped at their deadlines leaving
+			// the pool as empty as a refused address leaves it.
+			if run.types["network"] > 0 {
+				t.Errorf("Redis calls to a silent Redis by error.type: %v; want no network", run.types)
+			}
+		})
 	}
 }

@@ -244,6 +244,8 @@ func WithKeyRedactor(redact func(key string) string) Option {
 // READONLY replies, Redis replies that mean misconfiguration, and an
 // instance too saturated to read its replies. Each kind is written at most
 // once every 10 seconds: never a line per decision. Default: no logging.
+// go-redis's own lines (its logger is process-wide, and leaselimit leaves
+// it alone) can be routed to the same logger: see NewRedisLogger.
 func WithLogger(log *slog.Logger) Option {
 	return optionFunc(func(c *config) error {
 		if log == nil {

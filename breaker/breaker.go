@@ -18,6 +18,7 @@ import (
 	"io"
 	"net"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -43,6 +44,12 @@ var ErrOpen = errors.New("breaker: open")
 
 // ErrBudget marks an authority call that ran out of its time budget.
 var ErrBudget = errors.New("breaker: time budget exceeded")
+
+// ErrUnreachable marks an authority call given up at its time budget (it
+// wraps ErrBudget too) that never got a connection to Redis: go-redis's own
+// dial retries outlast any budget, so the dial error itself arrives too
+// late to tell. See Unreachable.
+var ErrUnreachable = errors.New("breaker: no connection to Redis")
 
 // Settings configures a Breaker. Zero fields take the documented defaults.
 type Settings struct {
@@ -194,6 +201,29 @@ func (b *Breaker) Allow() (done func(error), err error) {
 // cancellation, or NOSCRIPT (the authority reloads the script and retries).
 func Excluded(err error) bool {
 	return err != nil && (errors.Is(err, context.Canceled) || redis.HasErrorPrefix(err, "NOSCRIPT"))
+}
+
+// Unreachable reports whether err says that no connection to Redis could
+// be made, as opposed to a connection that did not answer: a dial error
+// (connection refused, no route to the host or network, a DNS failure, a
+// dial timeout), or a call marked with ErrUnreachable. A wrong address and
+// a Redis that is down both look like this; a hung Redis does not.
+func Unreachable(err error) bool {
+	if err == nil {
+		return false
+	}
+	if errors.Is(err, ErrUnreachable) {
+		return true
+	}
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		return true
+	}
+	var dns *net.DNSError
+	if errors.As(err, &dns) {
+		return true
+	}
+	return errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.EHOSTUNREACH) || errors.Is(err, syscall.ENETUNREACH)
 }
 
 // unavailable are the codes of Redis error replies that mean the server

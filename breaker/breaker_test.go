@@ -149,6 +149,9 @@ func TestClassificationRealErrors(t *testing.T) {
 	if !breaker.Counts(err) || breaker.Excluded(err) {
 		t.Errorf("real dial error %q: Counts %v, Excluded %v; want true, false", err, breaker.Counts(err), breaker.Excluded(err))
 	}
+	if !breaker.Unreachable(err) {
+		t.Errorf("real dial error %q: Unreachable false; want true", err)
+	}
 
 	// A caller's cancelled context.
 	cctx, cancel := context.WithCancel(ctx)
@@ -159,6 +162,53 @@ func TestClassificationRealErrors(t *testing.T) {
 	}
 	if breaker.Counts(err) || !breaker.Excluded(err) {
 		t.Errorf("cancelled PING %q: Counts %v, Excluded %v; want false, true", err, breaker.Counts(err), breaker.Excluded(err))
+	}
+}
+
+// timeoutErr is a net.Error that timed out (an i/o timeout).
+type timeoutErr struct{}
+
+func (timeoutErr) Error() string   { return "i/o timeout" }
+func (timeoutErr) Timeout() bool   { return true }
+func (timeoutErr) Temporary() bool { return true }
+
+// TestUnreachable: errors that say no connection to Redis could be made
+// (a wrong address, Redis down) against those of a connection that did not
+// answer or broke (a hung or dying Redis).
+func TestUnreachable(t *testing.T) {
+	budget := fmt.Errorf("%w: no reply within 100ms", breaker.ErrBudget)
+	for _, tc := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"nil", nil, false},
+		{"dial refused", &net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)}, true},
+		{"wrapped dial refused", fmt.Errorf("evalsha: %w", &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}), true},
+		{"dial timeout", &net.OpError{Op: "dial", Net: "tcp", Err: timeoutErr{}}, true},
+		{"no route to host", &net.OpError{Op: "dial", Net: "tcp", Err: syscall.EHOSTUNREACH}, true},
+		{"DNS failure", &net.OpError{Op: "dial", Net: "tcp", Err: &net.DNSError{Err: "no such host", Name: "redis.invalid", IsNotFound: true}}, true},
+		{"bare DNS error", &net.DNSError{Err: "no such host", Name: "redis.invalid"}, true},
+		{"bare ECONNREFUSED", syscall.ECONNREFUSED, true},
+		{"bare ENETUNREACH", syscall.ENETUNREACH, true},
+		{"budget, no connection", fmt.Errorf("%w: %w", breaker.ErrUnreachable, budget), true},
+
+		{"budget", budget, false},
+		{"context.DeadlineExceeded", context.DeadlineExceeded, false},
+		{"read i/o timeout", &net.OpError{Op: "read", Net: "tcp", Err: timeoutErr{}}, false},
+		{"read reset", errInfra, false},
+		{"broken pipe", &net.OpError{Op: "write", Net: "tcp", Err: syscall.EPIPE}, false},
+		{"io.EOF", io.EOF, false},
+		{"LOADING", replyError("LOADING Redis is loading the dataset in memory"), false},
+		{"open", breaker.ErrOpen, false},
+		{"refused as plain text", errors.New("dial tcp 127.0.0.1:1: connect: connection refused"), false},
+	} {
+		if got := breaker.Unreachable(tc.err); got != tc.want {
+			t.Errorf("%s: Unreachable(%v) = %v; want %v", tc.name, tc.err, got, tc.want)
+		}
+		if tc.want && !breaker.Counts(tc.err) {
+			t.Errorf("%s: Unreachable(%v) but not Counts: an unreachable Redis is an outage", tc.name, tc.err)
+		}
 	}
 }
 

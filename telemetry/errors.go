@@ -24,10 +24,14 @@ func isTimeout(err error) bool {
 	return errors.As(err, &te) && te.Timeout()
 }
 
-// errorType is the error.type attribute: "timeout", "network", the error
-// code of a Redis error reply (its first word, such as "NOSCRIPT" or
+// errorType is the error.type attribute: "network" (no connection could
+// be made, even by a dial that timed out, or a broken one), "timeout", the
+// error code of a Redis error reply (its first word, such as "NOSCRIPT" or
 // "LOADING"), or the Go type of the error.
 func errorType(err error) string {
+	if breaker.Unreachable(err) {
+		return "network"
+	}
 	if isTimeout(err) {
 		return "timeout"
 	}

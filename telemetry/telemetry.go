@@ -126,7 +126,13 @@ const (
 // Fallback reasons.
 const (
 	ReasonBreakerOpen = "breaker_open"
-	ReasonTimeout     = "timeout"
+	// ReasonTimeout: Redis was connected to but did not answer within the
+	// time budget (a hung, stalled or overloaded Redis).
+	ReasonTimeout = "timeout"
+	// ReasonUnreachable: no connection to Redis could be made (refused, no
+	// route, a DNS failure, a dial timeout; see breaker.Unreachable): a
+	// wrong address, or a Redis that is down.
+	ReasonUnreachable = "unreachable"
 	ReasonError       = "error"
 	// ReasonSaturated: no reply within the budget and the hard cap while
 	// this process, not Redis, was behind (its goroutines waited that long
@@ -207,7 +213,7 @@ type limitSets struct {
 // The values of the attributes a limit's sets are built from, in slot order.
 var (
 	outcomes          = [...]string{"granted", "denied", ReasonTimeout, ReasonError}
-	reasons           = [...]string{ReasonBreakerOpen, ReasonTimeout, ReasonError, ReasonSaturated}
+	reasons           = [...]string{ReasonBreakerOpen, ReasonTimeout, ReasonUnreachable, ReasonError, ReasonSaturated}
 	saturatedOutcomes = [...]string{SaturatedAnswered, SaturatedAbandoned}
 )
 

@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"os"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/leaselimit/leaselimit/breaker"
@@ -38,6 +41,11 @@ func TestErrorType(t *testing.T) {
 	}{
 		{context.DeadlineExceeded, "timeout"},
 		{fmt.Errorf("%w: no reply", breaker.ErrBudget), "timeout"},
+		{fmt.Errorf("%w: %w", breaker.ErrUnreachable, fmt.Errorf("%w: no reply", breaker.ErrBudget)), "network"},
+		{&net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}, "network"},
+		{&net.OpError{Op: "dial", Net: "tcp", Err: os.ErrDeadlineExceeded}, "network"}, // a dial timeout
+		{&net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlineExceeded}, "timeout"},
+		{&net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}, "network"},
 		{replyError("LOADING Redis is loading the dataset in memory"), "LOADING"},
 		{fmt.Errorf("evalsha: %w", redis.ErrNoScript), "NOSCRIPT"},
 		{errors.New("LOADING as plain text, not a Redis reply"), "*errors.errorString"},
@@ -45,6 +53,17 @@ func TestErrorType(t *testing.T) {
 	} {
 		if got := errorType(tc.err); got != tc.want {
 			t.Errorf("errorType(%v) = %q; want %q", tc.err, got, tc.want)
+		}
+	}
+}
+
+// TestReasonSlots: every fallback reason has its pre-built attribute set,
+// so ratelimit.fallbacks counts it (CountFallback drops a reason it has no
+// slot for).
+func TestReasonSlots(t *testing.T) {
+	for _, r := range []string{ReasonBreakerOpen, ReasonTimeout, ReasonUnreachable, ReasonError, ReasonSaturated} {
+		if slot(reasons[:], r) < 0 {
+			t.Errorf("fallback reason %q has no slot in reasons", r)
 		}
 	}
 }

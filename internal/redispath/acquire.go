@@ -170,6 +170,7 @@ func (k *Caller) detached(ctx context.Context, c Call) (authority.Grant, error) 
 				done(breaker.ErrBudget)
 				if k.p.unreachable(c.Brk, start.Add(-2*budget)) {
 					errType = "network"
+					err = fmt.Errorf("%w: %w", breaker.ErrUnreachable, err)
 				}
 			}
 			d.span.finish(k.tel, 0, err, errType)
@@ -354,6 +355,9 @@ func (k *Caller) end(ctx context.Context, c Call, span *callSpan, start time.Tim
 	}
 	if err != nil && errors.Is(err, context.DeadlineExceeded) {
 		err = fmt.Errorf("%w: %w", breaker.ErrBudget, err)
+		if errType == "network" {
+			err = fmt.Errorf("%w: %w", breaker.ErrUnreachable, err)
+		}
 	}
 	if err != nil {
 		if breaker.Counts(err) {
@@ -385,15 +389,16 @@ func (p *Path) admit(brk *breaker.Breaker) (done func(error), err error) {
 // connect rather than to get an answer: go-redis retries a refused
 // connection (5 dials, backoff, 3 retries: over a second) far past any
 // budget, so the waiter's own timeout would hide it. Either the client's
-// pool holds no connection at all, or a call on brk came back with a
-// network error since.
+// pool holds no connection at all and its dials fail (see dials: a silent
+// Redis's connections are made, then dropped when their reads time out),
+// or a call on brk came back with a network error since.
 //
 // Only a single node's (or Sentinel's) pool is read: a ClusterClient's
 // PoolStats loads the slot map first, in this goroutine and without a
 // deadline, which on an unreachable Cluster blocks for seconds.
 func (p *Path) unreachable(brk *breaker.Breaker, since time.Time) bool {
 	if c, ok := p.client.(*redis.Client); ok {
-		if st := c.PoolStats(); st != nil && st.TotalConns == 0 {
+		if st := c.PoolStats(); st != nil && st.TotalConns == 0 && p.dials.failing(st) {
 			return true
 		}
 	}

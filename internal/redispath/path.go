@@ -57,6 +57,7 @@ type Path struct {
 	gate    gate
 	nodes   *nodes
 	workers *workers // Do's calls on a client that does not honour deadlines
+	dials   dials    // whether the client's dials fail (see unreachable)
 
 	closed, unavailable error
 }
@@ -68,6 +69,7 @@ func New(cfg Config) *Path {
 		closed: cfg.Closed, unavailable: cfg.Unavailable}
 	p.nodes = newNodes(cfg.Client, cfg.Name, cfg.Breaker, &p.gate, cfg.Auth, cfg.Budget)
 	p.workers = newWorkers()
+	p.dials.look(cfg.Client)
 	return p
 }
 
