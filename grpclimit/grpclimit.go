@@ -1,8 +1,9 @@
 // Package grpclimit puts a leaselimit Limiter in front of gRPC services:
-// unary and stream server interceptors that take tokens for every call,
-// keyed by metadata or the peer, and refuse calls over the limit with
-// codes.ResourceExhausted and a google.rpc.RetryInfo detail that says when
-// to come back; and a client interceptor that honours RetryInfo.
+// unary and stream server interceptors that take tokens for the calls of
+// the limited methods, keyed by metadata or the peer, and refuse calls over
+// the limit with codes.ResourceExhausted and a google.rpc.RetryInfo detail
+// that says when to come back; and a client interceptor that honours
+// RetryInfo.
 //
 //	lim, _ := leaselimit.New(rdb, policy.PerSecond(100).WithName("api"))
 //	srv := grpc.NewServer(
@@ -12,8 +13,23 @@
 //
 // Every decided call carries the draft-ietf-httpapi-ratelimit-headers-10
 // values as response header metadata: "ratelimit-policy" and "ratelimit",
-// one entry per limit (several for a multi-limit). A decision of a limit in
+// one entry per limit (several for a multi-limit); a call refused for an
+// outage, which says nothing of the caller's quota, "ratelimit-policy" only. A decision of a limit in
 // shadow mode (leaselimit.WithShadow) adds no metadata and never refuses.
+//
+// The gRPC health service (grpc.health.v1.Health) and server reflection
+// (grpc.reflection.v1 and v1alpha ServerReflection) pass untouched by
+// default: Kubernetes gRPC probes, grpc-health-probe and grpcurl need no key,
+// and their calls take no tokens. WithMethods chooses the limited methods.
+//
+// An outage looks like an outage. While Redis is unavailable the Limiter's
+// failure policy decides (Decision.Source is leaselimit.SourceFallback); its
+// denial (policy.FailClosed, or policy.FailLocal past this instance's share,
+// which can refuse a caller within its limit: its calls may all reach one
+// instance) is refused with codes.Unavailable (WithOutageCode changes the
+// code) and a RetryInfo of the Decision's RetryAfter: for FailClosed until
+// the breaker lets its next probe through to Redis. httplimit answers the
+// same denials 503.
 //
 // It is a module of its own, so that the leaselimit module does not depend
 // on google.golang.org/grpc.
@@ -24,6 +40,7 @@ import (
 	"errors"
 	"net"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/leaselimit/leaselimit"
@@ -92,14 +109,65 @@ func PeerKey() KeyFunc {
 type Option func(*config)
 
 type config struct {
-	cost func(ctx context.Context, fullMethod string) int64
+	cost    func(ctx context.Context, fullMethod string) int64
+	limited func(fullMethod string) bool
+	outage  codes.Code
 }
 
 // WithCost sets the tokens a call takes (default 1); 0 lets it through
-// uncharged and undecided.
+// uncharged and undecided, without reading its key.
 func WithCost(cost func(ctx context.Context, fullMethod string) int64) Option {
 	return func(c *config) { c.cost = cost }
 }
+
+// WithMethods chooses the limited methods: a call to a method for which
+// limited returns false passes untouched, its key not read (it needs none),
+// no tokens taken and no metadata sent. fullMethod is
+// "/package.Service/Method". The default limits every method but those of
+// the health and reflection services (HealthOrReflection); nil restores it.
+// To exempt more methods and keep those exempt too:
+//
+//	grpclimit.WithMethods(func(m string) bool {
+//		return !grpclimit.HealthOrReflection(m) && !strings.HasPrefix(m, "/admin.v1.Admin/")
+//	})
+func WithMethods(limited func(fullMethod string) bool) Option {
+	return func(c *config) { c.limited = limited }
+}
+
+// WithOutageCode sets the code of a call the failure policy refuses because
+// Redis is unavailable (policy.FailClosed; see the package documentation):
+// default codes.Unavailable, which tells clients, retry policies and
+// dashboards that the service is down for now, not that the caller asked
+// too much. codes.ResourceExhausted answers an outage as overuse. The
+// refusal carries a RetryInfo until the breaker's next probe either way.
+// The interceptors panic on codes.OK, which would let refused calls through.
+func WithOutageCode(code codes.Code) Option {
+	return func(c *config) { c.outage = code }
+}
+
+// HealthOrReflection reports whether fullMethod ("/package.Service/Method")
+// is a method of the gRPC health service (grpc.health.v1.Health) or of
+// server reflection (grpc.reflection.v1.ServerReflection,
+// grpc.reflection.v1alpha.ServerReflection): the methods the interceptors
+// leave alone unless WithMethods says otherwise.
+func HealthOrReflection(fullMethod string) bool {
+	rest, ok := strings.CutPrefix(fullMethod, "/")
+	if !ok {
+		return false
+	}
+	service, _, ok := strings.Cut(rest, "/")
+	if !ok {
+		return false
+	}
+	switch service {
+	case "grpc.health.v1.Health", "grpc.reflection.v1.ServerReflection", "grpc.reflection.v1alpha.ServerReflection":
+		return true
+	}
+	return false
+}
+
+// limitedByDefault is the default of WithMethods.
+func limitedByDefault(fullMethod string) bool { return !HealthOrReflection(fullMethod) }
 
 // interceptor is what the unary and stream interceptors share.
 type interceptor struct {
@@ -113,11 +181,17 @@ func newInterceptor(lim Limiter, key KeyFunc, opts []Option) *interceptor {
 	if lim == nil || key == nil {
 		panic("grpclimit: nil Limiter or KeyFunc")
 	}
-	in := &interceptor{lim: lim, key: key}
+	in := &interceptor{lim: lim, key: key, cfg: config{limited: limitedByDefault, outage: codes.Unavailable}}
 	for _, o := range opts {
 		if o != nil {
 			o(&in.cfg)
 		}
+	}
+	if in.cfg.limited == nil {
+		in.cfg.limited = limitedByDefault
+	}
+	if in.cfg.outage == codes.OK {
+		panic("grpclimit: WithOutageCode(codes.OK) would let refused calls through")
 	}
 	limits := []policy.Limit{lim.Limit()}
 	if ml, ok := lim.(interface{ Limits() []policy.Limit }); ok {
@@ -132,18 +206,18 @@ func newInterceptor(lim Limiter, key KeyFunc, opts []Option) *interceptor {
 // decide takes the call's tokens. It returns the metadata to send (nil for
 // none) and the error that refuses the call, if any.
 func (in *interceptor) decide(ctx context.Context, fullMethod string) (metadata.MD, error) {
+	n := int64(1)
+	if in.cfg.cost != nil {
+		if n = in.cfg.cost(ctx, fullMethod); n == 0 {
+			return nil, nil
+		}
+	}
 	key, err := in.key(ctx, fullMethod)
 	if err != nil {
 		if _, ok := status.FromError(err); ok && !errors.Is(err, ErrNoKey) {
 			return nil, err
 		}
 		return nil, status.Error(codes.InvalidArgument, "the call does not identify its client as this service's rate limit requires")
-	}
-	n := int64(1)
-	if in.cfg.cost != nil {
-		if n = in.cfg.cost(ctx, fullMethod); n == 0 {
-			return nil, nil
-		}
 	}
 	d, err := in.lim.AllowN(ctx, key, n)
 	switch {
@@ -159,25 +233,43 @@ func (in *interceptor) decide(ctx context.Context, fullMethod string) (metadata.
 	if d.Shadow {
 		return nil, nil // a shadow limit leaves the call alone
 	}
-	md := in.fields(d)
 	if d.Allowed {
-		return md, nil
+		return in.fields(d, true), nil
 	}
-	st := status.New(codes.ResourceExhausted, "rate limit \""+d.Limit.Name+"\" exceeded; retry after "+
-		strconv.FormatInt(fields.CeilSeconds(d.RetryAfter), 10)+"s")
-	if withInfo, err := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(d.RetryAfter)},
-		&errdetails.QuotaFailure{Violations: []*errdetails.QuotaFailure_Violation{{Subject: d.Limit.Name,
-			Description: "quota exhausted"}}}); err == nil {
-		st = withInfo
-	}
-	return md, st.Err()
+	outage := d.Source == leaselimit.SourceFallback // see the package doc
+	return in.fields(d, !outage), in.refusal(d, outage)
 }
 
-// fields returns the RateLimit and RateLimit-Policy metadata of d.
-func (in *interceptor) fields(d leaselimit.Decision) metadata.MD {
+// refusal is the status error of a denial d: an outage's (see the package doc) with
+// the outage code, else ResourceExhausted with a QuotaFailure naming the
+// limit; RetryInfo carries d.RetryAfter either way.
+func (in *interceptor) refusal(d leaselimit.Decision, outage bool) error {
+	retry := &errdetails.RetryInfo{RetryDelay: durationpb.New(d.RetryAfter)}
+	after := "; retry after " + strconv.FormatInt(fields.CeilSeconds(d.RetryAfter), 10) + "s"
+	if outage {
+		st := status.New(in.cfg.outage, "rate limit \""+d.Limit.Name+"\" cannot be checked: its store is unavailable"+after)
+		if withInfo, err := st.WithDetails(retry); err == nil {
+			st = withInfo
+		}
+		return st.Err()
+	}
+	st := status.New(codes.ResourceExhausted, "rate limit \""+d.Limit.Name+"\" exceeded"+after)
+	if withInfo, err := st.WithDetails(retry, &errdetails.QuotaFailure{Violations: []*errdetails.QuotaFailure_Violation{
+		{Subject: d.Limit.Name, Description: "quota exhausted"}}}); err == nil {
+		st = withInfo
+	}
+	return st.Err()
+}
+
+// fields returns the RateLimit-Policy metadata and, when d says something
+// of the caller's quota (an outage's denial does not), d's RateLimit.
+func (in *interceptor) fields(d leaselimit.Decision, quota bool) metadata.MD {
 	md := metadata.MD{}
 	for _, p := range in.policy {
 		md.Append(MetadataRateLimitPolicy, p.Member)
+	}
+	if !quota {
+		return md
 	}
 	for i := range fields.Count(in.policy, d) {
 		md.Append(MetadataRateLimit, fields.Member(in.policy, i, d))
@@ -185,11 +277,14 @@ func (in *interceptor) fields(d leaselimit.Decision) metadata.MD {
 	return md
 }
 
-// UnaryServerInterceptor takes tokens from lim for every unary call, keyed
-// by key, before the handler runs.
+// UnaryServerInterceptor takes tokens from lim for every unary call of a
+// limited method (WithMethods), keyed by key, before the handler runs.
 func UnaryServerInterceptor(lim Limiter, key KeyFunc, opts ...Option) grpc.UnaryServerInterceptor {
 	in := newInterceptor(lim, key, opts)
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		if !in.cfg.limited(info.FullMethod) {
+			return handler(ctx, req)
+		}
 		md, err := in.decide(ctx, info.FullMethod)
 		if md != nil {
 			_ = grpc.SetHeader(ctx, md)
@@ -201,11 +296,14 @@ func UnaryServerInterceptor(lim Limiter, key KeyFunc, opts ...Option) grpc.Unary
 	}
 }
 
-// StreamServerInterceptor takes tokens from lim once per stream, keyed by
-// key, before the handler runs.
+// StreamServerInterceptor takes tokens from lim once per stream of a
+// limited method (WithMethods), keyed by key, before the handler runs.
 func StreamServerInterceptor(lim Limiter, key KeyFunc, opts ...Option) grpc.StreamServerInterceptor {
 	in := newInterceptor(lim, key, opts)
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		if !in.cfg.limited(info.FullMethod) {
+			return handler(srv, ss)
+		}
 		md, err := in.decide(ss.Context(), info.FullMethod)
 		if md != nil {
 			_ = ss.SetHeader(md)
@@ -233,15 +331,16 @@ func RetryAfter(err error) (time.Duration, bool) {
 }
 
 // UnaryClientInterceptor retries a call refused with codes.ResourceExhausted
-// and a RetryInfo detail after the delay it names, up to attempts calls in
-// all, and only while the call's deadline (if any) leaves room for the
-// wait. Other errors, and refusals without RetryInfo, return at once.
+// or codes.Unavailable (an outage, see WithOutageCode) and a RetryInfo
+// detail after the delay it names, up to attempts calls in all, and only
+// while the call's deadline (if any) leaves room for the wait. Other errors,
+// and refusals without RetryInfo, return at once.
 func UnaryClientInterceptor(attempts int) grpc.UnaryClientInterceptor {
 	attempts = max(attempts, 1)
 	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 		for i := 1; ; i++ {
 			err := invoker(ctx, method, req, reply, cc, opts...)
-			if status.Code(err) != codes.ResourceExhausted || i >= attempts {
+			if c := status.Code(err); (c != codes.ResourceExhausted && c != codes.Unavailable) || i >= attempts {
 				return err
 			}
 			wait, ok := RetryAfter(err)

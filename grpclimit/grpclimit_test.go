@@ -2,46 +2,64 @@ package grpclimit_test
 
 import (
 	"context"
+	"io"
 	"net"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/leaselimit/leaselimit"
+	"github.com/leaselimit/leaselimit/breaker"
 	"github.com/leaselimit/leaselimit/grpclimit"
 	"github.com/leaselimit/leaselimit/internal/redistest"
 	"github.com/leaselimit/leaselimit/policy"
 	"go.uber.org/goleak"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	testgrpc "google.golang.org/grpc/interop/grpc_testing"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/reflection"
+	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// serve starts a gRPC server with the health service behind lim's
-// interceptors (keyed by the x-key metadata) on an in-memory listener, and
-// returns a client connection to it.
+// serve starts a gRPC server with the test service (service, in
+// example_test.go), the health service and
+// server reflection behind lim's interceptors (keyed by the x-key metadata)
+// on an in-memory listener, and returns a client connection to it.
 func serve(t *testing.T, lim grpclimit.Limiter, client ...grpc.DialOption) *grpc.ClientConn {
 	t.Helper()
+	return serveWith(t, lim, grpclimit.MetadataKey("x-key"), nil, client...)
+}
+
+// serveWith is serve with the interceptors' key and options.
+func serveWith(t *testing.T, lim grpclimit.Limiter, key grpclimit.KeyFunc, opts []grpclimit.Option, client ...grpc.DialOption) *grpc.ClientConn {
+	t.Helper()
 	lis := bufconn.Listen(1 << 20)
-	key := grpclimit.MetadataKey("x-key")
 	srv := grpc.NewServer(
-		grpc.ChainUnaryInterceptor(grpclimit.UnaryServerInterceptor(lim, key)),
-		grpc.ChainStreamInterceptor(grpclimit.StreamServerInterceptor(lim, key)),
+		grpc.ChainUnaryInterceptor(grpclimit.UnaryServerInterceptor(lim, key, opts...)),
+		grpc.ChainStreamInterceptor(grpclimit.StreamServerInterceptor(lim, key, opts...)),
 	)
+	testgrpc.RegisterTestServiceServer(srv, service{})
 	healthpb.RegisterHealthServer(srv, health.NewServer())
+	reflection.Register(srv)
 	go func() { _ = srv.Serve(lis) }()
 	t.Cleanup(srv.Stop)
-	opts := append([]grpc.DialOption{
+	dial := append([]grpc.DialOption{
 		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 	}, client...)
-	conn, err := grpc.NewClient("passthrough:///bufnet", opts...)
+	conn, err := grpc.NewClient("passthrough:///bufnet", dial...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,6 +81,29 @@ func keyed(key string) context.Context {
 	return metadata.AppendToOutgoingContext(context.Background(), "x-key", key)
 }
 
+var empty = &testgrpc.Empty{}
+
+// stream opens a StreamingOutputCall and reads its first message: the
+// error is the stream interceptor's refusal, if any.
+func stream(ctx context.Context, tc testgrpc.TestServiceClient) error {
+	s, err := tc.StreamingOutputCall(ctx, &testgrpc.StreamingOutputCallRequest{})
+	if err != nil {
+		return err
+	}
+	_, err = s.Recv()
+	return err
+}
+
+// quotaFailure returns the QuotaFailure detail of err, if any.
+func quotaFailure(err error) *errdetails.QuotaFailure {
+	for _, d := range status.Convert(err).Details() {
+		if qf, ok := d.(*errdetails.QuotaFailure); ok {
+			return qf
+		}
+	}
+	return nil
+}
+
 // TestUnaryAndStream: calls over the limit are refused with
 // ResourceExhausted and RetryInfo; every decided call carries the
 // RateLimit fields as header metadata; a stream takes its tokens once; a
@@ -70,10 +111,10 @@ func keyed(key string) context.Context {
 func TestUnaryAndStream(t *testing.T) {
 	srv := redistest.Start(t)
 	lim := newLimiter(t, srv, policy.Limit{Name: "grpc", Rate: 3, Period: time.Hour, Burst: 3}, leaselimit.WithoutLease())
-	hc := healthpb.NewHealthClient(serve(t, lim))
+	tc := testgrpc.NewTestServiceClient(serve(t, lim))
 	for i := 0; i < 2; i++ {
 		var md metadata.MD
-		if _, err := hc.Check(keyed("ann"), &healthpb.HealthCheckRequest{}, grpc.Header(&md)); err != nil {
+		if _, err := tc.EmptyCall(keyed("ann"), empty, grpc.Header(&md)); err != nil {
 			t.Fatalf("call %d: %v", i, err)
 		}
 		if got, want := md.Get(grpclimit.MetadataRateLimitPolicy), []string{`"grpc";q=3;w=3600`}; len(got) != 1 || got[0] != want[0] {
@@ -84,15 +125,11 @@ func TestUnaryAndStream(t *testing.T) {
 		}
 	}
 	// A stream takes one token when it opens.
-	stream, err := hc.Watch(keyed("ann"), &healthpb.HealthCheckRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := stream.Recv(); err != nil {
+	if err := stream(keyed("ann"), tc); err != nil {
 		t.Fatalf("stream: %v", err)
 	}
 	var md metadata.MD
-	_, err = hc.Check(keyed("ann"), &healthpb.HealthCheckRequest{}, grpc.Header(&md))
+	_, err := tc.EmptyCall(keyed("ann"), empty, grpc.Header(&md))
 	if status.Code(err) != codes.ResourceExhausted {
 		t.Fatalf("call past the limit = %v; want ResourceExhausted", err)
 	}
@@ -100,35 +137,43 @@ func TestUnaryAndStream(t *testing.T) {
 	if !ok || wait < 19*time.Minute || wait > 20*time.Minute {
 		t.Errorf("RetryInfo %v, %v; want about 20m (3 per hour)", wait, ok)
 	}
+	if qf := quotaFailure(err); qf == nil || len(qf.GetViolations()) != 1 || qf.GetViolations()[0].GetSubject() != "grpc" {
+		t.Errorf("QuotaFailure %v; want one violation of \"grpc\"", qf)
+	}
 	if got := md.Get(grpclimit.MetadataRateLimit); len(got) != 1 || got[0] != `"grpc";r=0;t=1200` {
 		t.Errorf("refused call: ratelimit %v", got)
 	}
-	if _, err := hc.Check(context.Background(), &healthpb.HealthCheckRequest{}); status.Code(err) != codes.InvalidArgument {
+	if err := stream(keyed("ann"), tc); status.Code(err) != codes.ResourceExhausted {
+		t.Errorf("stream past the limit = %v; want ResourceExhausted", err)
+	}
+	if _, err := tc.EmptyCall(context.Background(), empty); status.Code(err) != codes.InvalidArgument {
 		t.Errorf("call without a key = %v; want InvalidArgument", err)
 	}
 }
 
 // TestClientRetry: the client interceptor waits out RetryInfo and calls
-// again, within its attempts and the call's deadline.
+// again, within its attempts and the call's deadline. (1 per second: a
+// loaded machine took over 200 ms for two calls, and 5 per second let the
+// second through.)
 func TestClientRetry(t *testing.T) {
 	srv := redistest.Start(t)
-	lim := newLimiter(t, srv, policy.Limit{Name: "retry", Rate: 5, Period: time.Second, Burst: 1}, leaselimit.WithoutLease())
-	patient := healthpb.NewHealthClient(serve(t, lim, grpc.WithChainUnaryInterceptor(grpclimit.UnaryClientInterceptor(3))))
-	hasty := healthpb.NewHealthClient(serve(t, lim))
-	if _, err := patient.Check(keyed("k"), &healthpb.HealthCheckRequest{}); err != nil {
+	lim := newLimiter(t, srv, policy.Limit{Name: "retry", Rate: 1, Period: time.Second, Burst: 1}, leaselimit.WithoutLease())
+	patient := testgrpc.NewTestServiceClient(serve(t, lim, grpc.WithChainUnaryInterceptor(grpclimit.UnaryClientInterceptor(3))))
+	hasty := testgrpc.NewTestServiceClient(serve(t, lim))
+	if _, err := patient.EmptyCall(keyed("k"), empty); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := hasty.Check(keyed("k"), &healthpb.HealthCheckRequest{}); status.Code(err) != codes.ResourceExhausted {
-		t.Fatalf("second call within 200ms = %v; want ResourceExhausted", err)
+	if _, err := hasty.EmptyCall(keyed("k"), empty); status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("second call within 1s = %v; want ResourceExhausted", err)
 	}
 	start := time.Now()
-	if _, err := patient.Check(keyed("k"), &healthpb.HealthCheckRequest{}); err != nil {
+	if _, err := patient.EmptyCall(keyed("k"), empty); err != nil {
 		t.Fatalf("the retrying client = %v; want it to wait out RetryInfo and succeed", err)
 	}
 	t.Logf("the retrying client got through after %v", time.Since(start))
 	ctx, cancel := context.WithTimeout(keyed("k"), time.Millisecond)
 	defer cancel()
-	if _, err := patient.Check(ctx, &healthpb.HealthCheckRequest{}); status.Code(err) != codes.ResourceExhausted && status.Code(err) != codes.DeadlineExceeded {
+	if _, err := patient.EmptyCall(ctx, empty); status.Code(err) != codes.ResourceExhausted && status.Code(err) != codes.DeadlineExceeded {
 		t.Errorf("a call whose deadline cannot cover the wait = %v; want it refused at once", err)
 	}
 }
@@ -140,27 +185,444 @@ func TestMultiLimitAndShadow(t *testing.T) {
 	burst := policy.Limit{Name: "burst", Rate: 10, Period: time.Minute, Burst: 10}
 	daily := policy.Quota("daily", 1, policy.Day, nil)
 	root := newLimiter(t, srv, burst, leaselimit.WithoutLease())
-	hc := healthpb.NewHealthClient(serve(t, root.For(burst, daily)))
+	tc := testgrpc.NewTestServiceClient(serve(t, root.For(burst, daily)))
 	var md metadata.MD
-	if _, err := hc.Check(keyed("m"), &healthpb.HealthCheckRequest{}, grpc.Header(&md)); err != nil {
+	if _, err := tc.EmptyCall(keyed("m"), empty, grpc.Header(&md)); err != nil {
 		t.Fatal(err)
 	}
 	if got := md.Get(grpclimit.MetadataRateLimitPolicy); len(got) != 2 {
 		t.Errorf("ratelimit-policy %v; want one entry per limit", got)
 	}
-	_, err := hc.Check(keyed("m"), &healthpb.HealthCheckRequest{})
+	_, err := tc.EmptyCall(keyed("m"), empty)
 	if st, _ := status.FromError(err); st.Code() != codes.ResourceExhausted || st.Message() == "" {
 		t.Errorf("call past the daily quota = %v", err)
 	}
 
-	shadow := healthpb.NewHealthClient(serve(t, root.For(daily.WithName("trial")).Enforcing(0)))
+	shadow := testgrpc.NewTestServiceClient(serve(t, root.For(daily.WithName("trial")).Enforcing(0)))
 	for i := 0; i < 3; i++ {
 		var md metadata.MD
-		if _, err := shadow.Check(keyed("s"), &healthpb.HealthCheckRequest{}, grpc.Header(&md)); err != nil {
+		if _, err := shadow.EmptyCall(keyed("s"), empty, grpc.Header(&md)); err != nil {
 			t.Fatalf("shadow call %d = %v; a shadow limit must not refuse", i, err)
 		}
 		if len(md.Get(grpclimit.MetadataRateLimit)) != 0 {
 			t.Errorf("shadow call %d sent ratelimit metadata", i)
 		}
+	}
+}
+
+// counting is a Limiter that counts the decisions asked of it.
+type counting struct {
+	grpclimit.Limiter
+	calls atomic.Int64
+}
+
+func (c *counting) AllowN(ctx context.Context, key string, n int64) (leaselimit.Decision, error) {
+	c.calls.Add(1)
+	return c.Limiter.AllowN(ctx, key, n)
+}
+
+// keySpy is a KeyFunc (MetadataKey("x-key")) that records the methods it
+// was asked about.
+type keySpy struct {
+	mu      sync.Mutex
+	methods []string
+}
+
+func (s *keySpy) key(ctx context.Context, fullMethod string) (string, error) {
+	s.mu.Lock()
+	s.methods = append(s.methods, fullMethod)
+	s.mu.Unlock()
+	return grpclimit.MetadataKey("x-key")(ctx, fullMethod)
+}
+
+func (s *keySpy) asked() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.methods)
+}
+
+// The methods of server reflection: v1, and v1alpha, which grpcurl still
+// tries (its messages are v1's on the wire; its generated code is
+// deprecated).
+const (
+	reflectionV1      = reflectionpb.ServerReflection_ServerReflectionInfo_FullMethodName
+	reflectionV1alpha = "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"
+)
+
+// listServices asks server reflection at method for the services over one
+// stream and returns their names.
+func listServices(ctx context.Context, conn *grpc.ClientConn, method string) ([]string, error) {
+	s, err := conn.NewStream(ctx, &grpc.StreamDesc{ClientStreams: true, ServerStreams: true}, method)
+	if err != nil {
+		return nil, err
+	}
+	// io.EOF: the server has ended the stream; RecvMsg says how.
+	if err := s.SendMsg(&reflectionpb.ServerReflectionRequest{MessageRequest: &reflectionpb.ServerReflectionRequest_ListServices{}}); err != nil && err != io.EOF {
+		return nil, err
+	}
+	r := new(reflectionpb.ServerReflectionResponse)
+	if err := s.RecvMsg(r); err != nil {
+		return nil, err
+	}
+	var names []string
+	for _, svc := range r.GetListServicesResponse().GetService() {
+		names = append(names, svc.GetName())
+	}
+	return names, s.CloseSend()
+}
+
+// TestHealthAndReflectionExempt: by default the health service and server
+// reflection pass untouched, unary and streaming, with no key and while
+// the caller's limit is exhausted: the key function is not asked, no
+// decision is made, no metadata sent; the limited service still demands a
+// key and refuses calls over the limit.
+func TestHealthAndReflectionExempt(t *testing.T) {
+	srv := redistest.Start(t)
+	lim := &counting{Limiter: newLimiter(t, srv, policy.Limit{Name: "probe", Rate: 1, Period: time.Hour, Burst: 1}, leaselimit.WithoutLease())}
+	spy := &keySpy{}
+	conn := serveWith(t, lim, spy.key, nil)
+	tc, hc := testgrpc.NewTestServiceClient(conn), healthpb.NewHealthClient(conn)
+
+	if _, err := tc.EmptyCall(keyed("ann"), empty); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tc.EmptyCall(keyed("ann"), empty); status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("call past the limit = %v; want ResourceExhausted", err)
+	}
+	if _, err := tc.EmptyCall(context.Background(), empty); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("limited call without a key = %v; want InvalidArgument", err)
+	}
+	asked, decided := len(spy.asked()), lim.calls.Load()
+
+	for name, ctx := range map[string]context.Context{"no key": context.Background(), "an exhausted key": keyed("ann")} {
+		var md metadata.MD
+		r, err := hc.Check(ctx, &healthpb.HealthCheckRequest{}, grpc.Header(&md))
+		if err != nil || r.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+			t.Errorf("health Check with %s = %v, %v; want SERVING", name, r.GetStatus(), err)
+		}
+		if len(md.Get(grpclimit.MetadataRateLimit)) != 0 || len(md.Get(grpclimit.MetadataRateLimitPolicy)) != 0 {
+			t.Errorf("health Check with %s sent rate-limit metadata %v", name, md)
+		}
+		w, err := hc.Watch(ctx, &healthpb.HealthCheckRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r, err := w.Recv(); err != nil || r.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+			t.Errorf("health Watch with %s = %v, %v; want SERVING", name, r.GetStatus(), err)
+		}
+		for _, method := range []string{reflectionV1, reflectionV1alpha} {
+			names, err := listServices(ctx, conn, method)
+			if err != nil || !slices.Contains(names, "grpc.testing.TestService") {
+				t.Errorf("%s with %s = %v, %v; want the services listed", method, name, names, err)
+			}
+		}
+	}
+	if got := spy.asked(); len(got) != asked {
+		t.Errorf("the key function was asked about %v; want only the limited calls", got[asked:])
+	}
+	if got := lim.calls.Load(); got != decided {
+		t.Errorf("%d decisions for exempt calls; want none", got-decided)
+	}
+}
+
+// TestHealthOrReflection: the methods exempt by default, by their full
+// names as grpc's generated code spells them.
+func TestHealthOrReflection(t *testing.T) {
+	for m, want := range map[string]bool{
+		healthpb.Health_Check_FullMethodName:          true,
+		healthpb.Health_Watch_FullMethodName:          true,
+		healthpb.Health_List_FullMethodName:           true,
+		reflectionV1:                                  true,
+		reflectionV1alpha:                             true,
+		testgrpc.TestService_EmptyCall_FullMethodName: false,
+		"/grpc.health.v1.HealthX/Check":               false,
+		"/grpc.health.v2.Health/Check":                false,
+		"/my.grpc.health.v1.Health/Check":             false,
+		"grpc.health.v1.Health/Check":                 false,
+		"/grpc.health.v1.Health":                      false,
+		"":                                            false,
+	} {
+		if got := grpclimit.HealthOrReflection(m); got != want {
+			t.Errorf("HealthOrReflection(%q) = %v; want %v", m, got, want)
+		}
+	}
+}
+
+// TestWithMethods: WithMethods replaces the default; nil restores it.
+func TestWithMethods(t *testing.T) {
+	srv := redistest.Start(t)
+	lim := newLimiter(t, srv, policy.PerHour(10).WithName("methods"), leaselimit.WithoutLease())
+	key := grpclimit.MetadataKey("x-key")
+
+	// Only health Check is limited: it demands a key, the rest do not.
+	onlyCheck := serveWith(t, lim, key, []grpclimit.Option{grpclimit.WithMethods(func(m string) bool {
+		return m == healthpb.Health_Check_FullMethodName
+	})})
+	if _, err := healthpb.NewHealthClient(onlyCheck).Check(context.Background(), &healthpb.HealthCheckRequest{}); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("limited health Check without a key = %v; want InvalidArgument", err)
+	}
+	var md metadata.MD
+	if _, err := healthpb.NewHealthClient(onlyCheck).Check(keyed("k"), &healthpb.HealthCheckRequest{}, grpc.Header(&md)); err != nil || len(md.Get(grpclimit.MetadataRateLimit)) != 1 {
+		t.Errorf("limited health Check with a key = %v, metadata %v; want it decided", err, md)
+	}
+	tc := testgrpc.NewTestServiceClient(onlyCheck)
+	if _, err := tc.EmptyCall(context.Background(), empty); err != nil {
+		t.Errorf("unlimited EmptyCall without a key = %v", err)
+	}
+	if err := stream(context.Background(), tc); err != nil {
+		t.Errorf("unlimited stream without a key = %v", err)
+	}
+	if _, err := listServices(context.Background(), onlyCheck, reflectionV1alpha); err != nil {
+		t.Errorf("reflection without a key = %v", err)
+	}
+
+	// Every method limited: reflection demands a key too.
+	all := serveWith(t, lim, key, []grpclimit.Option{grpclimit.WithMethods(func(string) bool { return true })})
+	if _, err := listServices(context.Background(), all, reflectionV1); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("limited reflection without a key = %v; want InvalidArgument", err)
+	}
+
+	// nil: the default again.
+	def := serveWith(t, lim, key, []grpclimit.Option{grpclimit.WithMethods(nil)})
+	if _, err := healthpb.NewHealthClient(def).Check(context.Background(), &healthpb.HealthCheckRequest{}); err != nil {
+		t.Errorf("health Check under WithMethods(nil) = %v; want it exempt", err)
+	}
+	if _, err := testgrpc.NewTestServiceClient(def).EmptyCall(context.Background(), empty); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("EmptyCall without a key under WithMethods(nil) = %v; want InvalidArgument", err)
+	}
+}
+
+// TestCostZeroNeedsNoKey: a call WithCost lets through uncharged is not
+// asked for its key.
+func TestCostZeroNeedsNoKey(t *testing.T) {
+	srv := redistest.Start(t)
+	lim := &counting{Limiter: newLimiter(t, srv, policy.PerHour(10).WithName("free"), leaselimit.WithoutLease())}
+	spy := &keySpy{}
+	conn := serveWith(t, lim, spy.key, []grpclimit.Option{grpclimit.WithCost(func(context.Context, string) int64 { return 0 })})
+	if _, err := testgrpc.NewTestServiceClient(conn).EmptyCall(context.Background(), empty); err != nil {
+		t.Errorf("free call without a key = %v", err)
+	}
+	if got := spy.asked(); len(got) != 0 || lim.calls.Load() != 0 {
+		t.Errorf("free call: key asked for %v, %d decisions; want none", got, lim.calls.Load())
+	}
+}
+
+// scripted is a Limiter whose every decision is d.
+type scripted struct{ d leaselimit.Decision }
+
+func (s scripted) AllowN(context.Context, string, int64) (leaselimit.Decision, error) {
+	return s.d, nil
+}
+func (s scripted) Limit() policy.Limit { return s.d.Limit }
+
+// TestRefusals: which code each kind of denial gets, with RetryInfo always
+// and QuotaFailure only for a limit decision.
+func TestRefusals(t *testing.T) {
+	limit := policy.Limit{Name: "api", Rate: 4, Period: time.Minute, Burst: 4}
+	deny := func(src leaselimit.Source) leaselimit.Decision {
+		return leaselimit.Decision{Limit: limit, RetryAfter: 3 * time.Second, Source: src}
+	}
+	shadow := deny(leaselimit.SourceFallback)
+	shadow.Allowed, shadow.Shadow, shadow.ShadowDenied = true, true, true
+	for _, tc := range []struct {
+		name  string
+		lim   grpclimit.Limiter
+		opts  []grpclimit.Option
+		cost  int64
+		code  codes.Code
+		quota bool // a QuotaFailure detail
+	}{
+		{"overuse", scripted{deny(leaselimit.SourceAuthority)}, nil, 1, codes.ResourceExhausted, true},
+		{"cached overuse", scripted{deny(leaselimit.SourceCache)}, nil, 1, codes.ResourceExhausted, true},
+		{"outage", scripted{deny(leaselimit.SourceFallback)}, nil, 1, codes.Unavailable, false},
+		{"outage as overuse", scripted{deny(leaselimit.SourceFallback)},
+			[]grpclimit.Option{grpclimit.WithOutageCode(codes.ResourceExhausted)}, 1, codes.ResourceExhausted, false},
+		{"shadow", scripted{shadow}, nil, 1, codes.OK, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cost := tc.cost
+			opts := append([]grpclimit.Option{grpclimit.WithCost(func(context.Context, string) int64 { return cost })}, tc.opts...)
+			tsc := testgrpc.NewTestServiceClient(serveWith(t, tc.lim, grpclimit.MetadataKey("x-key"), opts))
+			var md metadata.MD
+			_, err := tsc.EmptyCall(keyed("k"), empty, grpc.Header(&md))
+			if tc.code != codes.OK {
+				// An outage's refusal says nothing of the caller's quota.
+				if got, want := len(md.Get(grpclimit.MetadataRateLimit)), map[bool]int{true: 1, false: 0}[tc.quota]; got != want {
+					t.Errorf("unary call: %d ratelimit entries %v; want %d", got, md, want)
+				}
+				if len(md.Get(grpclimit.MetadataRateLimitPolicy)) != 1 {
+					t.Errorf("unary call: ratelimit-policy %v; want the limit's", md.Get(grpclimit.MetadataRateLimitPolicy))
+				}
+			}
+			for _, call := range []struct {
+				kind string
+				err  error
+			}{
+				{"unary", err},
+				{"stream", stream(keyed("k"), tsc)},
+			} {
+				if got := status.Code(call.err); got != tc.code {
+					t.Fatalf("%s call = %v; want %v", call.kind, call.err, tc.code)
+				}
+				if tc.code == codes.OK {
+					continue
+				}
+				if wait, ok := grpclimit.RetryAfter(call.err); !ok || wait != 3*time.Second {
+					t.Errorf("%s call: RetryInfo %v, %v; want 3s", call.kind, wait, ok)
+				}
+				if got := quotaFailure(call.err) != nil; got != tc.quota {
+					t.Errorf("%s call: QuotaFailure %v; want %v", call.kind, got, tc.quota)
+				}
+				if msg := status.Convert(call.err).Message(); !strings.Contains(msg, `"api"`) || !strings.Contains(msg, "retry after 3s") {
+					t.Errorf("%s call: message %q; want the limit's name and the wait", call.kind, msg)
+				}
+			}
+		})
+	}
+}
+
+// TestOutageCodeOK: an outage code that would let refused calls through is
+// refused at construction.
+func TestOutageCodeOK(t *testing.T) {
+	defer func() {
+		if recover() == nil {
+			t.Error("WithOutageCode(codes.OK) did not panic")
+		}
+	}()
+	grpclimit.UnaryServerInterceptor(scripted{}, grpclimit.PeerKey(), grpclimit.WithOutageCode(codes.OK))
+}
+
+// sequence is a Limiter whose decisions are ds in turn, then the last.
+type sequence struct {
+	ds []leaselimit.Decision
+	i  atomic.Int64
+}
+
+func (s *sequence) AllowN(context.Context, string, int64) (leaselimit.Decision, error) {
+	return s.ds[min(int(s.i.Add(1))-1, len(s.ds)-1)], nil
+}
+func (s *sequence) Limit() policy.Limit { return s.ds[0].Limit }
+
+// TestClientRetriesOutage: the client interceptor waits out the RetryInfo
+// of an outage (Unavailable) as it does an overuse's.
+func TestClientRetriesOutage(t *testing.T) {
+	limit := policy.PerSecond(10).WithName("back")
+	lim := &sequence{ds: []leaselimit.Decision{
+		{Limit: limit, RetryAfter: 50 * time.Millisecond, Source: leaselimit.SourceFallback},
+		{Allowed: true, Limit: limit, Remaining: 9, Source: leaselimit.SourceAuthority},
+	}}
+	tc := testgrpc.NewTestServiceClient(serve(t, lim, grpc.WithChainUnaryInterceptor(grpclimit.UnaryClientInterceptor(2))))
+	start := time.Now()
+	if _, err := tc.EmptyCall(keyed("k"), empty); err != nil {
+		t.Fatalf("call through an outage refusal = %v; want it retried after RetryInfo", err)
+	}
+	if waited := time.Since(start); waited < 50*time.Millisecond {
+		t.Errorf("retried after %v; want the 50ms of RetryInfo waited out", waited)
+	}
+	if got := lim.i.Load(); got != 2 {
+		t.Errorf("%d decisions; want 2 (one refusal, one retry)", got)
+	}
+}
+
+// waitOpen waits (at most 5 s) until lim's breaker is open: on a loaded
+// machine the breaker may hear of a failed call only when the call ends.
+func waitOpen(t *testing.T, lim *leaselimit.Limiter) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); lim.BreakerState() != breaker.Open; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("breaker %v with Redis down; want open", lim.BreakerState())
+		}
+	}
+}
+
+// TestOutage: with redis-server killed under FailClosed, a limited call is
+// refused with Unavailable and a RetryInfo until the breaker's next probe
+// (about an hour here), not as overuse; WithOutageCode answers
+// ResourceExhausted instead; health checks still pass; the client
+// interceptor does not wait an hour its deadline does not have.
+func TestOutage(t *testing.T) {
+	srv := redistest.Start(t)
+	lim := newLimiter(t, srv, policy.PerHour(10).WithName("outage"), leaselimit.WithoutLease(),
+		leaselimit.WithFailureMode(policy.FailClosed), leaselimit.WithBreaker(breaker.Settings{Failures: 1, OpenFor: time.Hour}))
+	conn := serve(t, lim)
+	tc := testgrpc.NewTestServiceClient(conn)
+	patient := testgrpc.NewTestServiceClient(serve(t, lim, grpc.WithChainUnaryInterceptor(grpclimit.UnaryClientInterceptor(3))))
+	if _, err := tc.EmptyCall(keyed("ann"), empty); err != nil {
+		t.Fatalf("call with Redis up = %v", err)
+	}
+	srv.Kill(t)
+	if _, err := tc.EmptyCall(keyed("ann"), empty); status.Code(err) != codes.Unavailable {
+		t.Fatalf("call as Redis goes down = %v; want Unavailable", err)
+	}
+	waitOpen(t, lim)
+
+	ctx, cancel := context.WithTimeout(keyed("ann"), time.Second)
+	defer cancel()
+	start := time.Now()
+	var md metadata.MD
+	_, err := patient.EmptyCall(ctx, empty, grpc.Header(&md))
+	if status.Code(err) != codes.Unavailable {
+		t.Fatalf("call with the breaker open = %v; want Unavailable", err)
+	}
+	if got := md.Get(grpclimit.MetadataRateLimit); len(got) != 0 {
+		t.Errorf("outage refusal: ratelimit %v; want none (nothing is known of the caller's quota)", got)
+	}
+	if waited := time.Since(start); waited > 500*time.Millisecond {
+		t.Errorf("the client interceptor took %v over a refusal its deadline cannot wait out", waited)
+	}
+	if wait, ok := grpclimit.RetryAfter(err); !ok || wait < 59*time.Minute || wait > time.Hour {
+		t.Errorf("RetryInfo %v, %v; want about 1h (until the breaker's probe)", wait, ok)
+	}
+	if qf := quotaFailure(err); qf != nil {
+		t.Errorf("outage refusal carries QuotaFailure %v; no quota was exhausted", qf)
+	}
+	t.Logf("outage refusal: %v", err)
+	if err := stream(keyed("ann"), tc); status.Code(err) != codes.Unavailable {
+		t.Errorf("stream with the breaker open = %v; want Unavailable", err)
+	}
+	if r, err := healthpb.NewHealthClient(conn).Check(context.Background(), &healthpb.HealthCheckRequest{}); err != nil || r.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		t.Errorf("health Check during the outage = %v, %v; want SERVING", r.GetStatus(), err)
+	}
+
+	asOveruse := testgrpc.NewTestServiceClient(serveWith(t, lim, grpclimit.MetadataKey("x-key"),
+		[]grpclimit.Option{grpclimit.WithOutageCode(codes.ResourceExhausted)}))
+	_, err = asOveruse.EmptyCall(keyed("ann"), empty)
+	if status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("call with WithOutageCode(ResourceExhausted) = %v", err)
+	}
+	if wait, ok := grpclimit.RetryAfter(err); !ok || wait < 59*time.Minute || wait > time.Hour {
+		t.Errorf("WithOutageCode(ResourceExhausted): RetryInfo %v, %v; want about 1h", wait, ok)
+	}
+}
+
+// TestOutageFailLocal: with redis-server killed under FailLocal (a fleet
+// of 2, 4 an hour: a share of 2), calls within the share pass, and the
+// share's denial is an outage's (Unavailable, a RetryInfo until the share
+// admits again, no QuotaFailure), as httplimit's 503: the caller may be
+// within its limit, its calls all on this instance.
+func TestOutageFailLocal(t *testing.T) {
+	srv := redistest.Start(t)
+	lim := newLimiter(t, srv, policy.PerHour(4).WithName("local"), leaselimit.WithoutLease(),
+		leaselimit.WithFailureMode(policy.FailLocal), leaselimit.WithFleetSize(2),
+		leaselimit.WithBreaker(breaker.Settings{Failures: 1, OpenFor: time.Hour}))
+	tc := testgrpc.NewTestServiceClient(serveWith(t, lim, grpclimit.MetadataKey("x-key"), nil))
+	srv.Kill(t)
+	_, _ = tc.EmptyCall(keyed("warm"), empty) // the failure that opens the breaker
+	waitOpen(t, lim)
+
+	for i := 0; i < 2; i++ {
+		if _, err := tc.EmptyCall(keyed("ann"), empty); err != nil {
+			t.Fatalf("call %d within the local share = %v", i, err)
+		}
+	}
+	_, err := tc.EmptyCall(keyed("ann"), empty)
+	if status.Code(err) != codes.Unavailable {
+		t.Fatalf("call past the local share = %v; want Unavailable", err)
+	}
+	if wait, ok := grpclimit.RetryAfter(err); !ok || wait < 29*time.Minute || wait > 30*time.Minute {
+		t.Errorf("RetryInfo %v, %v; want about 30m (a share of 2 per hour)", wait, ok)
+	}
+	if quotaFailure(err) != nil {
+		t.Error("an outage's refusal carries a QuotaFailure")
 	}
 }
