@@ -2,7 +2,9 @@ package leaselimit_test
 
 import (
 	"context"
+	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -14,7 +16,9 @@ import (
 	"github.com/leaselimit/leaselimit/telemetry"
 	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // attrOf returns the value of key on span s.
@@ -185,4 +189,196 @@ func TestRefusedConnectionIsNetwork(t *testing.T) {
 			}
 		})
 	}
+}
+
+// decisionRecord is one decision as traced: a ratelimit.decision span, or
+// an event of that name with the status of the span it is on.
+type decisionRecord struct {
+	attrs  map[attribute.Key]attribute.Value
+	status codes.Code
+}
+
+// decisionRecords returns the decisions rig recorded, in the order they
+// ended: spans, or in event mode the events on the caller's spans.
+func decisionRecords(rig *telemetryRig, events bool) []decisionRecord {
+	var out []decisionRecord
+	for _, s := range rig.spans.Ended() {
+		if !events && s.Name() == telemetry.DecisionSpan {
+			out = append(out, decisionRecord{attrMap(s.Attributes()), s.Status().Code})
+		}
+		if events {
+			for _, ev := range s.Events() {
+				if ev.Name == telemetry.DecisionSpan {
+					out = append(out, decisionRecord{attrMap(ev.Attributes), s.Status().Code})
+				}
+			}
+		}
+	}
+	return out
+}
+
+// TestDecisionSpanOutcomes: every decision span (and event) says its
+// ratelimit.outcome; one that ended in the caller's error, of each kind,
+// has outcome error, error.type and ratelimit.reason naming the kind, and
+// its status stays Unset (the caller's error is not the rate limiter's
+// failure); one that ended in Redis's error is a span error with error.type.
+func TestDecisionSpanOutcomes(t *testing.T) {
+	cases := []struct {
+		reason string
+		hung   bool // Redis does not answer
+		call   func(ctx context.Context, lim *leaselimit.Limiter) error
+	}{
+		{"invalid_key", false, func(ctx context.Context, lim *leaselimit.Limiter) error {
+			_, err := lim.Allow(ctx, "")
+			return err
+		}},
+		{"invalid_cost", false, func(ctx context.Context, lim *leaselimit.Limiter) error {
+			_, err := lim.AllowN(ctx, "k", 0)
+			return err
+		}},
+		{"invalid_limit", false, func(ctx context.Context, lim *leaselimit.Limiter) error {
+			_, err := lim.For(policy.Limit{Name: "tr-invalid"}).Allow(ctx, "k")
+			return err
+		}},
+		{"canceled", false, func(ctx context.Context, lim *leaselimit.Limiter) error {
+			if _, err := lim.Allow(ctx, "k"); err != nil { // the bucket's one token
+				return err
+			}
+			ctx, cancel := context.WithCancel(ctx)
+			time.AfterFunc(20*time.Millisecond, cancel) // while Wait waits for the next
+			return lim.Wait(ctx, "k")
+		}},
+		{"deadline_exceeded", true, func(ctx context.Context, lim *leaselimit.Limiter) error {
+			// Redis hangs, the budget is ample: the caller's deadline ends the wait.
+			ctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+			defer cancel()
+			_, err := lim.Allow(ctx, "k")
+			return err
+		}},
+		{"would_exceed_deadline", false, func(ctx context.Context, lim *leaselimit.Limiter) error {
+			if _, err := lim.Allow(ctx, "k"); err != nil {
+				return err
+			}
+			ctx, cancel := context.WithTimeout(ctx, time.Minute) // the next token is an hour away
+			defer cancel()
+			return lim.Wait(ctx, "k")
+		}},
+		{"closed", false, func(ctx context.Context, lim *leaselimit.Limiter) error {
+			if err := lim.Close(); err != nil {
+				return err
+			}
+			_, err := lim.Allow(ctx, "k")
+			return err
+		}},
+	}
+	for _, events := range []bool{false, true} {
+		for _, c := range cases {
+			t.Run(fmt.Sprintf("%s/events=%v", c.reason, events), func(t *testing.T) {
+				rig := newTelemetryRig(t)
+				m, rdb := newMini(t)
+				if c.hung {
+					proxy := redistest.NewProxy(t, m.Addr())
+					proxy.Blackhole(true)
+					// A short read timeout, so that Close does not wait long for the call.
+					rdb = redisClientOpts(t, &redis.Options{Addr: proxy.Addr, ReadTimeout: 100 * time.Millisecond})
+				}
+				opts := append(rig.opts(), leaselimit.WithoutLease())
+				ctx := context.Background()
+				var parent trace.Span
+				if events {
+					opts = append(opts, leaselimit.WithDecisionEvents())
+					ctx, parent = rig.tp.Tracer("test").Start(ctx, "handler")
+				}
+				lim := mustNew(t, rdb, policy.PerHour(1).WithName("tr-outcome"), opts...)
+				err := c.call(ctx, lim)
+				if parent != nil {
+					parent.End()
+				}
+				if err == nil {
+					t.Fatalf("the call returned no error; want one that is %s", c.reason)
+				}
+				recs := decisionRecords(rig, events)
+				if len(recs) == 0 {
+					t.Fatal("no decision recorded")
+				}
+				for i, r := range recs {
+					if _, ok := r.attrs[telemetry.AttrOutcome]; !ok {
+						t.Errorf("decision %d has no ratelimit.outcome: %v", i, r.attrs)
+					}
+					if r.status != codes.Unset {
+						t.Errorf("decision %d: status %v; want Unset", i, r.status)
+					}
+				}
+				for i, r := range recs[:len(recs)-1] { // the token taken before Wait
+					if got := r.attrs[telemetry.AttrOutcome].AsString(); got != telemetry.OutcomeAllowed {
+						t.Errorf("decision %d: ratelimit.outcome %q; want %q", i, got, telemetry.OutcomeAllowed)
+					}
+					if _, ok := r.attrs[telemetry.AttrErrorType]; ok {
+						t.Errorf("decision %d, admitted, has error.type: %v", i, r.attrs)
+					}
+				}
+				last := recs[len(recs)-1].attrs
+				for key, want := range map[attribute.Key]string{
+					telemetry.AttrOutcome: telemetry.OutcomeError, telemetry.AttrReason: c.reason, telemetry.AttrErrorType: c.reason,
+				} {
+					if got := last[key].AsString(); got != want {
+						t.Errorf("decision that ended with %v: %s = %q; want %q", err, key, got, want)
+					}
+				}
+				if _, ok := last[telemetry.AttrAllowed]; ok {
+					t.Errorf("decision that ended with an error has ratelimit.allowed: %v", last)
+				}
+			})
+		}
+	}
+
+	t.Run("denied", func(t *testing.T) {
+		rig := newTelemetryRig(t)
+		_, rdb := newMini(t)
+		lim := mustNew(t, rdb, policy.PerHour(1).WithName("tr-denied"), rig.opts()...)
+		for range 2 {
+			if _, err := lim.Allow(context.Background(), "k"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		recs := decisionRecords(rig, false)
+		var got []string
+		for _, r := range recs {
+			got = append(got, r.attrs[telemetry.AttrOutcome].AsString())
+		}
+		if want := []string{telemetry.OutcomeAllowed, telemetry.OutcomeDenied}; !slices.Equal(got, want) {
+			t.Errorf("ratelimit.outcome of an admission and a denial: %q; want %q", got, want)
+		}
+	})
+
+	// Not the caller's error: Redis refuses the script (an ACL without
+	// TIME), which is returned, not hidden behind the failure policy.
+	t.Run("redis_error", func(t *testing.T) {
+		srv := redistest.Start(t)
+		srv.Do(t, "ACL", "SETUSER", "tr-narrow", "reset", "on", ">pw", "~leaselimit:*", "resetchannels", "-@all", "+evalsha", "+eval")
+		rdb := redisClientOpts(t, &redis.Options{Addr: srv.Addr, Username: "tr-narrow", Password: "pw"})
+		rig := newTelemetryRig(t)
+		lim := mustNew(t, rdb, policy.PerSecond(10).WithName("tr-redis-error"), append(rig.opts(), leaselimit.WithoutLease())...)
+		if _, err := lim.Allow(context.Background(), "k"); err == nil {
+			t.Fatal("Allow with an ACL lacking TIME returned no error")
+		}
+		recs := decisionRecords(rig, false)
+		if len(recs) != 1 {
+			t.Fatalf("%d decision spans; want 1", len(recs))
+		}
+		r := recs[0]
+		if got := r.attrs[telemetry.AttrOutcome].AsString(); got != telemetry.OutcomeError {
+			t.Errorf("ratelimit.outcome %q; want %q", got, telemetry.OutcomeError)
+		}
+		if got := r.attrs[telemetry.AttrReason].AsString(); got != "redis_error" {
+			t.Errorf("ratelimit.reason %q; want redis_error", got)
+		}
+		t.Logf("error.type %q", r.attrs[telemetry.AttrErrorType].AsString())
+		if et := r.attrs[telemetry.AttrErrorType].AsString(); et == "" || et == "redis_error" {
+			t.Errorf("error.type %q; want the Redis error's own type", et)
+		}
+		if r.status != codes.Error {
+			t.Errorf("status %v; want Error", r.status)
+		}
+	})
 }

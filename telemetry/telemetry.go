@@ -67,7 +67,7 @@ const (
 	AttrSaturated  = attribute.Key("ratelimit.saturated") // the authority call ran past the budget because this process was behind
 	AttrShadow     = attribute.Key("ratelimit.shadow")    // the decision was computed, not enforced (shadow mode): ratelimit.allowed is what the limit decided
 	AttrState      = attribute.Key("ratelimit.breaker.to")
-	AttrErrorType  = attribute.Key("error.type")
+	AttrErrorType  = semconv.ErrorTypeKey // error.type
 	// Database client span attributes, as OpenTelemetry semantic
 	// conventions v1.43.0 name them (see semconv/v1.43.0).
 	AttrDBSystem      = semconv.DBSystemNameKey
@@ -414,6 +414,14 @@ func (r *Recorder) StartDecision(ctx context.Context) (context.Context, trace.Sp
 	return r.tracer.Start(ctx, DecisionSpan)
 }
 
+// Outcomes of a decision (ratelimit.outcome on its span or event): every
+// decision has one.
+const (
+	OutcomeAllowed = "allowed"
+	OutcomeDenied  = "denied"
+	OutcomeError   = "error" // the call returned an error instead of a decision
+)
+
 // Outcome describes a finished decision for EndDecision.
 type Outcome struct {
 	Allowed    bool
@@ -424,27 +432,51 @@ type Outcome struct {
 	Key        string
 	Err        error
 	// CallerError marks Err as the caller's doing (bad input, its context
-	// ending, a closed limiter): recorded, but not as a span error.
+	// ending, a closed limiter): recorded, with error.type, but not as a
+	// span error.
 	CallerError bool
 	// Shadow marks a decision of a limit in shadow mode; Allowed is then
 	// what the limit decided, not what the caller was told.
 	Shadow bool
 	// Reason, for a decision that ended with Err, names why
-	// (ratelimit.reason): "canceled", "invalid_key", "closed", …
+	// (ratelimit.reason): "canceled", "invalid_key", "closed", … For a
+	// caller's error it is also the error.type.
 	Reason string
 }
 
-// EndDecision records o on span (and ends it in span mode).
+// errorType is error.type of a decision that ended with o.Err: the reason
+// of a caller's error (low-cardinality, and it says more than the Go type
+// of a wrapped sentinel), otherwise what a failed Redis call would have.
+func (o Outcome) errorType() string {
+	if o.CallerError && o.Reason != "" {
+		return o.Reason
+	}
+	return errorType(o.Err)
+}
+
+// EndDecision records o on span (and ends it in span mode). Every decision
+// gets ratelimit.outcome; one that ended with an error gets error.type too,
+// and in span mode the Error status only when the error is not the
+// caller's: bad input or a caller giving up is not a failure of the rate
+// limiter, and marking it so would count every canceled request against it
+// in a backend's error rate (as HTTP servers leave a 4xx span's status
+// unset).
 func (r *Recorder) EndDecision(span trace.Span, o Outcome) {
 	if span.IsRecording() {
-		attrs := make([]attribute.KeyValue, 0, 8)
+		attrs := make([]attribute.KeyValue, 0, 9)
 		attrs = append(attrs, r.limitAttr, AttrCost.Int64(o.Cost))
 		if o.Err != nil {
-			attrs = append(attrs, AttrOutcome.String("error"), AttrReason.String(o.Reason))
-		}
-		if o.Err == nil {
-			attrs = append(attrs, AttrAllowed.Bool(o.Allowed), AttrSource.String(r.sourceName(o.Source)),
-				AttrRemaining.Int64(o.Remaining))
+			attrs = append(attrs, AttrOutcome.String(OutcomeError), AttrErrorType.String(o.errorType()))
+			if o.Reason != "" {
+				attrs = append(attrs, AttrReason.String(o.Reason))
+			}
+		} else {
+			outcome := OutcomeDenied
+			if o.Allowed {
+				outcome = OutcomeAllowed
+			}
+			attrs = append(attrs, AttrOutcome.String(outcome), AttrAllowed.Bool(o.Allowed),
+				AttrSource.String(r.sourceName(o.Source)), AttrRemaining.Int64(o.Remaining))
 			if !o.Allowed {
 				attrs = append(attrs, AttrRetryAfter.Float64(o.RetryAfter.Seconds()))
 			}
@@ -461,7 +493,6 @@ func (r *Recorder) EndDecision(span trace.Span, o Outcome) {
 			span.SetAttributes(attrs...)
 			if o.Err != nil && !o.CallerError {
 				span.SetStatus(codes.Error, o.Err.Error())
-				span.SetAttributes(AttrErrorType.String(errorType(o.Err)))
 			}
 		}
 	}

@@ -12,6 +12,10 @@ import (
 
 	"github.com/leaselimit/leaselimit/breaker"
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace/noop"
 )
 
@@ -81,5 +85,69 @@ func TestNoopProviderIsNotTraced(t *testing.T) {
 	}
 	if n := testing.AllocsPerRun(100, func() { r.CountDecision(context.Background(), true, 0, false) }); n != 0 {
 		t.Errorf("CountDecision allocates %v times", n)
+	}
+}
+
+// TestEndDecisionOutcome: EndDecision gives every decision span and event
+// a ratelimit.outcome; an error adds error.type (a caller's error: its
+// reason) and, only for an error that is not the caller's, the Error status
+// of a decision span.
+func TestEndDecisionOutcome(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		o       Outcome
+		outcome string
+		errType string // "" for none
+		status  codes.Code
+	}{
+		{"allowed", Outcome{Allowed: true}, OutcomeAllowed, "", codes.Unset},
+		{"denied", Outcome{}, OutcomeDenied, "", codes.Unset},
+		{"caller", Outcome{Err: context.Canceled, CallerError: true, Reason: "canceled"}, OutcomeError, "canceled", codes.Unset},
+		{"caller without a reason", Outcome{Err: context.Canceled, CallerError: true}, OutcomeError, "*errors.errorString", codes.Unset},
+		{"redis", Outcome{Err: replyError("NOPERM no"), Reason: "redis_error"}, OutcomeError, "NOPERM", codes.Error},
+	} {
+		for _, events := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/events=%v", tc.name, events), func(t *testing.T) {
+				rec := tracetest.NewSpanRecorder()
+				tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+				defer tp.Shutdown(context.Background())
+				r, err := New(Config{TracerProvider: tp, LimitName: "x", Sources: []string{"lease"}, Events: events})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer r.Close()
+				ctx, parent := tp.Tracer("test").Start(context.Background(), "handler")
+				_, span := r.StartDecision(ctx)
+				r.EndDecision(span, tc.o)
+				parent.End()
+
+				var attrs []attribute.KeyValue
+				status := codes.Unset
+				for _, s := range rec.Ended() {
+					if !events && s.Name() == DecisionSpan {
+						attrs, status = s.Attributes(), s.Status().Code
+					}
+					for _, ev := range s.Events() {
+						if events && ev.Name == DecisionSpan {
+							attrs, status = ev.Attributes, s.Status().Code
+						}
+					}
+				}
+				got := attribute.NewSet(attrs...)
+				if v, _ := got.Value(AttrOutcome); v.AsString() != tc.outcome {
+					t.Errorf("ratelimit.outcome %q; want %q (%v)", v.AsString(), tc.outcome, attrs)
+				}
+				if v, ok := got.Value(AttrErrorType); v.AsString() != tc.errType || ok != (tc.errType != "") {
+					t.Errorf("error.type %q, %v; want %q", v.AsString(), ok, tc.errType)
+				}
+				want := tc.status
+				if events {
+					want = codes.Unset // the caller's span is the caller's to mark
+				}
+				if status != want {
+					t.Errorf("status %v; want %v", status, want)
+				}
+			})
+		}
 	}
 }

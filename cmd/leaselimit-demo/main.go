@@ -23,7 +23,10 @@
 // Decisions are traced with OpenTelemetry. -otlp ENDPOINT, or the standard
 // OTEL_EXPORTER_OTLP_ENDPOINT / OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, exports the
 // spans of every Limiter over OTLP/HTTP, sampling -trace-ratio of the
-// decisions (default 1%). Without an endpoint, one instance of design (c) and
+// decisions (default 1%). Their resource names the service (leaselimit-demo),
+// its version (leaselimit.Version) and the process (service.instance.id, a
+// random UUID per run); OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES
+// override them. Without an endpoint, one instance of design (c) and
 // one of the outage act record every decision in memory, and a few of those
 // spans are printed at the end.
 //

@@ -263,6 +263,9 @@ func TestOTLPExport(t *testing.T) {
 			if !strings.Contains(out, want) {
 				t.Errorf("output lacks %q:\n%s", want, out)
 			}
+			if !regexp.MustCompile(`service\.instance\.id "[0-9a-f-]{36}"`).MatchString(out) {
+				t.Errorf("output does not name the service.instance.id to look the run up by:\n%s", out)
+			}
 			if strings.Contains(out, "Sample decision spans") {
 				t.Errorf("sample spans printed while exporting")
 			}

@@ -112,7 +112,8 @@ type tracing struct {
 	where    string // the URL, for display
 	from     string // "-otlp" or the environment variable
 	ratio    float64
-	service  string
+	service  string // service.name
+	instance string // service.instance.id
 	errs     *errorSink
 	setupErr error // the exporter could not be built: no tracing
 	resErr   error // OTEL_RESOURCE_ATTRIBUTES or OTEL_SERVICE_NAME could not be used
@@ -153,20 +154,16 @@ func newTracing(ctx context.Context, cfg *config) *tracing {
 	// From here on, OpenTelemetry's errors go to the sink, to be reported
 	// once at the end.
 	t.errs = installErrorSink()
-	res, err := resource.New(ctx,
-		resource.WithSchemaURL(semconv.SchemaURL),
-		resource.WithAttributes(semconv.ServiceName(serviceName)),
-		resource.WithTelemetrySDK(),
-		resource.WithFromEnv()) // OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES win
+	res, err := serviceResource(ctx)
 	if err != nil {
 		t.resErr = err // reported on its own: it is not an export error
-		if res == nil {
-			res = resource.NewSchemaless(semconv.ServiceName(serviceName))
-		}
 	}
 	t.service = serviceName
 	if v, ok := res.Set().Value(semconv.ServiceNameKey); ok {
 		t.service = v.AsString()
+	}
+	if v, ok := res.Set().Value(semconv.ServiceInstanceIDKey); ok {
+		t.instance = v.AsString()
 	}
 	opts = append(opts,
 		otlptracehttp.WithTimeout(exportTimeout),
@@ -191,6 +188,27 @@ func newTracing(ctx context.Context, cfg *config) *tracing {
 	// on their own: they are not export errors.
 	t.errs.reset()
 	return t
+}
+
+// serviceResource is the resource of the demo's spans: service.name,
+// service.version (leaselimit.Version: the demo is a command of the
+// leaselimit module and is released with it), service.instance.id (a
+// random UUID v4 per process, as the semantic conventions recommend: the
+// simulated instances of a run share one process and one exporter) and the
+// SDK's telemetry.sdk.*. OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES
+// override any of them (an instance id the deployment assigns, say). On error
+// the resource returned still has what could be detected.
+func serviceResource(ctx context.Context) (*resource.Resource, error) {
+	res, err := resource.New(ctx,
+		resource.WithSchemaURL(semconv.SchemaURL),
+		resource.WithService(), // service.instance.id, and a service.name the next option replaces
+		resource.WithAttributes(semconv.ServiceName(serviceName), semconv.ServiceVersion(leaselimit.Version)),
+		resource.WithTelemetrySDK(),
+		resource.WithFromEnv())
+	if res == nil {
+		res = resource.NewSchemaless(semconv.ServiceName(serviceName), semconv.ServiceVersion(leaselimit.Version))
+	}
+	return res, err
 }
 
 // describe is the header line about tracing.
@@ -267,8 +285,8 @@ func (t *tracing) report(out, stderr io.Writer) {
 		}
 		spans := t.exp.spans.Load()
 		if errs == 0 {
-			fmt.Fprintf(out, "\nTraces: %s spans (%s of decisions) exported over OTLP/HTTP to %s, service.name %q.\n",
-				num(float64(spans)), pctFloat(t.ratio), t.where, t.service)
+			fmt.Fprintf(out, "\nTraces: %s spans (%s of decisions) exported over OTLP/HTTP to %s, service.name %q, service.instance.id %q.\n",
+				num(float64(spans)), pctFloat(t.ratio), t.where, t.service, t.instance)
 			return
 		}
 		plural := "s"
