@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -294,4 +295,26 @@ func (c *fakeClock) Set(t time.Time) {
 	c.mu.Lock()
 	c.now = t
 	c.mu.Unlock()
+}
+
+// TestEndedContextMakesNoCall: a decision that needs Redis, asked with a
+// ctx that has ended already, returns ctx's error every time and makes no
+// call. Regression: the call was made, and its reply raced ctx.Done.
+func TestEndedContextMakesNoCall(t *testing.T) {
+	m, c := newMini(t)
+	lim := mustNew(t, c, policy.PerSecond(1000).WithName("ended"), leaselimit.WithoutLease())
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	before := m.TotalConnectionCount()
+	for i := range 50 {
+		if d, err := lim.Allow(ctx, "k"+strconv.Itoa(i)); !errors.Is(err, context.Canceled) {
+			t.Fatalf("Allow #%d with an ended ctx = %+v, %v; want context.Canceled", i, d, err)
+		}
+	}
+	if err := lim.Close(); err != nil { // waits for calls in flight
+		t.Fatal(err)
+	}
+	if got := m.CommandCount(); got != 0 {
+		t.Errorf("%d Redis commands for decisions whose ctx had ended; want 0 (connections %d → %d)", got, before, m.TotalConnectionCount())
+	}
 }

@@ -88,6 +88,11 @@ func (p *Path) Caller(tel *telemetry.Recorder, recv Receiver) *Caller {
 // closed error, ErrSaturated, one wrapping breaker.ErrBudget (no reply in
 // the budget) or breaker.ErrOpen, ctx's, or the call's own.
 func (k *Caller) Acquire(ctx context.Context, c Call) (authority.Grant, error) {
+	if err := ctx.Err(); err != nil {
+		// Ended already: no call, rather than a race between its reply
+		// and ctx.Done.
+		return authority.Grant{}, err
+	}
 	if k.p.bounded {
 		return k.direct(ctx, c)
 	}
