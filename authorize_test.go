@@ -347,7 +347,7 @@ func TestHungWhileSaturated(t *testing.T) {
 		t.Errorf("slowest decision on a hung Redis under load took %v; cap %v", worst, hardCap)
 	}
 	// Each caller leaves at most a call or two waiting on the hung
-	// connection before the breaker opens, and the breaker lets 3 probes
+	// connection before the breaker opens, and the breaker lets a probe
 	// through per OpenFor: hundreds at most, not one per decision.
 	if peak > base+400 {
 		t.Errorf("goroutines grew from %d to %d while Redis hung", base, peak)

@@ -65,7 +65,9 @@ type Settings struct {
 	// keeps the failure policy deciding longer after Redis is back.
 	OpenFor time.Duration
 	// Probes is how many calls may run while half-open; that many successes
-	// in a row close the breaker, one failure opens it again. Default 3.
+	// in a row close the breaker, one failure opens it again. Default 1:
+	// each probe's caller waits up to the time budget while Redis is down,
+	// and one success says as much as three (gobreaker's default too).
 	Probes uint32
 	// Interval clears the failure counts periodically while closed, so
 	// sparse failures never add up to a trip. Default 10s.
@@ -90,7 +92,7 @@ func (s Settings) WithDefaults() Settings {
 		s.OpenFor = 250 * time.Millisecond
 	}
 	if s.Probes == 0 {
-		s.Probes = 3
+		s.Probes = 1
 	}
 	if s.Interval == 0 {
 		s.Interval = 10 * time.Second

@@ -214,8 +214,8 @@ func TestUnreachable(t *testing.T) {
 
 func TestDefaultsAndValidate(t *testing.T) {
 	d := breaker.Settings{}.WithDefaults()
-	if d.Failures != 5 || d.OpenFor != 250*time.Millisecond || d.Probes != 3 || d.Interval != 10*time.Second {
-		t.Errorf("defaults = %+v; want Failures 5, OpenFor 250ms, Probes 3, Interval 10s", d)
+	if d.Failures != 5 || d.OpenFor != 250*time.Millisecond || d.Probes != 1 || d.Interval != 10*time.Second {
+		t.Errorf("defaults = %+v; want Failures 5, OpenFor 250ms, Probes 1, Interval 10s", d)
 	}
 	s := breaker.Settings{Failures: 1, OpenFor: time.Millisecond, Probes: 7, Interval: time.Minute}.WithDefaults()
 	if s.Failures != 1 || s.OpenFor != time.Millisecond || s.Probes != 7 || s.Interval != time.Minute {

@@ -27,6 +27,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/leaselimit/leaselimit/benchmarks/internal/host"
+
 	"github.com/leaselimit/leaselimit/benchmarks/internal/design"
 	"github.com/leaselimit/leaselimit/benchmarks/internal/latency"
 	"github.com/leaselimit/leaselimit/internal/redistest"
@@ -347,7 +349,7 @@ var strides = []int{1, 7919, 3, 4999, 7, 6007, 9, 1237, 11, 8191, 13, 2749, 17, 
 func printTable(cfg config, version string, groups [][]*setup) {
 	w := cfg.out
 	fmt.Fprintf(w, "Redis %s, %d goroutines, %v per design in %d interleaved rounds, GOMAXPROCS %d (NumCPU %d), %s/%s, %s%s\n\n",
-		version, cfg.goroutines, cfg.duration, cfg.rounds, runtime.GOMAXPROCS(0), runtime.NumCPU(), runtime.GOOS, runtime.GOARCH, runtime.Version(), loadAvg())
+		version, cfg.goroutines, cfg.duration, cfg.rounds, runtime.GOMAXPROCS(0), runtime.NumCPU(), runtime.GOOS, runtime.GOARCH, runtime.Version(), host.LoadAvg())
 	fmt.Fprintln(w, "| workload | design | decisions/s | vs redis_rate, median [range] | of lean_floor, median [range] | p50 | p99 | p99.9 | client CPU/decision | Redis CPU/decision | allocs/decision | Redis cmds/decision | requests/decision | admitted / ideal | fallbacks |")
 	fmt.Fprintln(w, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 	for _, g := range groups {
@@ -452,18 +454,4 @@ func dur(d time.Duration) string {
 		return fmt.Sprintf("%.1fµs", float64(d)/1e3)
 	}
 	return fmt.Sprintf("%dns", d.Nanoseconds())
-}
-
-// loadAvg returns ", load average X Y Z" from /proc/loadavg, or "": numbers
-// from a machine busy with other work are not comparable with others.
-func loadAvg() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return ""
-	}
-	f := strings.Fields(string(b))
-	if len(f) < 3 {
-		return ""
-	}
-	return ", load average at the end " + strings.Join(f[:3], " ")
 }
