@@ -86,6 +86,15 @@
 // spend the daily quota. The 429 lists only the policy that denied it; the
 // response carries the RateLimit members of the limiters that decided.
 //
+// # Decisions made in a handler
+//
+// A handler that decides itself — it calls Reserve and Settle for a cost
+// known afterwards, or AllowN with a cost it computes — answers the
+// decision as Middleware would with AddFields (RateLimit-Policy and
+// RateLimit, for every decision) and Refuse (Retry-After and the 429, or
+// an outage's 503, for a denial). Middleware answers through the same
+// code, so both send the same bytes for the same decision.
+//
 // # Errors
 //
 // A KeyFunc error gets WithKeyErrorHandler's response, by default 400 Bad

@@ -98,3 +98,57 @@ func Example_outage() {
 	//   Retry-After: 1
 	//   {"type":"https://iana.org/assignments/http-problem-types#temporary-reduced-capacity","title":"Request cannot be satisfied due to temporary server capacity constraints","status":503,"detail":"Policy \"login\" is running at reduced capacity; retry after 1 s."}
 }
+
+// A handler whose cost is known only afterwards reserves an estimate,
+// answers its decision as Middleware would (AddFields, Refuse), and
+// settles the real cost when the work is done.
+func Example_reserve() {
+	mr, _ := miniredis.Run()
+	defer mr.Close()
+	mr.SetTime(time.Date(2025, 6, 1, 12, 0, 0, 0, time.UTC))
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	defer rdb.Close()
+
+	lim, err := leaselimit.New(rdb, policy.PerMinute(100).WithName("tokens"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer lim.Close()
+
+	const estimate = 60 // the most a response may cost
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		res, err := lim.Reserve(r.Context(), r.Header.Get("X-Tenant"), estimate)
+		if err != nil {
+			http.Error(w, "rate limit unavailable", http.StatusServiceUnavailable)
+			return
+		}
+		d := res.Decision()
+		httplimit.AddFields(w.Header(), lim, d)
+		if !d.Allowed {
+			httplimit.Refuse(w, d) // 429 (503 during an outage), Retry-After, problem+json
+			return
+		}
+		io.WriteString(w, "generated 25 tokens\n")
+		if err := res.Settle(r.Context(), 25); err != nil { // gives back 60-25
+			log.Print(err)
+		}
+	})
+
+	for i := 0; i < 3; i++ {
+		req := httptest.NewRequest("POST", "/generate", nil)
+		req.Header.Set("X-Tenant", "acme")
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		fmt.Println(rec.Code, "RateLimit:", rec.Header().Get("RateLimit"))
+		if rec.Code == http.StatusTooManyRequests {
+			fmt.Println("  Retry-After:", rec.Header().Get("Retry-After"))
+			fmt.Print("  ", rec.Body.String())
+		}
+	}
+	// Output:
+	// 200 RateLimit: "tokens";r=40;t=1
+	// 200 RateLimit: "tokens";r=15;t=1
+	// 429 RateLimit: "tokens";r=15;t=27
+	//   Retry-After: 27
+	//   {"type":"https://iana.org/assignments/http-problem-types#quota-exceeded","title":"Request cannot be satisfied as assigned quota has been exceeded","status":429,"detail":"The quota of policy \"tokens\" is exhausted; retry after 27 s.","violated-policies":["tokens"]}
+}

@@ -268,20 +268,24 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		l := m.cfg.limit(r)
 		lim, pf, group = m.tiered.For(l), m.policies.get(l), nil
 	}
+	policies := []*fields.Policy{pf}
+	if len(group) > 0 {
+		policies = group
+	}
 	key, err := m.key(r)
 	if err == nil && (len(key) == 0 || len(key) > leaselimit.MaxKeyLen) {
 		err = &KeyError{Detail: "The request's rate-limit key is empty or longer than " +
 			strconv.Itoa(leaselimit.MaxKeyLen) + " bytes."}
 	}
 	if err != nil {
-		appendPolicies(h, pf, group)
+		appendPolicies(h, policies)
 		m.cfg.keyError(w, r, err)
 		return
 	}
 	n := int64(1)
 	if m.cfg.cost != nil {
 		if n = m.cfg.cost(r); n == 0 {
-			appendPolicies(h, pf, group)
+			appendPolicies(h, policies)
 			next.ServeHTTP(w, r)
 			return
 		}
@@ -292,8 +296,8 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		next.ServeHTTP(w, r)
 		return
 	}
-	appendPolicies(h, pf, group)
 	if err != nil {
+		appendPolicies(h, policies)
 		if errors.Is(err, leaselimit.ErrInvalidKey) {
 			m.cfg.keyError(w, r, &KeyError{Detail: "The request's rate-limit key is not valid.", Err: err})
 			return
@@ -304,51 +308,21 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	if d.Limit == (policy.Limit{}) {
 		d.Limit = pf.Limit
 	}
-	if d.Source == leaselimit.SourceFallback && (!d.Allowed || d.ShadowDenied) && !m.cfg.outageAsDenial {
-		// The failure policy refused (or, for a shadow limit, would have
-		// refused) while Redis was unavailable: its Remaining is not the
-		// key's bucket, so no RateLimit member and no legacy field.
-		if d.Allowed {
-			next.ServeHTTP(w, r)
-			return
-		}
-		h[HeaderRetryAfter] = []string{strconv.FormatInt(max(fields.CeilSeconds(d.RetryAfter), 1), 10)}
-		m.cfg.outage(w, r, d)
-		return
-	}
-	tight := pf.Limit // the limit the legacy fields and Retry-After describe
-	policies := []*fields.Policy{pf}
-	if len(group) > 0 {
-		tight, policies = d.Limit, group
-	}
-	remaining, t := fields.Of(tight, d)
-	for i := range fields.Count(policies, d) {
-		appendMember(h, HeaderRateLimit, fields.Member(policies, i, d))
-	}
-	if m.cfg.legacy {
-		reset := fields.CeilSeconds(d.ResetAfter)
-		if !d.Allowed {
-			reset = max(reset, t)
-		}
-		setLegacy(h, tight, d.Allowed, remaining, reset)
-	}
+	// The failure policy's refusal (or, for a shadow limit, would-be
+	// refusal) while Redis was unavailable: its Remaining is not the key's
+	// bucket, so no RateLimit member and no legacy field.
+	outage := isOutage(d) && !m.cfg.outageAsDenial
+	addFields(h, policies, d, outage, m.cfg.legacy)
 	if d.Allowed {
 		next.ServeHTTP(w, r)
 		return
 	}
-	h[HeaderRetryAfter] = []string{strconv.FormatInt(t, 10)}
+	setRetryAfter(h, d)
+	if outage {
+		m.cfg.outage(w, r, d)
+		return
+	}
 	m.cfg.denied(w, r, d)
-}
-
-// appendPolicies adds the RateLimit-Policy members of pf's limit, or of
-// every limit of group when it is set.
-func appendPolicies(h http.Header, pf *fields.Policy, group []*fields.Policy) {
-	if group == nil {
-		appendMember(h, HeaderRateLimitPolicy, pf.Member)
-	}
-	for _, g := range group {
-		appendMember(h, HeaderRateLimitPolicy, g.Member)
-	}
 }
 
 // setLegacy sets the X-RateLimit fields unless an outer Middleware already
@@ -372,31 +346,18 @@ func setLegacy(h http.Header, l policy.Limit, allowed bool, remaining, reset int
 	h[HeaderLegacyReset] = []string{strconv.FormatInt(reset, 10)}
 }
 
-// quotaExceeded is the default denied handler.
+// quotaExceeded is the default denied handler: Refuse's 429, also for an
+// outage's denial under WithOutageAsDenial.
 func (m *middleware) quotaExceeded(w http.ResponseWriter, _ *http.Request, d leaselimit.Decision) {
-	name := d.Limit.Name
-	if name == "" {
-		name = m.policy.Limit.Name
+	if d.Limit.Name == "" {
+		d.Limit.Name = m.policy.Limit.Name
 	}
-	retry := w.Header().Get(HeaderRetryAfter)
-	writeProblem(w, problem{
-		Type:     ProblemTypeQuotaExceeded,
-		Title:    "Request cannot be satisfied as assigned quota has been exceeded",
-		Status:   http.StatusTooManyRequests,
-		Detail:   "The quota of policy \"" + name + "\" is exhausted; retry after " + retry + " s.",
-		Violated: []string{name},
-	})
+	refuse(w, d, false)
 }
 
-// reducedCapacity is the default outage handler.
+// reducedCapacity is the default outage handler: Refuse's 503.
 func reducedCapacity(w http.ResponseWriter, _ *http.Request, d leaselimit.Decision) {
-	retry := w.Header().Get(HeaderRetryAfter)
-	writeProblem(w, problem{
-		Type:   ProblemTypeTemporaryReducedCapacity,
-		Title:  "Request cannot be satisfied due to temporary server capacity constraints",
-		Status: http.StatusServiceUnavailable,
-		Detail: "Policy \"" + d.Limit.Name + "\" is running at reduced capacity; retry after " + retry + " s.",
-	})
+	refuse(w, d, true)
 }
 
 // badKey is the default key error handler.

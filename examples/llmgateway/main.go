@@ -29,6 +29,7 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/leaselimit/leaselimit"
+	"github.com/leaselimit/leaselimit/httplimit"
 	"github.com/leaselimit/leaselimit/policy"
 	"github.com/redis/go-redis/v9"
 )
@@ -95,9 +96,10 @@ func gateway(lim *leaselimit.Limiter, m model) http.Handler {
 			http.Error(w, "rate limiter unavailable", http.StatusServiceUnavailable)
 			return
 		}
-		if d := res.Decision(); !d.Allowed {
-			w.Header().Set("Retry-After", strconv.FormatInt(int64(d.RetryAfter/time.Second)+1, 10))
-			http.Error(w, fmt.Sprintf("token budget exhausted: %d left", d.Remaining), http.StatusTooManyRequests)
+		d := res.Decision()
+		httplimit.AddFields(w.Header(), lim, d) // RateLimit-Policy and RateLimit, as httplimit.Middleware sends
+		if !d.Allowed {
+			httplimit.Refuse(w, d) // 429 with Retry-After and problem+json (503 during an outage)
 			return
 		}
 		flusher, _ := w.(http.Flusher)
