@@ -273,6 +273,16 @@ func (l *Limiter) usable() error {
 	return nil
 }
 
+// maxCost is the most tokens one request may take: the least Burst of the
+// Limiter's limits.
+func (l *Limiter) maxCost() int64 {
+	n := l.limit.Burst
+	for _, p := range l.group {
+		n = min(n, p.limit.Burst)
+	}
+	return n
+}
+
 func (l *Limiter) check(key string, n int64) error {
 	if err := checkKey(key); err != nil {
 		return err

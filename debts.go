@@ -76,8 +76,17 @@ func (b *debtBook) owe(rkey string, limit policy.Limit, n int64, wall time.Time)
 	b.mu.Unlock()
 }
 
-// move hands the debts of the buckets whose breaker is closed (all of
-// them, if all is set) to q as charges.
+// debtsPerRound bounds the debts one janitor round hands to the refund
+// queue: after an outage that touched many keys (a cold long tail), every
+// bucket owes, and charging tens of thousands of them in one pipeline
+// would hold Redis (and the decisions waiting behind it) for hundreds of
+// milliseconds just as it came back. A round is at most 250ms, so 20,000
+// debts are charged within 5s.
+const debtsPerRound = 1000
+
+// move hands the debts of the buckets whose breaker is closed to q as
+// charges, at most debtsPerRound of them; with all set (Close), every
+// debt, whatever the breakers say.
 func (b *debtBook) move(q *refundQueue, path *redispath.Path, all bool) {
 	b.mu.Lock()
 	if len(b.owed) == 0 {
@@ -86,6 +95,9 @@ func (b *debtBook) move(q *refundQueue, path *redispath.Path, all bool) {
 	}
 	var due []debtKey
 	for k := range b.owed {
+		if !all && len(due) == debtsPerRound {
+			break
+		}
 		if all || path.Route(k.rkey).State() == breaker.Closed {
 			due = append(due, k)
 		}

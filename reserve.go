@@ -115,7 +115,10 @@ func (l *Limiter) stampOf(d Decision, key string, taken time.Time, pre lease.Sta
 // Reserve takes estimate tokens of key now, like AllowN(ctx, key, estimate),
 // and returns them as a Reservation to settle when the real cost is known.
 // A denied Reserve takes nothing (the Reservation's Decision says so, and
-// settling it does nothing). Errors are AllowN's.
+// settling it does nothing). Errors are AllowN's, but for an estimate above
+// the Burst: that takes a whole Burst now (no request could ever take
+// more), and Settle charges the rest, into debt of at most one Burst, as
+// for any cost above what was taken.
 //
 // A Reservation never settled stays settled at its estimate. One whose
 // tokens the failure policy granted (Decision.Source is SourceFallback: no
@@ -129,6 +132,7 @@ func (l *Limiter) Reserve(ctx context.Context, key string, estimate int64) (*Res
 	// grows, so what it says now holds for every token it hands out later.
 	taken := time.Now()
 	pre, known := l.leases.Stamps(key)
+	estimate = min(estimate, l.maxCost()) // the rest is charged at Settle
 	d, err := l.AllowN(ctx, key, estimate)
 	if err != nil {
 		return nil, err

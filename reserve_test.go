@@ -202,3 +202,47 @@ func TestSettleWhileRedisIsDown(t *testing.T) {
 		t.Errorf("after Close and Settle(0) of 40: %d left; want %d", got, 90-owed)
 	}
 }
+
+// TestReserveAboveBurst: an estimate above the Burst takes a whole Burst
+// (no request can take more) and Settle charges the rest, into debt of at
+// most one Burst; a multi-limit clamps to its least Burst.
+// Regression: it was ErrInvalidCost, a 500 where a caller wanted a request
+// admitted and paid for.
+func TestReserveAboveBurst(t *testing.T) {
+	_, c := newMini(t)
+	ctx := context.Background()
+	l := policy.Limit{Name: "above", Rate: 1, Period: time.Hour, Burst: 10}
+	lim := mustNew(t, c, l, leaselimit.WithoutLease())
+	r, err := lim.Reserve(ctx, "k", 25)
+	if err != nil || !r.Decision().Allowed || r.Decision().Remaining != 0 {
+		t.Fatalf("Reserve(25) of a full bucket of 10 = %+v, %v; want admitted, the whole burst taken", r, err)
+	}
+	if err := r.Settle(ctx, 14); err != nil {
+		t.Fatal(err)
+	}
+	d, err := lim.Peek(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := bucketLevel(d, l); got != -4 {
+		t.Errorf("after Settle(14) of a Reserve(25) that took 10: the bucket holds %d; want -4 (in debt)", got)
+	}
+	if r2, err := lim.Reserve(ctx, "k", 25); err != nil || r2.Decision().Allowed {
+		t.Errorf("Reserve(25) of a bucket in debt = %+v, %v; want a denial", r2, err)
+	}
+
+	small := policy.Limit{Name: "above-small", Rate: 1, Period: time.Hour, Burst: 4}
+	r3, err := lim.For(l, small).Reserve(ctx, "m", 25)
+	if err != nil || !r3.Decision().Allowed {
+		t.Fatalf("multi-limit Reserve(25) = %+v, %v; want admitted at its least Burst", r3, err)
+	}
+	if err := r3.Cancel(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, x := range []policy.Limit{l, small} {
+		d, err := lim.For(x).Peek(ctx, "m")
+		if err != nil || d.Remaining != x.Burst {
+			t.Errorf("%s after Cancel of a clamped reservation: %+v, %v; want %d left", x.Name, d, err, x.Burst)
+		}
+	}
+}
