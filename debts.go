@@ -5,6 +5,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/leaselimit/leaselimit/authority"
 	"github.com/leaselimit/leaselimit/breaker"
 	"github.com/leaselimit/leaselimit/internal/redispath"
 	"github.com/leaselimit/leaselimit/policy"
@@ -36,11 +37,14 @@ type debtBook struct {
 	clock localClock
 }
 
-// debtKey names one bucket's debt: its Redis key and, for a calendar
-// quota, the end of the window the admissions were made in (a charge is
-// applied to that window only).
+// debtKey names one bucket's debt: the namer of its limit's buckets, the
+// user key and, for a calendar quota, the end of the window the admissions
+// were made in (a charge is applied to that window only). The bucket's
+// Redis key is made only when the debt is charged: an admission of the
+// policy during an outage hashes nothing.
 type debtKey struct {
-	rkey   string
+	namer  authority.Namer
+	key    string
 	window int64
 }
 
@@ -54,10 +58,10 @@ func newDebtBook(max int, tel *telemetry.Recorder, log *logger, clock localClock
 	return &debtBook{owed: make(map[debtKey]*debt), max: max, tel: tel, log: log, clock: clock}
 }
 
-// owe records n tokens of the bucket at rkey under limit that a failure
-// policy admitted at wall.
-func (b *debtBook) owe(rkey string, limit policy.Limit, n int64, wall time.Time) {
-	k := debtKey{rkey: rkey, window: windowOf(limit, wall)}
+// owe records n tokens of key's bucket under limit (named by namer) that a
+// failure policy admitted at wall.
+func (b *debtBook) owe(namer authority.Namer, key string, limit policy.Limit, n int64, wall time.Time) {
+	k := debtKey{namer: namer, key: key, window: windowOf(limit, wall)}
 	b.mu.Lock()
 	d, ok := b.owed[k]
 	switch {
@@ -88,32 +92,41 @@ const debtsPerRound = 1000
 // charges, at most debtsPerRound of them; with all set (Close), every
 // debt, whatever the breakers say.
 func (b *debtBook) move(q *refundQueue, path *redispath.Path, all bool) {
-	b.mu.Lock()
-	if len(b.owed) == 0 {
-		b.mu.Unlock()
+	// Every breaker closed (the one of a single node, say): no debt needs
+	// its node looked up. Else only a Cluster's may have closed ones.
+	every := all || path.State() == breaker.Closed
+	if !every && path.Cluster() == nil {
 		return
 	}
-	var due []debtKey
-	for k := range b.owed {
+	type charge struct {
+		debtKey
+		*debt
+		rkey string
+	}
+	var due []charge
+	b.mu.Lock()
+	for k, d := range b.owed {
 		if !all && len(due) == debtsPerRound {
 			break
 		}
-		if all || path.Route(k.rkey).State() == breaker.Closed {
-			due = append(due, k)
+		c := charge{debtKey: k, debt: d}
+		if !every {
+			if c.rkey = k.namer.Key(k.key); path.Route(c.rkey).State() != breaker.Closed {
+				continue
+			}
 		}
-	}
-	charges := make([]*debt, len(due))
-	for i, k := range due {
-		charges[i] = b.owed[k]
+		due = append(due, c)
 		delete(b.owed, k)
 	}
 	b.mu.Unlock()
-	for i, k := range due {
-		d := charges[i]
+	for _, c := range due {
+		if c.rkey == "" {
+			c.rkey = c.namer.Key(c.key)
+		}
 		// Since 0: the server's clock at the admissions is unknown, so the
 		// charge applies only to a bucket not Reset since (see
 		// authority.Refund.Since).
-		q.add(q.adjustment(k.rkey, d.limit, -d.tokens, k.window, 0))
+		q.add(q.adjustment(c.rkey, c.limit, -c.tokens, c.window, 0))
 	}
 }
 
@@ -126,5 +139,5 @@ func (l *Limiter) owe(key string, n int64, wall time.Time) {
 		}
 		return
 	}
-	l.debts.owe(l.namer.Key(key), l.limit, n, wall)
+	l.debts.owe(l.namer, key, l.limit, n, wall)
 }
