@@ -141,16 +141,20 @@ func BenchmarkAllowLeaseHitTelemetry(b *testing.B) {
 // BenchmarkAllowExact measures exact-mode decisions (every one a Redis
 // call) on a real redis-server, from 64 goroutines per processor so that
 // calls batch: one hot key, and cold keys that never repeat within the
-// run. allocs/op is allocations per decision, the lane's and the
+// run; and cold keys from one goroutine (alone), each call a round trip
+// of its own. allocs/op is allocations per decision, the lane's and the
 // authority's included.
 func BenchmarkAllowExact(b *testing.B) {
 	srv := redistest.Start(b)
+	cold := func(i uint64) string { return "cold-" + strconv.FormatUint(i, 36) }
 	for _, tc := range []struct {
-		name string
-		key  func(i uint64) string
+		name        string
+		key         func(i uint64) string
+		parallelism int
 	}{
-		{"hot", func(uint64) string { return "hot" }},
-		{"cold", func(i uint64) string { return "cold-" + strconv.FormatUint(i, 36) }},
+		{"hot", func(uint64) string { return "hot" }, 64},
+		{"cold", cold, 64},
+		{"cold-alone", cold, 0},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			lim, err := leaselimit.New(srv.Client(b), hotLimit.WithName("exact-"+tc.name), leaselimit.WithoutLease())
@@ -165,7 +169,16 @@ func BenchmarkAllowExact(b *testing.B) {
 			ctx := context.Background()
 			var seq atomic.Uint64
 			b.ReportAllocs()
-			b.SetParallelism(64)
+			if tc.parallelism == 0 {
+				b.ResetTimer()
+				for i := range b.N {
+					if d, err := lim.Allow(ctx, keys[i]); err != nil || !d.Allowed {
+						b.Fatalf("Allow = %+v, %v", d, err)
+					}
+				}
+				return
+			}
+			b.SetParallelism(tc.parallelism)
 			b.ResetTimer()
 			b.RunParallel(func(pb *testing.PB) {
 				for pb.Next() {

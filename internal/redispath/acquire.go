@@ -87,16 +87,27 @@ func (p *Path) Caller(tel *telemetry.Recorder, recv Receiver) *Caller {
 // Acquire makes call c within the time budget. The error is the Path's
 // closed error, ErrSaturated, one wrapping breaker.ErrBudget (no reply in
 // the budget) or breaker.ErrOpen, ctx's, or the call's own.
+//
+// On a client that honours context deadlines, a call that finds its lane
+// idle is made in place, on the caller's goroutine (see direct); any other
+// call waits for the lane's senders (see detached). A client that does not
+// honour them could hold an in-place call for its ReadTimeout, past the
+// budget, so its calls are all carried by the senders.
 func (k *Caller) Acquire(ctx context.Context, c Call) (authority.Grant, error) {
 	if err := ctx.Err(); err != nil {
 		// Ended already: no call, rather than a race between its reply
 		// and ctx.Done.
 		return authority.Grant{}, err
 	}
-	if k.p.bounded {
-		return k.direct(ctx, c)
+	done, err := k.p.admit(c.Brk)
+	if err != nil {
+		return authority.Grant{}, err
 	}
-	return k.detached(ctx, c)
+	ln := k.p.nodes.laneFor(c.Brk)
+	if k.p.bounded && ln.claim() {
+		return k.direct(ctx, c, ln, done)
+	}
+	return k.detached(ctx, c, ln, done)
 }
 
 // callSpan is a Redis call's client span that whoever finishes first ends:
@@ -148,17 +159,13 @@ type detachedCall struct {
 // detached hands c to its lane's senders (see lane.submit), whose
 // goroutines carry it on a context detached from the caller's, so that its
 // outcome is known even if the caller leaves; the caller waits for it up
-// to the budget (and the grace while the process is behind).
-func (k *Caller) detached(ctx context.Context, c Call) (authority.Grant, error) {
-	done, err := k.p.admit(c.Brk)
-	if err != nil {
-		return authority.Grant{}, err
-	}
+// to the budget (and the grace while the process is behind). done is the
+// breaker's, from admit.
+func (k *Caller) detached(ctx context.Context, c Call, ln *lane, done func(error)) (authority.Grant, error) {
 	budget := k.p.budget
 	start := time.Now()
 	hardCap := start.Add((1 + saturationGrace) * budget)
 	replies := c.Brk.Replies()
-	ln := k.p.nodes.laneFor(c.Brk)
 	d := &detachedCall{k: k, c: c, start: start, done: done, delivered: make(chan struct{})}
 	d.ctx, d.span.span = k.tel.StartAuthority(ctx, c.Acq.Want, c.Acq.Min, ln.ep)
 	// The call's own deadline lies a budget past the hard cap, so that the
@@ -289,19 +296,17 @@ func (d *detachedCall) finished(p *pending) {
 	}
 }
 
-// direct makes the call in place, on the caller's goroutine, on ctx bounded
-// by a deadline: the client applies it to its reads, and a reply abandoned
-// then leaves its tokens debited (under-admission). A deadline cannot be
-// moved once a read has started, so it is chosen up front: the hard cap if
-// a probe found the process behind within the last budget (its decisions
-// then yield while the call runs), else the budget. A timeout is probed
-// before it is blamed on Redis: one while the process is behind does not
-// count against the breaker, and the caller gets ErrSaturated.
-func (k *Caller) direct(ctx context.Context, c Call) (authority.Grant, error) {
-	done, err := k.p.admit(c.Brk)
-	if err != nil {
-		return authority.Grant{}, err
-	}
+// direct makes the call in place, on the caller's goroutine, alone on the
+// pipeline of ln that claim took, bounded by a deadline that the client
+// applies to its reads: a reply abandoned then leaves its tokens debited
+// (under-admission). A deadline cannot be moved once a read has started,
+// so it is chosen up front: the hard cap if a probe found the process
+// behind within the last budget (its decisions then yield while the call
+// runs), else the budget. A timeout is probed before it is blamed on
+// Redis: one while the process is behind does not count against the
+// breaker, and the caller gets ErrSaturated. done is the breaker's, from
+// admit.
+func (k *Caller) direct(ctx context.Context, c Call, ln *lane, done func(error)) (authority.Grant, error) {
 	defer k.p.gate.leave()
 	budget := k.p.budget
 	start := time.Now()
@@ -321,20 +326,20 @@ func (k *Caller) direct(ctx context.Context, c Call) (authority.Grant, error) {
 	}
 	cctx, cancel := context.WithTimeout(base, limit)
 	defer cancel()
-	var sent atomic.Int64
-	ln := k.p.nodes.laneFor(c.Brk)
 	var span callSpan
 	cctx, span.span = k.tel.StartAuthority(cctx, c.Acq.Want, c.Acq.Min, ln.ep)
-	g, err := ln.acquire(cctx, c.Acq, &sent)
-	g, err = k.end(cctx, c, &span, start, g, err)
+	ln.sendAlone(cctx, &c.Acq)
+	g, err := k.end(cctx, c, &span, start, c.Acq.Grant, c.Acq.Err)
 	switch {
 	case err != nil && errors.Is(err, breaker.ErrBudget) && ctx.Err() == nil:
-		if overload.Measure(k.p.gate.spawn, overload.Threshold(budget)) || k.p.congested(c.Brk, replies) || queued(c.Brk, replies, &sent) {
+		if overload.Measure(k.p.gate.spawn, overload.Threshold(budget)) || k.p.congested(c.Brk, replies) {
 			k.sawSaturation(ctx, telemetry.SaturatedAbandoned)
 			k.recv.Saturated()
 			err = fmt.Errorf("%w: %v", ErrSaturated, time.Since(start).Round(time.Millisecond))
 		}
-	case err == nil && limit > budget && time.Since(start) > budget:
+	case err == nil && time.Since(start) > budget:
+		// Answered within its deadline, yet delivered late: this
+		// process kept the caller from running (as sawLate).
 		k.sawSaturation(ctx, telemetry.SaturatedAnswered)
 	}
 	done(err)

@@ -13,20 +13,18 @@ import (
 // lane batches the acquire calls to one Redis node (one per breaker): calls
 // that arrive while the lane's pipelines are all in flight wait and travel
 // together in the next one, as auto-pipelining clients do. There is no wait
-// window: a call that finds a free pipeline goes at once, alone if nothing
-// else waits, so an idle Limiter pays no latency for batching; under load,
-// a batch forms during each round trip.
+// window: a call that finds the lane idle goes at once, alone, so an idle
+// Limiter pays no latency for batching; under load, a batch forms during
+// each round trip.
 //
-// Who sends a pipeline depends on the client. One that honours context
-// deadlines (see honoursDeadlines) is bounded by the batch's deadline, so
-// the caller that finds a free pipeline sends it on its own goroutine, and
-// hands the batch that formed meanwhile to one of its members. Any other
-// client may hold a read for its ReadTimeout (3s by default), far past the
-// time budget, so its calls are sent by the lane's senders: at most one
-// long-lived goroutine per pipeline, started when first needed and stopped
-// by stop; the caller waits for its outcome, bounded by the budget, and the
-// sender delivers it (see pending.finish) whether or not anyone still
-// waits. No call has a goroutine of its own.
+// A call that finds the lane idle is sent by its caller, on its own
+// goroutine (see claim), when the client honours context deadlines: no
+// hand-off, so one caller's latency is one round trip. Every other call waits in the queue for the lane's senders:
+// at most one long-lived goroutine per pipeline, started when first needed
+// and stopped by stop, that carry batch after batch while the queue
+// holds calls. The caller waits for its outcome, bounded by the budget,
+// and the sender delivers it (see pending.finish) whether or not anyone
+// still waits. No call has a goroutine of its own.
 type lane struct {
 	auth     *authority.Redis
 	max      int                // pipelines in flight at once
@@ -35,8 +33,8 @@ type lane struct {
 
 	mu       sync.Mutex
 	queue    []*pending
-	inflight int   // pipelines in flight, when callers send
-	senders  *crew // one goroutine per pipeline, when they do not (see submit)
+	inflight int   // pipelines in flight, whether a caller or a sender sends them
+	senders  *crew // one goroutine per pipeline
 }
 
 // pending is one call waiting in a lane.
@@ -45,14 +43,7 @@ type pending struct {
 	ctx      context.Context        // the caller's, for its values (the trace) only
 	deadline time.Time
 	sent     *atomic.Int64 // if set, stamped when the call's batch is sent
-
-	// A call the caller sends (acquire):
-	done chan struct{} // closed when a holds the outcome, or when this call leads; made only if the call queues
-	lead []*pending    // set before done is closed: the batch this call must send
-	one  [1]*pending   // the batch of a call that goes alone, without allocating one
-
-	// A call a sender sends (submit): called on the sender's goroutine
-	// with the outcome in a.
+	// finish is called on the sender's goroutine with the outcome in a.
 	finish interface{ finished(p *pending) }
 }
 
@@ -76,73 +67,36 @@ func newLane(auth *authority.Redis, pool int, fallback time.Duration, ep telemet
 	return ln
 }
 
-// acquire makes call a on the lane on the caller's goroutine, bounded by
-// ctx: alone if a pipeline is free, else in the next batch. sent, if not
-// nil, is stamped when a's batch leaves. A call that leaves on ctx before
-// its batch is sent is taken out of it; one whose batch is under way waits
-// for it (bounded by the batch's deadline, the latest of its members').
-// For a client that honours deadlines only (see lane).
-func (ln *lane) acquire(ctx context.Context, a authority.Acquisition, sent *atomic.Int64) (authority.Grant, error) {
-	p := &pending{a: &a, ctx: ctx, sent: sent}
-	p.deadline, _ = ctx.Deadline()
+// claim takes one of the lane's pipelines for a call its caller sends
+// alone (see sendAlone), if the lane is idle: a pipeline is free and no
+// call waits, so sending now overtakes no one.
+func (ln *lane) claim() bool {
 	ln.mu.Lock()
-	if ln.inflight < ln.max {
+	defer ln.mu.Unlock()
+	if ln.inflight < ln.max && len(ln.queue) == 0 {
 		ln.inflight++
-		batch := ln.take(p)
-		ln.mu.Unlock()
-		ln.relay(batch)
-		return p.a.Grant, p.a.Err
+		return true
 	}
-	p.done = make(chan struct{})
-	ln.queue = append(ln.queue, p)
-	ln.mu.Unlock()
-	select {
-	case <-p.done:
-	case <-ctx.Done():
-		ln.mu.Lock()
-		for i, q := range ln.queue {
-			if q == p {
-				ln.queue = append(ln.queue[:i], ln.queue[i+1:]...)
-				ln.mu.Unlock()
-				return authority.Grant{}, ctx.Err()
-			}
-		}
-		ln.mu.Unlock()
-		<-p.done // already in a batch: its outcome, or the lead, is coming
-	}
-	if p.lead != nil {
-		ln.relay(p.lead)
-	}
-	return p.a.Grant, p.a.Err
+	return false
 }
 
-// relay sends batch (the caller holds one of the lane's pipelines),
-// delivers each member's outcome, and passes the pipeline on to the batch
-// that formed meanwhile, or frees it.
-func (ln *lane) relay(batch []*pending) {
-	ln.send(batch)
+// sendAlone sends call a on the caller's goroutine, bounded by ctx, with
+// the pipeline claim took; its outcome is in a. The pipeline then goes
+// back to the lane, and the senders carry what queued meanwhile.
+func (ln *lane) sendAlone(ctx context.Context, a *authority.Acquisition) {
+	as := [1]*authority.Acquisition{a}
+	ln.auth.AcquireAll(ctx, as[:])
 	ln.mu.Lock()
-	next := ln.take(nil)
-	if next == nil {
-		ln.inflight--
+	ln.inflight--
+	if len(ln.queue) > 0 {
+		ln.senders.wake()
 	}
 	ln.mu.Unlock()
-	for _, p := range batch {
-		if p.done != nil && p.lead == nil { // a leader's done was closed to make it lead
-			close(p.done)
-		}
-	}
-	if next != nil {
-		// The first waiting call sends the next batch; this caller
-		// returns with its outcome now.
-		next[0].lead = next
-		close(next[0].done)
-	}
 }
 
 // submit queues p for the lane's senders, which send it and call
 // p.finish.finished with its outcome. p.deadline bounds its batch (the
-// lane's fallback if zero). For a client that does not honour deadlines.
+// lane's fallback if zero).
 func (ln *lane) submit(p *pending) {
 	ln.mu.Lock()
 	ln.queue = append(ln.queue, p)
@@ -151,14 +105,22 @@ func (ln *lane) submit(p *pending) {
 }
 
 // nextBatch is the senders' next piece of work (see crew): the batch that
-// waits, sent and its outcomes delivered. ln.mu is held.
+// waits, if a pipeline is free, sent and its outcomes delivered. ln.mu is
+// held.
 func (ln *lane) nextBatch() func() {
-	batch := ln.take(nil)
+	if ln.inflight >= ln.max {
+		return nil // sendAlone wakes a sender when it frees its pipeline
+	}
+	batch := ln.take()
 	if batch == nil {
 		return nil
 	}
+	ln.inflight++
 	return func() {
 		ln.send(batch)
+		ln.mu.Lock()
+		ln.inflight--
+		ln.mu.Unlock()
 		for _, p := range batch {
 			p.finish.finished(p)
 		}
@@ -170,28 +132,17 @@ func (ln *lane) nextBatch() func() {
 // admits none once it is closing.
 func (ln *lane) stop() { ln.senders.stop() }
 
-// take removes up to maxBatch waiting calls from the queue (after first,
-// the caller's own, if not nil), in order. Calls on one key may share a
-// batch: the script decides them in order, and a batch go-redis resends
-// returns its stored replies (see authority.AcquireAll). ln.mu must be
-// held.
-func (ln *lane) take(first *pending) []*pending {
+// take removes up to maxBatch waiting calls from the queue, in order.
+// Calls on one key may share a batch: the script decides them in order,
+// and a batch go-redis resends returns its stored replies (see
+// authority.AcquireAll). ln.mu must be held.
+func (ln *lane) take() []*pending {
 	if len(ln.queue) == 0 {
-		if first == nil {
-			return nil
-		}
-		first.one[0] = first
-		return first.one[:] // an idle lane: no batch to form
+		return nil
 	}
 	n := min(len(ln.queue), maxBatch)
-	if first != nil {
-		n = min(len(ln.queue), maxBatch-1)
-	}
-	batch := make([]*pending, 0, n+1)
-	if first != nil {
-		batch = append(batch, first)
-	}
-	batch = append(batch, ln.queue[:n]...)
+	batch := make([]*pending, n)
+	copy(batch, ln.queue)
 	rest := copy(ln.queue, ln.queue[n:])
 	clear(ln.queue[rest:])
 	ln.queue = ln.queue[:rest]

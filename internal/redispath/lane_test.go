@@ -99,47 +99,84 @@ func waitLane(t *testing.T, ln *lane, what string, cond func(ln *lane) bool) {
 // busy reports whether ln's one pipeline is taken.
 func busy(ln *lane) bool { return ln.inflight == 1 }
 
-// TestLaneBatchesWhileInFlight: with the lane's one pipeline busy, calls
-// that arrive wait and go together in the next pipeline, each with its
-// own outcome; an idle lane sends a call alone, at once.
+// outcomes records the outcomes a lane's senders deliver, by call.
+type outcomes struct {
+	mu   sync.Mutex
+	got  map[*pending]authority.Acquisition
+	done chan *pending // if set, told of each outcome
+}
+
+func newOutcomes(done chan *pending) *outcomes {
+	return &outcomes{got: map[*pending]authority.Acquisition{}, done: done}
+}
+
+func (o *outcomes) finished(p *pending) {
+	o.mu.Lock()
+	o.got[p] = *p.a
+	o.mu.Unlock()
+	if o.done != nil {
+		o.done <- p
+	}
+}
+
+// submit queues a call of n tokens on key for ln's senders.
+func (o *outcomes) submit(ln *lane, key string, l policy.Limit, n int64) *pending {
+	p := &pending{a: &authority.Acquisition{Key: key, Limit: l, Want: n, Min: n, Share: 1}, deadline: time.Now().Add(5 * time.Second), finish: o}
+	ln.submit(p)
+	return p
+}
+
+// sendFirst claims ln's one pipeline and sends a call alone on it, in a
+// goroutine, held by h until its release; the channel gets its outcome.
+func sendFirst(t *testing.T, ln *lane, auth *authority.Redis, l policy.Limit) chan error {
+	t.Helper()
+	if !ln.claim() {
+		t.Fatal("an idle lane refused its pipeline")
+	}
+	if ln.claim() {
+		t.Fatal("a lane whose one pipeline is taken gave it again")
+	}
+	first := make(chan error, 1)
+	go func() {
+		a := authority.Acquisition{Key: auth.Key(l, "first"), Limit: l, Want: 1, Min: 1, Share: 1}
+		ln.sendAlone(context.Background(), &a)
+		first <- a.Err
+	}()
+	return first
+}
+
+// TestLaneBatchesWhileInFlight: with the lane's one pipeline busy with a
+// call its caller sends alone, calls that arrive wait, and a sender
+// carries them together in the next pipeline, each with its own outcome;
+// a lane with calls waiting is not idle for a caller.
 func TestLaneBatchesWhileInFlight(t *testing.T) {
 	ln, auth, h := newTestLane(t, 1)
 	l := policy.PerSecond(10)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	acq := func(key string, n int64) (authority.Grant, error) {
-		return ln.acquire(ctx, authority.Acquisition{Key: auth.Key(l, key), Limit: l, Want: n, Min: n, Share: 1}, nil)
-	}
-	first := make(chan error, 1)
-	go func() { _, err := acq("first", 1); first <- err }()
-	waitLane(t, ln, "the first call never took the lane's pipeline", busy)
+	first := sendFirst(t, ln, auth, l)
 	const waiting = 10
-	var wg sync.WaitGroup
-	grants := make([]authority.Grant, waiting)
-	errs := make([]error, waiting)
-	for i := range waiting {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			n := int64(1)
-			if i == 0 {
-				n = 11 // above the burst: fails alone
-			}
-			grants[i], errs[i] = acq("k"+strconv.Itoa(i), n)
-		}()
+	o := newOutcomes(make(chan *pending, waiting))
+	ps := make([]*pending, waiting)
+	for i := range ps {
+		n := int64(1)
+		if i == 0 {
+			n = 11 // above the burst: fails alone
+		}
+		ps[i] = o.submit(ln, auth.Key(l, "k"+strconv.Itoa(i)), l, n)
 	}
-	waitLane(t, ln, "the calls never all queued behind the busy pipeline", func(ln *lane) bool { return len(ln.queue) == waiting })
+	waitLane(t, ln, "the calls never all queued behind the busy pipeline", func(ln *lane) bool { return len(ln.queue) == waiting && busy(ln) })
 	close(h.release)
 	if err := <-first; err != nil {
 		t.Fatal(err)
 	}
-	wg.Wait()
-	if errs[0] == nil {
+	for range waiting {
+		<-o.done
+	}
+	if o.got[ps[0]].Err == nil {
 		t.Error("a call above the burst succeeded in a batch")
 	}
 	for i := 1; i < waiting; i++ {
-		if errs[i] != nil || grants[i].Granted != 1 {
-			t.Errorf("call %d: %+v, %v; want 1 token", i, grants[i], errs[i])
+		if a := o.got[ps[i]]; a.Err != nil || a.Grant.Granted != 1 {
+			t.Errorf("call %d: %+v, %v; want 1 token", i, a.Grant, a.Err)
 		}
 	}
 	// The first call alone, then one invocation of the valid calls that
@@ -147,38 +184,8 @@ func TestLaneBatchesWhileInFlight(t *testing.T) {
 	if sent := h.sent(); len(sent) != 2 || sent[0] != 1 || sent[1] != waiting-1 {
 		t.Errorf("calls of the invocations sent: %v; want [1 %d]", sent, waiting-1)
 	}
-	if ln.inflight != 0 || len(ln.queue) != 0 {
-		t.Errorf("lane after the batch: %d in flight, %d queued; want none", ln.inflight, len(ln.queue))
-	}
-}
-
-// TestLaneCallLeavesQueue: a queued call whose context ends leaves the
-// queue at once with its context's error, and the batch goes on without it.
-func TestLaneCallLeavesQueue(t *testing.T) {
-	ln, auth, h := newTestLane(t, 1)
-	l := policy.PerSecond(10)
-	bg := context.Background()
-	first := make(chan error, 1)
-	go func() {
-		_, err := ln.acquire(bg, authority.Acquisition{Key: auth.Key(l, "a"), Limit: l, Want: 1, Min: 1, Share: 1}, nil)
-		first <- err
-	}()
-	waitLane(t, ln, "the first call never took the lane's pipeline", busy)
-	ctx, cancel := context.WithTimeout(bg, 20*time.Millisecond)
-	defer cancel()
-	if _, err := ln.acquire(ctx, authority.Acquisition{Key: auth.Key(l, "b"), Limit: l, Want: 1, Min: 1, Share: 1}, nil); err != context.DeadlineExceeded {
-		t.Errorf("queued call past its deadline: %v; want context.DeadlineExceeded", err)
-	}
-	ln.mu.Lock()
-	queued := len(ln.queue)
-	ln.mu.Unlock()
-	if queued != 0 {
-		t.Errorf("%d calls left in the queue", queued)
-	}
-	close(h.release)
-	if err := <-first; err != nil {
-		t.Fatal(err)
-	}
+	waitLane(t, ln, "the lane never went idle", func(ln *lane) bool { return ln.inflight == 0 && len(ln.queue) == 0 })
+	ln.stop()
 }
 
 // BenchmarkLane measures one acquire call on a real redis-server from
@@ -220,12 +227,24 @@ func BenchmarkLane(b *testing.B) {
 	})
 	b.Run("lane", func(b *testing.B) {
 		ln := newLane(auth, poolSize(c), time.Second, telemetry.Endpoint{})
+		defer ln.stop()
 		run(b, func(a authority.Acquisition) error {
-			_, err := ln.acquire(ctx, a, nil)
-			return err
+			if ln.claim() {
+				ln.sendAlone(ctx, &a)
+				return a.Err
+			}
+			w := &waiter{done: make(chan struct{})}
+			ln.submit(&pending{a: &a, deadline: time.Now().Add(time.Second), finish: w})
+			<-w.done
+			return a.Err
 		})
 	})
 }
+
+// waiter is told when its call's outcome is in.
+type waiter struct{ done chan struct{} }
+
+func (w *waiter) finished(*pending) { close(w.done) }
 
 // TestLaneCallsOnOneKeyShareABatch: calls on one key, queued behind a
 // busy pipeline, go in one batch and are decided in order (the script
@@ -234,59 +253,31 @@ func BenchmarkLane(b *testing.B) {
 func TestLaneCallsOnOneKeyShareABatch(t *testing.T) {
 	ln, auth, h := newTestLane(t, 1)
 	l := policy.Limit{Name: "same", Rate: 1, Period: time.Hour, Burst: 3}
-	ctx := context.Background()
-	acq := func(key string) (authority.Grant, error) {
-		return ln.acquire(ctx, authority.Acquisition{Key: auth.Key(l, key), Limit: l, Want: 1, Min: 1, Share: 1}, nil)
-	}
-	first := make(chan error, 1)
-	go func() { _, err := acq("first"); first <- err }()
-	waitLane(t, ln, "the first call never took the lane's pipeline", busy)
-	var wg sync.WaitGroup
-	var granted atomic.Int64
-	errs := make(chan error, 5)
+	first := sendFirst(t, ln, auth, l)
+	o := newOutcomes(make(chan *pending, 5))
 	for range 5 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			g, err := acq("same")
-			granted.Add(g.Granted)
-			errs <- err
-		}()
+		o.submit(ln, auth.Key(l, "same"), l, 1)
 	}
 	waitLane(t, ln, "the five calls never queued", func(ln *lane) bool { return len(ln.queue) == 5 })
 	close(h.release)
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		if err != nil {
-			t.Error(err)
-		}
-	}
 	if err := <-first; err != nil {
 		t.Fatal(err)
 	}
-	if granted.Load() != 3 {
-		t.Errorf("five calls on a key with a burst of 3 were granted %d tokens; want 3", granted.Load())
+	var granted int64
+	for range 5 {
+		p := <-o.done
+		if p.a.Err != nil {
+			t.Error(p.a.Err)
+		}
+		granted += p.a.Grant.Granted
+	}
+	if granted != 3 {
+		t.Errorf("five calls on a key with a burst of 3 were granted %d tokens; want 3", granted)
 	}
 	if sent := h.sent(); len(sent) != 2 || sent[1] != 5 {
 		t.Errorf("calls of the invocations sent: %v; want the first alone, then the five in one", sent)
 	}
-}
-
-// finishes records the outcomes a lane's senders deliver.
-type finishes struct {
-	mu   sync.Mutex
-	got  map[*pending]authority.Grant
-	errs int
-}
-
-func (f *finishes) finished(p *pending) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if p.a.Err != nil {
-		f.errs++
-	}
-	f.got[p] = p.a.Grant
+	ln.stop()
 }
 
 // TestLaneSenders: calls submitted to a lane are carried by its senders
@@ -297,13 +288,11 @@ func TestLaneSenders(t *testing.T) {
 	ln, auth, h := newTestLane(t, 2)
 	close(h.release)
 	l := policy.Limit{Name: "senders", Rate: 1, Period: time.Hour, Burst: 50}
-	f := &finishes{got: map[*pending]authority.Grant{}}
+	o := newOutcomes(nil)
 	const calls = 200
 	ps := make([]*pending, calls)
 	for i := range ps {
-		a := authority.Acquisition{Key: auth.Key(l, "k"+strconv.Itoa(i%4)), Limit: l, Want: 1, Min: 1, Share: 1}
-		ps[i] = &pending{a: &a, deadline: time.Now().Add(5 * time.Second), finish: f}
-		ln.submit(ps[i])
+		ps[i] = o.submit(ln, auth.Key(l, "k"+strconv.Itoa(i%4)), l, 1)
 	}
 	ln.mu.Lock()
 	started := ln.senders.started
@@ -312,14 +301,17 @@ func TestLaneSenders(t *testing.T) {
 		t.Errorf("%d senders started; want at most %d", started, ln.max)
 	}
 	ln.stop()
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if len(f.got) != calls || f.errs != 0 {
-		t.Fatalf("%d outcomes, %d errors; want %d outcomes, no error", len(f.got), f.errs, calls)
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if len(o.got) != calls {
+		t.Fatalf("%d outcomes; want %d", len(o.got), calls)
 	}
 	var granted int64
-	for _, g := range f.got {
-		granted += g.Granted
+	for _, a := range o.got {
+		if a.Err != nil {
+			t.Fatal(a.Err)
+		}
+		granted += a.Grant.Granted
 	}
 	if granted != 4*l.Burst {
 		t.Errorf("4 keys with a burst of %d granted %d tokens in all; want %d", l.Burst, granted, 4*l.Burst)
@@ -330,8 +322,8 @@ func TestLaneSenders(t *testing.T) {
 		if i/4 < int(l.Burst) {
 			want = 1
 		}
-		if f.got[p].Granted != want {
-			t.Fatalf("call %d (the %dth on its key): granted %d; want %d", i, i/4+1, f.got[p].Granted, want)
+		if o.got[p].Grant.Granted != want {
+			t.Fatalf("call %d (the %dth on its key): granted %d; want %d", i, i/4+1, o.got[p].Grant.Granted, want)
 		}
 	}
 }

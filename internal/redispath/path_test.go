@@ -26,10 +26,12 @@ func newMini(t *testing.T, opts *redis.Options) (*miniredis.Miniredis, *redis.Cl
 	return m, c
 }
 
-// TestVariant: calls run in place on the caller's goroutine when the
-// client honours deadlines (ContextTimeoutEnabled), and are carried by the
-// path's goroutines otherwise, chosen once at New.
+// TestVariant: calls run in place on the caller's goroutine (acquire calls
+// when their lane is idle) when the client honours deadlines
+// (ContextTimeoutEnabled), and are carried by the path's goroutines
+// otherwise, chosen once at New.
 func TestVariant(t *testing.T) {
+	const budget = 100 * time.Millisecond
 	for _, tc := range []struct {
 		opts    *redis.Options
 		bounded bool
@@ -42,7 +44,7 @@ func TestVariant(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		p := New(Config{Client: c, Auth: auth, Budget: 100 * time.Millisecond, Name: "variant", Breaker: breaker.Settings{}})
+		p := New(Config{Client: c, Auth: auth, Budget: budget, Name: "variant", Breaker: breaker.Settings{}})
 		if p.bounded != tc.bounded {
 			t.Errorf("ContextTimeoutEnabled %v: bounded %v; want %v", tc.opts.ContextTimeoutEnabled, p.bounded, tc.bounded)
 		}
