@@ -152,8 +152,39 @@ type detachedCall struct {
 	state   atomic.Int32 // callPending, then who decided
 	grant   authority.Grant
 	err     error
-	// delivered is closed when grant and err are the waiter's.
+	// delivered gets a value when grant and err are the waiter's.
 	delivered chan struct{}
+	// refs counts the waiter and the call while they use this value; the
+	// last to let go puts it back in detachedCalls.
+	refs atomic.Int32
+}
+
+// detachedCalls holds detachedCall values for reuse: one is about 500
+// bytes, most of what an exact decision allocates.
+var detachedCalls = sync.Pool{New: func() any { return &detachedCall{delivered: make(chan struct{}, 1)} }}
+
+// newDetachedCall returns a detachedCall from the pool, held by the waiter
+// and the call.
+func newDetachedCall() *detachedCall {
+	d := detachedCalls.Get().(*detachedCall)
+	d.refs.Store(2)
+	return d
+}
+
+// release lets go of d; the last of the waiter and the call to let go
+// empties it (a value delivered to a waiter that had decided meanwhile is
+// still in its channel) and puts it back in the pool.
+func (d *detachedCall) release() {
+	if d.refs.Add(-1) != 0 {
+		return
+	}
+	ch := d.delivered
+	select {
+	case <-ch:
+	default:
+	}
+	*d = detachedCall{delivered: ch}
+	detachedCalls.Put(d)
 }
 
 // detached hands c to its lane's senders (see lane.submit), whose
@@ -166,7 +197,9 @@ func (k *Caller) detached(ctx context.Context, c Call, ln *lane, done func(error
 	start := time.Now()
 	hardCap := start.Add((1 + saturationGrace) * budget)
 	replies := c.Brk.Replies()
-	d := &detachedCall{k: k, c: c, start: start, done: done, delivered: make(chan struct{})}
+	d := newDetachedCall()
+	defer d.release() // after the results below are read
+	d.k, d.c, d.start, d.done = k, c, start, done
 	d.ctx, d.span.span = k.tel.StartAuthority(ctx, c.Acq.Want, c.Acq.Min, ln.ep)
 	// The call's own deadline lies a budget past the hard cap, so that the
 	// waiter's cap decides first; go-redis honours it while waiting for a
@@ -273,8 +306,9 @@ func (k *Caller) detached(ctx context.Context, c Call, ln *lane, done func(error
 // waiter gets it, or, if the waiter left, the breaker learns it and a
 // grant no one keeps goes to the Receiver.
 func (d *detachedCall) finished(p *pending) {
-	defer d.k.p.gate.leave()
-	g, err := d.k.end(d.ctx, d.c, &d.span, d.start, p.a.Grant, p.a.Err)
+	k, done := d.k, d.done // d may be reused once released
+	defer k.p.gate.leave()
+	g, err := k.end(d.ctx, d.c, &d.span, d.start, p.a.Grant, p.a.Err)
 	if errors.Is(err, breaker.ErrBudget) {
 		// The call's own deadline lies past the hard cap: the waiter
 		// decides every timeout before it, unless this process kept
@@ -283,17 +317,19 @@ func (d *detachedCall) finished(p *pending) {
 	}
 	d.grant, d.err = g, err
 	if d.state.CompareAndSwap(callPending, callDelivered) {
-		close(d.delivered)
-		d.done(err)
+		d.delivered <- struct{}{}
+		d.release()
+		done(err)
 		return
 	}
 	if s := d.state.Load(); s == callLeft || s == callOutwaited {
-		d.done(err)
+		done(err)
 	}
 	if err == nil && !d.c.Keep {
 		// The caller left before the grant arrived.
-		d.k.recv.Unclaimed(d.c, g)
+		k.recv.Unclaimed(d.c, g)
 	}
+	d.release()
 }
 
 // direct makes the call in place, on the caller's goroutine, alone on the
