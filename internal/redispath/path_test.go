@@ -1,6 +1,8 @@
 package redispath
 
 import (
+	"context"
+	"strconv"
 	"testing"
 	"time"
 
@@ -9,6 +11,8 @@ import (
 
 	"github.com/leaselimit/leaselimit/authority"
 	"github.com/leaselimit/leaselimit/breaker"
+	"github.com/leaselimit/leaselimit/policy"
+	"github.com/leaselimit/leaselimit/telemetry"
 )
 
 // newMini starts a miniredis for the test and a client on it, both closed
@@ -47,6 +51,56 @@ func TestVariant(t *testing.T) {
 		p := New(Config{Client: c, Auth: auth, Budget: budget, Name: "variant", Breaker: breaker.Settings{}})
 		if p.bounded != tc.bounded {
 			t.Errorf("ContextTimeoutEnabled %v: bounded %v; want %v", tc.opts.ContextTimeoutEnabled, p.bounded, tc.bounded)
+		}
+		p.Close()
+		p.Wait()
+	}
+}
+
+// nopReceiver ignores what the path hands back.
+type nopReceiver struct{}
+
+func (nopReceiver) Arrived(Call, authority.Grant)   {}
+func (nopReceiver) Unclaimed(Call, authority.Grant) {}
+func (nopReceiver) Saturated()                      {}
+
+// TestIdleCallsInPlace: one caller after another, each finding its lane
+// idle, makes its call in place when the client honours deadlines (the
+// lane starts no sender) and through the lane's senders when it does not;
+// both get their grants.
+func TestIdleCallsInPlace(t *testing.T) {
+	for _, tc := range []struct {
+		opts    *redis.Options
+		senders bool
+	}{
+		{&redis.Options{ContextTimeoutEnabled: true}, false},
+		{&redis.Options{}, true},
+	} {
+		_, c := newMini(t, tc.opts)
+		auth, err := authority.New(c, "leaselimit")
+		if err != nil {
+			t.Fatal(err)
+		}
+		tel, err := telemetry.New(telemetry.Config{LimitName: "idle"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := New(Config{Client: c, Auth: auth, Budget: time.Second, Name: "idle", Breaker: breaker.Settings{}, Tel: tel})
+		k := p.Caller(tel, nopReceiver{})
+		l := policy.PerSecond(100)
+		for i := range 20 {
+			a := authority.Acquisition{Key: auth.Key(l, "k"+strconv.Itoa(i)), Limit: l, Want: 1, Min: 1, Share: 1}
+			if g, err := k.Acquire(context.Background(), Call{Brk: p.Shared(), Acq: a}); err != nil || g.Granted != 1 {
+				t.Fatalf("ContextTimeoutEnabled %v: call %d: %+v, %v; want 1 token", tc.opts.ContextTimeoutEnabled, i, g, err)
+			}
+		}
+		ln := p.nodes.laneFor(p.Shared())
+		ln.mu.Lock()
+		started := ln.senders.started
+		ln.mu.Unlock()
+		if (started > 0) != tc.senders {
+			t.Errorf("ContextTimeoutEnabled %v: %d senders started by 20 calls one after another; want senders %v",
+				tc.opts.ContextTimeoutEnabled, started, tc.senders)
 		}
 		p.Close()
 		p.Wait()
