@@ -35,12 +35,13 @@ const (
 	RedisRate       = "redis_rate"
 	LuaPerRequest   = "lua_per_request"
 	LeanFloor       = "lean_floor"
+	LeanHandoff     = "lean_handoff"
 	LeaselimitExact = "leaselimit_exact"
 	LeaselimitLease = "leaselimit_lease"
 )
 
 // Names lists every design, baseline first.
-var Names = []string{RedisRate, LuaPerRequest, LeanFloor, LeaselimitExact, LeaselimitLease}
+var Names = []string{RedisRate, LuaPerRequest, LeanFloor, LeanHandoff, LeaselimitExact, LeaselimitLease}
 
 // Result is the outcome of one decision.
 type Result struct {
@@ -75,6 +76,8 @@ func New(name string, client *redis.Client, limit policy.Limit) (Decider, error)
 		return newLua(client, limit), nil
 	case LeanFloor:
 		return newLeanFloor(client, limit)
+	case LeanHandoff:
+		return newLeanHandoff(client, limit)
 	case LeaselimitExact:
 		l, err := leaselimit.New(client, limit, leaselimit.WithoutLease(), leaselimit.WithPrefix("ll-exact"))
 		if err != nil {

@@ -12,65 +12,72 @@ import (
 	"github.com/leaselimit/leaselimit/policy"
 )
 
-// TestLeanFloorIsATokenBucket: the floor decides as a token bucket does,
-// in order within a batch, when its callers come one at a time and in a
-// flood: a burst of 100 on one key admits exactly 100 of 6,400 concurrent
-// calls (a refill of one token an hour adds none during the test), and
-// separate keys have separate buckets.
+// TestLeanFloorIsATokenBucket: the floor, and its hand-off variant,
+// decide as a token bucket does, in order within a batch, when their
+// callers come one at a time and in a flood: a burst of 100 on one key
+// admits exactly 100 of 6,400 concurrent calls (a refill of one token an
+// hour adds none during the test), and separate keys have separate
+// buckets.
 func TestLeanFloorIsATokenBucket(t *testing.T) {
 	srv := redistest.Start(t)
 	ctx := context.Background()
 	c := NewClient(srv.Addr, nil)
 	defer c.Close()
-	d, err := New(LeanFloor, c, policy.Limit{Name: "lean", Rate: 1, Period: time.Hour, Burst: 5})
-	if err != nil {
-		t.Fatal(err)
-	}
-	admitted := 0
-	for range 8 {
-		r, err := d.Allow(ctx, "one")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if r.Allowed {
-			admitted++
-		}
-	}
-	if admitted != 5 {
-		t.Errorf("one at a time: %d of 8 admitted; want the burst of 5", admitted)
-	}
-
-	flood, err := New(LeanFloor, c, policy.Limit{Name: "lean", Rate: 1, Period: time.Hour, Burst: 100})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var ok atomic.Int64
-	var wg sync.WaitGroup
-	for g := range 64 {
-		wg.Go(func() {
-			for i := range 100 {
-				key := "hot"
-				if i%10 == 0 {
-					key = "cold" + strconv.Itoa(g) // a key of its own: 10 calls, all admitted
-				}
-				r, err := flood.Allow(ctx, key)
+	for _, name := range []string{LeanFloor, LeanHandoff} {
+		t.Run(name, func(t *testing.T) {
+			d, err := New(name, c, policy.Limit{Name: "lean", Rate: 1, Period: time.Hour, Burst: 5})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer d.Close()
+			admitted := 0
+			for range 8 {
+				r, err := d.Allow(ctx, name+"one")
 				if err != nil {
-					t.Error(err)
-					return
+					t.Fatal(err)
 				}
-				if r.Allowed && key == "hot" {
-					ok.Add(1)
+				if r.Allowed {
+					admitted++
+				}
+			}
+			if admitted != 5 {
+				t.Errorf("one at a time: %d of 8 admitted; want the burst of 5", admitted)
+			}
+
+			flood, err := New(name, c, policy.Limit{Name: "lean", Rate: 1, Period: time.Hour, Burst: 100})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer flood.Close()
+			var ok atomic.Int64
+			var wg sync.WaitGroup
+			for g := range 64 {
+				wg.Go(func() {
+					for i := range 100 {
+						key := name + "hot"
+						if i%10 == 0 {
+							key = name + "cold" + strconv.Itoa(g) // a key of its own: 10 calls, all admitted
+						}
+						r, err := flood.Allow(ctx, key)
+						if err != nil {
+							t.Error(err)
+							return
+						}
+						if r.Allowed && key == name+"hot" {
+							ok.Add(1)
+						}
+					}
+				})
+			}
+			wg.Wait()
+			if got := ok.Load(); got != 100 {
+				t.Errorf("a flood on one key admitted %d; want exactly its burst of 100", got)
+			}
+			for g := range 64 {
+				if r, err := flood.Allow(ctx, name+"cold"+strconv.Itoa(g)); err != nil || !r.Allowed {
+					t.Fatalf("key cold%d after 10 calls = %+v, %v; want admitted (90 left)", g, r, err)
 				}
 			}
 		})
-	}
-	wg.Wait()
-	if got := ok.Load(); got != 100 {
-		t.Errorf("a flood on one key admitted %d; want exactly its burst of 100", got)
-	}
-	for g := range 64 {
-		if r, err := flood.Allow(ctx, "cold"+strconv.Itoa(g)); err != nil || !r.Allowed {
-			t.Fatalf("key cold%d after 10 calls = %+v, %v; want admitted (90 left)", g, r, err)
-		}
 	}
 }
