@@ -150,9 +150,8 @@ type detachedCall struct {
 	done    func(error) // the breaker's
 	sent    atomic.Int64
 	state   atomic.Int32 // callPending, then who decided
-	grant   authority.Grant
-	err     error
-	// delivered gets a value when grant and err are the waiter's.
+	// delivered gets a value when the outcome is the waiter's (see
+	// finished).
 	delivered chan struct{}
 	// refs counts the waiter and the call while they use this value; the
 	// last to let go puts it back in detachedCalls.
@@ -221,9 +220,12 @@ func (k *Caller) detached(ctx context.Context, c Call, ln *lane, done func(error
 			d.span.finish(k.tel, 0, err, errType)
 			return authority.Grant{}, err
 		}
-		// The call delivered first: as on the delivered path below.
-		k.sawLate(ctx, d.err, start)
-		return d.grant, d.err
+		// The call delivered first: the waiter completes it, as on the
+		// delivered path below.
+		g, err := d.complete()
+		done(err)
+		k.sawLate(ctx, err, start)
+		return g, err
 	}
 	// Check points: at an eighth of the budget (if the process is behind
 	// by then, its decisions start yielding at once, rather than after a
@@ -247,8 +249,10 @@ func (k *Caller) detached(ctx context.Context, c Call, ln *lane, done func(error
 		}
 		select {
 		case <-d.delivered:
-			k.sawLate(ctx, d.err, start)
-			return d.grant, d.err
+			g, err := d.complete()
+			done(err)
+			k.sawLate(ctx, err, start)
+			return g, err
 		case <-ctx.Done():
 			return settle(callLeft, ctx.Err())
 		case <-probed:
@@ -301,27 +305,22 @@ func (k *Caller) detached(ctx context.Context, c Call, ln *lane, done func(error
 	}
 }
 
-// finished takes the call's outcome from its lane's sender: its span,
-// metrics and what the Receiver must know (see end), then either the
-// waiter gets it, or, if the waiter left, the breaker learns it and a
-// grant no one keeps goes to the Receiver.
+// finished takes the call's outcome from its lane's sender, on the
+// sender's goroutine. The breaker counts the reply at once (see noted);
+// the rest (span, metrics, what the Receiver must know, the breaker's
+// verdict) is the waiter's to do if it still waits, so that the sender
+// turns to the next batch without doing every member's bookkeeping first.
+// If the waiter left, the sender completes the call: the breaker learns
+// its outcome, and a grant no one keeps goes to the Receiver.
 func (d *detachedCall) finished(p *pending) {
-	k, done := d.k, d.done // d may be reused once released
-	defer k.p.gate.leave()
-	g, err := k.end(d.ctx, d.c, &d.span, d.start, p.a.Grant, p.a.Err)
-	if errors.Is(err, breaker.ErrBudget) {
-		// The call's own deadline lies past the hard cap: the waiter
-		// decides every timeout before it, unless this process kept
-		// the waiter (and likely the sender) from running.
-		err = fmt.Errorf("%w: %v", ErrSaturated, err)
-	}
-	d.grant, d.err = g, err
+	noted(d.c.Brk, p.a.Err)
 	if d.state.CompareAndSwap(callPending, callDelivered) {
 		d.delivered <- struct{}{}
 		d.release()
-		done(err)
 		return
 	}
+	k, done := d.k, d.done // d may be reused once released
+	g, err := d.complete()
 	if s := d.state.Load(); s == callLeft || s == callOutwaited {
 		done(err)
 	}
@@ -330,6 +329,22 @@ func (d *detachedCall) finished(p *pending) {
 		k.recv.Unclaimed(d.c, g)
 	}
 	d.release()
+}
+
+// complete is what follows the outcome of d, in d.c.Acq: its span, metrics
+// and what the Receiver must know (see end), then the gate's leave. It runs
+// once: on the waiter's goroutine if the waiter took the outcome, else on
+// the sender's.
+func (d *detachedCall) complete() (authority.Grant, error) {
+	defer d.k.p.gate.leave()
+	g, err := d.k.end(d.ctx, d.c, &d.span, d.start, d.c.Acq.Grant, d.c.Acq.Err)
+	if errors.Is(err, breaker.ErrBudget) {
+		// The call's own deadline lies past the hard cap: the waiter
+		// decides every timeout before it, unless this process kept
+		// the waiter (and likely the sender) from running.
+		err = fmt.Errorf("%w: %v", ErrSaturated, err)
+	}
+	return g, err
 }
 
 // direct makes the call in place, on the caller's goroutine, alone on the
@@ -365,6 +380,7 @@ func (k *Caller) direct(ctx context.Context, c Call, ln *lane, done func(error))
 	var span callSpan
 	cctx, span.span = k.tel.StartAuthority(cctx, c.Acq.Want, c.Acq.Min, ln.ep)
 	ln.sendAlone(cctx, &c.Acq)
+	noted(c.Brk, c.Acq.Err)
 	g, err := k.end(cctx, c, &span, start, c.Acq.Grant, c.Acq.Err)
 	switch {
 	case err != nil && errors.Is(err, breaker.ErrBudget) && ctx.Err() == nil:
@@ -382,23 +398,18 @@ func (k *Caller) direct(ctx context.Context, c Call, ln *lane, done func(error))
 	return g, err
 }
 
-// end is what follows a call begun at start with its outcome g, err: its
-// metrics and span, what the breakers learn of it, and for a call with
-// Keep the grant handed to the Receiver. A deadline overrun is marked with
+// end is what follows a call begun at start with its outcome g, err, once
+// noted has told its breaker: its metrics and span, whether the path
+// counts it as failed, and for a call with Keep the grant handed to the
+// Receiver. A deadline overrun is marked with
 // breaker.ErrBudget.
 func (k *Caller) end(ctx context.Context, c Call, span *callSpan, start time.Time, g authority.Grant, err error) (authority.Grant, error) {
 	k.tel.RecordAuthority(ctx, time.Since(start), g.Granted, err)
 	errType := ""
-	switch {
-	case isNetworkError(err):
-		c.Brk.NoteNetworkError(time.Now())
-	case errors.Is(err, context.DeadlineExceeded) && k.p.unreachable(c.Brk, start):
+	if !isNetworkError(err) && errors.Is(err, context.DeadlineExceeded) && k.p.unreachable(c.Brk, start) {
 		errType = "network"
 	}
 	span.finish(k.tel, g.Granted, err, errType)
-	if !breaker.Counts(err) {
-		c.Brk.Replied()
-	}
 	if err != nil && errors.Is(err, context.DeadlineExceeded) {
 		err = fmt.Errorf("%w: %w", breaker.ErrBudget, err)
 		if errType == "network" {
@@ -415,6 +426,20 @@ func (k *Caller) end(ctx context.Context, c Call, span *callSpan, start time.Tim
 		k.recv.Arrived(c, g)
 	}
 	return g, nil
+}
+
+// noted tells brk of a call's outcome err as soon as it arrives, on the
+// goroutine that received it (before end): a network error, which says
+// Redis cannot be reached (see unreachable); a reply, which the waiters of
+// other calls count to tell a slow Redis from a process that is behind
+// (see congested and queued).
+func noted(brk *breaker.Breaker, err error) {
+	if isNetworkError(err) {
+		brk.NoteNetworkError(time.Now())
+	}
+	if !breaker.Counts(err) {
+		brk.Replied()
+	}
 }
 
 // admit lets a call through brk and registers it with the gate; the caller
