@@ -135,11 +135,11 @@ const (
 )
 
 // detachedCall is one call of the detached variant: its place in its
-// lane, and what the waiter and the lane's sender share. The sender writes
-// the result before it claims the outcome, so a waiter that finds the
-// outcome claimed reads the result at once: a sender preempted between the
-// claim and a channel send would otherwise keep the waiter for as long as
-// a saturated scheduler takes to run it.
+// lane, and what the waiter and the lane's sender share. The outcome is in
+// c.Acq before the sender claims it, so a waiter that finds the outcome
+// claimed takes it at once: a sender preempted between the claim and a
+// channel send would otherwise keep the waiter for as long as a saturated
+// scheduler takes to run it.
 type detachedCall struct {
 	pending // the call in its lane
 	k       *Caller

@@ -19,12 +19,13 @@ import (
 //
 // A call that finds the lane idle is sent by its caller, on its own
 // goroutine (see claim), when the client honours context deadlines: no
-// hand-off, so one caller's latency is one round trip. Every other call waits in the queue for the lane's senders:
-// at most one long-lived goroutine per pipeline, started when first needed
-// and stopped by stop, that carry batch after batch while the queue
-// holds calls. The caller waits for its outcome, bounded by the budget,
-// and the sender delivers it (see pending.finish) whether or not anyone
-// still waits. No call has a goroutine of its own.
+// hand-off, so one caller's latency is one round trip. Every other call
+// waits in the queue for the lane's senders: at most one long-lived
+// goroutine per pipeline, started when first needed and stopped by stop,
+// that carry batch after batch while the queue holds calls. The caller
+// waits for its outcome, bounded by the budget, and the sender delivers it
+// (see pending.finish) whether or not anyone still waits. No call has a
+// goroutine of its own.
 type lane struct {
 	auth     *authority.Redis
 	max      int                // pipelines in flight at once
