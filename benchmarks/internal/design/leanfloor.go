@@ -72,9 +72,25 @@ type leanCall struct {
 	done    chan struct{}
 }
 
-type leanDecider struct {
+// leanBatches sends the batches of the lean designs (lean_floor and
+// lean_handoff): the client and the limit's script arguments.
+type leanBatches struct {
 	client *redis.Client
 	args   []any // r, p, burst: read-only, shared by all batches
+}
+
+func newLeanBatches(client *redis.Client, limit policy.Limit) (leanBatches, error) {
+	r, p := reduced(limit.Rate, limit.PeriodMicros())
+	// The script's products stay exact in Lua's doubles only well below
+	// 2^53: elapsed µs × r, and burst × p.
+	if limit.Burst > 1<<40/p || r > 1<<20 {
+		return leanBatches{}, fmt.Errorf("design: %s: limit %v outside the lean floor's exact range", LeanFloor, limit)
+	}
+	return leanBatches{client: client, args: []any{r, p, limit.Burst}}, nil
+}
+
+type leanDecider struct {
+	leanBatches
 
 	mu       sync.Mutex
 	queue    []*leanCall
@@ -82,13 +98,11 @@ type leanDecider struct {
 }
 
 func newLeanFloor(client *redis.Client, limit policy.Limit) (Decider, error) {
-	r, p := reduced(limit.Rate, limit.PeriodMicros())
-	// The script's products stay exact in Lua's doubles only well below
-	// 2^53: elapsed µs × r, and burst × p.
-	if limit.Burst > 1<<40/p || r > 1<<20 {
-		return nil, fmt.Errorf("design: %s: limit %v outside the lean floor's exact range", LeanFloor, limit)
+	b, err := newLeanBatches(client, limit)
+	if err != nil {
+		return nil, err
 	}
-	return &leanDecider{client: client, args: []any{r, p, limit.Burst}}, nil
+	return &leanDecider{leanBatches: b}, nil
 }
 
 // reduced returns rate/period in lowest terms.
@@ -135,12 +149,12 @@ func (d *leanDecider) Allow(ctx context.Context, key string) (Result, error) {
 }
 
 // send runs one batch and hands each call its outcome.
-func (d *leanDecider) send(ctx context.Context, batch []*leanCall) {
+func (b leanBatches) send(ctx context.Context, batch []*leanCall) {
 	keys := make([]string, len(batch))
 	for i, c := range batch {
 		keys[i] = c.key
 	}
-	out, err := leanScript.Run(context.WithoutCancel(ctx), d.client, keys, d.args...).Int64Slice()
+	out, err := leanScript.Run(context.WithoutCancel(ctx), b.client, keys, b.args...).Int64Slice()
 	if err == nil && len(out) != len(batch) {
 		err = fmt.Errorf("design: %s: %d replies for %d calls", LeanFloor, len(out), len(batch))
 	}

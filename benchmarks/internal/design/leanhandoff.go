@@ -27,7 +27,7 @@ const leanBudget = 100 * time.Millisecond
 var errLeanBudget = errors.New("design: lean_handoff: no reply within the budget")
 
 type leanHandoff struct {
-	*leanDecider // the script, its arguments and send (its own queue unused)
+	leanBatches
 
 	mu      sync.Mutex
 	work    *sync.Cond
@@ -39,11 +39,11 @@ type leanHandoff struct {
 }
 
 func newLeanHandoff(client *redis.Client, limit policy.Limit) (Decider, error) {
-	d, err := newLeanFloor(client, limit)
+	b, err := newLeanBatches(client, limit)
 	if err != nil {
 		return nil, err
 	}
-	h := &leanHandoff{leanDecider: d.(*leanDecider)}
+	h := &leanHandoff{leanBatches: b}
 	h.work = sync.NewCond(&h.mu)
 	return h, nil
 }
