@@ -28,7 +28,7 @@ type call struct {
 	// the caller stopped waiting is refunded.
 	refill *refillCall
 	// with, if set, are more buckets the same tokens are taken from, all or
-	// none, in the same script call (a multi-limit; see For).
+	// none, in the same script call (several limits; see Client.Limiter).
 	with []authority.Member
 }
 

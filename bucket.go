@@ -21,9 +21,13 @@ var ErrUnavailable = errors.New("leaselimit: redis unavailable")
 // reports whether a request for one token would be admitted now, as far as
 // the bucket and this instance know (other instances' leases are not
 // counted: they were taken from the bucket). Source is SourceAuthority.
+// With several limits, Parts holds each limit's bucket, and the Decision
+// is the most restrictive: the one that makes a one-token request wait
+// longest, or, when every one would admit it, the one with the fewest
+// tokens.
 //
-// Peek makes one Redis call, a script that reads the bucket and Redis's
-// clock and writes nothing; it changes no local state either.
+// Peek makes one Redis call per limit, a script that reads the bucket and
+// Redis's clock and writes nothing; it changes no local state either.
 // While Redis is unavailable it returns an error wrapping ErrUnavailable.
 func (l *Limiter) Peek(ctx context.Context, key string) (Decision, error) {
 	if err := l.usable(); err != nil {
@@ -32,36 +36,81 @@ func (l *Limiter) Peek(ctx context.Context, key string) (Decision, error) {
 	if err := checkKey(key); err != nil {
 		return Decision{Source: SourceNone}, err
 	}
-	if l.group != nil {
-		return l.peekGroup(ctx, key)
+	// What this instance holds is read before and after the buckets, and
+	// the lesser counted: a refill (or a lease given back) between the two
+	// reads moves tokens between a bucket and a lease, and must not be
+	// counted twice. Each limit's own lease is read around its bucket (see
+	// peekBucket), a joint lease of several around them all.
+	joint := l.jointHolding(key)
+	var pds [MaxLimits]Decision
+	for i, m := range l.members {
+		pd, err := l.peekBucket(ctx, m, key)
+		if err != nil {
+			return Decision{Source: SourceNone}, err
+		}
+		pds[i] = pd
 	}
-	brk, rkey := l.route(key)
+	joint = min(joint, l.jointHolding(key))
+	var d Decision
+	parts := make([]Part, len(l.members))
+	for i, pd := range pds[:len(l.members)] {
+		if joint > 0 {
+			// Taken from every bucket: available in each.
+			pd.Remaining = min(pd.Remaining+joint, pd.Limit.Burst)
+			pd.RetryAfter, pd.Allowed = 0, true
+		}
+		parts[i] = Part{Limit: pd.Limit, Remaining: pd.Remaining, ResetAfter: pd.ResetAfter}
+		worse := pd.RetryAfter > d.RetryAfter || (pd.RetryAfter == d.RetryAfter && pd.Remaining < d.Remaining)
+		if i == 0 || worse {
+			d = pd
+		}
+	}
+	for _, p := range parts {
+		d.ResetAfter = max(d.ResetAfter, p.ResetAfter)
+	}
+	if len(parts) > 1 {
+		d.Parts = parts // a Decision of one limit has none (see Decision.Parts)
+	}
+	return d, nil
+}
+
+// peekBucket reads key's bucket under m's limit, and counts the tokens of
+// it that m's own lease holds here (see Peek).
+func (l *Limiter) peekBucket(ctx context.Context, m *member, key string) (Decision, error) {
+	brk, rkey := l.route(m.namer, key)
 	if rkey == "" {
-		rkey = l.namer.Key(key)
+		rkey = m.namer.Key(key)
 	}
 	var b authority.Bucket
-	// What this instance holds is read before and after the bucket, and
-	// the lesser counted: a refill (or a lease given back) between the two
-	// reads moves tokens between the bucket and the lease, and must not be
-	// counted twice.
-	before := l.leases.Holding(key, l.clock.now())
+	before := m.leases.Holding(key, l.clock.now())
 	_, err := l.path.Do(ctx, brk, func(ctx context.Context) (err error) {
-		b, err = l.auth.Peek(ctx, rkey, l.limit)
+		b, err = l.auth.Peek(ctx, rkey, m.limit)
 		return err
 	})
 	if err != nil {
-		return Decision{Source: SourceNone}, err
+		return Decision{}, err
 	}
-	d := Decision{Limit: l.limit, Remaining: b.Tokens, RetryAfter: b.RetryAfter, ResetAfter: b.ResetAfter, Source: SourceAuthority}
-	if held := min(before, l.leases.Holding(key, l.clock.now())); held > 0 {
-		d.Remaining = min(b.Tokens+held, l.limit.Burst)
+	lim := m.limit
+	d := Decision{Limit: lim, Remaining: b.Tokens, RetryAfter: b.RetryAfter, ResetAfter: b.ResetAfter, Source: SourceAuthority}
+	if held := min(before, m.leases.Holding(key, l.clock.now())); held > 0 {
+		d.Remaining = min(b.Tokens+held, lim.Burst)
 		d.RetryAfter = 0
-		if !l.limit.IsQuota() {
-			d.ResetAfter = max(b.ResetAfter-l.limit.Interval(held), 0)
+		if !lim.IsQuota() {
+			d.ResetAfter = max(b.ResetAfter-lim.Interval(held), 0)
 		}
 	}
 	d.Allowed = d.Remaining >= 1
 	return d, nil
+}
+
+// jointHolding is the tokens a joint lease of several limits holds for
+// key now (see limitSet.joint); none for one limit, whose lease is its
+// member's own.
+func (l *Limiter) jointHolding(key string) int64 {
+	if l.joint == nil {
+		return 0
+	}
+	return l.joint.Holding(key, l.clock.now())
 }
 
 // Reset makes key's bucket full again, for every instance: it deletes the
@@ -72,10 +121,12 @@ func (l *Limiter) Peek(ctx context.Context, key string) (Decision, error) {
 // they hold keeps serving until it runs out or expires (the lease TTL, 2s
 // by default), and a denial they cached lasts at most DenyCap (1s by
 // default). Until then they may deny requests the full bucket would admit,
-// or admit from their leases, which the old bucket paid for.
+// or admit from their leases, which the old bucket paid for. With several
+// limits, Reset does so for each limit's bucket in turn, then drops the
+// lease they share.
 //
-// Reset makes one Redis call (a script that deletes the bucket and marks
-// the reset). While Redis is unavailable it returns
+// Reset makes one Redis call per limit (a script that deletes the bucket
+// and marks the reset). While Redis is unavailable it returns
 // an error wrapping ErrUnavailable and changes nothing here.
 //
 // Reset starts the bucket's next generation: tokens taken from it before
@@ -92,25 +143,21 @@ func (l *Limiter) Reset(ctx context.Context, key string) error {
 	if err := checkKey(key); err != nil {
 		return err
 	}
-	if l.group != nil {
-		for _, p := range l.group {
-			if err := p.Reset(ctx, key); err != nil {
-				return err
-			}
+	for _, m := range l.members {
+		brk, rkey := l.route(m.namer, key)
+		if rkey == "" {
+			rkey = m.namer.Key(key)
 		}
-		l.leases.Forget(key) // the multi-limit's own lease and negative cache
-		return nil
+		if _, err := l.path.Do(ctx, brk, func(ctx context.Context) error {
+			_, err := l.auth.Reset(ctx, rkey)
+			return err
+		}); err != nil {
+			return err
+		}
+		m.leases.Forget(key)
 	}
-	brk, rkey := l.route(key)
-	if rkey == "" {
-		rkey = l.namer.Key(key)
+	if l.joint != nil {
+		l.joint.Forget(key) // the lease and negative cache of the limits together
 	}
-	if _, err := l.path.Do(ctx, brk, func(ctx context.Context) error {
-		_, err := l.auth.Reset(ctx, rkey)
-		return err
-	}); err != nil {
-		return err
-	}
-	l.leases.Forget(key)
 	return nil
 }

@@ -4,7 +4,7 @@ import (
 	"context"
 )
 
-// Check verifies that the Limiter can work, for start-up and readiness
+// Check verifies that c can work, for start-up and readiness
 // probes: it reaches Redis (every master on a Cluster), runs both scripts
 // (loading them if needed, which also exercises the ACL), writes a reserved
 // key under the prefix with a TTL and gives its token back (which deletes
@@ -16,10 +16,6 @@ import (
 // what to do: Redis unreachable, a replica (READONLY), an ACL without a
 // command the scripts run, a full Redis, another program's key under the
 // prefix, an eviction policy that drops buckets. Check makes no decision
-// and touches no bucket; a failed Check changes nothing the Limiter does.
-func (l *Limiter) Check(ctx context.Context) error {
-	if l.path.IsClosed() {
-		return ErrClosed
-	}
-	return l.path.Check(ctx)
-}
+// and touches no bucket; a failed Check changes nothing c does. After
+// Close it returns ErrClosed.
+func (c *Client) Check(ctx context.Context) error { return c.e.ready(ctx) }

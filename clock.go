@@ -2,7 +2,7 @@ package leaselimit
 
 import "time"
 
-// Clock is the source of time for the local state of a Limiter (lease
+// Clock is the source of time for the local state of a Client (lease
 // expiry, the negative cache, demand estimates). The bucket itself runs on
 // Redis's clock. The default is the system clock; tests can step one by hand.
 type Clock interface {
@@ -14,7 +14,7 @@ type systemClock struct{}
 func (systemClock) Now() time.Time { return time.Now() }
 
 // localClock reads a Clock as the lease protocol's monotonic nanoseconds
-// since the Limiter was made.
+// since the Client was made.
 type localClock struct {
 	src    Clock
 	origin time.Time

@@ -130,14 +130,10 @@ func (b *debtBook) move(q *refundQueue, path *redispath.Path, all bool) {
 	}
 }
 
-// owe charges key's bucket (every member's, for a multi-limit) n tokens
-// that the failure policy admitted at wall (see debtBook).
+// owe charges key's bucket under every limit of l n tokens that the
+// failure policy admitted at wall (see debtBook).
 func (l *Limiter) owe(key string, n int64, wall time.Time) {
-	if l.group != nil {
-		for _, p := range l.group {
-			p.owe(key, n, wall)
-		}
-		return
+	for _, m := range l.members {
+		l.debts.owe(m.namer, key, m.limit, n, wall)
 	}
-	l.debts.owe(l.namer, key, l.limit, n, wall)
 }

@@ -18,7 +18,7 @@ var (
 	ErrInvalidKey = errors.New("leaselimit: invalid key")
 	// ErrInvalidCost: n < 1, or n > the limit's Burst (it could never be admitted).
 	ErrInvalidCost = errors.New("leaselimit: invalid cost")
-	// ErrClosed: the Limiter has been closed.
+	// ErrClosed: the Client has been closed.
 	ErrClosed = errors.New("leaselimit: limiter closed")
 	// ErrWouldExceedDeadline: Wait could not be admitted before ctx's deadline.
 	ErrWouldExceedDeadline = errors.New("leaselimit: wait would exceed context deadline")
@@ -84,10 +84,11 @@ type Decision struct {
 	RetryAfter time.Duration // 0 when allowed; when denied, until n tokens can be available
 	ResetAfter time.Duration // until the bucket is full again
 	Source     Source
-	// Parts, for a Limiter from For with several limits, holds every
-	// limit's state after the decision, in For's order; Limit is then the
-	// limit that denied (the one the request waits longest for) or, when
-	// admitted, the one with the fewest tokens left. Nil for one limit.
+	// Parts, for a Limiter with several limits (see Client.Limiter),
+	// holds every limit's state after the decision, in their order; Limit
+	// is then the limit that denied (the one the request waits longest
+	// for) or, when admitted, the one with the fewest tokens left. Nil for
+	// one limit.
 	Parts []Part
 	// Shadow marks a decision of a key in shadow mode (WithShadow,
 	// WithEnforce): computed, counted and traced, not enforced. Allowed is
@@ -101,7 +102,8 @@ type Decision struct {
 	since int64
 }
 
-// decided turns an answer of the lease protocol into the caller's Decision.
+// decided turns an answer of the lease protocol into the caller's Decision
+// (with Parts when the answer has them: see addParts).
 func (l *Limiter) decided(a lease.Answer) Decision {
 	var d Decision
 	switch a.Status {
@@ -114,9 +116,7 @@ func (l *Limiter) decided(a lease.Answer) Decision {
 	default:
 		d = denial(l.limit, a.Remaining, a.RetryAfter, SourceCache)
 	}
-	if l.group != nil {
-		l.addParts(&d, a.Parts)
-	}
+	l.addParts(&d, a.Parts)
 	return d
 }
 

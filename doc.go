@@ -1,6 +1,20 @@
 // Package leaselimit is a distributed rate limiter for a fleet of Go service
 // instances, with Redis as the authority and local leases for speed.
 //
+// # The Client and its Limiters
+//
+// A Client (NewClient) is the engine a process shares: the Redis client,
+// the circuit breakers, the local key table and the background goroutine;
+// Close it at shutdown, Check it for readiness. Client.Limiter returns a
+// Limiter for one limit, or for several taken from together, cheap enough
+// to look up per request; each is a view of the Client with its own
+// failure policy and enforcement (Limiter.With):
+//
+//	c, err := leaselimit.NewClient(rdb)
+//	api := c.Limiter(policy.PerMinute(100).WithName("api"))
+//	login := c.Limiter(loginLimit).With(leaselimit.WithFailureMode(policy.FailClosed))
+//	d, err := api.Allow(ctx, key)
+//
 // # The model
 //
 // Every key has one token bucket in Redis (policy.Limit: Burst tokens,
@@ -9,7 +23,7 @@
 // tokens is all or nothing; a denial takes nothing.
 //
 // Asking Redis on every request is exact but slow and makes Redis part of
-// every request's critical path. So, by default, a Limiter keeps a small
+// every request's critical path. So, by default, the Client keeps a small
 // lease of tokens per busy key. The tokens of a lease are debited from the
 // Redis bucket when the lease is granted, then spent locally with one atomic
 // operation. Hence, while Redis is healthy, the fleet never admits more than
@@ -32,7 +46,7 @@
 // circuit breaker (package breaker). While Redis is unavailable the failure
 // policy decides (WithFailureMode): admit, deny, or a local bucket with
 // 1/FleetSize of the limit. Such decisions carry SourceFallback and are not
-// errors. New makes no Redis call, so it succeeds while Redis is down.
+// errors. NewClient makes no Redis call, so it succeeds while Redis is down.
 //
 // # How a decision flows
 //
@@ -48,8 +62,13 @@
 // policy (SourceFallback). Data flows one way: the Limiter performs I/O,
 // the protocol keeps state and decides, the authority runs the scripts.
 //
-// The root package holds one concern per file: client.go (the Limiter, New
-// and the public methods), refill.go (misses, coalesced refills, prefetch),
+// The root package holds one concern per file: client.go (the Client),
+// limiter.go (the Limiter and its decisions), view.go (With and the view
+// options), set.go (the limits a Limiter enforces together: one limit is a
+// set of one), engine.go (what a Client shares, and its sets of limits),
+// bucket.go (Peek and Reset), reserve.go (Reserve and Settle), debts.go,
+// shadow.go, deprecated.go (the 0.2 API over the Client), refill.go
+// (misses, coalesced refills, prefetch),
 // exact.go (one call for exactly n), authorize.go (what a call asks of
 // Redis, and what is done with a grant whose caller may have left),
 // fallback.go (the failure policy), refunds.go and janitor.go (tokens on

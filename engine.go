@@ -1,6 +1,7 @@
 package leaselimit
 
 import (
+	"context"
 	"time"
 
 	"github.com/leaselimit/leaselimit/authority"
@@ -10,13 +11,13 @@ import (
 	"github.com/leaselimit/leaselimit/lease"
 	"github.com/leaselimit/leaselimit/policy"
 	"github.com/leaselimit/leaselimit/telemetry"
-	"golang.org/x/sync/singleflight"
 )
 
-// engine is what every Limiter of one New shares: the path to Redis (its
+// engine is what every Limiter of one Client shares: the path to Redis (its
 // breakers, lanes, time budget and the gate Close waits on), the key table
-// (one MaxKeys bound for every limit), the refund queue, the janitor, and
-// the Limiters that For has made. Each Limiter adds what is its limit's own (see Limiter).
+// (one MaxKeys bound for every limit), the refund queue, the debt book, the
+// janitor, and the sets of limits the Client has been asked for. Each set
+// adds what is its limits' own (see limitSet), each Limiter its view.
 type engine struct {
 	cfg     config
 	clock   localClock
@@ -28,20 +29,47 @@ type engine struct {
 	closed  chan struct{}    // a breaker closed: the janitor charges the debts at once
 	janitor *janitor         // expiry, eviction and refunds in the background
 	slots   chan struct{}    // one per background refill in flight (refill.go)
-	// meters records what belongs to the engine rather than to one limit
-	// (breaker transitions and state, the key table, refunds); its
-	// ratelimit.limit.name is that of New's limit.
+	// meters and log record what belongs to the engine rather than to one
+	// limit (breaker transitions and state, the key table, refunds, the
+	// debt book), named by the key prefix (ratelimit.prefix, prefix=).
 	meters *telemetry.Recorder
-	root   *Limiter // the Limiter New returned: the one whose Close closes the engine
+	log    *logger
 
-	limits cowmap.Map[policy.Limit, *Limiter] // For's Limiters (and New's)
-	groups cowmap.Map[groupKey, *Limiter]     // For's multi-limits
+	limits cowmap.Map[policy.Limit, *Limiter] // the default view of each limit
+	sets   cowmap.Map[setKey, *Limiter]       // the default view of each set of several limits
+	views  cowmap.Map[viewKey, *Limiter]      // other views of sets, made by For on a view
 }
 
-// limiter returns the engine's Limiter for limit, making it on first use.
-// A lookup of a limit seen before is one atomic load and one map read: no
-// lock, no allocation.
-func (e *engine) limiter(limit policy.Limit) *Limiter {
+// viewKey identifies one view of one set of limits.
+type viewKey struct {
+	set *limitSet
+	v   view
+}
+
+// viewOf returns the Limiter of d's limits (d a default view) with view v,
+// making it on first use: For on a view made by With gives Limiters of the
+// same view, with no allocation for limits seen before.
+func (e *engine) viewOf(d *Limiter, v view) *Limiter {
+	return e.views.LoadOrMake(viewKey{d.limitSet, v}, func() *Limiter {
+		l := *d
+		l.view = v
+		return &l
+	})
+}
+
+// limiter returns the default view of first and more together, making
+// their state on first use. A set seen before costs one atomic load and
+// one map read: no lock, no allocation. Limits that cannot be enforced
+// together give a Limiter whose every call returns why.
+func (e *engine) limiter(first policy.Limit, more []policy.Limit) *Limiter {
+	if len(more) == 0 {
+		return e.single(first)
+	}
+	return e.several(first, more)
+}
+
+// single returns the default view of limit alone.
+func (e *engine) single(limit policy.Limit) *Limiter {
 	limit = canonical(limit)
 	if l, ok := e.limits.Load(limit); ok {
 		return l
@@ -49,13 +77,56 @@ func (e *engine) limiter(limit policy.Limit) *Limiter {
 	if err := limit.Validate(); err != nil {
 		// Not kept: an invalid limit is the caller's bug, reported by
 		// every call of the Limiter it gets.
-		return &Limiter{engine: e, limit: limit, invalid: err, tel: e.meters}
+		return e.invalid([]policy.Limit{limit}, err)
 	}
-	return e.limits.LoadOrMake(limit, func() *Limiter { return e.newLimiter(limit) })
+	return e.limits.LoadOrMake(limit, func() *Limiter {
+		return e.defaultView(e.newSet([]*member{e.newMember(limit)}))
+	})
+}
+
+// several returns the default view of first and more (1 to MaxLimits-1 of
+// them) together. Each member is that of its limit alone: a key's own
+// lease and FailLocal bucket under one limit are the same whichever set
+// reaches them.
+func (e *engine) several(first policy.Limit, more []policy.Limit) *Limiter {
+	var k setKey
+	if len(more) < MaxLimits {
+		k[0] = canonical(first)
+		for i, l := range more {
+			k[1+i] = canonical(l)
+		}
+		if l, ok := e.sets.Load(k); ok {
+			return l
+		}
+	}
+	limits := append([]policy.Limit{first}, more...)
+	for i := range limits {
+		limits[i] = canonical(limits[i])
+	}
+	if err := validLimits(limits); err != nil {
+		return e.invalid(limits, err)
+	}
+	return e.sets.LoadOrMake(k, func() *Limiter {
+		members := make([]*member, len(limits))
+		for i, l := range limits {
+			members[i] = e.single(l).members[0]
+		}
+		return e.defaultView(e.newSet(members))
+	})
+}
+
+// defaultView is the view of s that NewClient's options describe.
+func (e *engine) defaultView(s *limitSet) *Limiter {
+	return &Limiter{limitSet: s, view: e.cfg.view}
+}
+
+// invalid returns a Limiter of limits whose every call returns err.
+func (e *engine) invalid(limits []policy.Limit, err error) *Limiter {
+	return &Limiter{limitSet: e.invalidSet(limits), view: e.cfg.view, err: err}
 }
 
 // zones maps a time zone's name to the one *time.Location the engines use
-// for it: two quotas in one zone compare equal (as map keys, and in For's
+// for it: two quotas in one zone compare equal (as map keys, and in the
 // check for a limit given twice) even when each loaded its own Location.
 var zones cowmap.Map[string, *time.Location]
 
@@ -68,27 +139,6 @@ func canonical(limit policy.Limit) policy.Limit {
 	}
 	limit.Calendar.Location = zones.LoadOrMake(loc.String(), func() *time.Location { return loc })
 	return limit
-}
-
-// newLimiter returns a Limiter for limit on e: its own lease protocol (over
-// the shared table), refills, telemetry attributes and log name.
-func (e *engine) newLimiter(limit policy.Limit) *Limiter {
-	tel := e.meters // New's limit
-	if e.root != nil {
-		tel = e.meters.WithLimit(limit.Name)
-	}
-	l := &Limiter{
-		engine:  e,
-		limit:   limit,
-		namer:   e.auth.Namer(limit),
-		tel:     tel,
-		log:     newLogger(e.cfg.logger, limit.Name),
-		leases:  lease.New(e.table, limit, e.cfg.lease, e.cfg.fleetSize),
-		sf:      new(singleflight.Group),
-		enforce: e.cfg.enforce,
-	}
-	l.calls = e.path.Caller(tel, &receiver{leases: l.leases, refunds: e.refunds, clock: e.clock, log: l.log})
-	return l
 }
 
 // breakerSettings are the configured breaker settings on the engine's
@@ -110,4 +160,27 @@ func (e *engine) breakerSettings() breaker.Settings {
 		}
 	}
 	return s
+}
+
+// shutdown is Client.Close: it stops new calls, waits for those in flight
+// and the janitor, and gives back every leased token and charges every
+// debt in one final send.
+func (e *engine) shutdown() error {
+	if !e.path.Close() {
+		return ErrClosed
+	}
+	defer e.meters.Close()
+	e.janitor.halt()
+	e.path.Wait()
+	e.refunds.addReturns(e.table.Drain()...)
+	e.debts.move(e.refunds, e.path, true)
+	return e.refunds.final()
+}
+
+// ready is Client.Check.
+func (e *engine) ready(ctx context.Context) error {
+	if e.path.IsClosed() {
+		return ErrClosed
+	}
+	return e.path.Check(ctx)
 }

@@ -7,9 +7,10 @@ import (
 	"github.com/leaselimit/leaselimit/telemetry"
 )
 
-// allowExact decides by asking Redis for exactly n tokens (exact mode).
+// allowExact decides by asking Redis for exactly n tokens (exact mode), of
+// every limit's bucket.
 func (l *Limiter) allowExact(ctx context.Context, key string, n int64) (Decision, error) {
-	brk, rkey := l.route(key)
+	brk, rkey := l.route(l.namer, key)
 	if brk.Rejects(l.clock.wall()) {
 		return l.fallback(ctx, brk, key, n, telemetry.ReasonBreakerOpen), nil
 	}
@@ -26,12 +27,9 @@ func (l *Limiter) callExact(ctx context.Context, brk *breaker.Breaker, rkey, key
 		// Before the call: a failing call may trip the breaker.
 		sp.SetAttributes(telemetry.AttrCoalesced.Bool(false), telemetry.AttrBreaker.String(brk.State().String()))
 	}
-	r := l.authorize(ctx, call{brk: brk, rkey: rkey, want: n, min: n, share: 1, with: l.members(key)})
+	r := l.authorize(ctx, call{brk: brk, rkey: rkey, want: n, min: n, share: 1, with: l.with(key)})
 	if r.err != nil {
 		return l.onError(ctx, brk, key, n, r.err)
 	}
-	if l.group != nil {
-		return l.groupDecision(r.grant), nil
-	}
-	return fromGrant(l.limit, r.grant, SourceAuthority), nil
+	return l.grantDecision(r.grant), nil
 }

@@ -20,14 +20,15 @@ func Example() {
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	defer rdb.Close()
 
-	// Name every limit: the name is part of its Redis keys, so limits of
-	// different services or purposes never share buckets.
-	lim, err := leaselimit.New(rdb, policy.PerMinute(3).WithName("api"))
+	c, err := leaselimit.NewClient(rdb)
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer lim.Close()
+	defer c.Close() // gives back the leased tokens
 
+	// Name every limit: the name is part of its Redis keys, so limits of
+	// different services or purposes never share buckets.
+	lim := c.Limiter(policy.PerMinute(3).WithName("api"))
 	for i := 0; i < 4; i++ {
 		d, err := lim.Allow(context.Background(), "user:42")
 		if err != nil {
@@ -42,11 +43,11 @@ func Example() {
 	// false 0
 }
 
-// Plans and tiers: one engine, a limit per request. For is cheap enough to
-// call per request (no lock, no allocation once a limit has been used).
-// Peek reads what is left without taking it; Reset makes a bucket full
-// again, for every instance.
-func ExampleLimiter_For() {
+// Plans and tiers: one Client, a limit per request. Client.Limiter is cheap
+// enough to call per request (no lock, no allocation once a limit has been
+// used). Peek reads what is left without taking it; Reset makes a bucket
+// full again, for every instance.
+func ExampleClient_Limiter() {
 	mr, _ := miniredis.Run() // an embedded Redis for the example; use your own
 	defer mr.Close()
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
@@ -56,15 +57,15 @@ func ExampleLimiter_For() {
 		"free": policy.PerMinute(2).WithName("free"),
 		"pro":  policy.PerMinute(100).WithName("pro"),
 	}
-	lim, err := leaselimit.New(rdb, plans["free"])
+	c, err := leaselimit.NewClient(rdb)
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer lim.Close() // closes the Limiters For made, too
+	defer c.Close()
 
 	ctx := context.Background()
 	allow := func(user, plan string) {
-		d, err := lim.For(plans[plan]).Allow(ctx, user)
+		d, err := c.Limiter(plans[plan]).Allow(ctx, user)
 		if err != nil {
 			log.Fatal(err)
 		}
@@ -75,13 +76,13 @@ func ExampleLimiter_For() {
 	allow("ann", "free")
 	allow("ann", "pro") // upgraded: the pro limit's own bucket decides, full
 
-	p, err := lim.For(plans["free"]).Peek(ctx, "ann")
+	p, err := c.Limiter(plans["free"]).Peek(ctx, "ann")
 	if err != nil {
 		log.Fatal(err)
 	}
 	fmt.Printf("free bucket of ann: %d left, next token in %v\n", p.Remaining, p.RetryAfter.Round(time.Second))
 
-	if err := lim.For(plans["free"]).Reset(ctx, "ann"); err != nil {
+	if err := c.Limiter(plans["free"]).Reset(ctx, "ann"); err != nil {
 		log.Fatal(err)
 	}
 	allow("ann", "free")
@@ -92,6 +93,41 @@ func ExampleLimiter_For() {
 	// ann on pro: allowed true, 99 left
 	// free bucket of ann: 0 left, next token in 30s
 	// ann on free: allowed true, 1 left
+}
+
+// Views on one Client with their own failure policy: while Redis is
+// unavailable, the login limit denies (a guessed password must not get
+// through) and the search limit admits (an outage must not take search
+// down). Both decisions come from the failure policy, not errors.
+func ExampleLimiter_With() {
+	mr, _ := miniredis.Run() // an embedded Redis for the example; use your own
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	defer rdb.Close()
+
+	c, err := leaselimit.NewClient(rdb) // FailOpen: the default of every view
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+	// Make the views once and keep them: With allocates.
+	login := c.Limiter(policy.PerMinute(5).WithName("login")).With(leaselimit.WithFailureMode(policy.FailClosed))
+	search := c.Limiter(policy.PerSecond(50).WithName("search"))
+
+	mr.Close() // Redis goes away
+	ctx := context.Background()
+	for _, v := range []struct {
+		name string
+		lim  *leaselimit.Limiter
+	}{{"login", login}, {"search", search}} {
+		d, err := v.lim.Allow(ctx, "user:42")
+		if err != nil {
+			log.Fatal(err)
+		}
+		fmt.Printf("%s: allowed %v (%v)\n", v.name, d.Allowed, d.Source)
+	}
+	// Output:
+	// login: allowed false (fallback)
+	// search: allowed true (fallback)
 }
 
 func ExampleNewRedisLogger() {

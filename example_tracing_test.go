@@ -43,12 +43,14 @@ func ExampleWithTracerProvider() {
 		sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(0.01))),
 	)
 	defer tp.Shutdown(ctx)
-	lim, err := leaselimit.New(rdb, policy.PerSecond(100).WithName("api"),
+	c, err := leaselimit.NewClient(rdb,
 		leaselimit.WithTracerProvider(tp),
 		leaselimit.WithKeyRedactor(telemetry.KeyDigest([]byte("a secret shared by the fleet"))), // optional
 	)
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer lim.Close()
+	defer c.Close()
+	api := c.Limiter(policy.PerSecond(100).WithName("api"))
+	_, _ = api.Allow(ctx, "user:42") // one ratelimit.decision span, sampled as the parent says
 }

@@ -69,7 +69,7 @@ func fallbackReason(err error) string {
 // to the bucket once Redis answers again (see debtBook).
 func (l *Limiter) fallback(ctx context.Context, brk *breaker.Breaker, key string, n int64, reason string) Decision {
 	l.tel.CountFallback(ctx, reason)
-	l.log.fallback(l.cfg.mode.String(), reason)
+	l.log.fallback(l.mode.String(), reason)
 	if sp, ok := recording(ctx); ok {
 		sp.SetAttributes(telemetry.AttrReason.String(reason))
 		if reason == telemetry.ReasonBreakerOpen {
@@ -93,21 +93,19 @@ func (l *Limiter) fallback(ctx context.Context, brk *breaker.Breaker, key string
 	return d
 }
 
-// policyDecision is the failure policy's own decision for n tokens of key.
+// policyDecision is the failure policy's own decision for n tokens of key:
+// the view's policy (see WithFailureMode).
 func (l *Limiter) policyDecision(brk *breaker.Breaker, key string, n, now int64, wall time.Time) Decision {
-	switch l.cfg.mode {
+	switch l.mode {
 	case policy.FailClosed:
 		return denial(l.limit, 0, l.untilProbe(brk, wall), SourceFallback)
 	case policy.FailLocal:
-		if l.group == nil {
-			return l.local(brk, key, n, now, wall)
-		}
-		// Each limit's share in turn: a request the second denies keeps
-		// the tokens the first gave (during an outage a multi-limit can
-		// under-admit locally, never over-admit).
+		// Each limit's share in turn: with several, a request the second
+		// denies keeps the tokens the first gave (during an outage several
+		// limits can under-admit locally, never over-admit).
 		var d Decision
-		for _, p := range l.group {
-			if d = p.local(brk, key, n, now, wall); !d.Allowed {
+		for _, m := range l.members {
+			if d = l.local(m, brk, key, n, now, wall); !d.Allowed {
 				break
 			}
 		}
@@ -120,10 +118,11 @@ func (l *Limiter) policyDecision(brk *breaker.Breaker, key string, n, now int64,
 		ResetAfter: resetAfter(l.limit, rem), Source: SourceFallback}
 }
 
-// local is FailLocal's decision: n tokens of key's local bucket, this
-// instance's share of the limit.
-func (l *Limiter) local(brk *breaker.Breaker, key string, n, now int64, wall time.Time) Decision {
-	b := l.leases.AllowLocal(key, n, now)
+// local is FailLocal's decision: n tokens of key's local bucket under m's
+// limit, this instance's share of it (kept in m's own lease protocol, so
+// every set and view with the limit draws on the one share).
+func (l *Limiter) local(m *member, brk *breaker.Breaker, key string, n, now int64, wall time.Time) Decision {
+	b := m.leases.AllowLocal(key, n, now)
 	l.refunds.addReturn(b.Evicted)
 	retry := b.RetryAfter
 	if retry == lease.Never {
@@ -131,7 +130,7 @@ func (l *Limiter) local(brk *breaker.Breaker, key string, n, now int64, wall tim
 		retry = l.untilProbe(brk, wall)
 	}
 	// The share decided: report it as the Limit, and its ResetAfter.
-	share := l.leases.LocalShare()
+	share := m.leases.LocalShare()
 	d := Decision{Allowed: b.Allowed, Limit: share, Remaining: b.Remaining,
 		ResetAfter: share.Interval(share.Burst - b.Remaining), Source: SourceFallback}
 	if !b.Allowed {

@@ -209,12 +209,18 @@ func TestForDoesNotAllocate(t *testing.T) {
 }
 
 // TestMultiLimitDenialNamesTheLimit: in lease mode as in exact mode, a
-// denial names the limit the request waits for longest.
+// denial names the limit the request waits for longest. The per-second
+// limit waits a second and the hourly quota until the hour ends, so the
+// test starts after the hour's last seconds: in them, the quota would be
+// the one that waits less.
 func TestMultiLimitDenialNamesTheLimit(t *testing.T) {
 	_, c := newMini(t)
 	ctx := context.Background()
-	ps := policy.Limit{Name: "ps", Rate: 2, Period: time.Minute, Burst: 2}
+	ps := policy.Limit{Name: "ps", Rate: 2, Period: time.Second, Burst: 2}
 	hourly := policy.Quota("hourly", 3, policy.Hour, nil)
+	if left := time.Until(time.Now().Truncate(time.Hour).Add(time.Hour)); left < 10*time.Second {
+		time.Sleep(left + 100*time.Millisecond)
+	}
 	for _, mode := range []string{"exact", "lease"} {
 		var opts []leaselimit.Option
 		if mode == "exact" {

@@ -12,7 +12,7 @@ import (
 	"github.com/leaselimit/leaselimit/breaker"
 )
 
-// logEvery is the least time between two lines of one kind: a Limiter logs
+// logEvery is the least time between two lines of one kind: leaselimit logs
 // what an operator must know (the breaker moved, the failure policy took
 // over, Redis replied with misconfiguration), never a line per decision.
 const logEvery = 10 * time.Second
@@ -28,20 +28,22 @@ const (
 	logKinds
 )
 
-// logger writes a Limiter's operational events to a slog.Logger (see
-// WithLogger). A nil *logger logs nothing.
+// logger writes operational events to a slog.Logger (see WithLogger): a
+// set of limits' (limit=<names>) or the engine's own, for what concerns no
+// one limit (prefix=<key prefix>: the breakers, the debt book). A nil
+// *logger logs nothing.
 type logger struct {
 	out   *slog.Logger
-	limit slog.Attr
+	whose slog.Attr              // limit=… or prefix=…
 	last  [logKinds]atomic.Int64 // unix ns of the last line of each kind
 	state breaker.State          // last breaker state logged; the janitor's alone
 }
 
-func newLogger(out *slog.Logger, limitName string) *logger {
+func newLogger(out *slog.Logger, key, value string) *logger {
 	if out == nil {
 		return nil
 	}
-	return &logger{out: out, limit: slog.String("limit", limitName)}
+	return &logger{out: out, whose: slog.String(key, value)}
 }
 
 // due reports whether a line of kind may be written now, and claims it.
@@ -56,7 +58,7 @@ func (g *logger) fallback(mode, reason string) {
 	if g == nil || !g.due(logFallback) {
 		return
 	}
-	g.out.Warn("leaselimit: Redis unavailable, the failure policy decides", g.limit,
+	g.out.Warn("leaselimit: Redis unavailable, the failure policy decides", g.whose,
 		slog.String("mode", mode), slog.String("reason", reason))
 }
 
@@ -65,7 +67,7 @@ func (g *logger) misconfig(err error) {
 	if g == nil || !g.due(logMisconfig) {
 		return
 	}
-	g.out.Error("leaselimit: Redis replied with an error that is not an outage; fix the deployment (Limiter.Check says what)", g.limit,
+	g.out.Error("leaselimit: Redis replied with an error that is not an outage; fix the deployment (Client.Check says what)", g.whose,
 		slog.String("error", err.Error()))
 }
 
@@ -76,7 +78,7 @@ func (g *logger) readonly(err error) {
 	if g == nil || !g.due(logReadonly) {
 		return
 	}
-	g.out.Warn("leaselimit: Redis answered READONLY: a failover in progress, or, if it lasts, the client points at a replica (Limiter.Check tells)", g.limit,
+	g.out.Warn("leaselimit: Redis answered READONLY: a failover in progress, or, if it lasts, the client points at a replica (Client.Check tells)", g.whose,
 		slog.String("error", err.Error()))
 }
 
@@ -86,7 +88,7 @@ func (g *logger) saturated() {
 	if g == nil || !g.due(logSaturated) {
 		return
 	}
-	g.out.Warn("leaselimit: instance saturated: a Redis reply was not read within the hard cap; Redis may be healthy", g.limit)
+	g.out.Warn("leaselimit: instance saturated: a Redis reply was not read within the hard cap; Redis may be healthy", g.whose)
 }
 
 // uncharged logs that an admission of the failure policy could not be
@@ -95,7 +97,7 @@ func (g *logger) uncharged(max int) {
 	if g == nil || !g.due(logUncharged) {
 		return
 	}
-	g.out.Warn("leaselimit: the failure policy admitted a request that will not be charged to its bucket: the debt book is full (WithMaxKeys); counted on ratelimit.settle.charges.dropped", g.limit,
+	g.out.Warn("leaselimit: the failure policy admitted a request that will not be charged to its bucket: the debt book is full (WithMaxKeys); counted on ratelimit.settle.charges.dropped", g.whose,
 		slog.Int("max_keys", max))
 }
 
@@ -110,15 +112,15 @@ func (g *logger) breakerState(s breaker.State) {
 	}
 	g.state = s
 	if s == breaker.Closed {
-		g.out.Info("leaselimit: circuit breaker closed: decisions come from Redis again", g.limit)
+		g.out.Info("leaselimit: circuit breaker closed: decisions come from Redis again", g.whose)
 		return
 	}
-	g.out.Warn("leaselimit: circuit breaker "+s.String()+": Redis calls are held back", g.limit)
+	g.out.Warn("leaselimit: circuit breaker "+s.String()+": Redis calls are held back", g.whose)
 }
 
 // RedisLogger writes go-redis's own log lines (such as "failed to dial",
 // which go-redis repeats several times a second while Redis is down) to a
-// slog.Logger, throttled the way a Limiter's own lines are: at most one
+// slog.Logger, throttled the way leaselimit's own lines are: at most one
 // line of each kind every 10 seconds, the next one saying how many were
 // left out (attribute suppressed). Its lines are warnings, with the
 // attribute logger=go-redis. It is safe for concurrent use.

@@ -12,14 +12,23 @@ import (
 	"go.opentelemetry.io/otel/trace"
 )
 
-// Option configures a Limiter. Options are applied in order by New.
+// Option configures a Client, given to NewClient in order. Three are
+// also options of a view (WithFailureMode, WithShadow, WithEnforce): given
+// to NewClient they set the default of every Limiter, given to
+// Limiter.With they set one view's (see With).
 type Option interface {
 	apply(*config) error
 }
 
-type optionFunc func(*config) error
+// engineOption is an option of the Client alone: what every Limiter of the
+// Client shares (the connection to Redis, leases, telemetry). name is the
+// option's name, for With's error.
+type engineOption struct {
+	name string
+	set  func(*config) error
+}
 
-func (f optionFunc) apply(c *config) error { return f(c) }
+func (o engineOption) apply(c *config) error { return o.set(c) }
 
 // Defaults of the options.
 const (
@@ -37,7 +46,6 @@ type config struct {
 	lease     policy.Lease
 	noLease   bool
 	maxKeys   int
-	mode      policy.FailureMode
 	fleetSize int
 	clock     Clock
 	breaker   breaker.Settings
@@ -47,7 +55,8 @@ type config struct {
 	meterProvider  metric.MeterProvider
 	events         bool
 	redact         func(string) string
-	enforce        float64 // WithEnforce
+
+	view view // the default view of every Limiter (WithFailureMode, WithShadow, WithEnforce)
 }
 
 func defaultConfig() config {
@@ -56,10 +65,9 @@ func defaultConfig() config {
 		prefix:    DefaultPrefix,
 		lease:     policy.DefaultLease(),
 		maxKeys:   DefaultMaxKeys,
-		mode:      policy.FailOpen,
 		fleetSize: 1,
 		clock:     systemClock{},
-		enforce:   1,
+		view:      view{mode: policy.FailOpen, enforce: 1},
 	}
 }
 
@@ -78,89 +86,77 @@ func defaultConfig() config {
 // budget in all, and a call abandoned then is decided by the failure policy
 // with reason "saturated" without counting against the breaker.
 func WithTimeout(d time.Duration) Option {
-	return optionFunc(func(c *config) error {
+	return engineOption{"WithTimeout", func(c *config) error {
 		if d <= 0 {
 			return fmt.Errorf("leaselimit: timeout %v must be > 0", d)
 		}
 		c.timeout = d
 		return nil
-	})
+	}}
 }
 
-// WithPrefix sets the prefix of every Redis key the Limiter writes: keys are
+// WithPrefix sets the prefix of every Redis key the Client writes: keys are
 // "<prefix>:<limit name>:<rate>/<period>/<burst>:{<digest of the user key>}". 1 to 64 bytes of
 // printable ASCII without spaces or braces. Default "leaselimit".
 func WithPrefix(p string) Option {
-	return optionFunc(func(c *config) error {
+	return engineOption{"WithPrefix", func(c *config) error {
 		if err := authority.ValidatePrefix(p); err != nil {
 			return fmt.Errorf("leaselimit: %w", err)
 		}
 		c.prefix = p
 		return nil
-	})
+	}}
 }
 
 // WithLease tunes local leases; zero fields take their defaults (see
 // policy.Lease). Leases are on by default.
 func WithLease(s policy.Lease) Option {
-	return optionFunc(func(c *config) error {
+	return engineOption{"WithLease", func(c *config) error {
 		if err := s.Validate(); err != nil {
 			return err
 		}
 		c.lease = s.WithDefaults()
 		c.noLease = false
 		return nil
-	})
+	}}
 }
 
 // WithoutLease selects exact mode: every decision asks Redis, nothing is
 // cached locally, and the decisions for a key are exactly those of one
 // central token bucket.
 func WithoutLease() Option {
-	return optionFunc(func(c *config) error {
+	return engineOption{"WithoutLease", func(c *config) error {
 		c.noLease = true
 		return nil
-	})
+	}}
 }
 
-// WithMaxKeys bounds the number of keys the Limiter keeps local state for
+// WithMaxKeys bounds the number of keys the Client keeps local state for
 // (at least 64, whatever n). The bound is split over 64 shards: when a new
 // key's shard is full, a key of that shard not used for a while is evicted (its
 // unused leased tokens are refunded), possibly before the whole table is
 // full. Default DefaultMaxKeys (100,000).
 func WithMaxKeys(n int) Option {
-	return optionFunc(func(c *config) error {
+	return engineOption{"WithMaxKeys", func(c *config) error {
 		if n < 1 {
 			return fmt.Errorf("leaselimit: max keys %d must be >= 1", n)
 		}
 		c.maxKeys = n
 		return nil
-	})
+	}}
 }
 
-// WithFailureMode sets what the Limiter decides while Redis is unavailable.
-// Default policy.FailOpen.
-func WithFailureMode(m policy.FailureMode) Option {
-	return optionFunc(func(c *config) error {
-		if err := m.Validate(); err != nil {
-			return err
-		}
-		c.mode = m
-		return nil
-	})
-}
-
-// WithFleetSize tells the Limiter how many instances share the limit; under
-// policy.FailLocal each instance enforces 1/n of it locally during an outage.
-// Default 1.
+// WithFleetSize tells the Client how many instances share its limits; under
+// policy.FailLocal each instance enforces 1/n of each limit locally during
+// an outage. Default 1.
 func WithFleetSize(n int) Option {
-	return optionFunc(func(c *config) error {
+	return engineOption{"WithFleetSize", func(c *config) error {
 		if n < 1 {
 			return fmt.Errorf("leaselimit: fleet size %d must be >= 1", n)
 		}
 		c.fleetSize = n
 		return nil
-	})
+	}}
 }
 
 // WithClock sets the clock used for local state: leases, the negative
@@ -169,60 +165,60 @@ func WithFleetSize(n int) Option {
 // with ctx's deadline, and sleeps, on the real clock, as contexts do.
 // Default: the system clock.
 func WithClock(clk Clock) Option {
-	return optionFunc(func(c *config) error {
+	return engineOption{"WithClock", func(c *config) error {
 		if clk == nil {
 			return fmt.Errorf("leaselimit: nil clock")
 		}
 		c.clock = clk
 		return nil
-	})
+	}}
 }
 
 // WithBreaker configures the circuit breaker around Redis calls; zero fields
 // take the defaults documented on breaker.Settings.
 func WithBreaker(s breaker.Settings) Option {
-	return optionFunc(func(c *config) error {
+	return engineOption{"WithBreaker", func(c *config) error {
 		if err := s.Validate(); err != nil {
 			return err
 		}
 		c.breaker = s
 		return nil
-	})
+	}}
 }
 
 // WithTracerProvider sets the tracer provider for decision spans. Default:
 // the global provider (otel.GetTracerProvider); while no SDK is installed
 // there, nothing is traced and decisions do not allocate.
 func WithTracerProvider(tp trace.TracerProvider) Option {
-	return optionFunc(func(c *config) error {
+	return engineOption{"WithTracerProvider", func(c *config) error {
 		if tp == nil {
 			return fmt.Errorf("leaselimit: nil tracer provider")
 		}
 		c.tracerProvider = tp
 		return nil
-	})
+	}}
 }
 
 // WithMeterProvider sets the meter provider for leaselimit's metrics.
 // Default: the global provider (otel.GetMeterProvider).
 func WithMeterProvider(mp metric.MeterProvider) Option {
-	return optionFunc(func(c *config) error {
+	return engineOption{"WithMeterProvider", func(c *config) error {
 		if mp == nil {
 			return fmt.Errorf("leaselimit: nil meter provider")
 		}
 		c.meterProvider = mp
 		return nil
-	})
+	}}
 }
 
 // WithDecisionEvents records each decision as an event named
 // "ratelimit.decision" on the caller's current span, instead of a child span
 // per decision. Default: a child span.
 func WithDecisionEvents() Option {
-	return optionFunc(func(c *config) error {
+	return engineOption{"WithDecisionEvents", func(c *config) error {
 		c.events = true
 		return nil
-	})
+	}}
 }
 
 // WithKeyRedactor records redact(key) as the ratelimit.key attribute of
@@ -230,13 +226,13 @@ func WithDecisionEvents() Option {
 // telemetry.KeyDigest(secret) gives a keyed digest. The key never appears in
 // metrics.
 func WithKeyRedactor(redact func(key string) string) Option {
-	return optionFunc(func(c *config) error {
+	return engineOption{"WithKeyRedactor", func(c *config) error {
 		if redact == nil {
 			return fmt.Errorf("leaselimit: nil key redactor")
 		}
 		c.redact = redact
 		return nil
-	})
+	}}
 }
 
 // WithLogger writes what an operator must know to log: breaker
@@ -247,11 +243,11 @@ func WithKeyRedactor(redact func(key string) string) Option {
 // go-redis's own lines (its logger is process-wide, and leaselimit leaves
 // it alone) can be routed to the same logger: see NewRedisLogger.
 func WithLogger(log *slog.Logger) Option {
-	return optionFunc(func(c *config) error {
+	return engineOption{"WithLogger", func(c *config) error {
 		if log == nil {
 			return fmt.Errorf("leaselimit: nil logger")
 		}
 		c.logger = log
 		return nil
-	})
+	}}
 }

@@ -19,7 +19,7 @@ import (
 // (it may be the probe): the failure policy decides for it at once.
 func (l *Limiter) miss(ctx context.Context, key string, n int64, a lease.Answer) (Decision, error) {
 	l.refunds.addReturn(a.Evicted)
-	brk, rkey := l.route(key)
+	brk, rkey := l.route(l.namer, key)
 	if brk.Rejects(l.clock.wall()) {
 		return l.fallback(ctx, brk, key, n, telemetry.ReasonBreakerOpen), nil
 	}
@@ -116,7 +116,7 @@ func (l *Limiter) refill(ctx context.Context, brk *breaker.Breaker, rkey string,
 	l.refunds.addReturn(&r.Expired)
 	rc := &refillCall{plan: r}
 	rep := l.authorize(ctx, call{brk: brk, rkey: rkey, want: r.Want, min: r.Min, share: r.Share, refill: rc,
-		with: l.members(t.Key())})
+		with: l.with(t.Key())})
 	if rep.err != nil && ctx.Err() != nil {
 		return nil, errRefillLeft
 	}
@@ -131,7 +131,7 @@ func (l *Limiter) refill(ctx context.Context, brk *breaker.Breaker, rkey string,
 // with it ask again rather than take its ctx's error for theirs.
 var errRefillLeft = errors.New("leaselimit: the caller running the refill left")
 
-// prefetchSlots is how many background refills of a Limiter may run at
+// prefetchSlots is how many background refills of a Client may run at
 // once: half the client's connection pool (one node's pool on a Cluster; the
 // slots are shared by all nodes), so that prefetches of many keys coming due
 // together never queue on the pool ahead of callers that wait for a refill.

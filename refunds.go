@@ -244,7 +244,7 @@ func (q *refundQueue) putAll(g []queued) {
 }
 
 // final sends whatever is queued, once, for Close, whatever the breakers
-// say: the Limiter gets no later chance. What fails is dropped and counted.
+// say: the Client gets no later chance. What fails is dropped and counted.
 func (q *refundQueue) final() error {
 	q.mu.Lock()
 	q.closed = true

@@ -37,8 +37,9 @@ type Reservation struct {
 type stamp struct {
 	taken          time.Time
 	refund, charge origin
-	// refundParts and chargeParts, for a multi-limit, are its members'
-	// window ends (their windows differ), as refund and charge bound them.
+	// refundParts and chargeParts, for several limits, are each one's
+	// window ends (their windows differ), as refund and charge bound them;
+	// nil for one limit, whose window is refund's and charge's.
 	refundParts, chargeParts []int64
 }
 
@@ -54,16 +55,26 @@ func (s stamp) of(n int64) origin {
 	return s.refund
 }
 
-// member returns the stamp of a multi-limit's i-th member's bucket.
+// member returns the stamp of the i-th limit's bucket: with parts, that
+// limit's window from them (0, unknown, if they do not name it); without,
+// the stamp's own (one limit's, or, for several, a window no quota names).
 func (s stamp) member(i int) stamp {
-	m := stamp{taken: s.taken, refund: origin{since: s.refund.since}, charge: origin{since: s.charge.since}}
-	if i < len(s.refundParts) {
-		m.refund.window = s.refundParts[i]
+	m := stamp{taken: s.taken, refund: s.refund, charge: s.charge}
+	if s.refundParts != nil {
+		m.refund.window = part(s.refundParts, i)
 	}
-	if i < len(s.chargeParts) {
-		m.charge.window = s.chargeParts[i]
+	if s.chargeParts != nil {
+		m.charge.window = part(s.chargeParts, i)
 	}
 	return m
+}
+
+// part returns ws[i], or 0 past its end.
+func part(ws []int64, i int) int64 {
+	if i < len(ws) {
+		return ws[i]
+	}
+	return 0
 }
 
 // windowFor is authority.Refund.Window for an adjustment of n stamped
@@ -86,10 +97,10 @@ func (l *Limiter) stampOf(d Decision, key string, taken time.Time, pre lease.Sta
 	if d.since != 0 {
 		o := origin{since: d.since, window: windowOfGrant(l.limit, d.since, d.ResetAfter)}
 		st.refund, st.charge = o, o
-		if l.group != nil && len(d.Parts) == len(l.group) {
-			st.refundParts = make([]int64, len(l.group))
-			for i, p := range l.group {
-				st.refundParts[i] = windowOfGrant(p.limit, d.since, d.Parts[i].ResetAfter)
+		if len(d.Parts) == len(l.members) { // several limits: one has no Parts
+			st.refundParts = make([]int64, len(l.members))
+			for i, m := range l.members {
+				st.refundParts[i] = windowOfGrant(m.limit, d.since, d.Parts[i].ResetAfter)
 			}
 			st.chargeParts = st.refundParts
 		}
@@ -130,9 +141,12 @@ func (l *Limiter) Reserve(ctx context.Context, key string, estimate int64) (*Res
 	// only make a surplus be dropped (under-admission), read late it could
 	// put an old window's tokens into a new one; and a lease's Since only
 	// grows, so what it says now holds for every token it hands out later.
+	if err := l.usable(); err != nil {
+		return nil, err
+	}
 	taken := time.Now()
 	pre, known := l.leases.Stamps(key)
-	estimate = min(estimate, l.maxCost()) // the rest is charged at Settle
+	estimate = min(estimate, l.maxCost) // the rest is charged at Settle
 	d, err := l.AllowN(ctx, key, estimate)
 	if err != nil {
 		return nil, err
@@ -167,7 +181,7 @@ func (r *Reservation) Decision() Decision { return r.decision }
 // authority.ResendWithin, then dropped and counted:
 // ratelimit.lease.refunds.dropped for a surplus, ratelimit.settle.charges.dropped
 // for an excess. Its tokens go back only to the generation (see Reset) and
-// the calendar window they were taken from. After the Limiter's Close,
+// the calendar window they were taken from. After the Client's Close,
 // Settle makes its one call on the caller's goroutine and returns its
 // error.
 //
@@ -182,7 +196,7 @@ func (r *Reservation) Settle(ctx context.Context, actual int64) error {
 	return r.lim.adjust(context.WithoutCancel(ctx), r.key, r.estimate-actual, r.stamp)
 }
 
-// adjustAfterClose makes an adjustment once the Limiter is closed: one
+// adjustAfterClose makes an adjustment once the Client is closed: one
 // call on the caller's goroutine, bounded by the time budget (as far as
 // the client honours context deadlines).
 func (l *Limiter) adjustAfterClose(ctx context.Context, rf authority.Refund) error {
@@ -195,13 +209,10 @@ func (l *Limiter) adjustAfterClose(ctx context.Context, rf authority.Refund) err
 }
 
 // sameWindow reports whether a and b fall in the same window of every
-// calendar quota the Limiter enforces (always, for token buckets).
-func (l *Limiter) sameWindow(a, b time.Time) bool {
-	if windowOf(l.limit, a) != windowOf(l.limit, b) {
-		return false
-	}
-	for _, p := range l.group {
-		if !p.sameWindow(a, b) {
+// calendar quota among ms (always, for token buckets).
+func sameWindow(ms []*member, a, b time.Time) bool {
+	for _, m := range ms {
+		if windowOf(m.limit, a) != windowOf(m.limit, b) {
 			return false
 		}
 	}
@@ -218,48 +229,57 @@ func windowOf(limit policy.Limit, taken time.Time) int64 {
 	return end.UnixMicro()
 }
 
-// settleLocally applies an adjustment of n tokens to key's live lease when
-// it can: the surplus joins it, an excess it holds comes out of it. (A
-// multi-limit's lease holds tokens taken from every bucket at once.)
-func (l *Limiter) settleLocally(key string, n int64, st stamp) bool {
-	if l.cfg.noLease {
+// settleLocally applies an adjustment of n tokens of the buckets of ms to
+// key's live lease in ls when it can: the surplus joins it, an excess it
+// holds comes out of it. (A joint lease holds tokens taken from every
+// bucket at once; one limit has none, ls nil.)
+func (l *Limiter) settleLocally(ls *lease.Leases, ms []*member, key string, n int64, st stamp) bool {
+	if l.cfg.noLease || ls == nil {
 		return false
 	}
 	now := l.clock.now()
 	if n > 0 {
-		if !l.sameWindow(st.taken, time.Now()) {
+		if !sameWindow(ms, st.taken, time.Now()) {
 			return false // a calendar quota's tokens of an earlier window: gone
 		}
-		return l.leases.Give(key, n, st.refund.since, st.windowFor(l.limit, n), now)
+		return ls.Give(key, n, st.refund.since, st.windowFor(ms[0].limit, n), now)
 	}
-	return l.leases.Charge(key, -n, now)
+	return ls.Charge(key, -n, now)
 }
 
 // Cancel gives the whole estimate back: Settle(ctx, 0).
 func (r *Reservation) Cancel(ctx context.Context) error { return r.Settle(ctx, 0) }
 
-// adjust gives n tokens back to key's bucket (n > 0) or takes -n more
-// (n < 0): through this instance's lease when it holds a live one that can,
-// else through Redis (see Settle); for a multi-limit, to every limit's
-// bucket. st says where the tokens came from.
+// adjust gives n tokens back to key's bucket under every limit of l (n >
+// 0) or takes -n more (n < 0): through the joint lease of several limits
+// when it holds a live one that can, else limit by limit, through this
+// instance's own lease of the limit when it can, else through Redis (see
+// Settle). st says where the tokens came from.
 func (l *Limiter) adjust(ctx context.Context, key string, n int64, st stamp) error {
-	if n == 0 || l.settleLocally(key, n, st) {
+	if n == 0 || l.settleLocally(l.joint, l.members, key, n, st) {
 		return nil
 	}
-	if l.group != nil {
-		var first error
-		for i, p := range l.group {
-			if err := p.adjust(ctx, key, n, st.member(i)); err != nil && first == nil {
-				first = err
-			}
+	var first error
+	for i := range l.members {
+		if err := l.adjustBucket(ctx, l.members[i:i+1], key, n, st.member(i)); err != nil && first == nil {
+			first = err
 		}
-		return first
 	}
-	brk, rkey := l.route(key)
+	return first
+}
+
+// adjustBucket is adjust for the one bucket of key under the limit of
+// ms[0].
+func (l *Limiter) adjustBucket(ctx context.Context, ms []*member, key string, n int64, st stamp) error {
+	m := ms[0]
+	if l.settleLocally(m.leases, ms, key, n, st) {
+		return nil
+	}
+	brk, rkey := l.route(m.namer, key)
 	if rkey == "" {
-		rkey = l.namer.Key(key)
+		rkey = m.namer.Key(key)
 	}
-	rf := l.refunds.adjustment(rkey, l.limit, n, st.windowFor(l.limit, n), st.of(n).since)
+	rf := l.refunds.adjustment(rkey, m.limit, n, st.windowFor(m.limit, n), st.of(n).since)
 	if l.path.IsClosed() {
 		return l.adjustAfterClose(ctx, rf)
 	}

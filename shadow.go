@@ -7,11 +7,12 @@ import (
 	"github.com/cespare/xxhash/v2"
 )
 
-// WithShadow puts the Limiter in shadow mode (dry run), to roll a new limit
-// out safely: every decision is computed, counted and traced as usual, and
-// marked as shadow (Decision.Shadow, ratelimit.shadow on spans and
-// metrics), but every request is admitted; Decision.ShadowDenied says the
-// limit would have denied it. It is WithEnforce(0).
+// WithShadow puts a view in shadow mode (dry run), to roll a new limit out
+// safely: given to Limiter.With, that view; given to NewClient, every
+// Limiter by default. Every decision is computed, counted and traced as
+// usual, and marked as shadow (Decision.Shadow, ratelimit.shadow on spans
+// and metrics), but every request is admitted; Decision.ShadowDenied says
+// the limit would have denied it. It is WithEnforce(0).
 //
 // What a shadow decision consumes: an admission takes its tokens from the
 // bucket as an enforced one does, and a would-be denial takes nothing, so
@@ -19,36 +20,29 @@ import (
 // enforcement on later starts from an honest state.
 func WithShadow() Option { return WithEnforce(0) }
 
-// WithEnforce enforces the Limiter's decisions for a deterministic share
-// of keys (0 to 1, by a digest of the key: the same keys on every instance
-// and for every limit) and shadows the rest (see WithShadow), for a
-// percentage rollout: WithEnforce(0.1) enforces one key in ten. Default 1,
-// every key enforced. For per limit, see Limiter.Enforcing.
+// WithEnforce enforces decisions for a deterministic share of keys (0 to
+// 1, by a digest of the key: the same keys on every instance and for every
+// limit) and shadows the rest (see WithShadow), for a percentage rollout:
+// WithEnforce(0.1) enforces one key in ten. Given to NewClient it sets
+// every Limiter's default; given to Limiter.With, one view's:
+// c.Limiter(newLimit).With(WithEnforce(0)) tries a new limit in shadow mode
+// while the others stay enforced. Default 1, every key enforced.
 func WithEnforce(share float64) Option {
-	return optionFunc(func(c *config) error {
-		if math.IsNaN(share) || share < 0 || share > 1 {
-			return fmt.Errorf("leaselimit: WithEnforce(%v): want a share between 0 and 1", share)
+	return viewOption{"WithEnforce", func(v *view) error {
+		if err := validShare("WithEnforce", share); err != nil {
+			return err
 		}
-		c.enforce = share
+		v.enforce = share
 		return nil
-	})
+	}}
 }
 
-// Enforcing returns a Limiter for the same limit (and engine, leases and
-// buckets) as l that enforces its decisions for share of keys and shadows
-// the rest (see WithEnforce): lim.For(newLimit).Enforcing(0) tries a new
-// limit in shadow mode while the others stay enforced. Call it once and keep
-// the Limiter; an invalid share gives a Limiter whose calls return the
-// error. Like a Limiter from For, it is closed with the Limiter from New
-// (its own Close does nothing).
-func (l *Limiter) Enforcing(share float64) *Limiter {
-	c := *l
+// validShare checks a share of keys to enforce, given to fn.
+func validShare(fn string, share float64) error {
 	if math.IsNaN(share) || share < 0 || share > 1 {
-		c.invalid = fmt.Errorf("leaselimit: Enforcing(%v): want a share between 0 and 1", share)
-		return &c
+		return fmt.Errorf("leaselimit: %s(%v): want a share between 0 and 1", fn, share)
 	}
-	c.enforce = share
-	return &c
+	return nil
 }
 
 // enforced reports whether key's decisions are enforced under l's share:

@@ -23,7 +23,7 @@ func TestEnforceShareOfKeyShapes(t *testing.T) {
 	for n, shapes := range sets {
 		for _, shape := range shapes {
 			for _, share := range []float64{0.1, 0.25, 0.5, 0.9} {
-				l := &Limiter{enforce: share}
+				l := &Limiter{view: view{enforce: share}}
 				got := 0
 				for i := range n {
 					if l.enforced(fmt.Sprintf(shape, i)) {

@@ -59,11 +59,9 @@ func newUniversal(name string, client redis.UniversalClient, limit policy.Limit)
 		rl := redis_rate.Limit{Rate: int(limit.Rate), Burst: int(limit.Burst), Period: limit.Period}
 		return rateDecider{redis_rate.NewLimiter(client), rl}, nil
 	case design.LeaselimitExact:
-		l, err := leaselimit.New(client, limit, leaselimit.WithoutLease(), leaselimit.WithPrefix("ll-exact"))
-		return limiterDecider{l}, err
+		return design.NewLeaselimit(client, limit, leaselimit.WithoutLease(), leaselimit.WithPrefix("ll-exact"))
 	case design.LeaselimitLease:
-		l, err := leaselimit.New(client, limit, leaselimit.WithPrefix("ll-lease"))
-		return limiterDecider{l}, err
+		return design.NewLeaselimit(client, limit, leaselimit.WithPrefix("ll-lease"))
 	}
 	return nil, errors.New("bench: design " + name + " needs a *redis.Client")
 }
@@ -82,18 +80,6 @@ func (d rateDecider) Allow(ctx context.Context, key string) (design.Result, erro
 }
 
 func (d rateDecider) Close() error { return nil }
-
-type limiterDecider struct{ l *leaselimit.Limiter }
-
-func (d limiterDecider) Allow(ctx context.Context, key string) (design.Result, error) {
-	dec, err := d.l.Allow(ctx, key)
-	if err != nil {
-		return design.Result{}, err
-	}
-	return design.Result{Allowed: dec.Allowed, Fallback: dec.Source == leaselimit.SourceFallback}, nil
-}
-
-func (d limiterDecider) Close() error { return d.l.Close() }
 
 // totalCommands sums total_commands_processed over servers.
 func totalCommands(b *testing.B, servers []*redistest.Server) []redistest.Stats {

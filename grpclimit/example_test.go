@@ -43,12 +43,13 @@ func Example() {
 	mr.SetTime(time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC))
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	defer rdb.Close()
-	lim, err := leaselimit.New(rdb, policy.PerMinute(2).WithName("api"))
+	c, err := leaselimit.NewClient(rdb)
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
-	defer lim.Close()
+	defer c.Close()
+	lim := c.Limiter(policy.PerMinute(2).WithName("api"))
 
 	lis := bufconn.Listen(1 << 20) // an in-memory listener for the example
 	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(grpclimit.UnaryServerInterceptor(lim, grpclimit.MetadataKey("x-api-key"))))

@@ -5,7 +5,8 @@
 // that says when to come back; and a client interceptor that honours
 // RetryInfo.
 //
-//	lim, _ := leaselimit.New(rdb, policy.PerSecond(100).WithName("api"))
+//	c, _ := leaselimit.NewClient(rdb)
+//	lim := c.Limiter(policy.PerSecond(100).WithName("api"))
 //	srv := grpc.NewServer(
 //		grpc.ChainUnaryInterceptor(grpclimit.UnaryServerInterceptor(lim, grpclimit.MetadataKey("x-api-key"))),
 //		grpc.ChainStreamInterceptor(grpclimit.StreamServerInterceptor(lim, grpclimit.MetadataKey("x-api-key"))),

@@ -67,14 +67,23 @@ func serveWith(t *testing.T, lim grpclimit.Limiter, key grpclimit.KeyFunc, opts 
 	return conn
 }
 
-func newLimiter(t *testing.T, srv *redistest.Server, l policy.Limit, opts ...leaselimit.Option) *leaselimit.Limiter {
+// newClient returns a Client on srv with a generous time budget (the
+// tests' decisions are not about timeouts unless they say so), closed when
+// the test ends.
+func newClient(t *testing.T, srv *redistest.Server, opts ...leaselimit.Option) *leaselimit.Client {
 	t.Helper()
-	lim, err := leaselimit.New(srv.Client(t), l, append([]leaselimit.Option{leaselimit.WithTimeout(10 * time.Second)}, opts...)...)
+	c, err := leaselimit.NewClient(srv.Client(t), append([]leaselimit.Option{leaselimit.WithTimeout(10 * time.Second)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = lim.Close() })
-	return lim
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// newLimiter returns the Limiter of l on a Client of its own (see newClient).
+func newLimiter(t *testing.T, srv *redistest.Server, l policy.Limit, opts ...leaselimit.Option) *leaselimit.Limiter {
+	t.Helper()
+	return newClient(t, srv, opts...).Limiter(l)
 }
 
 func keyed(key string) context.Context {
@@ -184,8 +193,8 @@ func TestMultiLimitAndShadow(t *testing.T) {
 	srv := redistest.Start(t)
 	burst := policy.Limit{Name: "burst", Rate: 10, Period: time.Minute, Burst: 10}
 	daily := policy.Quota("daily", 1, policy.Day, nil)
-	root := newLimiter(t, srv, burst, leaselimit.WithoutLease())
-	tc := testgrpc.NewTestServiceClient(serve(t, root.For(burst, daily)))
+	c := newClient(t, srv, leaselimit.WithoutLease())
+	tc := testgrpc.NewTestServiceClient(serve(t, c.Limiter(burst, daily)))
 	var md metadata.MD
 	if _, err := tc.EmptyCall(keyed("m"), empty, grpc.Header(&md)); err != nil {
 		t.Fatal(err)
@@ -198,7 +207,7 @@ func TestMultiLimitAndShadow(t *testing.T) {
 		t.Errorf("call past the daily quota = %v", err)
 	}
 
-	shadow := testgrpc.NewTestServiceClient(serve(t, root.For(daily.WithName("trial")).Enforcing(0)))
+	shadow := testgrpc.NewTestServiceClient(serve(t, c.Limiter(daily.WithName("trial")).With(leaselimit.WithShadow())))
 	for i := 0; i < 3; i++ {
 		var md metadata.MD
 		if _, err := shadow.EmptyCall(keyed("s"), empty, grpc.Header(&md)); err != nil {
@@ -526,11 +535,11 @@ func TestClientRetriesOutage(t *testing.T) {
 
 // waitOpen waits (at most 5 s) until lim's breaker is open: on a loaded
 // machine the breaker may hear of a failed call only when the call ends.
-func waitOpen(t *testing.T, lim *leaselimit.Limiter) {
+func waitOpen(t *testing.T, c *leaselimit.Client) {
 	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); lim.BreakerState() != breaker.Open; time.Sleep(10 * time.Millisecond) {
+	for deadline := time.Now().Add(5 * time.Second); c.BreakerState() != breaker.Open; time.Sleep(10 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatalf("breaker %v with Redis down; want open", lim.BreakerState())
+			t.Fatalf("breaker %v with Redis down; want open", c.BreakerState())
 		}
 	}
 }
@@ -542,8 +551,9 @@ func waitOpen(t *testing.T, lim *leaselimit.Limiter) {
 // interceptor does not wait an hour its deadline does not have.
 func TestOutage(t *testing.T) {
 	srv := redistest.Start(t)
-	lim := newLimiter(t, srv, policy.PerHour(10).WithName("outage"), leaselimit.WithoutLease(),
+	c := newClient(t, srv, leaselimit.WithoutLease(),
 		leaselimit.WithFailureMode(policy.FailClosed), leaselimit.WithBreaker(breaker.Settings{Failures: 1, OpenFor: time.Hour}))
+	lim := c.Limiter(policy.PerHour(10).WithName("outage"))
 	conn := serve(t, lim)
 	tc := testgrpc.NewTestServiceClient(conn)
 	patient := testgrpc.NewTestServiceClient(serve(t, lim, grpc.WithChainUnaryInterceptor(grpclimit.UnaryClientInterceptor(3))))
@@ -554,7 +564,7 @@ func TestOutage(t *testing.T) {
 	if _, err := tc.EmptyCall(keyed("ann"), empty); status.Code(err) != codes.Unavailable {
 		t.Fatalf("call as Redis goes down = %v; want Unavailable", err)
 	}
-	waitOpen(t, lim)
+	waitOpen(t, c)
 
 	ctx, cancel := context.WithTimeout(keyed("ann"), time.Second)
 	defer cancel()
@@ -602,13 +612,14 @@ func TestOutage(t *testing.T) {
 // within its limit, its calls all on this instance.
 func TestOutageFailLocal(t *testing.T) {
 	srv := redistest.Start(t)
-	lim := newLimiter(t, srv, policy.PerHour(4).WithName("local"), leaselimit.WithoutLease(),
+	c := newClient(t, srv, leaselimit.WithoutLease(),
 		leaselimit.WithFailureMode(policy.FailLocal), leaselimit.WithFleetSize(2),
 		leaselimit.WithBreaker(breaker.Settings{Failures: 1, OpenFor: time.Hour}))
+	lim := c.Limiter(policy.PerHour(4).WithName("local"))
 	tc := testgrpc.NewTestServiceClient(serveWith(t, lim, grpclimit.MetadataKey("x-key"), nil))
 	srv.Kill(t)
 	_, _ = tc.EmptyCall(keyed("warm"), empty) // the failure that opens the breaker
-	waitOpen(t, lim)
+	waitOpen(t, c)
 
 	for i := 0; i < 2; i++ {
 		if _, err := tc.EmptyCall(keyed("ann"), empty); err != nil {

@@ -25,7 +25,7 @@ import (
 //	}
 //
 // lim says which limits to describe: every limit of a multi-limit (see
-// leaselimit.Limiter.For), in For's order, or lim.Limit() (the limit as
+// leaselimit.Client.Limiter), in their order, or lim.Limit() (the limit as
 // configured, also while a failure policy's share decides). Members are
 // appended to the lists already in h, as a Middleware's are, so a decision
 // made inside a Middleware's handler comes after the Middleware's own. As
@@ -79,7 +79,7 @@ func isOutage(d leaselimit.Decision) bool {
 }
 
 // addFields adds the RateLimit-Policy members of ps (one Policy for one
-// limit; one per limit of a multi-limit, in For's order) and the RateLimit
+// limit; one per limit of a multi-limit, in their order) and the RateLimit
 // members of d under them, and, if legacy, the X-RateLimit fields. For an
 // outage's denial (see isOutage) it adds the RateLimit-Policy members only.
 func addFields(h http.Header, ps []*fields.Policy, d leaselimit.Decision, outage, legacy bool) {

@@ -80,7 +80,10 @@ func TestAnswerLikeMiddleware(t *testing.T) {
 		{"quota", func(t *testing.T) *leaselimit.Limiter {
 			return live(t, policy.Quota("monthly", 2, policy.Month, time.UTC))
 		}, 1, []int{200, 200, 429}, nil},
-		{"multi-limit", func(t *testing.T) *leaselimit.Limiter { return live(t, burst).For(burst, daily) }, 1,
+		{"multi-limit", func(t *testing.T) *leaselimit.Limiter {
+			_, rdb := newRedis(t)
+			return newClient(t, rdb).Limiter(burst, daily)
+		}, 1,
 			[]int{200, 200, 429, 429}, func(d leaselimit.Decision) bool { return len(d.Parts) == 2 }},
 		{"outage, FailClosed", func(t *testing.T) *leaselimit.Limiter { return downLimiter(t, api, policy.FailClosed) }, 1,
 			[]int{503, 503}, func(d leaselimit.Decision) bool { return d.Source == leaselimit.SourceFallback }},
@@ -88,7 +91,7 @@ func TestAnswerLikeMiddleware(t *testing.T) {
 			return downLimiter(t, api, policy.FailLocal, leaselimit.WithClock(&stepClock{t: frozen}))
 		}, 1, []int{200, 200, 503}, func(d leaselimit.Decision) bool { return d.Source == leaselimit.SourceFallback }},
 		{"multi-limit, outage", func(t *testing.T) *leaselimit.Limiter {
-			return downLimiter(t, burst, policy.FailClosed).For(burst, daily)
+			return downClient(t, policy.FailClosed).Limiter(burst, daily)
 		}, 1, []int{503}, func(d leaselimit.Decision) bool { return d.Source == leaselimit.SourceFallback }},
 		{"outage, FailOpen", func(t *testing.T) *leaselimit.Limiter { return downLimiter(t, api, policy.FailOpen) }, 1,
 			[]int{200, 200}, func(d leaselimit.Decision) bool { return d.Source == leaselimit.SourceFallback }},

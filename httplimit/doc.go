@@ -2,8 +2,9 @@
 // tells clients how to back off, with the response header fields of
 // draft-ietf-httpapi-ratelimit-headers-10.
 //
-//	burst, _ := leaselimit.New(rdb, policy.PerMinute(60).WithName("burst"))
-//	daily, _ := leaselimit.New(rdb, policy.Limit{Name: "daily", Rate: 10000, Period: 24 * time.Hour, Burst: 10000})
+//	c, _ := leaselimit.NewClient(rdb)
+//	burst := c.Limiter(policy.PerMinute(60).WithName("burst"))
+//	daily := c.Limiter(policy.Limit{Name: "daily", Rate: 10000, Period: 24 * time.Hour, Burst: 10000})
 //	key := httplimit.ClientIP() // r.RemoteAddr; pass your proxies' prefixes to honour X-Forwarded-For
 //	h := httplimit.Middleware(burst, key)(httplimit.Middleware(daily, key)(app))
 //

@@ -24,16 +24,13 @@ func Example() {
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	defer rdb.Close()
 
-	burst, err := leaselimit.New(rdb, policy.PerMinute(2).WithName("burst"))
+	c, err := leaselimit.NewClient(rdb)
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer burst.Close()
-	daily, err := leaselimit.New(rdb, policy.Limit{Name: "daily", Rate: 100, Period: 24 * time.Hour, Burst: 100})
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer daily.Close()
+	defer c.Close()
+	burst := c.Limiter(policy.PerMinute(2).WithName("burst"))
+	daily := c.Limiter(policy.Limit{Name: "daily", Rate: 100, Period: 24 * time.Hour, Burst: 100})
 
 	app := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.WriteString(w, "hello\n")
@@ -72,12 +69,12 @@ func Example_outage() {
 	mr, _ := miniredis.Run()
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr(), MaxRetries: -1})
 	defer rdb.Close()
-	login, err := leaselimit.New(rdb, policy.PerMinute(10).WithName("login"),
-		leaselimit.WithFailureMode(policy.FailClosed))
+	c, err := leaselimit.NewClient(rdb)
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer login.Close()
+	defer c.Close()
+	login := c.Limiter(policy.PerMinute(10).WithName("login")).With(leaselimit.WithFailureMode(policy.FailClosed))
 	mr.Close() // Redis goes away
 
 	app := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -109,11 +106,12 @@ func Example_reserve() {
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	defer rdb.Close()
 
-	lim, err := leaselimit.New(rdb, policy.PerMinute(100).WithName("tokens"))
+	c, err := leaselimit.NewClient(rdb)
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer lim.Close()
+	defer c.Close()
+	lim := c.Limiter(policy.PerMinute(100).WithName("tokens"))
 
 	const estimate = 60 // the most a response may cost
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -25,8 +25,10 @@ type Limiter interface {
 
 var _ Limiter = (*leaselimit.Limiter)(nil)
 
-// Tiered is a Limiter that also enforces other limits on the same engine
-// (see leaselimit.Limiter.For); *leaselimit.Limiter implements it.
+// Tiered is a Limiter that also enforces other limits on the same engine,
+// with its own failure policy and enforcement; *leaselimit.Limiter
+// implements it (the Limiter of those limits on its Client, with its
+// view: see leaselimit.Client.Limiter and leaselimit.Limiter.With).
 // WithLimitFunc needs one.
 type Tiered interface {
 	Limiter
@@ -85,9 +87,10 @@ type config struct {
 //		return plans[planOf(r)]
 //	}))
 //
-// The request is decided by lim.For(limit(r)), on lim's engine, and
-// RateLimit-Policy and RateLimit describe that limit. lim must implement
-// Tiered (a *leaselimit.Limiter does), or Middleware panics. An invalid
+// The request is decided by the Limiter of limit(r) on lim's Client, with
+// lim's failure policy and enforcement (lim.For), and RateLimit-Policy and
+// RateLimit describe that limit. lim must implement Tiered (a
+// *leaselimit.Limiter does), or Middleware panics. An invalid
 // limit gets the error handler's response (by default 500). limit runs once
 // per request, before the key function; keep it cheap (a map lookup).
 func WithLimitFunc(limit func(*http.Request) policy.Limit) Option {
@@ -194,7 +197,7 @@ type middleware struct {
 	key      KeyFunc
 	cfg      config
 	policy   *fields.Policy   // lim's limit
-	group    []*fields.Policy // lim's limits, when it enforces several together (see leaselimit.Limiter.For)
+	group    []*fields.Policy // lim's limits, when it enforces several together (see leaselimit.Client.Limiter)
 	policies policyCache      // WithLimitFunc's limits
 }
 

@@ -40,17 +40,24 @@ func newRedis(t testing.TB) (*miniredis.Miniredis, *redis.Client) {
 	return mr, rdb
 }
 
-func newLimiter(t testing.TB, rdb redis.UniversalClient, l policy.Limit, opts ...leaselimit.Option) *leaselimit.Limiter {
+// newClient returns a Client on rdb, closed when the test ends.
+func newClient(t testing.TB, rdb redis.UniversalClient, opts ...leaselimit.Option) *leaselimit.Client {
 	t.Helper()
 	// A generous time budget: a slow miniredis call under -race must not
 	// turn into a FailOpen decision. Tests that want a short one pass it.
 	opts = append([]leaselimit.Option{leaselimit.WithTimeout(10 * time.Second)}, opts...)
-	lim, err := leaselimit.New(rdb, l, opts...)
+	c, err := leaselimit.NewClient(rdb, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { lim.Close() })
-	return lim
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// newLimiter returns the Limiter of l on a Client of its own.
+func newLimiter(t testing.TB, rdb redis.UniversalClient, l policy.Limit, opts ...leaselimit.Option) *leaselimit.Limiter {
+	t.Helper()
+	return newClient(t, rdb, opts...).Limiter(l)
 }
 
 // fakeLimiter is a Limiter whose decisions and errors the test chooses.
@@ -649,8 +656,9 @@ func TestLimiterErrors(t *testing.T) {
 
 	t.Run("closed limiter", func(t *testing.T) {
 		_, rdb := newRedis(t)
-		lim := newLimiter(t, rdb, policy.PerSecond(10))
-		lim.Close()
+		c := newClient(t, rdb)
+		lim := c.Limiter(policy.PerSecond(10))
+		c.Close()
 		resp := get(httplimit.Middleware(lim, constKey("k"), httplimit.WithLogger(slog.New(slog.DiscardHandler)))(&okHandler{}))
 		_, body := readProblem(t, resp, 503)
 		if strings.Contains(body, "closed") {

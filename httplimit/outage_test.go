@@ -17,12 +17,19 @@ import (
 // fleet, whose Redis has gone away.
 func downLimiter(t *testing.T, l policy.Limit, mode policy.FailureMode, opts ...leaselimit.Option) *leaselimit.Limiter {
 	t.Helper()
+	return downClient(t, mode, opts...).Limiter(l)
+}
+
+// downClient is the Client of downLimiter: its Limiters' failure policy
+// is mode, FleetSize 2, and Redis is down.
+func downClient(t *testing.T, mode policy.FailureMode, opts ...leaselimit.Option) *leaselimit.Client {
+	t.Helper()
 	mr, rdb := newRedis(t)
 	opts = append([]leaselimit.Option{leaselimit.WithFailureMode(mode), leaselimit.WithFleetSize(2),
 		leaselimit.WithTimeout(200 * time.Millisecond)}, opts...)
-	lim := newLimiter(t, rdb, l, opts...)
+	c := newClient(t, rdb, opts...)
 	mr.Close()
-	return lim
+	return c
 }
 
 // wantOutage checks resp is the default outage response: 503 with a
@@ -119,14 +126,14 @@ func TestOutage(t *testing.T) {
 // time until the breaker lets a probe through, on the Limiter's clock.
 func TestOutageRetryAfterIsTheBreakers(t *testing.T) {
 	clk := &stepClock{t: frozen}
-	lim := downLimiter(t, policy.PerMinute(10).WithName("login"), policy.FailClosed, leaselimit.WithClock(clk),
+	c := downClient(t, policy.FailClosed, leaselimit.WithClock(clk),
 		leaselimit.WithoutLease(), leaselimit.WithBreaker(breaker.Settings{Failures: 1, OpenFor: time.Hour}))
-	h := httplimit.Middleware(lim, constKey("k"))(&okHandler{})
+	h := httplimit.Middleware(c.Limiter(policy.PerMinute(10).WithName("login")), constKey("k"))(&okHandler{})
 	readProblem(t, get(h), http.StatusServiceUnavailable)
 	// The breaker may hear of the failed call only when the call ends.
-	for deadline := time.Now().Add(5 * time.Second); lim.BreakerState() != breaker.Open; time.Sleep(10 * time.Millisecond) {
+	for deadline := time.Now().Add(5 * time.Second); c.BreakerState() != breaker.Open; time.Sleep(10 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatalf("breaker %v after a failure with Failures 1", lim.BreakerState())
+			t.Fatalf("breaker %v after a failure with Failures 1", c.BreakerState())
 		}
 	}
 	clk.set(frozen.Add(10*time.Minute + 500*time.Millisecond))

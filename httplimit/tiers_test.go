@@ -76,8 +76,8 @@ func TestMultiLimitHeaders(t *testing.T) {
 	_, rdb := newRedis(t)
 	burst := policy.Limit{Name: "burst", Rate: 10, Period: time.Minute, Burst: 10}
 	daily := policy.Limit{Name: "daily", Rate: 2, Period: 24 * time.Hour, Burst: 2}
-	lim := newLimiter(t, rdb, burst)
-	h := httplimit.Middleware(lim.For(burst, daily), httplimit.Header("X-User"))(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	lim := newClient(t, rdb).Limiter(burst, daily)
+	h := httplimit.Middleware(lim, httplimit.Header("X-User"))(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
 	for i, want := range []struct {
 		code  int
 		limit string

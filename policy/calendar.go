@@ -67,7 +67,7 @@ type Calendar struct {
 //
 // Its Rate and Burst are tokens and its Period the window's usual length.
 // It can be used alone or with a token bucket in one multi-limit
-// (leaselimit.Limiter.For(perSecond, daily)).
+// (leaselimit.Client.Limiter(perSecond, daily)).
 func Quota(name string, tokens int64, every Interval, loc *time.Location) Limit {
 	return Limit{Name: name, Rate: tokens, Period: every.nominal(), Burst: tokens,
 		Calendar: Calendar{Every: every, Location: loc}}

@@ -6,7 +6,9 @@
 // The raw rate-limit key never appears in spans, events or metrics unless
 // the user opts in with a redactor (KeyDigest makes a keyed digest). Metric
 // attributes are built once per limit (on first use) and never hold
-// anything per key.
+// anything per key. What belongs to an engine rather than to one of its
+// limits (the breakers, the key table, refunds and dropped charges) carries
+// ratelimit.prefix, the engine's Redis key prefix, instead of a limit name.
 //
 // With no provider configured (the OpenTelemetry global no-op), recording a
 // decision does not allocate: no span is started, and metric calls go to
@@ -51,6 +53,7 @@ const (
 // Attribute keys.
 const (
 	AttrLimitName  = attribute.Key("ratelimit.limit.name")
+	AttrPrefix     = attribute.Key("ratelimit.prefix") // the engine's own metrics and spans: its Redis key prefix
 	AttrAllowed    = attribute.Key("ratelimit.allowed")
 	AttrSource     = attribute.Key("ratelimit.source")
 	AttrCost       = attribute.Key("ratelimit.cost")
@@ -113,14 +116,14 @@ const (
 	MetricDecisions   = "ratelimit.decisions"              // counter {decision}: allowed, source, limit name
 	MetricAuthority   = "ratelimit.authority.duration"     // histogram s: limit name, outcome
 	MetricGrantSize   = "ratelimit.lease.grant.size"       // histogram {token}: limit name
-	MetricRefunds     = "ratelimit.lease.refunds"          // counter {token}: limit name
-	MetricBreaker     = "ratelimit.breaker.state"          // gauge: 0 closed, 1 half-open, 2 open
-	MetricTransitions = "ratelimit.breaker.transitions"    // counter: limit name, to-state
-	MetricKeys        = "ratelimit.keys"                   // gauge {key}: local key-table size
+	MetricRefunds     = "ratelimit.lease.refunds"          // counter {token}: prefix (the engine's)
+	MetricBreaker     = "ratelimit.breaker.state"          // gauge: prefix; 0 closed, 1 half-open, 2 open
+	MetricTransitions = "ratelimit.breaker.transitions"    // counter: prefix, to-state
+	MetricKeys        = "ratelimit.keys"                   // gauge {key}: prefix; local key-table size
 	MetricFallbacks   = "ratelimit.fallbacks"              // counter {decision}: limit name, reason
 	MetricSaturated   = "ratelimit.saturated"              // counter {call}: limit name, outcome answered or abandoned
-	MetricDropped     = "ratelimit.lease.refunds.dropped"  // counter {token}: limit name
-	MetricChargesLost = "ratelimit.settle.charges.dropped" // counter {token}: limit name
+	MetricDropped     = "ratelimit.lease.refunds.dropped"  // counter {token}: prefix
+	MetricChargesLost = "ratelimit.settle.charges.dropped" // counter {token}: prefix
 )
 
 // Fallback reasons.
@@ -151,7 +154,13 @@ const (
 type Config struct {
 	TracerProvider trace.TracerProvider // nil: the global provider
 	MeterProvider  metric.MeterProvider // nil: the global provider
-	LimitName      string
+	// LimitName names the limit the Recorder records for
+	// (ratelimit.limit.name). Without it the Recorder is an engine's own,
+	// for what belongs to no one limit (breaker transitions and state, the
+	// key table, refunds), named by the engine's Redis key prefix
+	// (ratelimit.prefix): WithLimit gives its limits theirs.
+	LimitName string
+	Prefix    string
 	// Sources names the decision sources, indexed by the Source value a
 	// decision carries (leaselimit.Source: the names are defined there).
 	Sources []string
@@ -165,8 +174,8 @@ type Config struct {
 
 // Recorder records decisions. It is safe for concurrent use.
 type Recorder struct {
-	*instruments                    // shared by every Recorder of one New
-	limitAttr    attribute.KeyValue // ratelimit.limit.name
+	*instruments                    // shared by every Recorder of one engine
+	scope        attribute.KeyValue // ratelimit.limit.name, or for the engine's own ratelimit.prefix
 	reg          metric.Registration
 	sets         *limitSets
 }
@@ -197,7 +206,7 @@ type instruments struct {
 
 // limitSets are the metric options of one limit's attribute sets, each
 // built on its first use, so that recording allocates nothing and a limit
-// pays only for the sets it records with (a thousand limits through For
+// pays only for the sets it records with (a thousand limits of one Client
 // would otherwise hold thousands of sets they never use).
 type limitSets struct {
 	decision  [2][]atomic.Pointer[[]metric.AddOption] // by allowed, source
@@ -256,7 +265,7 @@ func (r *Recorder) recordOpts(slot *atomic.Pointer[[]metric.RecordOption], k kvs
 
 // set returns the attribute set {limit name, k}.
 func (r *Recorder) set(k kvs) attribute.Set {
-	all := append([]attribute.KeyValue{r.limitAttr}, k.a[:k.n]...)
+	all := append([]attribute.KeyValue{r.scope}, k.a[:k.n]...)
 	return attribute.NewSet(all...)
 }
 
@@ -277,8 +286,12 @@ func slot[T comparable](values []T, v T) int {
 
 // New returns a Recorder. It fails only if the meter rejects an instrument.
 func New(c Config) (*Recorder, error) {
+	name := AttrPrefix.String(c.Prefix)
+	if c.LimitName != "" {
+		name = AttrLimitName.String(c.LimitName)
+	}
 	r := &Recorder{instruments: &instruments{events: c.Events, redact: c.Redact, sources: c.Sources},
-		limitAttr: AttrLimitName.String(c.LimitName), sets: newLimitSets(len(c.Sources))}
+		scope: name, sets: newLimitSets(len(c.Sources))}
 	tp := c.TracerProvider
 	if tp == nil {
 		tp = otel.GetTracerProvider()
@@ -349,12 +362,12 @@ func New(c Config) (*Recorder, error) {
 	return r, nil
 }
 
-// WithLimit returns a Recorder for another limit of the same engine: the
-// same tracer and instruments, its own ratelimit.limit.name. It has no
-// gauges (Observe is the engine's, on the Recorder from New) and its Close
-// does nothing.
+// WithLimit returns a Recorder for a limit of the same engine: the same
+// tracer and instruments, its own ratelimit.limit.name. It has no gauges
+// (Observe is the engine's, on the Recorder from New) and its Close does
+// nothing.
 func (r *Recorder) WithLimit(name string) *Recorder {
-	return &Recorder{instruments: r.instruments, limitAttr: AttrLimitName.String(name), sets: newLimitSets(len(r.sources))}
+	return &Recorder{instruments: r.instruments, scope: AttrLimitName.String(name), sets: newLimitSets(len(r.sources))}
 }
 
 // Observe registers the callback of the breaker-state and key-table gauges.
@@ -364,7 +377,7 @@ func (r *Recorder) WithLimit(name string) *Recorder {
 // The state gauge reads a breaker.State as its number: 0 closed, 1
 // half-open, 2 open.
 func (r *Recorder) Observe(state func() breaker.State, keys func() int64) error {
-	obs := metric.WithAttributeSet(attribute.NewSet(r.limitAttr))
+	obs := metric.WithAttributeSet(attribute.NewSet(r.scope))
 	reg, err := r.meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		o.ObserveInt64(r.state, int64(state()), obs)
 		o.ObserveInt64(r.keys, keys(), obs)
@@ -464,7 +477,7 @@ func (o Outcome) errorType() string {
 func (r *Recorder) EndDecision(span trace.Span, o Outcome) {
 	if span.IsRecording() {
 		attrs := make([]attribute.KeyValue, 0, 9)
-		attrs = append(attrs, r.limitAttr, AttrCost.Int64(o.Cost))
+		attrs = append(attrs, r.scope, AttrCost.Int64(o.Cost))
 		if o.Err != nil {
 			attrs = append(attrs, AttrOutcome.String(OutcomeError), AttrErrorType.String(o.errorType()))
 			if o.Reason != "" {
@@ -556,7 +569,7 @@ func (r *Recorder) StartAuthority(ctx context.Context, want, min int64, ep Endpo
 	}
 	ctx, span := r.tracer.Start(ctx, AuthoritySpan, trace.WithSpanKind(trace.SpanKindClient))
 	if span.IsRecording() {
-		span.SetAttributes(AttrDBSystem.String("redis"), AttrDBOp.String("EVALSHA"), r.limitAttr,
+		span.SetAttributes(AttrDBSystem.String("redis"), AttrDBOp.String("EVALSHA"), r.scope,
 			AttrWant.Int64(want), AttrMin.Int64(min))
 		span.SetAttributes(ep.attrs()...)
 	}
@@ -571,7 +584,7 @@ func (r *Recorder) StartRefund(ep Endpoint, n int) trace.Span {
 	}
 	_, span := r.tracer.Start(context.Background(), RefundSpan, trace.WithSpanKind(trace.SpanKindClient))
 	if span.IsRecording() {
-		span.SetAttributes(AttrDBSystem.String("redis"), AttrDBOp.String("EVALSHA"), r.limitAttr,
+		span.SetAttributes(AttrDBSystem.String("redis"), AttrDBOp.String("EVALSHA"), r.scope,
 			attribute.Int("db.operation.batch.size", n))
 		span.SetAttributes(ep.attrs()...)
 	}

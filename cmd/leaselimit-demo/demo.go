@@ -154,7 +154,7 @@ func (d *demo) act1(ctx context.Context) error {
 		{id: "b", label: "(b) per-request Redis", usesRedis: true,
 			how: "leaselimit.WithoutLease(): every decision is one call of the token-bucket Lua script (the classic design)"},
 		{id: "c", label: "(c) leaselimit (leases)", usesRedis: true,
-			how: "leaselimit.New(rdb, limit) with its default leases, one Limiter per instance"},
+			how: "leaselimit.NewClient(rdb) and its Limiter(limit) with the default leases, one Client per instance"},
 	}
 	for _, ds := range designs {
 		if err := d.runDesign(ctx, ds); err != nil {
@@ -168,7 +168,7 @@ func (d *demo) act1(ctx context.Context) error {
 func (d *demo) runDesign(ctx context.Context, ds *designResult) error {
 	cfg := d.cfg
 	s := &series{label: ds.label}
-	var limiters []*leaselimit.Limiter
+	var limiters []*leaselimit.Client
 	for i := 0; i < cfg.instances; i++ {
 		if !ds.usesRedis {
 			s.insts = append(s.insts, newLocalBuckets(d.limit).decide)
@@ -179,14 +179,14 @@ func (d *demo) runDesign(ctx context.Context, ds *designResult) error {
 			opts = append(opts, leaselimit.WithoutLease())
 		}
 		opts = append(opts, d.tel.options(ds.id == "c" && i == 0)...)
-		lim, err := leaselimit.New(d.be.newClient(), d.limit, opts...)
+		c, err := leaselimit.NewClient(d.be.newClient(), opts...)
 		if err != nil {
 			closeAll(limiters)
 			d.be.closeClients()
 			return fmt.Errorf("design %s: %w", ds.label, err)
 		}
-		limiters = append(limiters, lim)
-		s.insts = append(s.insts, limiterDecide(lim))
+		limiters = append(limiters, c)
+		s.insts = append(s.insts, limiterDecide(c.Limiter(d.limit)))
 	}
 	ds.s = s
 
@@ -277,7 +277,7 @@ func (d *demo) act2(ctx context.Context) error {
 		num(tr.demand(classHot)), num(tr.demand(classAbusive)), num(tr.demand(classTail)))
 
 	names := map[policy.FailureMode]string{policy.FailOpen: "FailOpen", policy.FailClosed: "FailClosed", policy.FailLocal: "FailLocal"}
-	limiters := make([][]*leaselimit.Limiter, len(o.modes))
+	limiters := make([][]*leaselimit.Client, len(o.modes))
 	for k, m := range o.modes {
 		s := &series{label: names[m]}
 		for i := 0; i < cfg.instances; i++ {
@@ -288,7 +288,7 @@ func (d *demo) act2(ctx context.Context) error {
 				leaselimit.WithBreaker(breaker.Settings{OpenFor: breakerOpenFor}),
 			}
 			opts = append(opts, d.tel.options(m == policy.FailLocal && i == 0)...)
-			lim, err := leaselimit.New(d.be.newClient(), d.limit, opts...)
+			c, err := leaselimit.NewClient(d.be.newClient(), opts...)
 			if err != nil {
 				for _, ls := range limiters {
 					closeAll(ls)
@@ -296,8 +296,8 @@ func (d *demo) act2(ctx context.Context) error {
 				d.be.closeClients()
 				return fmt.Errorf("act 2 %s: %w", names[m], err)
 			}
-			limiters[k] = append(limiters[k], lim)
-			s.insts = append(s.insts, limiterDecide(lim))
+			limiters[k] = append(limiters[k], c)
+			s.insts = append(s.insts, limiterDecide(c.Limiter(d.limit)))
 		}
 		o.series = append(o.series, s)
 	}
@@ -415,8 +415,9 @@ func limiterDecide(l *leaselimit.Limiter) decideFunc {
 	}
 }
 
-// closeAll closes the limiters and returns the errors of their Close.
-func closeAll(ls []*leaselimit.Limiter) []string {
+// closeAll closes the instances' Clients and returns the errors of their
+// Close.
+func closeAll(ls []*leaselimit.Client) []string {
 	var errs []string
 	for _, l := range ls {
 		if err := l.Close(); err != nil && !errors.Is(err, leaselimit.ErrClosed) {

@@ -54,13 +54,13 @@ func main() {
 	}
 	rdb := redis.NewClient(&redis.Options{Addr: *redisAddr})
 	defer rdb.Close()
-	lim, err := leaselimit.New(rdb, tokensPerMinute)
+	limits, err := leaselimit.NewClient(rdb)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	defer lim.Close()
-	srv := &http.Server{Addr: *addr, Handler: gateway(lim, echoModel), ReadHeaderTimeout: 5 * time.Second}
+	defer limits.Close() // gives back the leased tokens
+	srv := &http.Server{Addr: *addr, Handler: gateway(limits.Limiter(tokensPerMinute), echoModel), ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		<-ctx.Done()
 		shut, cancel := context.WithTimeout(context.Background(), 10*time.Second)

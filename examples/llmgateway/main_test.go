@@ -20,11 +20,12 @@ func TestGatewaySettles(t *testing.T) {
 	mr.SetTime(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)) // no refill during the test
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	defer rdb.Close()
-	lim, err := leaselimit.New(rdb, tokensPerMinute, leaselimit.WithoutLease())
+	c, err := leaselimit.NewClient(rdb, leaselimit.WithoutLease())
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer lim.Close()
+	defer c.Close()
+	lim := c.Limiter(tokensPerMinute)
 	// A model that always produces 7 tokens more than it was asked for.
 	greedy := func(_ context.Context, _ string, maxTokens int64, emit func(string) error) (int64, error) {
 		return maxTokens + 7, emit("...")

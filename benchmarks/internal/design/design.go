@@ -79,23 +79,28 @@ func New(name string, client *redis.Client, limit policy.Limit) (Decider, error)
 	case LeanHandoff:
 		return newLeanHandoff(client, limit)
 	case LeaselimitExact:
-		l, err := leaselimit.New(client, limit, leaselimit.WithoutLease(), leaselimit.WithPrefix("ll-exact"))
-		if err != nil {
-			return nil, err
-		}
-		return leaseDecider{l}, nil
+		return NewLeaselimit(client, limit, leaselimit.WithoutLease(), leaselimit.WithPrefix("ll-exact"))
 	case LeaselimitLease:
-		l, err := leaselimit.New(client, limit, leaselimit.WithPrefix("ll-lease"))
-		if err != nil {
-			return nil, err
-		}
-		return leaseDecider{l}, nil
+		return NewLeaselimit(client, limit, leaselimit.WithPrefix("ll-lease"))
 	}
 	return nil, fmt.Errorf("design: unknown design %q (want one of %v)", name, Names)
 }
 
-// leaseDecider adapts a leaselimit.Limiter.
-type leaseDecider struct{ l *leaselimit.Limiter }
+// leaseDecider adapts a leaselimit.Limiter of a Client of its own.
+type leaseDecider struct {
+	c *leaselimit.Client
+	l *leaselimit.Limiter
+}
+
+// NewLeaselimit returns leaselimit deciding limit on a Client of its own on
+// client, any go-redis client (the Cluster benchmark's too).
+func NewLeaselimit(client redis.UniversalClient, limit policy.Limit, opts ...leaselimit.Option) (Decider, error) {
+	c, err := leaselimit.NewClient(client, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return leaseDecider{c: c, l: c.Limiter(limit)}, nil
+}
 
 func (d leaseDecider) Allow(ctx context.Context, key string) (Result, error) {
 	dec, err := d.l.Allow(ctx, key)
@@ -105,7 +110,7 @@ func (d leaseDecider) Allow(ctx context.Context, key string) (Result, error) {
 	return Result{Allowed: dec.Allowed, Fallback: dec.Source == leaselimit.SourceFallback}, nil
 }
 
-func (d leaseDecider) Close() error { return d.l.Close() }
+func (d leaseDecider) Close() error { return d.c.Close() }
 
 // redisRateDecider adapts redis_rate.
 type redisRateDecider struct {

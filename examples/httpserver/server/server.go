@@ -3,7 +3,6 @@
 package server
 
 import (
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -48,6 +47,7 @@ func DefaultConfig() Config {
 
 // Server is the example's handler and the Limiters behind it.
 type Server struct {
+	limits       *leaselimit.Client
 	burst, daily *leaselimit.Limiter // daily nil when turned off
 	handler      http.Handler
 }
@@ -68,16 +68,21 @@ func New(rdb redis.UniversalClient, cfg Config) (*Server, error) {
 	if cfg.LegacyHeaders {
 		hopts = append(hopts, httplimit.WithLegacyHeaders())
 	}
-	s := &Server{}
-	var err error
-	if s.burst, err = leaselimit.New(rdb, cfg.Burst, opts...); err != nil {
+	if err := cfg.Burst.Validate(); err != nil {
 		return nil, fmt.Errorf("burst limit: %w", err)
 	}
 	if cfg.Daily != (policy.Limit{}) {
-		if s.daily, err = leaselimit.New(rdb, cfg.Daily, opts...); err != nil {
-			s.burst.Close()
+		if err := cfg.Daily.Validate(); err != nil {
 			return nil, fmt.Errorf("daily limit: %w", err)
 		}
+	}
+	limits, err := leaselimit.NewClient(rdb, opts...)
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{limits: limits, burst: limits.Limiter(cfg.Burst)}
+	if cfg.Daily != (policy.Limit{}) {
+		s.daily = limits.Limiter(cfg.Daily)
 	}
 
 	key := httplimit.ClientIP(cfg.TrustedProxies...)
@@ -107,11 +112,5 @@ func New(rdb redis.UniversalClient, cfg Config) (*Server, error) {
 // ServeHTTP serves the example's routes.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.handler.ServeHTTP(w, r) }
 
-// Close closes the Limiters, refunding their unused leased tokens.
-func (s *Server) Close() error {
-	err := s.burst.Close()
-	if s.daily != nil {
-		err = errors.Join(err, s.daily.Close())
-	}
-	return err
-}
+// Close closes the Limiters' Client, refunding their unused leased tokens.
+func (s *Server) Close() error { return s.limits.Close() }
