@@ -4,7 +4,7 @@ go 1.26.0
 
 require (
 	github.com/go-redis/redis_rate/v10 v10.0.1
-	github.com/leaselimit/leaselimit v0.0.0-00010101000000-000000000000
+	github.com/leaselimit/leaselimit v0.2.0
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/tsenart/vegeta/v12 v12.13.0
 )
@@ -29,5 +29,3 @@ require (
 	golang.org/x/sys v0.48.0 // indirect
 	golang.org/x/text v0.42.0 // indirect
 )
-
-replace github.com/leaselimit/leaselimit => ../

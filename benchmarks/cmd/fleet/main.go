@@ -96,7 +96,7 @@ func parseFlags() (*config, error) {
 	flag.DurationVar(&cfg.outage, "outage", 3*time.Second, "how long Redis is stopped in the outage phase, and down in the kill phase")
 	flag.DurationVar(&cfg.settle, "settle", 2*time.Second, "pause between phases (breakers close, debts are charged)")
 	flag.StringVar(&cfg.lb, "lb", "auto", "load balancer: "+strings.Join(lbKinds, ", ")+" (auto: nginx, else haproxy, else the in-process Go reverse proxy)")
-	flag.StringVar(&cfg.serverSrc, "server-src", "", "root module `DIR` whose ./examples/httpserver is built (default: the one this module's replace directive names)")
+	flag.StringVar(&cfg.serverSrc, "server-src", "", "root module `DIR` whose ./examples/httpserver is built (default: the one the repository's go.work provides)")
 	flag.StringVar(&cfg.serverBin, "server-bin", "", "a built examples/httpserver `BINARY` to run instead of building one")
 	flag.DurationVar(&cfg.reqTimeout, "request-timeout", 10*time.Second, "vegeta's timeout for one request")
 	flag.BoolVar(&cfg.keep, "keep", false, "keep the working directory (configs, every process's log, each phase's requests as CSV) and print its path")

@@ -330,12 +330,12 @@ func buildServer(ctx context.Context, src, dir string) (string, error) {
 	return bin, nil
 }
 
-// rootModuleDir returns the directory of the root module, as this module's
-// replace directive names it.
+// rootModuleDir returns the directory of the root module, as the workspace
+// (the repository's go.work) provides it.
 func rootModuleDir(ctx context.Context) (string, error) {
 	out, err := exec.CommandContext(ctx, "go", "list", "-m", "-f", "{{.Dir}}", "github.com/leaselimit/leaselimit").Output()
 	if err != nil {
-		return "", fmt.Errorf("go list -m github.com/leaselimit/leaselimit (run fleet from the benchmarks module, or pass -server-src or -server-bin): %w", err)
+		return "", fmt.Errorf("go list -m github.com/leaselimit/leaselimit (run fleet inside the repository, whose go.work provides the root module, or pass -server-src or -server-bin): %w", err)
 	}
 	return strings.TrimSpace(string(out)), nil
 }
