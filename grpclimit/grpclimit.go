@@ -116,7 +116,11 @@ type config struct {
 }
 
 // WithCost sets the tokens a call takes (default 1); 0 lets it through
-// uncharged and undecided, without reading its key.
+// uncharged and undecided, without reading its key. A cost above the
+// limit's Burst (of several limits, the smallest) can never be admitted:
+// the call gets ResourceExhausted with a QuotaFailure that says so and no
+// RetryInfo, and takes no tokens. A cost below 0 is the cost function's
+// bug: Internal.
 func WithCost(cost func(ctx context.Context, fullMethod string) int64) Option {
 	return func(c *config) { c.cost = cost }
 }
@@ -224,6 +228,8 @@ func (in *interceptor) decide(ctx context.Context, fullMethod string) (metadata.
 	switch {
 	case errors.Is(err, leaselimit.ErrInvalidKey):
 		return nil, status.Error(codes.InvalidArgument, "the call's rate-limit key is not valid")
+	case errors.Is(err, leaselimit.ErrInvalidCost) && n > 0:
+		return nil, in.refusedForever(n)
 	case errors.Is(err, leaselimit.ErrInvalidCost), errors.Is(err, policy.ErrInvalidLimit):
 		return nil, status.Error(codes.Internal, "the call could not be rate limited")
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
@@ -239,6 +245,22 @@ func (in *interceptor) decide(ctx context.Context, fullMethod string) (metadata.
 	}
 	outage := d.Source == leaselimit.SourceFallback // see the package doc
 	return in.fields(d, !outage), in.refusal(d, outage)
+}
+
+// refusedForever is the status error of a call whose cost n is above the
+// Burst of a limit (of several, the smallest): no wait would let it
+// through, so ResourceExhausted with a QuotaFailure that says why and no
+// RetryInfo (UnaryClientInterceptor does not retry it).
+func (in *interceptor) refusedForever(n int64) error {
+	l := fields.Narrowest(in.policy)
+	why := "the call costs " + strconv.FormatInt(n, 10) + " tokens; rate limit \"" + l.Name +
+		"\" admits at most " + strconv.FormatInt(l.Burst, 10) + " at once, so it can never be admitted"
+	st := status.New(codes.ResourceExhausted, why)
+	if withInfo, err := st.WithDetails(&errdetails.QuotaFailure{Violations: []*errdetails.QuotaFailure_Violation{
+		{Subject: l.Name, Description: why}}}); err == nil {
+		st = withInfo
+	}
+	return st.Err()
 }
 
 // refusal is the status error of a denial d: an outage's (see the package doc) with

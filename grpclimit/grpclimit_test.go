@@ -637,3 +637,45 @@ func TestOutageFailLocal(t *testing.T) {
 		t.Error("an outage's refusal carries a QuotaFailure")
 	}
 }
+
+// TestCostAboveBurst: a call whose cost no wait can admit (above the
+// smaller Burst of two limits) is refused for good: ResourceExhausted, a
+// QuotaFailure that names the limit and says why, no RetryInfo (the client
+// interceptor does not retry it), no tokens taken; a negative cost is the
+// cost function's bug, Internal.
+func TestCostAboveBurst(t *testing.T) {
+	srv := redistest.Start(t)
+	c := newClient(t, srv, leaselimit.WithoutLease())
+	small := policy.Limit{Name: "small", Rate: 5, Period: time.Minute, Burst: 5}
+	big := policy.PerHour(100).WithName("big")
+	lim := c.Limiter(big, small)
+	cost := int64(6)
+	conn := serveWith(t, lim, grpclimit.MetadataKey("x-key"),
+		[]grpclimit.Option{grpclimit.WithCost(func(context.Context, string) int64 { return cost })},
+		grpc.WithChainUnaryInterceptor(grpclimit.UnaryClientInterceptor(3)))
+	tsc := testgrpc.NewTestServiceClient(conn)
+	_, err := tsc.EmptyCall(keyed("k"), empty)
+	st := status.Convert(err)
+	if st.Code() != codes.ResourceExhausted || !strings.Contains(st.Message(), "costs 6 tokens") || !strings.Contains(st.Message(), `"small" admits at most 5`) {
+		t.Fatalf("call of cost 6 = %v; want ResourceExhausted naming the cost and the small limit's burst", err)
+	}
+	if wait, ok := grpclimit.RetryAfter(err); ok {
+		t.Errorf("RetryInfo %v on a call no wait admits", wait)
+	}
+	var quota bool
+	for _, d := range st.Details() {
+		if q, ok := d.(*errdetails.QuotaFailure); ok && len(q.Violations) == 1 && q.Violations[0].Subject == "small" {
+			quota = true
+		}
+	}
+	if !quota {
+		t.Errorf("details %v; want a QuotaFailure naming small", st.Details())
+	}
+	if d, err := lim.Peek(context.Background(), "k"); err != nil || d.Parts[1].Remaining != 5 {
+		t.Errorf("Peek after the refused call = %+v, %v; want small's 5 tokens untouched", d, err)
+	}
+	cost = -1
+	if _, err := tsc.EmptyCall(keyed("k"), empty); status.Code(err) != codes.Internal {
+		t.Errorf("call of cost -1 = %v; want Internal", err)
+	}
+}

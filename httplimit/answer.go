@@ -122,6 +122,20 @@ func setRetryAfter(h http.Header, d leaselimit.Decision) {
 	h[HeaderRetryAfter] = []string{strconv.FormatInt(retryAfter(d), 10)}
 }
 
+// refuseForever answers a request whose cost n is above the Burst of
+// limit l: no wait would let it through, so 429 without Retry-After, and a
+// detail that says why.
+func refuseForever(w http.ResponseWriter, n int64, l policy.Limit) {
+	writeProblem(w, problem{
+		Type:   ProblemTypeQuotaExceeded,
+		Title:  "Request cannot be satisfied as assigned quota has been exceeded",
+		Status: http.StatusTooManyRequests,
+		Detail: "The request costs " + strconv.FormatInt(n, 10) + " tokens; policy \"" + l.Name +
+			"\" admits at most " + strconv.FormatInt(l.Burst, 10) + " at once, so it can never be admitted.",
+		Violated: []string{l.Name},
+	})
+}
+
 // refuse writes the problem+json response to a denied decision d: 503
 // temporary-reduced-capacity for an outage's denial, else 429
 // quota-exceeded.

@@ -100,10 +100,10 @@
 //
 // A KeyFunc error gets WithKeyErrorHandler's response, by default 400 Bad
 // Request with a problem+json body (never a silent pass). A Limiter error
-// (a closed Limiter, the request's context ending, an invalid cost, a
+// (a closed Limiter, the request's context ending, a negative cost, a
 // leaselimit bug — never a Redis outage, which the failure policy decides)
 // gets WithErrorHandler's response, by default 503 Service Unavailable
-// (500 for an invalid cost, which is a server bug) with a generic
+// (500 for a negative cost, which is a server bug) with a generic
 // problem+json body: the error text never reaches the client. The default
 // error handler logs the error, without the key, to WithLogger's logger.
 package httplimit

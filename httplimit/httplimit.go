@@ -99,10 +99,13 @@ func WithLimitFunc(limit func(*http.Request) policy.Limit) Option {
 
 // WithCost sets the number of tokens a request takes (default 1). A cost of
 // 0 lets the request through uncharged, with no RateLimit member from this
-// Middleware (nothing was decided). A cost below 0 or above the limit's
-// Burst can never be admitted: the Limiter returns leaselimit.ErrInvalidCost
-// and the request gets the error handler's response (by default 500), so
-// bound the cost in cost itself if clients can influence it.
+// Middleware (nothing was decided). A cost above the limit's Burst (of
+// several limits, the smallest) can never be admitted: the request is
+// refused with 429 and a problem+json body that says so, and no
+// Retry-After, since waiting does not help; it takes no tokens. A cost
+// below 0 is the cost function's bug: the Limiter returns
+// leaselimit.ErrInvalidCost and the request gets the error handler's
+// response (by default 500).
 func WithCost(cost func(*http.Request) int64) Option {
 	return func(c *config) { c.cost = cost }
 }
@@ -303,6 +306,10 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		appendPolicies(h, policies)
 		if errors.Is(err, leaselimit.ErrInvalidKey) {
 			m.cfg.keyError(w, r, &KeyError{Detail: "The request's rate-limit key is not valid.", Err: err})
+			return
+		}
+		if errors.Is(err, leaselimit.ErrInvalidCost) && n > 0 {
+			refuseForever(w, n, fields.Narrowest(policies))
 			return
 		}
 		m.cfg.limError(w, r, err)

@@ -515,13 +515,20 @@ func TestCost(t *testing.T) {
 		t.Errorf("Retry-After %d, want 12", ra)
 	}
 
-	// Above the burst: never admissible; a server error without internals.
+	// Above the burst: never admissible, so refused for good: 429 without
+	// Retry-After (waiting does not help), a detail that says why, no
+	// tokens taken.
 	resp = req(11)
-	p, body := readProblem(t, resp, 500)
-	if strings.Contains(body, "burst") || strings.Contains(body, "11") || strings.Contains(body, "leaselimit") {
+	p, body := readProblem(t, resp, 429)
+	if resp.Header.Get("Retry-After") != "" || !strings.Contains(p.Detail, "costs 11 tokens") || !strings.Contains(p.Detail, "at most 10") {
+		t.Errorf("cost above the burst: Retry-After %q, body %s; want none, and the cost and the burst in the detail", resp.Header.Get("Retry-After"), body)
+	}
+	// A negative cost is the cost function's bug: a server error without
+	// internals.
+	resp = req(-1)
+	if _, body := readProblem(t, resp, 500); strings.Contains(body, "leaselimit") || strings.Contains(body, "-1") {
 		t.Errorf("500 body leaks the cause: %s", body)
 	}
-	_ = p
 	if next.count() != 3 {
 		t.Errorf("handler ran %d times, want 3", next.count())
 	}

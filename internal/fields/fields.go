@@ -133,3 +133,15 @@ func CeilSeconds(d time.Duration) int64 {
 	}
 	return s
 }
+
+// Narrowest returns the limit of ps with the smallest Burst: the one a cost
+// above every request's reach exceeds first.
+func Narrowest(ps []*Policy) policy.Limit {
+	l := ps[0].Limit
+	for _, p := range ps[1:] {
+		if p.Limit.Burst < l.Burst {
+			l = p.Limit
+		}
+	}
+	return l
+}
