@@ -133,7 +133,7 @@ func (l *Limiter) jointHolding(key string) int64 {
 // and given back after (a Reservation settled later, another instance's
 // lease returned when it expires, a grant that arrived for no one) are not
 // added to the fresh bucket, and a Reservation from before is not charged
-// to it (see the ledger in the README). A Reservation settled more than
+// to it (see the ledger in docs/semantics.md). A Reservation settled more than
 // authority.MarkLife (24h) after a Reset of its key is the exception: by
 // then the mark is gone.
 func (l *Limiter) Reset(ctx context.Context, key string) error {

@@ -9,6 +9,7 @@ package leaselimit_test
 
 import (
 	"context"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -92,7 +93,7 @@ func costsAfterwards(llm *leaselimit.Limiter, tenantOf func(*http.Request) strin
 	return func(w http.ResponseWriter, r *http.Request) {
 		res, err := llm.Reserve(r.Context(), tenantOf(r), maxTokens) // takes maxTokens now
 		if err != nil {
-			http.Error(w, err.Error(), http.StatusInternalServerError)
+			http.Error(w, "internal error", http.StatusInternalServerError) // an invalid key or estimate, ctx done: not a denial
 			return
 		}
 		d := res.Decision()
@@ -103,7 +104,7 @@ func costsAfterwards(llm *leaselimit.Limiter, tenantOf func(*http.Request) strin
 		}
 		used := generate(w)
 		if err := res.Settle(r.Context(), used); err != nil { // gives back maxTokens-used, or charges the excess
-			// logged; the ledger applies a settlement once, however often it is resent
+			slog.WarnContext(r.Context(), "settle", "error", err) // Redis unreachable: queued, applied once when it answers
 		}
 	}
 }

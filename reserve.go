@@ -176,7 +176,7 @@ func (r *Reservation) Decision() Decision { return r.decision }
 // response that ended because its client left still has to be paid for).
 // While Redis cannot be reached the adjustment is queued, with the
 // refunds, and applied when it is back, once (it has its own id; see the
-// ledger in the README): one that never reached Redis waits until Redis
+// ledger in docs/semantics.md): one that never reached Redis waits until Redis
 // answers, one whose outcome is unknown is sent again under its id for
 // authority.ResendWithin, then dropped and counted:
 // ratelimit.lease.refunds.dropped for a surplus, ratelimit.settle.charges.dropped

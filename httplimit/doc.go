@@ -3,10 +3,10 @@
 // draft-ietf-httpapi-ratelimit-headers-10.
 //
 //	c, _ := leaselimit.NewClient(rdb)
-//	burst := c.Limiter(policy.PerMinute(60).WithName("burst"))
-//	daily := c.Limiter(policy.Limit{Name: "daily", Rate: 10000, Period: 24 * time.Hour, Burst: 10000})
+//	burst := policy.PerMinute(60).WithName("burst")
+//	daily := policy.Quota("daily", 10000, policy.Day, time.UTC) // full again at midnight UTC
 //	key := httplimit.ClientIP() // r.RemoteAddr; pass your proxies' prefixes to honour X-Forwarded-For
-//	h := httplimit.Middleware(burst, key)(httplimit.Middleware(daily, key)(app))
+//	h := httplimit.Middleware(c.Limiter(burst, daily), key)(app) // a token from each, or from none
 //
 // # Response header fields
 //
@@ -14,7 +14,7 @@
 // every response for which it made a decision carries the service limit:
 //
 //	RateLimit-Policy: "burst";q=60;w=60, "daily";q=10000;w=86400
-//	RateLimit: "burst";r=59;t=1, "daily";r=9999;t=9
+//	RateLimit: "burst";r=59;t=1, "daily";r=9999;t=43200
 //
 // Both are Structured Field Lists (RFC 9651/8941). Each Middleware appends its
 // own member to the list already in the response header, joined into one field

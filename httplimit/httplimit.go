@@ -30,6 +30,9 @@ var _ Limiter = (*leaselimit.Limiter)(nil)
 // implements it (the Limiter of those limits on its Client, with its
 // view: see leaselimit.Client.Limiter and leaselimit.Limiter.With).
 // WithLimitFunc needs one.
+//
+// Deprecated: its For is leaselimit's deprecated Limiter.For; use
+// WithLimiterFunc, which takes the Limiter itself.
 type Tiered interface {
 	Limiter
 	For(limit policy.Limit, more ...policy.Limit) *leaselimit.Limiter
@@ -69,6 +72,7 @@ type Option func(*config)
 type config struct {
 	limit    func(*http.Request) policy.Limit
 	cost     func(*http.Request) int64
+	limiter  func(*http.Request) Limiter // WithLimiterFunc
 	denied   func(http.ResponseWriter, *http.Request, leaselimit.Decision)
 	outage   func(http.ResponseWriter, *http.Request, leaselimit.Decision)
 	keyError func(http.ResponseWriter, *http.Request, error)
@@ -79,6 +83,28 @@ type config struct {
 	outageAsDenial bool
 	// shadowHeaders: WithShadowHeaders
 	shadowHeaders bool
+}
+
+// WithLimiterFunc chooses the Limiter of each request, for plans and tiers:
+//
+//	plans := map[string]*leaselimit.Limiter{
+//		"free": client.Limiter(freeLimit, dailyQuota),
+//		"pro":  client.Limiter(proLimit, dailyQuota),
+//	}
+//	httplimit.Middleware(plans["free"], key, httplimit.WithLimiterFunc(func(r *http.Request) httplimit.Limiter {
+//		return plans[planOf(r)]
+//	}))
+//
+// The request is decided by limiter(r), a Limiter of one limit or of
+// several together (see leaselimit.Client.Limiter), and RateLimit-Policy
+// and RateLimit describe its limits; a nil one leaves the request to
+// Middleware's own Limiter. The fields of a *leaselimit.Limiter seen before
+// are formatted once (Client.Limiter returns the same one for the same
+// limits), so a request costs no allocation; other Limiter types have them
+// formatted per request. limiter runs once per request, before the key
+// function; keep it cheap (a map lookup, or Client.Limiter itself).
+func WithLimiterFunc(limiter func(*http.Request) Limiter) Option {
+	return func(c *config) { c.limiter = limiter }
 }
 
 // WithLimitFunc chooses the limit of each request, for plans and tiers:
@@ -93,6 +119,10 @@ type config struct {
 // *leaselimit.Limiter does), or Middleware panics. An invalid
 // limit gets the error handler's response (by default 500). limit runs once
 // per request, before the key function; keep it cheap (a map lookup).
+//
+// Deprecated: use WithLimiterFunc, whose function returns the Limiter
+// (leaselimit.Client.Limiter of the request's limits, several of them if
+// need be): it needs no Tiered, whose For is deprecated.
 func WithLimitFunc(limit func(*http.Request) policy.Limit) Option {
 	return func(c *config) { c.limit = limit }
 }
@@ -202,12 +232,27 @@ type middleware struct {
 	policy   *fields.Policy   // lim's limit
 	group    []*fields.Policy // lim's limits, when it enforces several together (see leaselimit.Client.Limiter)
 	policies policyCache      // WithLimitFunc's limits
+	limiters limiterCache     // WithLimiterFunc's Limiters
 }
 
 // multiLimiter is a Limiter that may enforce several limits together;
 // *leaselimit.Limiter is one.
 type multiLimiter interface {
 	Limits() []policy.Limit
+}
+
+// describe returns the fields of lim's limit and, when it enforces several
+// together, of each of them.
+func describe(lim Limiter) (pf *fields.Policy, group []*fields.Policy) {
+	pf = newPolicy(lim.Limit())
+	if ml, ok := lim.(multiLimiter); ok {
+		if ls := ml.Limits(); len(ls) > 1 {
+			for _, l := range ls {
+				group = append(group, newPolicy(l))
+			}
+		}
+	}
+	return pf, group
 }
 
 // Middleware returns a middleware that takes tokens from lim for every
@@ -221,18 +266,15 @@ func Middleware(lim Limiter, key KeyFunc, opts ...Option) func(http.Handler) htt
 	if key == nil {
 		panic("httplimit: Middleware with a nil KeyFunc")
 	}
-	m := &middleware{lim: lim, key: key, policy: newPolicy(lim.Limit())}
-	if ml, ok := lim.(multiLimiter); ok {
-		if ls := ml.Limits(); len(ls) > 1 {
-			for _, l := range ls {
-				m.group = append(m.group, newPolicy(l))
-			}
-		}
-	}
+	m := &middleware{lim: lim, key: key}
+	m.policy, m.group = describe(lim)
 	for _, o := range opts {
 		if o != nil {
 			o(&m.cfg)
 		}
+	}
+	if m.cfg.limit != nil && m.cfg.limiter != nil {
+		panic("httplimit: WithLimitFunc and WithLimiterFunc together: keep WithLimiterFunc")
 	}
 	if m.cfg.limit != nil {
 		t, ok := lim.(Tiered)
@@ -273,6 +315,12 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	if m.cfg.limit != nil {
 		l := m.cfg.limit(r)
 		lim, pf, group = m.tiered.For(l), m.policies.get(l), nil
+	}
+	if m.cfg.limiter != nil {
+		if l := m.cfg.limiter(r); l != nil {
+			pf, group = m.limiters.get(l)
+			lim = l
+		}
 	}
 	policies := []*fields.Policy{pf}
 	if len(group) > 0 {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -135,4 +136,71 @@ func TestShadowLimit(t *testing.T) {
 			t.Errorf("request %d WithShadowHeaders: %d, RateLimit %q; want 200 with the shadow limit's fields", i, rec.Code, rec.Header().Get(httplimit.HeaderRateLimit))
 		}
 	}
+}
+
+// dailyReset matches the RateLimit member of the quota named daily.
+var dailyReset = regexp.MustCompile(`"daily";r=(\d+);t=\d+`)
+
+// TestLimiterFunc: each request is decided by the Limiter WithLimiterFunc
+// chose, of one limit or of several together, with its RateLimit-Policy
+// and RateLimit members; a nil Limiter leaves the request to Middleware's.
+func TestLimiterFunc(t *testing.T) {
+	_, rdb := newRedis(t)
+	c := newClient(t, rdb, leaselimit.WithoutLease())
+	daily := policy.Quota("daily", 3, policy.Day, nil)
+	free := policy.Limit{Name: "free", Rate: 2, Period: time.Minute, Burst: 2}
+	pro := policy.Limit{Name: "pro", Rate: 100, Period: time.Minute, Burst: 50}
+	plans := map[string]*leaselimit.Limiter{"free": c.Limiter(free, daily), "pro": c.Limiter(pro, daily)}
+	fallback := c.Limiter(policy.Limit{Name: "anon", Rate: 1, Period: time.Minute, Burst: 1})
+	h := httplimit.Middleware(fallback, httplimit.Header("X-User"), httplimit.WithLimiterFunc(func(r *http.Request) httplimit.Limiter {
+		if l, ok := plans[r.Header.Get("X-Plan")]; ok {
+			return l
+		}
+		return nil
+	}))(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {}))
+	call := func(user, plan string) *httptest.ResponseRecorder {
+		req := httptest.NewRequest("GET", "/", nil)
+		req.Header.Set("X-User", user)
+		req.Header.Set("X-Plan", plan)
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		return rec
+	}
+	for i, want := range []struct {
+		user, plan    string
+		code          int
+		policy, limit string
+	}{
+		{"ann", "free", 200, `"free";q=2;w=60, "daily";q=3;w=86400`, `"free";r=1;t=30, "daily";r=2;t=*`},
+		{"ann", "free", 200, `"free";q=2;w=60, "daily";q=3;w=86400`, `"free";r=0;t=30, "daily";r=1;t=*`},
+		{"ann", "free", 429, `"free";q=2;w=60, "daily";q=3;w=86400`, `"free";r=0;t=30, "daily";r=1;t=*`},
+		{"ann", "pro", 200, `"pro";q=100;w=60;leaselimit-burst=50, "daily";q=3;w=86400`, `"pro";r=49;t=1, "daily";r=0;t=*`},
+		{"ann", "pro", 429, `"pro";q=100;w=60;leaselimit-burst=50, "daily";q=3;w=86400`, `"pro";r=49;t=1, "daily";r=0;t=*`},
+		{"bob", "", 200, `"anon";q=1;w=60`, `"anon";r=0;t=60`},
+	} {
+		rec := call(want.user, want.plan)
+		// The quota's t is until its window ends: on the wall clock's day,
+		// which the frozen miniredis clock does not share.
+		limit := dailyReset.ReplaceAllString(rec.Header().Get(httplimit.HeaderRateLimit), `"daily";r=$1;t=*`)
+		if rec.Code != want.code || rec.Header().Get(httplimit.HeaderRateLimitPolicy) != want.policy || limit != want.limit {
+			t.Errorf("request %d (%s on %q): %d, RateLimit-Policy %q, RateLimit %q; want %d, %q, %q", i, want.user, want.plan,
+				rec.Code, rec.Header().Get(httplimit.HeaderRateLimitPolicy), rec.Header().Get(httplimit.HeaderRateLimit),
+				want.code, want.policy, want.limit)
+		}
+	}
+}
+
+// TestLimitFuncAndLimiterFunc: the two together are a misconfiguration
+// Middleware refuses at once.
+func TestLimitFuncAndLimiterFunc(t *testing.T) {
+	defer func() {
+		if r := recover(); r == nil || !strings.Contains(fmt.Sprint(r), "WithLimiterFunc") {
+			t.Errorf("Middleware with both = %v; want a panic naming WithLimiterFunc", r)
+		}
+	}()
+	_, rdb := newRedis(t)
+	lim := newLimiter(t, rdb, policy.PerSecond(2))
+	httplimit.Middleware(lim, httplimit.Header("X-User"),
+		httplimit.WithLimitFunc(func(*http.Request) policy.Limit { return policy.PerSecond(2) }),
+		httplimit.WithLimiterFunc(func(*http.Request) httplimit.Limiter { return lim }))
 }
