@@ -5,7 +5,7 @@ import (
 	"time"
 
 	"github.com/leaselimit/leaselimit/authority"
-	"github.com/leaselimit/leaselimit/breaker"
+	"github.com/leaselimit/leaselimit/internal/circuit"
 	"github.com/leaselimit/leaselimit/internal/redispath"
 	"github.com/leaselimit/leaselimit/lease"
 	"github.com/leaselimit/leaselimit/policy"
@@ -18,7 +18,7 @@ var errSaturated = redispath.ErrSaturated
 // call is one acquire call to make: take between min and want tokens of the
 // bucket at rkey, at most max(min, share × its tokens).
 type call struct {
-	brk       *breaker.Breaker
+	brk       *circuit.Breaker
 	rkey      string
 	want, min int64
 	share     float64

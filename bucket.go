@@ -41,7 +41,7 @@ func (l *Limiter) Peek(ctx context.Context, key string) (Decision, error) {
 	// reads moves tokens between a bucket and a lease, and must not be
 	// counted twice. Each limit's own lease is read around its bucket (see
 	// peekBucket), a joint lease of several around them all.
-	joint := l.jointHolding(key)
+	joint := l.jointOutstanding(key)
 	var pds [MaxLimits]Decision
 	for i, m := range l.members {
 		pd, err := l.peekBucket(ctx, m, key)
@@ -50,7 +50,7 @@ func (l *Limiter) Peek(ctx context.Context, key string) (Decision, error) {
 		}
 		pds[i] = pd
 	}
-	joint = min(joint, l.jointHolding(key))
+	joint = min(joint, l.jointOutstanding(key))
 	var d Decision
 	parts := make([]Part, len(l.members))
 	for i, pd := range pds[:len(l.members)] {
@@ -82,7 +82,7 @@ func (l *Limiter) peekBucket(ctx context.Context, m *member, key string) (Decisi
 		rkey = m.namer.Key(key)
 	}
 	var b authority.Bucket
-	before := m.leases.Holding(key, l.clock.now())
+	before := m.leases.Outstanding(key, l.clock.now())
 	_, err := l.path.Do(ctx, brk, func(ctx context.Context) (err error) {
 		b, err = l.auth.Peek(ctx, rkey, m.limit)
 		return err
@@ -92,7 +92,7 @@ func (l *Limiter) peekBucket(ctx context.Context, m *member, key string) (Decisi
 	}
 	lim := m.limit
 	d := Decision{Limit: lim, Remaining: b.Tokens, RetryAfter: b.RetryAfter, ResetAfter: b.ResetAfter, Source: SourceAuthority}
-	if held := min(before, m.leases.Holding(key, l.clock.now())); held > 0 {
+	if held := min(before, m.leases.Outstanding(key, l.clock.now())); held > 0 {
 		d.Remaining = min(b.Tokens+held, lim.Burst)
 		d.RetryAfter = 0
 		if !lim.IsQuota() {
@@ -103,14 +103,14 @@ func (l *Limiter) peekBucket(ctx context.Context, m *member, key string) (Decisi
 	return d, nil
 }
 
-// jointHolding is the tokens a joint lease of several limits holds for
+// jointOutstanding is the tokens a joint lease of several limits holds for
 // key now (see limitSet.joint); none for one limit, whose lease is its
 // member's own.
-func (l *Limiter) jointHolding(key string) int64 {
+func (l *Limiter) jointOutstanding(key string) int64 {
 	if l.joint == nil {
 		return 0
 	}
-	return l.joint.Holding(key, l.clock.now())
+	return l.joint.Outstanding(key, l.clock.now())
 }
 
 // Reset makes key's bucket full again, for every instance: it deletes the

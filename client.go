@@ -6,10 +6,10 @@ import (
 
 	"github.com/leaselimit/leaselimit/authority"
 	"github.com/leaselimit/leaselimit/breaker"
+	"github.com/leaselimit/leaselimit/internal/recorder"
 	"github.com/leaselimit/leaselimit/internal/redispath"
 	"github.com/leaselimit/leaselimit/lease"
 	"github.com/leaselimit/leaselimit/policy"
-	"github.com/leaselimit/leaselimit/telemetry"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -55,7 +55,7 @@ func NewClient(client redis.UniversalClient, opts ...Option) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("leaselimit: %w", err)
 	}
-	meters, err := telemetry.New(telemetry.Config{
+	meters, err := recorder.New(recorder.Config{
 		TracerProvider: cfg.tracerProvider,
 		MeterProvider:  cfg.meterProvider,
 		Prefix:         cfg.prefix,

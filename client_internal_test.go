@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/leaselimit/leaselimit/authority"
-	"github.com/leaselimit/leaselimit/breaker"
+	"github.com/leaselimit/leaselimit/internal/circuit"
 )
 
 // TestCallerError: errors that are the caller's doing are told apart by
@@ -26,7 +26,7 @@ func TestCallerError(t *testing.T) {
 		{context.DeadlineExceeded, true},
 		{fmt.Errorf("leaselimit: %w", authority.ErrScript), false},
 		{fmt.Errorf("leaselimit: redis: %w", errors.New("NOPERM")), false},
-		{breaker.ErrBudget, false},
+		{circuit.ErrBudget, false},
 	} {
 		if got := callerError(tc.err); got != tc.want {
 			t.Errorf("callerError(%v) = %v; want %v", tc.err, got, tc.want)

@@ -7,9 +7,9 @@ import (
 
 	"github.com/leaselimit/leaselimit/authority"
 	"github.com/leaselimit/leaselimit/breaker"
+	"github.com/leaselimit/leaselimit/internal/recorder"
 	"github.com/leaselimit/leaselimit/internal/redispath"
 	"github.com/leaselimit/leaselimit/policy"
-	"github.com/leaselimit/leaselimit/telemetry"
 )
 
 // debtBook counts, per bucket, the tokens a failure policy admitted while
@@ -32,7 +32,7 @@ type debtBook struct {
 	mu    sync.Mutex
 	owed  map[debtKey]*debt
 	max   int
-	tel   *telemetry.Recorder
+	tel   *recorder.Recorder
 	log   *logger
 	clock localClock
 }
@@ -54,7 +54,7 @@ type debt struct {
 	tokens int64
 }
 
-func newDebtBook(max int, tel *telemetry.Recorder, log *logger, clock localClock) *debtBook {
+func newDebtBook(max int, tel *recorder.Recorder, log *logger, clock localClock) *debtBook {
 	return &debtBook{owed: make(map[debtKey]*debt), max: max, tel: tel, log: log, clock: clock}
 }
 

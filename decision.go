@@ -131,16 +131,14 @@ func admitted(limit policy.Limit, remaining int64, src Source) Decision {
 	}
 }
 
-// resetAfter is how long until a bucket of limit holding remaining tokens
-// is full again: its refill time, or, for a calendar quota that is not
-// full, the end of its window (on this process's clock).
+// resetAfter is limit.ResetAfter at this moment, reading the clock only for
+// a calendar quota: a lease hit on a token bucket reads none.
 func resetAfter(limit policy.Limit, remaining int64) time.Duration {
-	if !limit.IsQuota() || remaining >= limit.Burst {
-		return limit.Interval(limit.Burst - remaining)
+	var now time.Time
+	if limit.IsQuota() {
+		now = time.Now()
 	}
-	now := time.Now()
-	end, _ := limit.Calendar.Window(now)
-	return end.Sub(now)
+	return limit.ResetAfter(remaining, now)
 }
 
 // denial is a denied Decision; its RetryAfter is at least 1µs, so that a

@@ -3,9 +3,11 @@ package leaselimit
 import (
 	"context"
 	"errors"
+	"log/slog"
 
 	"github.com/leaselimit/leaselimit/breaker"
 	"github.com/leaselimit/leaselimit/policy"
+	"github.com/leaselimit/leaselimit/telemetry"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -92,3 +94,14 @@ func (l *Limiter) BreakerState() breaker.State { return l.path.State() }
 //
 // Deprecated: use Client.LocalKeys.
 func (l *Limiter) LocalKeys() int { return l.table.Len() }
+
+// RedisLogger writes go-redis's own log lines to a slog.Logger, throttled.
+//
+// Deprecated: use telemetry.RedisLogger.
+type RedisLogger = telemetry.RedisLogger
+
+// NewRedisLogger returns a RedisLogger writing to out (slog.Default() if
+// nil), for redis.SetLogger.
+//
+// Deprecated: use telemetry.NewRedisLogger.
+func NewRedisLogger(out *slog.Logger) *RedisLogger { return telemetry.NewRedisLogger(out) }

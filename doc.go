@@ -1,5 +1,8 @@
-// Package leaselimit is a distributed rate limiter for a fleet of Go service
-// instances, with Redis as the authority and local leases for speed.
+// Package leaselimit is for Go services that run as several instances and
+// must share their rate limits: a distributed rate limiter with Redis as the
+// authority and local leases for speed. Start with NewClient and
+// Client.Limiter; package policy describes limits; packages httplimit and
+// grpclimit put a Limiter in front of HTTP and gRPC services.
 //
 // # The Client and its Limiters
 //
@@ -43,44 +46,24 @@
 // # Failures
 //
 // Every Redis call runs within a time budget (WithTimeout) and through a
-// circuit breaker (package breaker). While Redis is unavailable the failure
+// circuit breaker (WithBreaker, breaker.Settings). While Redis is unavailable the failure
 // policy decides (WithFailureMode): admit, deny, or a local bucket with
 // 1/FleetSize of the limit. Such decisions carry SourceFallback and are not
 // errors. NewClient makes no Redis call, so it succeeds while Redis is down.
 //
-// # How a decision flows
+// # Where a decision comes from
 //
-// AllowN validates its input, then asks the lease protocol
-// (lease.Leases.Decide), which decides from local state alone: a lease hit
-// (SourceLease), a denial by the negative cache (SourceCache), or a miss.
-// On a miss the caller joins the refill of its key (one per key at a time,
-// golang.org/x/sync/singleflight); the one caller that runs it asks the
-// protocol what to request (Plan), makes one budgeted authority call
-// through the key's breaker, and hands the grant back (Complete); each
-// waiting caller then collects its decision (Collect: SourceAuthority). A
-// call that fails, or a breaker that holds calls back, goes to the failure
-// policy (SourceFallback). Data flows one way: the Limiter performs I/O,
-// the protocol keeps state and decides, the authority runs the scripts.
-//
-// The root package holds one concern per file: client.go (the Client),
-// limiter.go (the Limiter and its decisions), view.go (With and the view
-// options), set.go (the limits a Limiter enforces together: one limit is a
-// set of one), engine.go (what a Client shares, and its sets of limits),
-// bucket.go (Peek and Reset), reserve.go (Reserve and Settle), debts.go,
-// shadow.go, deprecated.go (the 0.2 API over the Client), refill.go
-// (misses, coalesced refills, prefetch),
-// exact.go (one call for exactly n), authorize.go (what a call asks of
-// Redis, and what is done with a grant whose caller may have left),
-// fallback.go (the failure policy), refunds.go and janitor.go (tokens on
-// their way back, applied once to the generation and window they left; the
-// background goroutine), check.go (readiness), logger.go, options.go and
-// decision.go. Every Redis call goes through internal/redispath: the time
-// budget, the breakers (one per node), the lanes that batch acquire calls,
-// and the gate Close waits for.
+// Decision.Source says it: SourceLease, admitted locally from tokens leased
+// already; SourceCache, denied locally after Redis denied the key;
+// SourceAuthority, decided by a Redis call made for it (possibly shared with
+// concurrent callers of the same key); SourceFallback, decided by the
+// failure policy while Redis was unavailable. A call that returns an error
+// carries SourceNone and describes nothing.
 //
 // # Keys
 //
 // Keys are opaque bytes, 1 to MaxKeyLen long. Redis sees only a digest:
-// "<prefix>:<limit name>:<rate>/<period>/<burst>:{<128-bit hex digest>}", which spreads keys over
-// Redis Cluster slots and never forms a hash tag from user bytes.
+// "<prefix>:<limit name>:<rate>/<period>/<burst>:{<128-bit hex digest>}",
+// which spreads keys over Redis Cluster slots and never forms a hash tag
+// from user bytes.
 package leaselimit

@@ -2,15 +2,15 @@ package leaselimit
 
 import (
 	"context"
-	"time"
 
 	"github.com/leaselimit/leaselimit/authority"
 	"github.com/leaselimit/leaselimit/breaker"
+	"github.com/leaselimit/leaselimit/internal/circuit"
 	"github.com/leaselimit/leaselimit/internal/cowmap"
+	"github.com/leaselimit/leaselimit/internal/recorder"
 	"github.com/leaselimit/leaselimit/internal/redispath"
 	"github.com/leaselimit/leaselimit/lease"
 	"github.com/leaselimit/leaselimit/policy"
-	"github.com/leaselimit/leaselimit/telemetry"
 )
 
 // engine is what every Limiter of one Client shares: the path to Redis (its
@@ -32,7 +32,7 @@ type engine struct {
 	// meters and log record what belongs to the engine rather than to one
 	// limit (breaker transitions and state, the key table, refunds, the
 	// debt book), named by the key prefix (ratelimit.prefix, prefix=).
-	meters *telemetry.Recorder
+	meters *recorder.Recorder
 	log    *logger
 
 	limits cowmap.Map[policy.Limit, *Limiter] // the default view of each limit
@@ -70,7 +70,7 @@ func (e *engine) limiter(first policy.Limit, more []policy.Limit) *Limiter {
 
 // single returns the default view of limit alone.
 func (e *engine) single(limit policy.Limit) *Limiter {
-	limit = canonical(limit)
+	limit = limit.Canonical()
 	if l, ok := e.limits.Load(limit); ok {
 		return l
 	}
@@ -91,9 +91,9 @@ func (e *engine) single(limit policy.Limit) *Limiter {
 func (e *engine) several(first policy.Limit, more []policy.Limit) *Limiter {
 	var k setKey
 	if len(more) < MaxLimits {
-		k[0] = canonical(first)
+		k[0] = first.Canonical()
 		for i, l := range more {
-			k[1+i] = canonical(l)
+			k[1+i] = l.Canonical()
 		}
 		if l, ok := e.sets.Load(k); ok {
 			return l
@@ -101,7 +101,7 @@ func (e *engine) several(first policy.Limit, more []policy.Limit) *Limiter {
 	}
 	limits := append([]policy.Limit{first}, more...)
 	for i := range limits {
-		limits[i] = canonical(limits[i])
+		limits[i] = limits[i].Canonical()
 	}
 	if err := validLimits(limits); err != nil {
 		return e.invalid(limits, err)
@@ -125,27 +125,10 @@ func (e *engine) invalid(limits []policy.Limit, err error) *Limiter {
 	return &Limiter{limitSet: e.invalidSet(limits), view: e.cfg.view, err: err}
 }
 
-// zones maps a time zone's name to the one *time.Location the engines use
-// for it: two quotas in one zone compare equal (as map keys, and in the
-// check for a limit given twice) even when each loaded its own Location.
-var zones cowmap.Map[string, *time.Location]
-
-// canonical returns limit with its calendar Location replaced by the
-// shared one of the same name (see zones); other limits as they are.
-func canonical(limit policy.Limit) policy.Limit {
-	loc := limit.Calendar.Location
-	if loc == nil {
-		return limit
-	}
-	limit.Calendar.Location = zones.LoadOrMake(loc.String(), func() *time.Location { return loc })
-	return limit
-}
-
 // breakerSettings are the configured breaker settings on the engine's
 // clock, with transitions counted.
-func (e *engine) breakerSettings() breaker.Settings {
-	s := e.cfg.breaker
-	s.Now = e.cfg.clock.Now // one clock for retry-afters (WithClock)
+func (e *engine) breakerSettings() circuit.Settings {
+	s := circuit.Settings{Settings: e.cfg.breaker, Now: e.cfg.clock.Now} // one clock for retry-afters (withClock)
 	user := s.OnStateChange
 	s.OnStateChange = func(from, to breaker.State) {
 		e.meters.CountTransition(to)

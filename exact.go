@@ -3,7 +3,7 @@ package leaselimit
 import (
 	"context"
 
-	"github.com/leaselimit/leaselimit/breaker"
+	"github.com/leaselimit/leaselimit/internal/circuit"
 	"github.com/leaselimit/leaselimit/telemetry"
 )
 
@@ -22,7 +22,7 @@ func (l *Limiter) allowExact(ctx context.Context, key string, n int64) (Decision
 
 // callExact asks Redis for exactly n tokens of key outside any lease; a
 // grant that arrives after the caller left is refunded.
-func (l *Limiter) callExact(ctx context.Context, brk *breaker.Breaker, rkey, key string, n int64) (Decision, error) {
+func (l *Limiter) callExact(ctx context.Context, brk *circuit.Breaker, rkey, key string, n int64) (Decision, error) {
 	if sp, ok := recording(ctx); ok {
 		// Before the call: a failing call may trip the breaker.
 		sp.SetAttributes(telemetry.AttrCoalesced.Bool(false), telemetry.AttrBreaker.String(brk.State().String()))

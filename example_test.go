@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log"
-	"log/slog"
-	"os"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
@@ -128,30 +126,4 @@ func ExampleLimiter_With() {
 	// Output:
 	// login: allowed false (fallback)
 	// search: allowed true (fallback)
-}
-
-func ExampleNewRedisLogger() {
-	// A handler without the time, so that the output is stable.
-	logger := slog.New(slog.NewTextHandler(os.Stdout, &slog.HandlerOptions{
-		ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
-			if a.Key == slog.TimeKey {
-				return slog.Attr{}
-			}
-			return a
-		},
-	}))
-	rl := leaselimit.NewRedisLogger(logger)
-	// In a program, hand it to go-redis once, at start-up (go-redis has one
-	// logger per process; leaselimit never sets it):
-	//
-	//	redis.SetLogger(rl)
-	//
-	// go-redis then calls its Printf; here, as go-redis does while Redis is
-	// down, several times in a row:
-	for range 3 {
-		rl.Printf(context.Background(), "redis: connection pool: failed to dial after %d attempts: %v", 5,
-			"dial tcp 10.0.0.7:6379: connect: connection refused")
-	}
-	// Output:
-	// level=WARN msg="redis: connection pool: failed to dial after 5 attempts: dial tcp 10.0.0.7:6379: connect: connection refused" logger=go-redis
 }

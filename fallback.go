@@ -8,6 +8,7 @@ import (
 
 	"github.com/leaselimit/leaselimit/authority"
 	"github.com/leaselimit/leaselimit/breaker"
+	"github.com/leaselimit/leaselimit/internal/circuit"
 	"github.com/leaselimit/leaselimit/lease"
 	"github.com/leaselimit/leaselimit/policy"
 	"github.com/leaselimit/leaselimit/telemetry"
@@ -18,7 +19,7 @@ import (
 // for ctx ending, Close, leaselimit's own bugs and Redis replies that mean
 // misconfiguration; the failure policy's decision for an unavailable Redis
 // (or a reply this process was too busy to read).
-func (l *Limiter) onError(ctx context.Context, brk *breaker.Breaker, key string, n int64, err error) (Decision, error) {
+func (l *Limiter) onError(ctx context.Context, brk *circuit.Breaker, key string, n int64, err error) (Decision, error) {
 	switch {
 	case errors.Is(err, ErrClosed):
 		return Decision{Source: SourceNone}, ErrClosed
@@ -27,9 +28,9 @@ func (l *Limiter) onError(ctx context.Context, brk *breaker.Breaker, key string,
 	case errors.Is(err, errSaturated):
 		// Redis may be fine; this process could not read its reply in time.
 		return l.fallback(ctx, brk, key, n, telemetry.ReasonSaturated), nil
-	case ctx.Err() != nil && !errors.Is(err, breaker.ErrBudget) && !errors.Is(err, breaker.ErrOpen):
+	case ctx.Err() != nil && !errors.Is(err, circuit.ErrBudget) && !errors.Is(err, breaker.ErrOpen):
 		return Decision{Source: SourceNone}, ctx.Err()
-	case !breaker.Counts(err) && !errors.Is(err, breaker.ErrOpen) && !breaker.Excluded(err):
+	case !circuit.Counts(err) && !errors.Is(err, breaker.ErrOpen) && !circuit.Excluded(err):
 		// Redis answered, but not with a decision: NOPERM (an ACL that is
 		// too narrow), WRONGTYPE (another program's key under our prefix)
 		// and the like. That is misconfiguration, not an outage: say so
@@ -54,9 +55,9 @@ func fallbackReason(err error) string {
 	switch {
 	case errors.Is(err, breaker.ErrOpen):
 		return telemetry.ReasonBreakerOpen
-	case breaker.Unreachable(err):
+	case circuit.Unreachable(err):
 		return telemetry.ReasonUnreachable
-	case errors.Is(err, breaker.ErrBudget), errors.Is(err, context.DeadlineExceeded),
+	case errors.Is(err, circuit.ErrBudget), errors.Is(err, context.DeadlineExceeded),
 		errors.As(err, &te) && te.Timeout():
 		return telemetry.ReasonTimeout
 	}
@@ -67,7 +68,7 @@ func fallbackReason(err error) string {
 // reason while brk holds Redis calls back or a call failed. Leases already
 // held keep serving until they expire. What the policy admits is charged
 // to the bucket once Redis answers again (see debtBook).
-func (l *Limiter) fallback(ctx context.Context, brk *breaker.Breaker, key string, n int64, reason string) Decision {
+func (l *Limiter) fallback(ctx context.Context, brk *circuit.Breaker, key string, n int64, reason string) Decision {
 	l.tel.CountFallback(ctx, reason)
 	l.log.fallback(l.mode.String(), reason)
 	if sp, ok := recording(ctx); ok {
@@ -81,7 +82,7 @@ func (l *Limiter) fallback(ctx context.Context, brk *breaker.Breaker, key string
 	wall := l.clock.wall()
 	now := l.clock.mono(wall)
 	if !l.cfg.noLease {
-		if a, ok := l.leases.Held(key, n, now); ok {
+		if a, ok := l.leases.AllowLeased(key, n, now); ok {
 			return l.decided(a) // tokens taken from the bucket before
 		}
 	}
@@ -95,7 +96,7 @@ func (l *Limiter) fallback(ctx context.Context, brk *breaker.Breaker, key string
 
 // policyDecision is the failure policy's own decision for n tokens of key:
 // the view's policy (see WithFailureMode).
-func (l *Limiter) policyDecision(brk *breaker.Breaker, key string, n, now int64, wall time.Time) Decision {
+func (l *Limiter) policyDecision(brk *circuit.Breaker, key string, n, now int64, wall time.Time) Decision {
 	switch l.mode {
 	case policy.FailClosed:
 		return denial(l.limit, 0, l.untilProbe(brk, wall), SourceFallback)
@@ -121,7 +122,7 @@ func (l *Limiter) policyDecision(brk *breaker.Breaker, key string, n, now int64,
 // local is FailLocal's decision: n tokens of key's local bucket under m's
 // limit, this instance's share of it (kept in m's own lease protocol, so
 // every set and view with the limit draws on the one share).
-func (l *Limiter) local(m *member, brk *breaker.Breaker, key string, n, now int64, wall time.Time) Decision {
+func (l *Limiter) local(m *member, brk *circuit.Breaker, key string, n, now int64, wall time.Time) Decision {
 	b := m.leases.AllowLocal(key, n, now)
 	l.refunds.addReturn(b.Evicted)
 	retry := b.RetryAfter
@@ -141,7 +142,7 @@ func (l *Limiter) local(m *member, brk *breaker.Breaker, key string, n, now int6
 
 // untilProbe is the RetryAfter of a fallback denial: until the breaker lets
 // a probe through, at least the time budget.
-func (l *Limiter) untilProbe(brk *breaker.Breaker, wall time.Time) time.Duration {
+func (l *Limiter) untilProbe(brk *circuit.Breaker, wall time.Time) time.Duration {
 	retry := time.Duration(0)
 	if u := brk.OpenUntil(); !u.IsZero() {
 		retry = u.Sub(wall)

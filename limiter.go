@@ -7,11 +7,11 @@ import (
 	"time"
 
 	"github.com/leaselimit/leaselimit/authority"
-	"github.com/leaselimit/leaselimit/breaker"
+	"github.com/leaselimit/leaselimit/internal/circuit"
 	"github.com/leaselimit/leaselimit/internal/overload"
+	"github.com/leaselimit/leaselimit/internal/recorder"
 	"github.com/leaselimit/leaselimit/lease"
 	"github.com/leaselimit/leaselimit/policy"
-	"github.com/leaselimit/leaselimit/telemetry"
 	"go.opentelemetry.io/otel/trace"
 )
 
@@ -96,8 +96,8 @@ func (l *Limiter) decide(ctx context.Context, key string, n int64) (Decision, er
 }
 
 // outcome describes a finished decision (or its error) for its span.
-func outcome(d Decision, err error, key string, n int64) telemetry.Outcome {
-	return telemetry.Outcome{Allowed: d.Allowed && !d.ShadowDenied, Shadow: d.Shadow, Source: int(d.Source), Cost: n,
+func outcome(d Decision, err error, key string, n int64) recorder.Outcome {
+	return recorder.Outcome{Allowed: d.Allowed && !d.ShadowDenied, Shadow: d.Shadow, Source: int(d.Source), Cost: n,
 		Remaining: d.Remaining, RetryAfter: d.RetryAfter, Key: key, Err: err, CallerError: callerError(err),
 		Reason: errorReason(err)}
 }
@@ -148,7 +148,7 @@ func recording(ctx context.Context) (trace.Span, bool) {
 // is built only when a Redis call is to be made, so breaker-open decisions
 // stay cheap. Every bucket of one key is on one node (see authority.Namer),
 // so the first bucket's breaker is every member's.
-func (l *Limiter) route(namer authority.Namer, key string) (brk *breaker.Breaker, rkey string) {
+func (l *Limiter) route(namer authority.Namer, key string) (brk *circuit.Breaker, rkey string) {
 	if l.path.Cluster() == nil {
 		return l.path.Shared(), ""
 	}
@@ -256,7 +256,7 @@ func (l *Limiter) WaitN(ctx context.Context, key string, n int64) (err error) {
 		}
 		wait := d.RetryAfter
 		// ctx's deadline is on the real clock, and so is the timer below:
-		// compare the wait with it there, whatever WithClock says.
+		// compare the wait with it there, whatever withClock says.
 		if dl, ok := ctx.Deadline(); ok && time.Now().Add(wait).After(dl) {
 			return fmt.Errorf("%w: retry after %v", ErrWouldExceedDeadline, wait)
 		}

@@ -30,14 +30,13 @@ type engineOption struct {
 
 func (o engineOption) apply(c *config) error { return o.set(c) }
 
-// Defaults of the options.
+// DefaultTimeout is the budget of one authority call (WithTimeout).
+const DefaultTimeout = 100 * time.Millisecond
+
+// Defaults of other options.
 const (
-	// DefaultTimeout is the budget of one authority call (WithTimeout).
-	DefaultTimeout = 100 * time.Millisecond
-	// DefaultMaxKeys bounds the local key table (WithMaxKeys).
-	DefaultMaxKeys = 100_000
-	// DefaultPrefix is the Redis key prefix (WithPrefix).
-	DefaultPrefix = "leaselimit"
+	defaultMaxKeys = 100_000      // the bound on the local key table (WithMaxKeys)
+	defaultPrefix  = "leaselimit" // the Redis key prefix (WithPrefix)
 )
 
 type config struct {
@@ -47,7 +46,7 @@ type config struct {
 	noLease   bool
 	maxKeys   int
 	fleetSize int
-	clock     Clock
+	clock     clockSource
 	breaker   breaker.Settings
 
 	logger         *slog.Logger
@@ -62,9 +61,9 @@ type config struct {
 func defaultConfig() config {
 	return config{
 		timeout:   DefaultTimeout,
-		prefix:    DefaultPrefix,
+		prefix:    defaultPrefix,
 		lease:     policy.DefaultLease(),
-		maxKeys:   DefaultMaxKeys,
+		maxKeys:   defaultMaxKeys,
 		fleetSize: 1,
 		clock:     systemClock{},
 		view:      view{mode: policy.FailOpen, enforce: 1},
@@ -135,7 +134,7 @@ func WithoutLease() Option {
 // (at least 64, whatever n). The bound is split over 64 shards: when a new
 // key's shard is full, a key of that shard not used for a while is evicted (its
 // unused leased tokens are refunded), possibly before the whole table is
-// full. Default DefaultMaxKeys (100,000).
+// full. Default 100,000.
 func WithMaxKeys(n int) Option {
 	return engineOption{"WithMaxKeys", func(c *config) error {
 		if n < 1 {
@@ -155,21 +154,6 @@ func WithFleetSize(n int) Option {
 			return fmt.Errorf("leaselimit: fleet size %d must be >= 1", n)
 		}
 		c.fleetSize = n
-		return nil
-	}}
-}
-
-// WithClock sets the clock used for local state: leases, the negative
-// cache, demand estimates, FailLocal buckets and the breaker's open-until
-// (so a fallback's RetryAfter is on this clock too). WaitN still compares
-// with ctx's deadline, and sleeps, on the real clock, as contexts do.
-// Default: the system clock.
-func WithClock(clk Clock) Option {
-	return engineOption{"WithClock", func(c *config) error {
-		if clk == nil {
-			return fmt.Errorf("leaselimit: nil clock")
-		}
-		c.clock = clk
 		return nil
 	}}
 }
@@ -241,7 +225,7 @@ func WithKeyRedactor(redact func(key string) string) Option {
 // instance too saturated to read its replies. Each kind is written at most
 // once every 10 seconds: never a line per decision. Default: no logging.
 // go-redis's own lines (its logger is process-wide, and leaselimit leaves
-// it alone) can be routed to the same logger: see NewRedisLogger.
+// it alone) can be routed to the same logger: see telemetry.NewRedisLogger.
 func WithLogger(log *slog.Logger) Option {
 	return engineOption{"WithLogger", func(c *config) error {
 		if log == nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 
 	"github.com/leaselimit/leaselimit/breaker"
+	"github.com/leaselimit/leaselimit/internal/circuit"
 	"github.com/leaselimit/leaselimit/lease"
 	"github.com/leaselimit/leaselimit/telemetry"
 	"golang.org/x/sync/singleflight"
@@ -86,7 +87,7 @@ func (l *Limiter) miss(ctx context.Context, key string, n int64, a lease.Answer)
 // bucket within the budget, then the request asks Redis for exactly n. A
 // lease that cannot go back now goes to the refund queue, and denied, the
 // decision the bucket made, stands.
-func (l *Limiter) pool(ctx context.Context, brk *breaker.Breaker, rkey, key string, n int64, denied Decision) (Decision, error) {
+func (l *Limiter) pool(ctx context.Context, brk *circuit.Breaker, rkey, key string, n int64, denied Decision) (Decision, error) {
 	r := l.leases.Surrender(key, l.clock.now())
 	if r.Tokens <= 0 {
 		return denied, nil
@@ -111,7 +112,7 @@ func (l *Limiter) pool(ctx context.Context, brk *breaker.Breaker, rkey, key stri
 // installed in the lease when it arrives (see receiver). The value is the
 // *refillCall, whose outcome every waiting caller collects (a pointer, so
 // that handing it through singleflight allocates nothing more).
-func (l *Limiter) refill(ctx context.Context, brk *breaker.Breaker, rkey string, t lease.Ticket) (any, error) {
+func (l *Limiter) refill(ctx context.Context, brk *circuit.Breaker, rkey string, t lease.Ticket) (any, error) {
 	r := l.leases.Plan(t, l.clock.now())
 	l.refunds.addReturn(&r.Expired)
 	rc := &refillCall{plan: r}

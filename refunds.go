@@ -10,10 +10,11 @@ import (
 
 	"github.com/leaselimit/leaselimit/authority"
 	"github.com/leaselimit/leaselimit/breaker"
+	"github.com/leaselimit/leaselimit/internal/circuit"
+	"github.com/leaselimit/leaselimit/internal/recorder"
 	"github.com/leaselimit/leaselimit/internal/redispath"
 	"github.com/leaselimit/leaselimit/lease"
 	"github.com/leaselimit/leaselimit/policy"
-	"github.com/leaselimit/leaselimit/telemetry"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -40,7 +41,7 @@ const maxQueuedRefunds = 100_000
 type refundQueue struct {
 	auth  *authority.Redis
 	path  *redispath.Path
-	tel   *telemetry.Recorder
+	tel   *recorder.Recorder
 	clock localClock
 
 	// retries: the client may send a command again on its own (see
@@ -62,7 +63,7 @@ type queued struct {
 	reached int64
 }
 
-func newRefundQueue(auth *authority.Redis, path *redispath.Path, tel *telemetry.Recorder, clock localClock) *refundQueue {
+func newRefundQueue(auth *authority.Redis, path *redispath.Path, tel *recorder.Recorder, clock localClock) *refundQueue {
 	return &refundQueue{auth: auth, path: path, tel: tel, clock: clock, retries: path.Retries(), max: maxQueuedRefunds}
 }
 
@@ -201,7 +202,7 @@ func (q *refundQueue) flush() {
 	if len(qs) == 0 {
 		return
 	}
-	groups := map[*breaker.Breaker][]queued{}
+	groups := map[*circuit.Breaker][]queued{}
 	for _, a := range qs {
 		brk := q.path.Route(a.Key)
 		groups[brk] = append(groups[brk], a)

@@ -16,6 +16,7 @@ import (
 
 	"github.com/leaselimit/leaselimit/authority"
 	"github.com/leaselimit/leaselimit/breaker"
+	"github.com/leaselimit/leaselimit/internal/circuit"
 	"github.com/leaselimit/leaselimit/policy"
 	"github.com/leaselimit/leaselimit/telemetry"
 )
@@ -88,7 +89,7 @@ func TestRefundQueueFlush(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	done(breaker.ErrBudget)
+	done(circuit.ErrBudget)
 	if !l.path.Shared().Rejects(time.Now()) {
 		t.Fatal("breaker not open after a failure")
 	}

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/leaselimit/leaselimit/authority"
-	"github.com/leaselimit/leaselimit/breaker"
+	"github.com/leaselimit/leaselimit/internal/circuit"
 	"github.com/leaselimit/leaselimit/lease"
 	"github.com/leaselimit/leaselimit/policy"
 )
@@ -294,7 +294,7 @@ func (l *Limiter) adjustBucket(ctx context.Context, ms []*member, key string, n 
 // refundQueue); one the breaker holds back is queued unsent. The error is
 // for the caller's mistakes and a closed Limiter: an outage is not one;
 // applied reports whether Redis applied rf within the budget.
-func (l *Limiter) send(ctx context.Context, brk *breaker.Breaker, rf authority.Refund) (applied bool, err error) {
+func (l *Limiter) send(ctx context.Context, brk *circuit.Breaker, rf authority.Refund) (applied bool, err error) {
 	sent, err := l.path.Do(ctx, brk, func(ctx context.Context) error {
 		c := rf
 		_, err := l.auth.Apply(ctx, &c)

@@ -25,7 +25,7 @@ func within(got, want time.Duration) bool {
 func TestCachedQuotaRetryAfterIsItsBoundary(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
-		every policy.Interval
+		every policy.CalendarUnit
 		left  time.Duration // until the window ends
 	}{
 		{"day", policy.Day, 3*time.Hour + 57*time.Minute},

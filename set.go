@@ -6,10 +6,10 @@ import (
 	"time"
 
 	"github.com/leaselimit/leaselimit/authority"
+	"github.com/leaselimit/leaselimit/internal/recorder"
 	"github.com/leaselimit/leaselimit/internal/redispath"
 	"github.com/leaselimit/leaselimit/lease"
 	"github.com/leaselimit/leaselimit/policy"
-	"github.com/leaselimit/leaselimit/telemetry"
 	"golang.org/x/sync/singleflight"
 )
 
@@ -45,7 +45,7 @@ type limitSet struct {
 	// reach a member's own lease and, apart from it, the joint one.
 	leases *lease.Leases
 	joint  *lease.Leases
-	tel    *telemetry.Recorder // the set's ratelimit.limit.name (names joined with "+")
+	tel    *recorder.Recorder  // the set's ratelimit.limit.name (names joined with "+")
 	log    *logger             // nil without WithLogger
 	calls  *redispath.Caller   // budgeted authority calls
 	sf     *singleflight.Group // one refill per key at a time (refill.go)
@@ -108,7 +108,7 @@ func (e *engine) newSet(members []*member) *limitSet {
 	if len(members) == 1 {
 		s.leases = members[0].leases
 	} else {
-		s.joint = lease.NewGroup(e.table, envelope(name, limits), limits, e.cfg.lease, e.cfg.fleetSize)
+		s.joint = lease.NewGroup(e.table, name, limits, e.cfg.lease, e.cfg.fleetSize)
 		s.leases = s.joint
 	}
 	s.calls = e.path.Caller(s.tel, &receiver{leases: s.leases, refunds: e.refunds, clock: e.clock, log: s.log})
@@ -132,21 +132,6 @@ func (e *engine) invalidSet(limits []policy.Limit) *limitSet {
 	}
 	s.tel = e.meters.WithLimit(strings.Join(names, "+"))
 	return s
-}
-
-// envelope is the limit that sizes a joint lease: no looser than any of
-// limits (the least burst, the slowest refill per token), so that a lease
-// is bounded by every limit.
-func envelope(name string, limits []policy.Limit) policy.Limit {
-	env := policy.Limit{Name: name, Rate: limits[0].Rate, Period: limits[0].Period, Burst: limits[0].Burst}
-	for _, l := range limits[1:] {
-		env.Burst = min(env.Burst, l.Burst)
-		// l refills more slowly per token when Period/Rate is larger.
-		if float64(l.Period)/float64(l.Rate) > float64(env.Period)/float64(env.Rate) {
-			env.Rate, env.Period = l.Rate, l.Period
-		}
-	}
-	return env
 }
 
 // with returns the buckets besides the first that a call for key takes

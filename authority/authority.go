@@ -1,4 +1,8 @@
-// Package authority is the Redis side of leaselimit: the token bucket as
+// Package authority is internal machinery of leaselimit, for its own
+// packages: it carries no compatibility promise, and its API changes
+// whenever leaselimit needs it to. Users need nothing from it.
+//
+// It is the Redis side of leaselimit: the token bucket as
 // embedded Lua scripts (batch, which decides a batch of single-limit
 // acquire calls in one invocation, acquire_all for several limits at once,
 // refund, which also charges, reset and peek) run atomically on Redis's own
@@ -217,7 +221,8 @@ func (n Namer) Key(userKey string) string {
 
 // ParamsTag returns "<rate>/<period>/<burst>" for l, the period written in
 // the largest of d, h, m, s, ms and us that divides it: "100/1m/200",
-// "1000000/1d/1000000", "3/1500ms/3".
+// "1000000/1d/1000000", "3/1500ms/3"; a calendar quota's adds
+// "@<unit>:<location>": "1000/30d/1000@month:UTC".
 func ParamsTag(l policy.Limit) string {
 	p := l.Period
 	units := []struct {
@@ -231,7 +236,21 @@ func ParamsTag(l policy.Limit) string {
 			break
 		}
 	}
-	return strconv.FormatInt(l.Rate, 10) + "/" + period + "/" + strconv.FormatInt(l.Burst, 10) + l.Calendar.Tag()
+	return strconv.FormatInt(l.Rate, 10) + "/" + period + "/" + strconv.FormatInt(l.Burst, 10) + calendarTag(l)
+}
+
+// calendarTag is what l's Redis key says of its calendar: "" for a token
+// bucket, else "@<unit>:<location>" (UTC for a nil Location).
+func calendarTag(l policy.Limit) string {
+	if !l.IsQuota() {
+		return ""
+	}
+	c := l.Calendar
+	loc := c.Location
+	if loc == nil {
+		loc = time.UTC
+	}
+	return "@" + c.Every.String() + ":" + loc.String()
 }
 
 // Reduced returns l's rate and period in µs divided by their greatest

@@ -125,6 +125,8 @@ func TestParamsTag(t *testing.T) {
 		{policy.Limit{Name: "x", Rate: 1, Period: 7 * 24 * time.Hour, Burst: 1}, "1/7d/1"},
 		{policy.Limit{Name: "x", Rate: 1, Period: 1001 * time.Microsecond, Burst: 2}, "1/1001us/2"},
 		{policy.Limit{Name: "x", Rate: 1, Period: 90 * time.Minute, Burst: 2}, "1/90m/2"},
+		{policy.Quota("d", 1, policy.Month, nil), "1/30d/1@month:UTC"},
+		{policy.Quota("d", 10, policy.Day, time.UTC), "10/1d/10@day:UTC"},
 	} {
 		if got := ParamsTag(c.l); got != c.want {
 			t.Errorf("ParamsTag(%v) = %q; want %q", c.l, got, c.want)

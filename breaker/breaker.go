@@ -1,28 +1,24 @@
-// Package breaker wraps the authority's Redis calls in a circuit breaker
-// (github.com/sony/gobreaker/v2) and says which errors count against Redis.
+// Package breaker is for users who tune the circuit breaker that guards
+// leaselimit's Redis calls: pass Settings to leaselimit.WithBreaker, read
+// a State from Client.BreakerState, and recognise ErrOpen in the error of a
+// call that needs Redis (Peek, Reset) while the breaker holds calls back.
+// The breaker itself is the Client's own.
 //
-// Counted as failures: network errors, timeouts (including the Limiter's own
-// time budget, once the Limiter has found that its own process was keeping
-// up; a budget miss while the process was behind is not Redis's), connection refused or reset, a closed pool, and Redis replies
-// that mean the server cannot serve now (LOADING, BUSY, READONLY, MASTERDOWN,
-// CLUSTERDOWN, TRYAGAIN). Not counted: success, a caller's
-// context.Canceled, NOSCRIPT (the authority reloads the script and retries),
-// and errors that are leaselimit's own bugs (the authority's ErrScript and
-// ErrReply), which the Limiter returns to the caller instead of hiding them
-// behind the failure policy.
+// Counted as failures: network errors, timeouts (including the Client's own
+// time budget, once the Client has found that its own process was keeping
+// up; a budget miss while the process was behind is not Redis's),
+// connection refused or reset, a closed pool, and Redis replies that mean
+// the server cannot serve now (LOADING, BUSY, READONLY, MASTERDOWN,
+// CLUSTERDOWN, TRYAGAIN, MISCONF, NOREPLICAS, OOM). Not counted: success, a
+// caller's context.Canceled, NOSCRIPT (the script is reloaded and the call
+// retried), and errors that are leaselimit's own bugs, which are returned
+// to the caller instead of being hidden behind the failure policy.
 package breaker
 
 import (
-	"context"
 	"errors"
-	"io"
-	"net"
-	"sync/atomic"
-	"syscall"
+	"strconv"
 	"time"
-
-	"github.com/redis/go-redis/v9"
-	"github.com/sony/gobreaker/v2"
 )
 
 // State is the breaker's state.
@@ -30,28 +26,31 @@ type State int32
 
 // The breaker's states.
 const (
-	Closed   State = State(gobreaker.StateClosed)
-	HalfOpen State = State(gobreaker.StateHalfOpen)
-	Open     State = State(gobreaker.StateOpen)
+	Closed State = iota
+	HalfOpen
+	Open
 )
 
 // String returns "closed", "half-open" or "open".
-func (s State) String() string { return gobreaker.State(s).String() }
+func (s State) String() string {
+	switch s {
+	case Closed:
+		return "closed"
+	case HalfOpen:
+		return "half-open"
+	case Open:
+		return "open"
+	}
+	return "unknown state: " + strconv.Itoa(int(s))
+}
 
-// ErrOpen is returned by Allow while the breaker is open or its half-open
-// probes are all in flight: no Redis call may be made.
+// ErrOpen is wrapped by the error of a call that needs Redis (Peek, Reset)
+// made while the breaker is open or its half-open probes are all in
+// flight: no Redis call was made.
 var ErrOpen = errors.New("breaker: open")
 
-// ErrBudget marks an authority call that ran out of its time budget.
-var ErrBudget = errors.New("breaker: time budget exceeded")
-
-// ErrUnreachable marks an authority call given up at its time budget (it
-// wraps ErrBudget too) that never got a connection to Redis: go-redis's own
-// dial retries outlast any budget, so the dial error itself arrives too
-// late to tell. See Unreachable.
-var ErrUnreachable = errors.New("breaker: no connection to Redis")
-
-// Settings configures a Breaker. Zero fields take the documented defaults.
+// Settings configures the circuit breaker (leaselimit.WithBreaker). Zero
+// fields take the documented defaults.
 type Settings struct {
 	// Failures is the number of consecutive failures that opens the breaker.
 	// Default 5.
@@ -72,32 +71,10 @@ type Settings struct {
 	// Interval clears the failure counts periodically while closed, so
 	// sparse failures never add up to a trip. Default 10s.
 	Interval time.Duration
-	// Now, if set, is the clock of OpenUntil and Rejects (the Limiter
-	// passes its WithClock clock, so that retry-afters are on one clock).
-	// Default time.Now. The half-open transition itself follows gobreaker's
-	// own (real) clock.
-	Now func() time.Time
 	// OnStateChange, if set, is called on every transition. It runs under the
 	// breaker's lock: it may only record (an atomic store, a metric), never
-	// call back into the Limiter or the breaker.
+	// call back into the Client, a Limiter or the breaker.
 	OnStateChange func(from, to State)
-}
-
-// WithDefaults returns s with zero fields set to their defaults.
-func (s Settings) WithDefaults() Settings {
-	if s.Failures == 0 {
-		s.Failures = 5
-	}
-	if s.OpenFor == 0 {
-		s.OpenFor = 250 * time.Millisecond
-	}
-	if s.Probes == 0 {
-		s.Probes = 1
-	}
-	if s.Interval == 0 {
-		s.Interval = 10 * time.Second
-	}
-	return s
 }
 
 // Validate reports whether s is usable.
@@ -106,158 +83,4 @@ func (s Settings) Validate() error {
 		return errors.New("breaker: OpenFor and Interval must be >= 0")
 	}
 	return nil
-}
-
-// Breaker is a circuit breaker for authority calls. Its fast check, Rejects,
-// is a pair of atomic loads.
-type Breaker struct {
-	cb        *gobreaker.TwoStepCircuitBreaker[struct{}]
-	state     atomic.Int32
-	openUntil atomic.Int64 // unix nanoseconds; while now is before it, Rejects is true
-	openFor   time.Duration
-	now       func() time.Time
-	replies   atomic.Int64
-	lastNet   atomic.Int64 // unix ns of the last network error (NoteNetworkError)
-}
-
-// New returns a closed breaker named name.
-func New(name string, s Settings) *Breaker {
-	s = s.WithDefaults()
-	b := &Breaker{openFor: s.OpenFor, now: s.Now}
-	if b.now == nil {
-		b.now = time.Now
-	}
-	user := s.OnStateChange
-	b.cb = gobreaker.NewTwoStepCircuitBreaker[struct{}](gobreaker.Settings{
-		Name:        name,
-		MaxRequests: s.Probes,
-		Interval:    s.Interval,
-		Timeout:     s.OpenFor,
-		ReadyToTrip: func(c gobreaker.Counts) bool {
-			return c.ConsecutiveFailures >= s.Failures
-		},
-		OnStateChange: func(_ string, from, to gobreaker.State) {
-			// Runs under gobreaker's lock: record only.
-			b.state.Store(int32(to))
-			if to == gobreaker.StateOpen {
-				b.openUntil.Store(b.now().Add(b.openFor).UnixNano())
-			} else {
-				b.openUntil.Store(0)
-			}
-			if user != nil {
-				user(State(from), State(to))
-			}
-		},
-		IsExcluded: func(err error) bool { return err != nil && !Counts(err) },
-	})
-	return b
-}
-
-// State returns the last state the breaker moved to.
-func (b *Breaker) State() State { return State(b.state.Load()) }
-
-// Replied records that Redis answered a call through this breaker (with a
-// decision or an error reply: anything but silence or a broken connection).
-func (b *Breaker) Replied() { b.replies.Add(1) }
-
-// NoteNetworkError records that a call failed at now with a network error
-// that is not a timeout (a refused or reset connection).
-func (b *Breaker) NoteNetworkError(now time.Time) { b.lastNet.Store(now.UnixNano()) }
-
-// NetworkErrorSince reports whether a call failed with such a network
-// error at or after t.
-func (b *Breaker) NetworkErrorSince(t time.Time) bool { return b.lastNet.Load() >= t.UnixNano() }
-
-// Replies returns how many calls Redis has answered (see Replied). Two
-// readings tell how many replies arrived in between.
-func (b *Breaker) Replies() int64 { return b.replies.Load() }
-
-// Rejects reports, without locking, whether the breaker is open at now and
-// not yet due for a probe.
-func (b *Breaker) Rejects(now time.Time) bool {
-	u := b.openUntil.Load()
-	return u != 0 && now.UnixNano() < u
-}
-
-// OpenUntil returns when the open breaker lets probes through, or the zero
-// time when it is not open.
-func (b *Breaker) OpenUntil() time.Time {
-	u := b.openUntil.Load()
-	if u == 0 {
-		return time.Time{}
-	}
-	return time.Unix(0, u)
-}
-
-// Allow asks to make one Redis call. On success the caller must call done
-// exactly once with the call's error; on ErrOpen it must not call Redis.
-func (b *Breaker) Allow() (done func(error), err error) {
-	done, err = b.cb.Allow()
-	if err != nil {
-		return nil, ErrOpen
-	}
-	return done, nil
-}
-
-// Excluded reports whether err says nothing about Redis's health: a caller's
-// cancellation, or NOSCRIPT (the authority reloads the script and retries).
-func Excluded(err error) bool {
-	return err != nil && (errors.Is(err, context.Canceled) || redis.HasErrorPrefix(err, "NOSCRIPT"))
-}
-
-// Unreachable reports whether err says that no connection to Redis could
-// be made, as opposed to a connection that did not answer: a dial error
-// (connection refused, no route to the host or network, a DNS failure, a
-// dial timeout), or a call marked with ErrUnreachable. A wrong address and
-// a Redis that is down both look like this; a hung Redis does not.
-func Unreachable(err error) bool {
-	if err == nil {
-		return false
-	}
-	if errors.Is(err, ErrUnreachable) {
-		return true
-	}
-	var op *net.OpError
-	if errors.As(err, &op) && op.Op == "dial" {
-		return true
-	}
-	var dns *net.DNSError
-	if errors.As(err, &dns) {
-		return true
-	}
-	return errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.EHOSTUNREACH) || errors.Is(err, syscall.ENETUNREACH)
-}
-
-// unavailable are the codes of Redis error replies that mean the server
-// cannot serve now.
-var unavailable = []string{"LOADING", "BUSY", "READONLY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "MISCONF", "NOREPLICAS", "OOM"}
-
-// Counts reports whether err counts as a Redis failure: by its type or
-// sentinel (a timeout, a network error, a closed or exhausted pool, a
-// broken connection), or by the code of a Redis error reply.
-func Counts(err error) bool {
-	if err == nil || Excluded(err) {
-		return false
-	}
-	if errors.Is(err, ErrBudget) || errors.Is(err, context.DeadlineExceeded) {
-		return true
-	}
-	// net.Error covers *net.OpError (refused, reset, broken pipe, no route),
-	// i/o timeouts, net.ErrClosed and bare syscall errnos.
-	var ne net.Error
-	if errors.As(err, &ne) {
-		return true
-	}
-	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
-		errors.Is(err, redis.ErrClosed) || errors.Is(err, redis.ErrPoolTimeout) || errors.Is(err, redis.ErrPoolExhausted) {
-		return true
-	}
-	for _, code := range unavailable {
-		if redis.HasErrorPrefix(err, code) {
-			return true
-		}
-	}
-	// Other replies (WRONGTYPE, NOPERM, our own script's argument errors)
-	// are not Redis being unavailable.
-	return false
 }

@@ -1,29 +1,36 @@
 package breaker_test
 
 import (
+	"context"
 	"errors"
-	"fmt"
-	"net"
+	"log"
 	"time"
 
+	"github.com/leaselimit/leaselimit"
 	"github.com/leaselimit/leaselimit/breaker"
+	"github.com/leaselimit/leaselimit/policy"
+	"github.com/redis/go-redis/v9"
 )
 
+// Tune the breaker with WithBreaker, watch its state on the Client, and
+// tell a call held back by the open breaker from other errors.
 func Example() {
-	b := breaker.New("redis", breaker.Settings{Failures: 2, OpenFor: time.Minute})
-	refused := &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connection refused")}
-	for i := 0; i < 2; i++ {
-		done, err := b.Allow()
-		if err != nil {
-			fmt.Println(err)
-			return
-		}
-		done(refused) // the call failed: it counts against Redis
+	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
+	defer rdb.Close()
+	c, err := leaselimit.NewClient(rdb, leaselimit.WithBreaker(breaker.Settings{
+		Failures: 3,           // consecutive failures that open it
+		OpenFor:  time.Second, // then a probe a second
+	}))
+	if err != nil {
+		log.Fatal(err)
 	}
-	fmt.Println(b.State(), b.Rejects(time.Now()))
-	_, err := b.Allow()
-	fmt.Println(errors.Is(err, breaker.ErrOpen))
-	// Output:
-	// open true
-	// true
+	defer c.Close()
+
+	if c.BreakerState() == breaker.Open {
+		log.Print("Redis unavailable: the failure policy decides")
+	}
+	api := c.Limiter(policy.PerMinute(100).WithName("api"))
+	if _, err := api.Peek(context.Background(), "user:42"); errors.Is(err, breaker.ErrOpen) {
+		log.Print("Peek held back: the breaker is open")
+	}
 }

@@ -1,9 +1,9 @@
-// Package grpclimit puts a leaselimit Limiter in front of gRPC services:
-// unary and stream server interceptors that take tokens for the calls of
-// the limited methods, keyed by metadata or the peer, and refuse calls over
-// the limit with codes.ResourceExhausted and a google.rpc.RetryInfo detail
-// that says when to come back; and a client interceptor that honours
-// RetryInfo.
+// Package grpclimit is for gRPC servers and their clients: it puts a
+// leaselimit Limiter in front of gRPC services with unary and stream server
+// interceptors that take tokens for the calls of the limited methods, keyed
+// by metadata or the peer, and refuse calls over the limit with
+// codes.ResourceExhausted and a google.rpc.RetryInfo detail that says when
+// to come back; and a client interceptor that honours RetryInfo.
 //
 //	c, _ := leaselimit.NewClient(rdb)
 //	lim := c.Limiter(policy.PerSecond(100).WithName("api"))

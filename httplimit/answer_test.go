@@ -88,7 +88,7 @@ func TestAnswerLikeMiddleware(t *testing.T) {
 		{"outage, FailClosed", func(t *testing.T) *leaselimit.Limiter { return downLimiter(t, api, policy.FailClosed) }, 1,
 			[]int{503, 503}, func(d leaselimit.Decision) bool { return d.Source == leaselimit.SourceFallback }},
 		{"outage, FailLocal", func(t *testing.T) *leaselimit.Limiter {
-			return downLimiter(t, api, policy.FailLocal, leaselimit.WithClock(&stepClock{t: frozen}))
+			return downLimiter(t, api, policy.FailLocal, withClock(&stepClock{t: frozen}))
 		}, 1, []int{200, 200, 503}, func(d leaselimit.Decision) bool { return d.Source == leaselimit.SourceFallback }},
 		{"multi-limit, outage", func(t *testing.T) *leaselimit.Limiter {
 			return downClient(t, policy.FailClosed).Limiter(burst, daily)

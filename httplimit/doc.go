@@ -1,5 +1,7 @@
-// Package httplimit puts a leaselimit.Limiter in front of an http.Handler and
-// tells clients how to back off, with the response header fields of
+// Package httplimit is for services that serve HTTP: it puts a
+// leaselimit.Limiter in front of an http.Handler (Middleware), answers a
+// decision made inside a handler (AddFields, Refuse), and tells clients how
+// to back off, with the response header fields of
 // draft-ietf-httpapi-ratelimit-headers-10.
 //
 //	c, _ := leaselimit.NewClient(rdb)

@@ -84,7 +84,7 @@ func TestOutage(t *testing.T) {
 
 	t.Run("local", func(t *testing.T) {
 		clk := &stepClock{t: frozen}
-		lim := downLimiter(t, l, policy.FailLocal, leaselimit.WithClock(clk))
+		lim := downLimiter(t, l, policy.FailLocal, withClock(clk))
 		next := &okHandler{}
 		h := httplimit.Middleware(lim, constKey("k"))(next)
 		// FleetSize 2: this instance admits half the limit, 2 per minute.
@@ -126,7 +126,7 @@ func TestOutage(t *testing.T) {
 // time until the breaker lets a probe through, on the Limiter's clock.
 func TestOutageRetryAfterIsTheBreakers(t *testing.T) {
 	clk := &stepClock{t: frozen}
-	c := downClient(t, policy.FailClosed, leaselimit.WithClock(clk),
+	c := downClient(t, policy.FailClosed, withClock(clk),
 		leaselimit.WithoutLease(), leaselimit.WithBreaker(breaker.Settings{Failures: 1, OpenFor: time.Hour}))
 	h := httplimit.Middleware(c.Limiter(policy.PerMinute(10).WithName("login")), constKey("k"))(&okHandler{})
 	readProblem(t, get(h), http.StatusServiceUnavailable)

@@ -11,13 +11,20 @@ import (
 
 	"github.com/leaselimit/leaselimit"
 	"github.com/leaselimit/leaselimit/httplimit"
+	"github.com/leaselimit/leaselimit/internal/clockhook"
 	"github.com/leaselimit/leaselimit/policy"
 )
 
 // maxSFInt is the largest Structured Field Integer (RFC 9651, 15 digits).
 const maxSFInt = 999_999_999_999_999
 
-// stepClock is a leaselimit.Clock the test moves by hand, in step with
+// withClock is the option that runs a Client on clk, which leaselimit
+// keeps out of its API and hands to its own packages' tests.
+func withClock(clk clockhook.Clock) leaselimit.Option {
+	return clockhook.WithClock(clk).(leaselimit.Option)
+}
+
+// stepClock is a clock the test moves by hand, in step with
 // miniredis's.
 type stepClock struct {
 	mu sync.Mutex
@@ -182,7 +189,7 @@ func TestPacingToPolicy(t *testing.T) {
 			t.Run(fmt.Sprintf("%s/lease=%v", l, lease), func(t *testing.T) {
 				mr, rdb := newRedis(t)
 				clk := &stepClock{t: frozen}
-				opts := []leaselimit.Option{leaselimit.WithClock(clk)}
+				opts := []leaselimit.Option{withClock(clk)}
 				if !lease {
 					opts = append(opts, leaselimit.WithoutLease())
 				}

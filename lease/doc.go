@@ -1,4 +1,8 @@
-// Package lease is the local decision protocol of a leaselimit Limiter:
+// Package lease is internal machinery of leaselimit, for its own packages:
+// it carries no compatibility promise, and its API changes whenever
+// leaselimit needs it to. Users need nothing from it.
+//
+// It is the local decision protocol of a leaselimit Client:
 // Leases decides each request from tokens already debited from the Redis
 // bucket (a lease, spent with a lock-free compare-and-swap), from a
 // negative cache after a denial, or answers with the refill the authority
@@ -11,8 +15,4 @@
 // owns the clock, performs the authority calls and refunds, coalesces
 // concurrent refills of a key, and applies the failure policy. That keeps
 // the protocol testable with step tables over fixed timestamps.
-//
-// The files: leases.go is the protocol; entry.go the state of one key;
-// sizer.go how large a lease is and how a key at its limit is batched;
-// table.go the bounded key table; local.go the FailLocal bucket.
 package lease

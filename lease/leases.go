@@ -64,15 +64,30 @@ func New(t *Table, limit policy.Limit, s policy.Lease, fleetSize int) *Leases {
 	}
 }
 
-// NewGroup returns the protocol for a multi-limit in table t: leases whose
-// every token was taken from each of members' buckets at once. envelope
-// sizes them: a limit no looser than any member (the least burst, the
-// slowest refill), so that a lease is bounded by every limit.
-func NewGroup(t *Table, envelope policy.Limit, members []policy.Limit, s policy.Lease, fleetSize int) *Leases {
-	ls := New(t, envelope, s, fleetSize)
+// NewGroup returns the protocol for a multi-limit named name in table t:
+// leases whose every token was taken from each of members' buckets at
+// once. Their envelope sizes them: a limit no looser than any member, so
+// that a lease is bounded by every limit.
+func NewGroup(t *Table, name string, members []policy.Limit, s policy.Lease, fleetSize int) *Leases {
+	ls := New(t, envelope(name, members), s, fleetSize)
 	ls.members = members
 	ls.sizer.members = members
 	return ls
+}
+
+// envelope is the limit named name that sizes the leases of members
+// together: no looser than any of them (the least burst, the slowest
+// refill per token), so that a lease is bounded by every limit.
+func envelope(name string, members []policy.Limit) policy.Limit {
+	env := policy.Limit{Name: name, Rate: members[0].Rate, Period: members[0].Period, Burst: members[0].Burst}
+	for _, l := range members[1:] {
+		env.Burst = min(env.Burst, l.Burst)
+		// l refills more slowly per token when Period/Rate is larger.
+		if float64(l.Period)/float64(l.Rate) > float64(env.Period)/float64(env.Rate) {
+			env.Rate, env.Period = l.Rate, l.Period
+		}
+	}
+	return env
 }
 
 // Limit returns the limit the protocol decides for.
@@ -335,10 +350,10 @@ func (ls *Leases) Collect(t Ticket, o Outcome, now int64) Answer {
 // refill has run, failed or been skipped.
 func (ls *Leases) Prefetched(t Ticket) { t.e.PrefetchDone() }
 
-// Held admits n tokens of key from a lease it still holds at now, without
+// AllowLeased admits n tokens of key from a lease it still holds at now, without
 // the authority: while the authority is unavailable, leases keep serving
 // until they expire.
-func (ls *Leases) Held(key string, n, now int64) (Answer, bool) {
+func (ls *Leases) AllowLeased(key string, n, now int64) (Answer, bool) {
 	e := ls.table.Get(ls, key)
 	if e == nil {
 		return Answer{}, false
@@ -382,11 +397,11 @@ func (ls *Leases) LastKnown(key string) int64 {
 	return ls.limit.Burst
 }
 
-// Holding returns the tokens this instance holds for key at now: its live
+// Outstanding returns the tokens this instance holds for key at now: its live
 // lease and the tokens set aside for callers waiting on a refill. They are
 // debited from the bucket already, so a reader of the bucket counts them as
 // available.
-func (ls *Leases) Holding(key string, now int64) int64 {
+func (ls *Leases) Outstanding(key string, now int64) int64 {
 	e := ls.table.Get(ls, key)
 	if e == nil || now >= e.expires.Load() {
 		return 0

@@ -209,8 +209,8 @@ func TestProtocolHeldAndLastKnown(t *testing.T) {
 	l := policy.PerSecond(100_000)
 	ls := newLeases(l, 1000, 1)
 	now := int64(s)
-	if _, ok := ls.Held("k", 1, now); ok {
-		t.Fatal("Held for an unknown key")
+	if _, ok := ls.AllowLeased("k", 1, now); ok {
+		t.Fatal("AllowLeased for an unknown key")
 	}
 	if got := ls.LastKnown("k"); got != l.Burst {
 		t.Errorf("LastKnown of an unknown key = %d; want the burst %d", got, l.Burst)
@@ -220,14 +220,14 @@ func TestProtocolHeldAndLastKnown(t *testing.T) {
 	// The authority last said the bucket held 40.
 	e.remote.Store(40)
 	left := e.Tokens() - 2
-	if h, ok := ls.Held("k", 2, now); !ok || h.Status != Leased || h.Remaining != min(left+e.Reserved()+40, l.Burst) {
-		t.Errorf("Held(2) = %+v, %v; want Leased, Remaining %d leased + 40", h, ok, left)
+	if h, ok := ls.AllowLeased("k", 2, now); !ok || h.Status != Leased || h.Remaining != min(left+e.Reserved()+40, l.Burst) {
+		t.Errorf("AllowLeased(2) = %+v, %v; want Leased, Remaining %d leased + 40", h, ok, left)
 	}
 	if got := ls.LastKnown("k"); got != min(e.Tokens()+40, l.Burst) {
 		t.Errorf("LastKnown = %d; want 40 in the bucket + %d leased", got, e.Tokens())
 	}
-	if _, ok := ls.Held("k", 1, now+int64(policy.DefaultLease().TTL)); ok {
-		t.Error("Held served from an expired lease")
+	if _, ok := ls.AllowLeased("k", 1, now+int64(policy.DefaultLease().TTL)); ok {
+		t.Error("AllowLeased served from an expired lease")
 	}
 }
 
@@ -327,19 +327,19 @@ func TestProtocolLimitsShareTable(t *testing.T) {
 	lf := New(tab, free, policy.Lease{}, 1)
 	lp := New(tab, pro, policy.Lease{}, 1)
 	now := warm(t, lf, "k", int64(s))
-	if lf.Holding("k", now) < 2 {
-		t.Fatalf("free holds %d tokens of k after warming; want a lease", lf.Holding("k", now))
+	if lf.Outstanding("k", now) < 2 {
+		t.Fatalf("free holds %d tokens of k after warming; want a lease", lf.Outstanding("k", now))
 	}
 	if a := lp.Decide("k", 1, now); a.Status != Miss {
 		t.Fatalf("pro's first Decide of k = %+v; want Miss: free's lease is not pro's", a)
 	}
-	if lp.Holding("k", now) != 0 {
-		t.Errorf("pro holds %d tokens of k", lp.Holding("k", now))
+	if lp.Outstanding("k", now) != 0 {
+		t.Errorf("pro holds %d tokens of k", lp.Outstanding("k", now))
 	}
 	if tab.Len() != 2 {
 		t.Errorf("Len = %d; want 2 (k under each limit)", tab.Len())
 	}
-	held := lf.Holding("k", now)
+	held := lf.Outstanding("k", now)
 	rs := tab.Drain()
 	if len(rs) != 1 || rs[0].Limit != free || rs[0].Key != "k" || rs[0].Tokens != held {
 		t.Errorf("Drain = %+v; want free's %d tokens of k", rs, held)
@@ -362,8 +362,8 @@ func TestProtocolForget(t *testing.T) {
 	ls := newLeases(policy.PerSecond(100_000), 1000, 1)
 	now := warm(t, ls, "k", int64(s))
 	ls.Forget("k")
-	if h := ls.Holding("k", now); h != 0 {
-		t.Errorf("Holding after Forget = %d", h)
+	if h := ls.Outstanding("k", now); h != 0 {
+		t.Errorf("Outstanding after Forget = %d", h)
 	}
 	if rs := tableOf(ls).Drain(); len(rs) != 0 {
 		t.Errorf("Drain after Forget = %v; want nothing to return", rs)
@@ -383,5 +383,25 @@ func TestProtocolForget(t *testing.T) {
 	ls.Forget("d")
 	if a := ls.Decide("d", 1, now); a.Status != Miss {
 		t.Errorf("Decide after Forget = %+v; want Miss (ask the authority)", a)
+	}
+}
+
+// TestEnvelope: a multi-limit's leases are sized by a limit no looser
+// than any member: the least burst, the slowest refill per token.
+func TestEnvelope(t *testing.T) {
+	for _, tc := range []struct {
+		members []policy.Limit
+		want    policy.Limit
+	}{
+		{[]policy.Limit{policy.PerSecond(10).WithBurst(20), policy.PerMinute(100).WithBurst(50)},
+			policy.Limit{Name: "env", Rate: 100, Period: time.Minute, Burst: 20}},
+		{[]policy.Limit{policy.PerMinute(100).WithBurst(50), policy.PerSecond(10).WithBurst(20)},
+			policy.Limit{Name: "env", Rate: 100, Period: time.Minute, Burst: 20}},
+		{[]policy.Limit{policy.PerHour(3600), policy.Quota("daily", 1000, policy.Day, nil)},
+			policy.Limit{Name: "env", Rate: 1000, Period: 24 * time.Hour, Burst: 1000}},
+	} {
+		if got := NewGroup(NewTable(64, policy.Lease{}), "env", tc.members, policy.Lease{}, 1).Limit(); got != tc.want {
+			t.Errorf("envelope of %v = %v; want %v", tc.members, got, tc.want)
+		}
 	}
 }

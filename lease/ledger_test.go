@@ -102,7 +102,7 @@ func TestChargeNeverFromAQuotaLease(t *testing.T) {
 		{"token bucket", func(tab *Table) *Leases { return New(tab, b, policy.Lease{}, 1) }, true},
 		{"quota", func(tab *Table) *Leases { return New(tab, q, policy.Lease{}, 1) }, false},
 		{"multi-limit with a quota", func(tab *Table) *Leases {
-			return NewGroup(tab, b, []policy.Limit{b, q}, policy.Lease{}, 1)
+			return NewGroup(tab, "b+q", []policy.Limit{b, q}, policy.Lease{}, 1)
 		}, false},
 	} {
 		ls := tc.ls(NewTable(64, policy.Lease{}))

@@ -28,8 +28,11 @@ func TestRetryAfterByEachLimitsRule(t *testing.T) {
 	// envelope's (burst 5).
 	group := func(other policy.Limit) func() *Leases {
 		return func() *Leases {
-			env := policy.Limit{Name: "ps+" + other.Name, Rate: other.Rate, Period: other.Period, Burst: 5}
-			return NewGroup(NewTable(1000, policy.Lease{}), env, []policy.Limit{perSecond, other}, policy.Lease{}, 1)
+			ls := NewGroup(NewTable(1000, policy.Lease{}), "ps+"+other.Name, []policy.Limit{perSecond, other}, policy.Lease{}, 1)
+			if env := (policy.Limit{Name: "ps+" + other.Name, Rate: other.Rate, Period: other.Period, Burst: 5}); ls.Limit() != env {
+				t.Fatalf("envelope %v; want %v", ls.Limit(), env)
+			}
+			return ls
 		}
 	}
 	// multi is an acquire_all denial: Remaining the least of the parts,

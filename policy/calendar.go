@@ -3,24 +3,34 @@ package policy
 import (
 	"fmt"
 	"time"
+
+	"github.com/leaselimit/leaselimit/internal/cowmap"
 )
 
-// Interval is the length of a calendar quota's window (see Quota).
-type Interval int
+// CalendarUnit is the length of a calendar quota's window (see Quota):
+// Hour, Day, Week or Month.
+type CalendarUnit int
+
+// Interval is the former name of CalendarUnit.
+//
+// Deprecated: use CalendarUnit.
+type Interval = CalendarUnit
 
 const (
-	// NoCalendar is the zero Interval: a token bucket that refills
+	// noCalendar is the zero CalendarUnit: a token bucket that refills
 	// continuously, not a calendar quota.
-	NoCalendar Interval = iota
-	Hour                // from one o'clock to the next
-	Day                 // from midnight to midnight
-	Week                // from Monday 00:00 to Monday 00:00
-	Month               // from the 1st at 00:00 to the next 1st
+	noCalendar CalendarUnit = iota
+	Hour                    // from one o'clock to the next
+	Day                     // from midnight to midnight
+	Week                    // from Monday 00:00 to Monday 00:00
+	Month                   // from the 1st at 00:00 to the next 1st
 )
 
-func (i Interval) String() string {
+// String returns "hour", "day", "week" or "month" ("none" for the zero
+// CalendarUnit).
+func (i CalendarUnit) String() string {
 	switch i {
-	case NoCalendar:
+	case noCalendar:
 		return "none"
 	case Hour:
 		return "hour"
@@ -31,13 +41,13 @@ func (i Interval) String() string {
 	case Month:
 		return "month"
 	}
-	return fmt.Sprintf("Interval(%d)", int(i))
+	return fmt.Sprintf("CalendarUnit(%d)", int(i))
 }
 
-// nominal is an Interval's usual length, the Period of a Quota: what the
+// nominal is a CalendarUnit's usual length, the Period of a Quota: what the
 // RateLimit-Policy header's window says (a month counts 30 days there; its
 // tokens still reset on the 1st).
-func (i Interval) nominal() time.Duration {
+func (i CalendarUnit) nominal() time.Duration {
 	switch i {
 	case Hour:
 		return time.Hour
@@ -56,7 +66,7 @@ func (i Interval) nominal() time.Duration {
 // calendar in Location) and none come back before the window ends. The
 // zero Calendar is none: the Limit is a token bucket.
 type Calendar struct {
-	Every    Interval
+	Every    CalendarUnit
 	Location *time.Location // nil: UTC
 }
 
@@ -68,24 +78,24 @@ type Calendar struct {
 // Its Rate and Burst are tokens and its Period the window's usual length.
 // It can be used alone or with a token bucket in one multi-limit
 // (leaselimit.Client.Limiter(perSecond, daily)).
-func Quota(name string, tokens int64, every Interval, loc *time.Location) Limit {
+func Quota(name string, tokens int64, every CalendarUnit, loc *time.Location) Limit {
 	return Limit{Name: name, Rate: tokens, Period: every.nominal(), Burst: tokens,
 		Calendar: Calendar{Every: every, Location: loc}}
 }
 
 // IsQuota reports whether l is a calendar quota.
-func (l Limit) IsQuota() bool { return l.Calendar.Every != NoCalendar }
+func (l Limit) IsQuota() bool { return l.Calendar.Every != noCalendar }
 
 // validate checks a Limit's Calendar against its other fields.
 func (c Calendar) validate(l Limit) error {
-	if c.Every == NoCalendar {
+	if c.Every == noCalendar {
 		if c.Location != nil {
-			return fmt.Errorf("%w: %s: a Location without a calendar Interval", ErrInvalidLimit, l.Name)
+			return fmt.Errorf("%w: %s: a Location without a calendar unit", ErrInvalidLimit, l.Name)
 		}
 		return nil
 	}
 	if c.Every < Hour || c.Every > Month {
-		return fmt.Errorf("%w: %s: unknown calendar interval %d", ErrInvalidLimit, l.Name, int(c.Every))
+		return fmt.Errorf("%w: %s: unknown calendar unit %d", ErrInvalidLimit, l.Name, int(c.Every))
 	}
 	if c.Location == time.Local {
 		// Every instance must agree on the boundaries, and the name is part
@@ -130,13 +140,23 @@ func (c Calendar) Window(t time.Time) (end, next time.Time) {
 	return end, next
 }
 
-// Tag returns what a Limit's Redis key says of c: "" for a token bucket,
-// else "@<interval>:<location>".
-func (c Calendar) Tag() string {
-	if c.Every == NoCalendar {
-		return ""
+// zones maps a time zone's name to the one *time.Location Canonical gives
+// for it.
+var zones cowmap.Map[string, *time.Location]
+
+// Canonical returns l with its calendar Location replaced by the one
+// *time.Location this package keeps for a zone of that name, so that two
+// quotas in one zone compare equal (with ==, and as map keys) even when
+// each loaded its own Location (time.LoadLocation returns a new one every
+// time); other limits are returned as they are. leaselimit canonicalises
+// every limit it is given.
+func (l Limit) Canonical() Limit {
+	loc := l.Calendar.Location
+	if loc == nil {
+		return l
 	}
-	return "@" + c.Every.String() + ":" + c.location().String()
+	l.Calendar.Location = zones.LoadOrMake(loc.String(), func() *time.Location { return loc })
+	return l
 }
 
 // location is c's Location, UTC for nil.

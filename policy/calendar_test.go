@@ -52,14 +52,56 @@ func TestQuotaValidate(t *testing.T) {
 		{Name: "half", Rate: 5, Period: 24 * time.Hour, Burst: 10, Calendar: Calendar{Every: Day}},
 		{Name: "long", Rate: 10, Period: time.Hour, Burst: 10, Calendar: Calendar{Every: Day}},
 		{Name: "zone", Rate: 10, Period: time.Hour, Burst: 10, Calendar: Calendar{Location: time.UTC}},
-		{Name: "odd", Rate: 10, Period: time.Hour, Burst: 10, Calendar: Calendar{Every: Interval(9)}},
+		{Name: "odd", Rate: 10, Period: time.Hour, Burst: 10, Calendar: Calendar{Every: CalendarUnit(9)}},
 	}
 	for _, l := range bad {
 		if err := l.Validate(); !errors.Is(err, ErrInvalidLimit) {
 			t.Errorf("%+v.Validate() = %v; want ErrInvalidLimit", l, err)
 		}
 	}
-	if tag := Quota("d", 1, Month, nil).Calendar.Tag(); tag != "@month:UTC" {
-		t.Errorf("Tag = %q", tag)
+}
+
+// TestCanonical: quotas in one zone, each with a Location of its own
+// loading, compare equal once canonical; other limits are untouched.
+func TestCanonical(t *testing.T) {
+	a, err := time.LoadLocation("America/New_York")
+	if err != nil {
+		t.Skip("no time zone database:", err)
+	}
+	b, _ := time.LoadLocation("America/New_York")
+	if a == b {
+		t.Skip("time.LoadLocation returned one Location twice")
+	}
+	qa, qb := Quota("daily", 10, Day, a), Quota("daily", 10, Day, b)
+	if qa == qb {
+		t.Fatal("quotas with Locations of their own compare equal before Canonical")
+	}
+	if ca, cb := qa.Canonical(), qb.Canonical(); ca != cb || ca.Calendar.Location.String() != "America/New_York" {
+		t.Errorf("Canonical: %v and %v differ", ca, cb)
+	}
+	for _, l := range []Limit{PerSecond(5), Quota("utc", 10, Hour, nil)} {
+		if c := l.Canonical(); c != l {
+			t.Errorf("Canonical(%v) = %v; want it unchanged", l, c)
+		}
+	}
+}
+
+func TestResetAfter(t *testing.T) {
+	now := time.Date(2026, 12, 1, 15, 30, 0, 0, time.UTC)
+	daily := Quota("daily", 100, Day, time.UTC)
+	for _, tc := range []struct {
+		l         Limit
+		remaining int64
+		want      time.Duration
+	}{
+		{PerMinute(60), 58, 2 * time.Second}, // two tokens to refill
+		{PerMinute(60), 60, 0},               // full
+		{PerMinute(60).WithBurst(120), 0, 2 * time.Minute},
+		{daily, 40, 8*time.Hour + 30*time.Minute}, // until midnight
+		{daily, 100, 0},                           // full: nothing to wait for
+	} {
+		if got := tc.l.ResetAfter(tc.remaining, now); got != tc.want {
+			t.Errorf("%v: ResetAfter(%d) = %v; want %v", tc.l, tc.remaining, got, tc.want)
+		}
 	}
 }

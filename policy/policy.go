@@ -1,6 +1,7 @@
-// Package policy holds the plain data that configures a leaselimit Limiter:
-// the token-bucket Limit, the FailureMode used while Redis is unavailable,
-// and the Lease settings that tune local leases. It has no Redis imports;
+// Package policy is for everyone who configures leaselimit: the plain data
+// of a limit (a token-bucket Limit from PerSecond … PerDay, or a calendar
+// quota from Quota), the FailureMode used while Redis is unavailable, and
+// the Lease settings that tune local leases. It has no Redis imports;
 // every type validates itself and returns errors that wrap ErrInvalidLimit.
 package policy
 
@@ -17,8 +18,8 @@ import (
 // Lease.Validate.
 var ErrInvalidLimit = errors.New("policy: invalid limit")
 
-// MaxNameLen is the longest Limit.Name accepted.
-const MaxNameLen = 64
+// maxNameLen is the longest Limit.Name accepted.
+const maxNameLen = 64
 
 // Limit is a token bucket: it holds at most Burst tokens and refills
 // continuously at Rate tokens per Period. A request for n tokens is admitted
@@ -27,8 +28,8 @@ const MaxNameLen = 64
 //
 // Name identifies the limit in Redis keys and telemetry: two Limiters with the
 // same Name and prefix share buckets, so give every distinct limit its own
-// Name. It may hold ASCII letters, digits, '-', '_' and '.', at most
-// MaxNameLen bytes.
+// Name. It may hold ASCII letters, digits, '-', '_' and '.', at most 64
+// bytes.
 type Limit struct {
 	Name   string
 	Rate   int64         // tokens added per Period; > 0
@@ -64,7 +65,7 @@ func (l Limit) PeriodMicros() int64 { return int64(l.Period / time.Microsecond) 
 // Burst in [1, MaxRate], Period in whole microseconds in [1µs, MaxPeriod].
 // The error wraps ErrInvalidLimit and names the offending field.
 func (l Limit) Validate() error {
-	if err := ValidateName(l.Name); err != nil {
+	if err := validateName(l.Name); err != nil {
 		return err
 	}
 	switch {
@@ -98,13 +99,13 @@ const (
 	MaxPeriod = 3660 * 24 * time.Hour
 )
 
-// ValidateName reports whether name is usable as a limit name in Redis keys.
-func ValidateName(name string) error {
+// validateName reports whether name is usable as a limit name in Redis keys.
+func validateName(name string) error {
 	if name == "" {
 		return fmt.Errorf("%w: name is empty", ErrInvalidLimit)
 	}
-	if len(name) > MaxNameLen {
-		return fmt.Errorf("%w: name is %d bytes, longer than %d", ErrInvalidLimit, len(name), MaxNameLen)
+	if len(name) > maxNameLen {
+		return fmt.Errorf("%w: name is %d bytes, longer than %d", ErrInvalidLimit, len(name), maxNameLen)
 	}
 	for i := 0; i < len(name); i++ {
 		if !safeByte(name[i]) {
@@ -141,6 +142,18 @@ func (l Limit) Interval(n int64) time.Duration {
 		return time.Duration(math.MaxInt64)
 	}
 	return time.Duration(q) * time.Microsecond
+}
+
+// ResetAfter returns how long after now a bucket of l that holds remaining
+// tokens is full again: the refill time of the missing tokens (Interval),
+// or, for a calendar quota that is not full, the time to the end of the
+// window that holds now.
+func (l Limit) ResetAfter(remaining int64, now time.Time) time.Duration {
+	if !l.IsQuota() || remaining >= l.Burst {
+		return l.Interval(l.Burst - remaining)
+	}
+	end, _ := l.Calendar.Window(now)
+	return end.Sub(now)
 }
 
 func (l Limit) String() string {

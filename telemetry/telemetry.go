@@ -1,38 +1,33 @@
-// Package telemetry records leaselimit's decisions with OpenTelemetry: a span
-// (or an event on the caller's span) per decision, a client span per Redis
-// call, and metrics for decisions, Redis calls, leases, refunds, the circuit
-// breaker and the local key table.
+// Package telemetry is for users who build dashboards, alerts and trace
+// queries on what leaselimit records with OpenTelemetry: the names of its
+// spans, attributes and metrics, and the values of its outcome and reason
+// attributes, as constants; KeyDigest, a key redactor for
+// leaselimit.WithKeyRedactor; and RedisLogger, which routes go-redis's own
+// log lines to a slog.Logger.
 //
-// The raw rate-limit key never appears in spans, events or metrics unless
-// the user opts in with a redactor (KeyDigest makes a keyed digest). Metric
-// attributes are built once per limit (on first use) and never hold
-// anything per key. What belongs to an engine rather than to one of its
-// limits (the breakers, the key table, refunds and dropped charges) carries
-// ratelimit.prefix, the engine's Redis key prefix, instead of a limit name.
+// leaselimit records a span (or an event on the caller's span) per
+// decision, a client span per Redis call, and metrics for decisions, Redis
+// calls, leases, refunds, the circuit breaker and the local key table. The
+// raw rate-limit key never appears in spans, events or metrics unless the
+// user opts in with a redactor (KeyDigest makes a keyed digest). Metric
+// attributes never hold anything per key. What belongs to a Client rather
+// than to one of its limits (the breakers, the key table, refunds and
+// dropped charges) carries ratelimit.prefix, the Client's Redis key
+// prefix, instead of a limit name.
 //
 // With no provider configured (the OpenTelemetry global no-op), recording a
 // decision does not allocate: no span is started, and metric calls go to
-// no-op instruments with prebuilt options.
+// no-op instruments.
 package telemetry
 
 import (
-	"context"
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
-	"reflect"
-	"sync/atomic"
-	"time"
 
-	"github.com/leaselimit/leaselimit/breaker"
 	"github.com/leaselimit/leaselimit/internal/version"
-	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/metric"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
-	"go.opentelemetry.io/otel/trace"
-	tracenoop "go.opentelemetry.io/otel/trace/noop"
 )
 
 // ScopeName is the instrumentation scope of every tracer and meter: the
@@ -53,7 +48,7 @@ const (
 // Attribute keys.
 const (
 	AttrLimitName  = attribute.Key("ratelimit.limit.name")
-	AttrPrefix     = attribute.Key("ratelimit.prefix") // the engine's own metrics and spans: its Redis key prefix
+	AttrPrefix     = attribute.Key("ratelimit.prefix") // the Client's own metrics and spans: its Redis key prefix
 	AttrAllowed    = attribute.Key("ratelimit.allowed")
 	AttrSource     = attribute.Key("ratelimit.source")
 	AttrCost       = attribute.Key("ratelimit.cost")
@@ -84,39 +79,12 @@ const (
 // the Redis client spans follow.
 const SemconvVersion = "1.43.0"
 
-// Endpoint is the Redis server a call goes to, for the client span's
-// server.address, server.port and db.namespace (the database index); empty
-// fields are left out.
-type Endpoint struct {
-	Address   string
-	Port      int
-	Namespace string
-}
-
-// attrs returns e's span attributes, with the peer service named "redis":
-// service.peer.name as v1.43.0 names it, and the peer.service it replaced,
-// which Jaeger's dependency graph reads, so that the graph shows the service
-// calling Redis rather than itself.
-func (e Endpoint) attrs() []attribute.KeyValue {
-	out := []attribute.KeyValue{semconv.ServicePeerNameKey.String("redis"), attribute.String("peer.service", "redis")}
-	if e.Address != "" {
-		out = append(out, AttrServerAddress.String(e.Address))
-	}
-	if e.Port > 0 {
-		out = append(out, AttrServerPort.Int(e.Port))
-	}
-	if e.Namespace != "" {
-		out = append(out, AttrDBNamespace.String(e.Namespace))
-	}
-	return out
-}
-
 // Metric names.
 const (
 	MetricDecisions   = "ratelimit.decisions"              // counter {decision}: allowed, source, limit name
 	MetricAuthority   = "ratelimit.authority.duration"     // histogram s: limit name, outcome
 	MetricGrantSize   = "ratelimit.lease.grant.size"       // histogram {token}: limit name
-	MetricRefunds     = "ratelimit.lease.refunds"          // counter {token}: prefix (the engine's)
+	MetricRefunds     = "ratelimit.lease.refunds"          // counter {token}: prefix (the Client's)
 	MetricBreaker     = "ratelimit.breaker.state"          // gauge: prefix; 0 closed, 1 half-open, 2 open
 	MetricTransitions = "ratelimit.breaker.transitions"    // counter: prefix, to-state
 	MetricKeys        = "ratelimit.keys"                   // gauge {key}: prefix; local key-table size
@@ -126,15 +94,16 @@ const (
 	MetricChargesLost = "ratelimit.settle.charges.dropped" // counter {token}: prefix
 )
 
-// Fallback reasons.
+// Fallback reasons (ratelimit.reason on ratelimit.fallbacks and on a
+// decision's span).
 const (
 	ReasonBreakerOpen = "breaker_open"
 	// ReasonTimeout: Redis was connected to but did not answer within the
 	// time budget (a hung, stalled or overloaded Redis).
 	ReasonTimeout = "timeout"
 	// ReasonUnreachable: no connection to Redis could be made (refused, no
-	// route, a DNS failure, a dial timeout; see breaker.Unreachable): a
-	// wrong address, or a Redis that is down.
+	// route, a DNS failure, a dial timeout): a wrong address, or a Redis
+	// that is down.
 	ReasonUnreachable = "unreachable"
 	ReasonError       = "error"
 	// ReasonSaturated: no reply within the budget and the hard cap while
@@ -150,283 +119,6 @@ const (
 	SaturatedAbandoned = "abandoned" // given up at the hard cap
 )
 
-// Config configures a Recorder.
-type Config struct {
-	TracerProvider trace.TracerProvider // nil: the global provider
-	MeterProvider  metric.MeterProvider // nil: the global provider
-	// LimitName names the limit the Recorder records for
-	// (ratelimit.limit.name). Without it the Recorder is an engine's own,
-	// for what belongs to no one limit (breaker transitions and state, the
-	// key table, refunds), named by the engine's Redis key prefix
-	// (ratelimit.prefix): WithLimit gives its limits theirs.
-	LimitName string
-	Prefix    string
-	// Sources names the decision sources, indexed by the Source value a
-	// decision carries (leaselimit.Source: the names are defined there).
-	Sources []string
-	// Events records each decision as an event on the caller's span
-	// instead of a child span.
-	Events bool
-	// Redact, if set, turns a key into the value of the ratelimit.key
-	// attribute on spans and events. Never used for metrics.
-	Redact func(key string) string
-}
-
-// Recorder records decisions. It is safe for concurrent use.
-type Recorder struct {
-	*instruments                    // shared by every Recorder of one engine
-	scope        attribute.KeyValue // ratelimit.limit.name, or for the engine's own ratelimit.prefix
-	reg          metric.Registration
-	sets         *limitSets
-}
-
-// instruments is what the Recorders of one engine share: the tracer, the
-// meter and its instruments.
-type instruments struct {
-	tracer     trace.Tracer
-	tp         trace.TracerProvider
-	globalIdle trace.TracerProvider // the untouched global provider, if we use it
-	noTrace    bool
-	events     bool
-	redact     func(string) string
-	sources    []string
-
-	decisions   metric.Int64Counter
-	authority   metric.Float64Histogram
-	grantSize   metric.Int64Histogram
-	refunds     metric.Int64Counter
-	transitions metric.Int64Counter
-	fallbacks   metric.Int64Counter
-	saturated   metric.Int64Counter
-	dropped     metric.Int64Counter
-	chargesLost metric.Int64Counter
-	state, keys metric.Int64ObservableGauge
-	meter       metric.Meter
-}
-
-// limitSets are the metric options of one limit's attribute sets, each
-// built on its first use, so that recording allocates nothing and a limit
-// pays only for the sets it records with (a thousand limits of one Client
-// would otherwise hold thousands of sets they never use).
-type limitSets struct {
-	decision  [2][]atomic.Pointer[[]metric.AddOption] // by allowed, source
-	shadow    [2][]atomic.Pointer[[]metric.AddOption] // shadow decisions, by allowed, source
-	limitAdd  atomic.Pointer[[]metric.AddOption]
-	limitRec  atomic.Pointer[[]metric.RecordOption]
-	outcome   [len(outcomes)]atomic.Pointer[[]metric.RecordOption]
-	reason    [len(reasons)]atomic.Pointer[[]metric.AddOption]
-	saturated [len(saturatedOutcomes)]atomic.Pointer[[]metric.AddOption]
-	state     [3]atomic.Pointer[[]metric.AddOption] // by breaker.State
-}
-
-// The values of the attributes a limit's sets are built from, in slot order.
-var (
-	outcomes          = [...]string{"granted", "denied", ReasonTimeout, ReasonError}
-	reasons           = [...]string{ReasonBreakerOpen, ReasonTimeout, ReasonUnreachable, ReasonError, ReasonSaturated}
-	saturatedOutcomes = [...]string{SaturatedAnswered, SaturatedAbandoned}
-)
-
-func newLimitSets(sources int) *limitSets {
-	s := &limitSets{}
-	for a := range s.decision {
-		s.decision[a] = make([]atomic.Pointer[[]metric.AddOption], sources)
-		s.shadow[a] = make([]atomic.Pointer[[]metric.AddOption], sources)
-	}
-	return s
-}
-
-// kvs is the attributes of a set besides the limit name, the first n of
-// them used.
-type kvs struct {
-	a [3]attribute.KeyValue
-	n int
-}
-
-// addOpts returns the Add options of the set {limit name, k}, built in slot
-// on first use.
-func (r *Recorder) addOpts(slot *atomic.Pointer[[]metric.AddOption], k kvs) []metric.AddOption {
-	if o := slot.Load(); o != nil {
-		return *o
-	}
-	o := []metric.AddOption{metric.WithAttributeSet(r.set(k))}
-	slot.Store(&o)
-	return o
-}
-
-// recordOpts is addOpts for Record options.
-func (r *Recorder) recordOpts(slot *atomic.Pointer[[]metric.RecordOption], k kvs) []metric.RecordOption {
-	if o := slot.Load(); o != nil {
-		return *o
-	}
-	o := []metric.RecordOption{metric.WithAttributeSet(r.set(k))}
-	slot.Store(&o)
-	return o
-}
-
-// set returns the attribute set {limit name, k}.
-func (r *Recorder) set(k kvs) attribute.Set {
-	all := append([]attribute.KeyValue{r.scope}, k.a[:k.n]...)
-	return attribute.NewSet(all...)
-}
-
-// one and none are kvs of one attribute and of none.
-func one(a attribute.KeyValue) kvs { return kvs{a: [3]attribute.KeyValue{a}, n: 1} }
-
-var none = kvs{}
-
-// slot returns the index of v in values, or -1.
-func slot[T comparable](values []T, v T) int {
-	for i, x := range values {
-		if x == v {
-			return i
-		}
-	}
-	return -1
-}
-
-// New returns a Recorder. It fails only if the meter rejects an instrument.
-func New(c Config) (*Recorder, error) {
-	name := AttrPrefix.String(c.Prefix)
-	if c.LimitName != "" {
-		name = AttrLimitName.String(c.LimitName)
-	}
-	r := &Recorder{instruments: &instruments{events: c.Events, redact: c.Redact, sources: c.Sources},
-		scope: name, sets: newLimitSets(len(c.Sources))}
-	tp := c.TracerProvider
-	if tp == nil {
-		tp = otel.GetTracerProvider()
-		if isGlobalDelegate(tp) {
-			r.globalIdle = tp
-		}
-	}
-	if _, ok := tp.(tracenoop.TracerProvider); ok {
-		r.noTrace = true
-	}
-	r.tp = tp
-	r.tracer = tp.Tracer(ScopeName, trace.WithInstrumentationVersion(Version))
-
-	mp := c.MeterProvider
-	if mp == nil {
-		mp = otel.GetMeterProvider()
-	}
-	m := mp.Meter(ScopeName, metric.WithInstrumentationVersion(Version))
-	var err error
-	if r.decisions, err = m.Int64Counter(MetricDecisions, metric.WithUnit("{decision}"),
-		metric.WithDescription("Rate-limit decisions, by allowed, source and limit.")); err != nil {
-		return nil, err
-	}
-	if r.authority, err = m.Float64Histogram(MetricAuthority, metric.WithUnit("s"),
-		metric.WithDescription("Duration of Redis script calls, by outcome."),
-		metric.WithExplicitBucketBoundaries(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1)); err != nil {
-		return nil, err
-	}
-	if r.grantSize, err = m.Int64Histogram(MetricGrantSize, metric.WithUnit("{token}"),
-		metric.WithDescription("Tokens granted per lease refill."),
-		metric.WithExplicitBucketBoundaries(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)); err != nil {
-		return nil, err
-	}
-	if r.refunds, err = m.Int64Counter(MetricRefunds, metric.WithUnit("{token}"),
-		metric.WithDescription("Unused leased tokens given back to Redis.")); err != nil {
-		return nil, err
-	}
-	if r.transitions, err = m.Int64Counter(MetricTransitions, metric.WithUnit("{transition}"),
-		metric.WithDescription("Circuit breaker state changes, by new state.")); err != nil {
-		return nil, err
-	}
-	if r.fallbacks, err = m.Int64Counter(MetricFallbacks, metric.WithUnit("{decision}"),
-		metric.WithDescription("Decisions made by the failure policy, by reason.")); err != nil {
-		return nil, err
-	}
-	if r.dropped, err = m.Int64Counter(MetricDropped, metric.WithUnit("{token}"),
-		metric.WithDescription("Unused leased tokens not given back because the refund queue was full; they stay debited until the bucket refills.")); err != nil {
-		return nil, err
-	}
-	if r.chargesLost, err = m.Int64Counter(MetricChargesLost, metric.WithUnit("{token}"),
-		metric.WithDescription("Tokens that settled reservations should have charged beyond their estimate but could not (Redis unreachable past the queue's bound, or a call whose outcome is unknown): admitted without being counted.")); err != nil {
-		return nil, err
-	}
-	if r.saturated, err = m.Int64Counter(MetricSaturated, metric.WithUnit("{call}"),
-		metric.WithDescription("Redis calls that ran past the time budget because this process, not Redis, was behind, by outcome.")); err != nil {
-		return nil, err
-	}
-	if r.state, err = m.Int64ObservableGauge(MetricBreaker,
-		metric.WithDescription("Circuit breaker state: 0 closed, 1 half-open, 2 open.")); err != nil {
-		return nil, err
-	}
-	if r.keys, err = m.Int64ObservableGauge(MetricKeys, metric.WithUnit("{key}"),
-		metric.WithDescription("Keys with local state (leases, negative cache, fallback buckets).")); err != nil {
-		return nil, err
-	}
-	r.meter = m
-
-	return r, nil
-}
-
-// WithLimit returns a Recorder for a limit of the same engine: the same
-// tracer and instruments, its own ratelimit.limit.name. It has no gauges
-// (Observe is the engine's, on the Recorder from New) and its Close does
-// nothing.
-func (r *Recorder) WithLimit(name string) *Recorder {
-	return &Recorder{instruments: r.instruments, scope: AttrLimitName.String(name), sets: newLimitSets(len(r.sources))}
-}
-
-// Observe registers the callback of the breaker-state and key-table gauges.
-// Call it once, after everything state and keys read exists: a metric
-// reader may collect at any moment from then on, even before Observe
-// returns. Close unregisters it.
-// The state gauge reads a breaker.State as its number: 0 closed, 1
-// half-open, 2 open.
-func (r *Recorder) Observe(state func() breaker.State, keys func() int64) error {
-	obs := metric.WithAttributeSet(attribute.NewSet(r.scope))
-	reg, err := r.meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
-		o.ObserveInt64(r.state, int64(state()), obs)
-		o.ObserveInt64(r.keys, keys(), obs)
-		return nil
-	}, r.state, r.keys)
-	if err != nil {
-		return err
-	}
-	r.reg = reg
-	return nil
-}
-
-// isGlobalDelegate reports whether tp is OpenTelemetry's global provider
-// before any SDK was installed: a delegating no-op. Its tracers forward to
-// an SDK installed later, which Tracing notices.
-func isGlobalDelegate(tp trace.TracerProvider) bool {
-	t := reflect.TypeOf(tp)
-	return t != nil && t.String() == "*global.tracerProvider"
-}
-
-// Close unregisters the metric callbacks.
-func (r *Recorder) Close() error {
-	if r.reg != nil {
-		return r.reg.Unregister()
-	}
-	return nil
-}
-
-// Tracing reports whether decisions should be traced: a provider was given,
-// or an SDK has been installed as the global provider.
-func (r *Recorder) Tracing() bool {
-	if r.noTrace {
-		return false
-	}
-	if r.globalIdle != nil {
-		return otel.GetTracerProvider() != r.globalIdle
-	}
-	return true
-}
-
-// StartDecision starts the decision span (span mode) or returns the caller's
-// span (event mode). Call only when Tracing is true.
-func (r *Recorder) StartDecision(ctx context.Context) (context.Context, trace.Span) {
-	if r.events {
-		return ctx, trace.SpanFromContext(ctx)
-	}
-	return r.tracer.Start(ctx, DecisionSpan)
-}
-
 // Outcomes of a decision (ratelimit.outcome on its span or event): every
 // decision has one.
 const (
@@ -434,245 +126,6 @@ const (
 	OutcomeDenied  = "denied"
 	OutcomeError   = "error" // the call returned an error instead of a decision
 )
-
-// Outcome describes a finished decision for EndDecision.
-type Outcome struct {
-	Allowed    bool
-	Source     int // index into Config.Sources
-	Cost       int64
-	Remaining  int64
-	RetryAfter time.Duration
-	Key        string
-	Err        error
-	// CallerError marks Err as the caller's doing (bad input, its context
-	// ending, a closed limiter): recorded, with error.type, but not as a
-	// span error.
-	CallerError bool
-	// Shadow marks a decision of a limit in shadow mode; Allowed is then
-	// what the limit decided, not what the caller was told.
-	Shadow bool
-	// Reason, for a decision that ended with Err, names why
-	// (ratelimit.reason): "canceled", "invalid_key", "closed", … For a
-	// caller's error it is also the error.type.
-	Reason string
-}
-
-// errorType is error.type of a decision that ended with o.Err: the reason
-// of a caller's error (low-cardinality, and it says more than the Go type
-// of a wrapped sentinel), otherwise what a failed Redis call would have.
-func (o Outcome) errorType() string {
-	if o.CallerError && o.Reason != "" {
-		return o.Reason
-	}
-	return errorType(o.Err)
-}
-
-// EndDecision records o on span (and ends it in span mode). Every decision
-// gets ratelimit.outcome; one that ended with an error gets error.type too,
-// and in span mode the Error status only when the error is not the
-// caller's: bad input or a caller giving up is not a failure of the rate
-// limiter, and marking it so would count every canceled request against it
-// in a backend's error rate (as HTTP servers leave a 4xx span's status
-// unset).
-func (r *Recorder) EndDecision(span trace.Span, o Outcome) {
-	if span.IsRecording() {
-		attrs := make([]attribute.KeyValue, 0, 9)
-		attrs = append(attrs, r.scope, AttrCost.Int64(o.Cost))
-		if o.Err != nil {
-			attrs = append(attrs, AttrOutcome.String(OutcomeError), AttrErrorType.String(o.errorType()))
-			if o.Reason != "" {
-				attrs = append(attrs, AttrReason.String(o.Reason))
-			}
-		} else {
-			outcome := OutcomeDenied
-			if o.Allowed {
-				outcome = OutcomeAllowed
-			}
-			attrs = append(attrs, AttrOutcome.String(outcome), AttrAllowed.Bool(o.Allowed),
-				AttrSource.String(r.sourceName(o.Source)), AttrRemaining.Int64(o.Remaining))
-			if !o.Allowed {
-				attrs = append(attrs, AttrRetryAfter.Float64(o.RetryAfter.Seconds()))
-			}
-			if o.Shadow {
-				attrs = append(attrs, AttrShadow.Bool(true))
-			}
-		}
-		if r.redact != nil {
-			attrs = append(attrs, AttrKey.String(r.redact(o.Key)))
-		}
-		if r.events {
-			span.AddEvent(DecisionSpan, trace.WithAttributes(attrs...))
-		} else {
-			span.SetAttributes(attrs...)
-			if o.Err != nil && !o.CallerError {
-				span.SetStatus(codes.Error, o.Err.Error())
-			}
-		}
-	}
-	if !r.events {
-		span.End()
-	}
-}
-
-// CountDecision adds one decision to ratelimit.decisions; a decision of a
-// limit in shadow mode (computed, not enforced) has ratelimit.shadow=true,
-// and allowed says what the limit decided.
-func (r *Recorder) CountDecision(ctx context.Context, allowed bool, source int, shadow bool) {
-	a := 0
-	if allowed {
-		a = 1
-	}
-	if source < 0 || source >= len(r.sources) {
-		return
-	}
-	slot := &r.sets.decision[a][source]
-	if shadow {
-		slot = &r.sets.shadow[a][source]
-	}
-	if o := slot.Load(); o != nil { // every decision but a limit's first of its kind
-		r.decisions.Add(ctx, 1, *o...)
-		return
-	}
-	k := kvs{a: [3]attribute.KeyValue{AttrAllowed.Bool(allowed), AttrSource.String(r.sources[source])}, n: 2}
-	if shadow {
-		k.a[2], k.n = AttrShadow.Bool(true), 3
-	}
-	r.decisions.Add(ctx, 1, r.addOpts(slot, k)...)
-}
-
-// CountFallback adds one decision to ratelimit.fallbacks with a reason.
-func (r *Recorder) CountFallback(ctx context.Context, reason string) {
-	if i := slot(reasons[:], reason); i >= 0 {
-		r.fallbacks.Add(ctx, 1, r.addOpts(&r.sets.reason[i], one(AttrReason.String(reason)))...)
-	}
-}
-
-// CountSaturated adds one call to ratelimit.saturated: it ran past the
-// time budget while the process was behind, and was answered or abandoned.
-func (r *Recorder) CountSaturated(ctx context.Context, outcome string) {
-	if i := slot(saturatedOutcomes[:], outcome); i >= 0 {
-		r.saturated.Add(ctx, 1, r.addOpts(&r.sets.saturated[i], one(AttrOutcome.String(outcome)))...)
-	}
-}
-
-// StartAuthority starts the client span of one Redis script call to ep.
-func (r *Recorder) StartAuthority(ctx context.Context, want, min int64, ep Endpoint) (context.Context, trace.Span) {
-	if !r.Tracing() {
-		return ctx, trace.SpanFromContext(context.Background())
-	}
-	parent := trace.SpanFromContext(ctx)
-	if !parent.IsRecording() && !r.events {
-		// A decision span that is not sampled: keep its children out too.
-		if parent.SpanContext().IsValid() {
-			return ctx, trace.SpanFromContext(context.Background())
-		}
-	}
-	ctx, span := r.tracer.Start(ctx, AuthoritySpan, trace.WithSpanKind(trace.SpanKindClient))
-	if span.IsRecording() {
-		span.SetAttributes(AttrDBSystem.String("redis"), AttrDBOp.String("EVALSHA"), r.scope,
-			AttrWant.Int64(want), AttrMin.Int64(min))
-		span.SetAttributes(ep.attrs()...)
-	}
-	return ctx, span
-}
-
-// StartRefund starts the client span of one pipeline of n refunds to ep.
-// It has no parent: refunds are sent by the janitor.
-func (r *Recorder) StartRefund(ep Endpoint, n int) trace.Span {
-	if !r.Tracing() {
-		return trace.SpanFromContext(context.Background())
-	}
-	_, span := r.tracer.Start(context.Background(), RefundSpan, trace.WithSpanKind(trace.SpanKindClient))
-	if span.IsRecording() {
-		span.SetAttributes(AttrDBSystem.String("redis"), AttrDBOp.String("EVALSHA"), r.scope,
-			attribute.Int("db.operation.batch.size", n))
-		span.SetAttributes(ep.attrs()...)
-	}
-	return span
-}
-
-// EndRefund ends a refund span with the tokens given back and the error.
-func (r *Recorder) EndRefund(span trace.Span, tokens int64, err error) {
-	if span.IsRecording() {
-		span.SetAttributes(attribute.Int64("ratelimit.refund.tokens", tokens))
-		if err != nil {
-			span.SetStatus(codes.Error, err.Error())
-			span.SetAttributes(AttrErrorType.String(errorType(err)))
-		}
-	}
-	span.End()
-}
-
-// EndAuthority records one Redis call: its duration and outcome on the
-// histogram, the grant size, and the span's status.
-func (r *Recorder) EndAuthority(ctx context.Context, span trace.Span, d time.Duration, granted int64, err error) {
-	r.RecordAuthority(ctx, d, granted, err)
-	r.FinishAuthority(span, granted, err, "")
-}
-
-// authorityOutcome is ratelimit.outcome of a Redis call.
-func authorityOutcome(granted int64, err error) string {
-	switch {
-	case err != nil && isTimeout(err):
-		return ReasonTimeout
-	case err != nil:
-		return ReasonError
-	case granted == 0:
-		return "denied"
-	}
-	return "granted"
-}
-
-// RecordAuthority records one Redis call's duration and outcome on the
-// histogram, and the grant size.
-func (r *Recorder) RecordAuthority(ctx context.Context, d time.Duration, granted int64, err error) {
-	outcome := authorityOutcome(granted, err)
-	i := slot(outcomes[:], outcome)
-	r.authority.Record(ctx, d.Seconds(), r.recordOpts(&r.sets.outcome[i], one(AttrOutcome.String(outcome)))...)
-	if err == nil && granted > 0 {
-		r.grantSize.Record(ctx, granted, r.recordOpts(&r.sets.limitRec, none)...)
-	}
-}
-
-// FinishAuthority sets a Redis call's outcome on its span and ends it.
-// errType, if set, overrides the error.type derived from err (a waiter that
-// gave up knows better than its own timeout what failed).
-func (r *Recorder) FinishAuthority(span trace.Span, granted int64, err error, errType string) {
-	if span.IsRecording() {
-		span.SetAttributes(AttrGranted.Int64(granted), AttrOutcome.String(authorityOutcome(granted, err)))
-		if err != nil {
-			if errType == "" {
-				errType = errorType(err)
-			}
-			span.SetStatus(codes.Error, err.Error())
-			span.SetAttributes(AttrErrorType.String(errType))
-		}
-	}
-	span.End()
-}
-
-// CountRefund adds tokens to ratelimit.lease.refunds.
-func (r *Recorder) CountRefund(ctx context.Context, tokens int64) {
-	r.refunds.Add(ctx, tokens, r.addOpts(&r.sets.limitAdd, none)...)
-}
-
-// CountDroppedRefund adds tokens to ratelimit.lease.refunds.dropped.
-func (r *Recorder) CountDroppedRefund(ctx context.Context, tokens int64) {
-	r.dropped.Add(ctx, tokens, r.addOpts(&r.sets.limitAdd, none)...)
-}
-
-// CountDroppedCharge adds tokens to ratelimit.settle.charges.dropped.
-func (r *Recorder) CountDroppedCharge(ctx context.Context, tokens int64) {
-	r.chargesLost.Add(ctx, tokens, r.addOpts(&r.sets.limitAdd, none)...)
-}
-
-// CountTransition adds one breaker transition to state. It only records,
-// so it is safe under the breaker's lock.
-func (r *Recorder) CountTransition(state breaker.State) {
-	if state >= 0 && int(state) < len(r.sets.state) {
-		r.transitions.Add(context.Background(), 1, r.addOpts(&r.sets.state[state], one(AttrState.String(state.String())))...)
-	}
-}
 
 // KeyDigest returns a redactor that records the first 64 bits of
 // HMAC-SHA256(secret, key) in hex: stable across instances that share the
@@ -684,11 +137,4 @@ func KeyDigest(secret []byte) func(string) string {
 		h.Write([]byte(key))
 		return hex.EncodeToString(h.Sum(nil)[:8])
 	}
-}
-
-func (r *Recorder) sourceName(s int) string {
-	if s >= 0 && s < len(r.sources) {
-		return r.sources[s]
-	}
-	return "unknown"
 }

@@ -106,7 +106,8 @@ func Member(ps []*Policy, i int, d leaselimit.Decision) string {
 
 // AppendString appends s as a Structured Field String (RFC 9651, Section
 // 3.3.3): quoted, with '\' and '"' escaped. Bytes outside printable ASCII,
-// which an sf-string cannot hold, become '?'; policy.ValidateName admits none.
+// which an sf-string cannot hold, become '?' (policy.Limit.Validate admits
+// none in a limit's name).
 func AppendString(b []byte, s string) []byte {
 	b = append(b, '"')
 	for i := 0; i < len(s); i++ {

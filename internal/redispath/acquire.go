@@ -10,8 +10,9 @@ import (
 	"time"
 
 	"github.com/leaselimit/leaselimit/authority"
-	"github.com/leaselimit/leaselimit/breaker"
+	"github.com/leaselimit/leaselimit/internal/circuit"
 	"github.com/leaselimit/leaselimit/internal/overload"
+	"github.com/leaselimit/leaselimit/internal/recorder"
 	"github.com/leaselimit/leaselimit/telemetry"
 	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel/trace"
@@ -31,7 +32,7 @@ var ErrSaturated = errors.New("no reply while this process was behind its schedu
 // Call is one acquire call: the authority call to make through Brk, the
 // breaker of its node (see Path.Route).
 type Call struct {
-	Brk *breaker.Breaker
+	Brk *circuit.Breaker
 	Acq authority.Acquisition
 	// Keep marks a call whose grant is kept whoever waits for it (a lease
 	// refill): the Receiver's Arrived gets it as soon as it arrives. A grant
@@ -74,18 +75,18 @@ type Receiver interface {
 // breaker the call's real outcome.
 type Caller struct {
 	p    *Path
-	tel  *telemetry.Recorder
+	tel  *recorder.Recorder
 	recv Receiver
 }
 
 // Caller returns a Caller on p for one Limiter: its telemetry (the limit's
 // name on spans and metrics) and its Receiver.
-func (p *Path) Caller(tel *telemetry.Recorder, recv Receiver) *Caller {
+func (p *Path) Caller(tel *recorder.Recorder, recv Receiver) *Caller {
 	return &Caller{p: p, tel: tel, recv: recv}
 }
 
 // Acquire makes call c within the time budget. The error is the Path's
-// closed error, ErrSaturated, one wrapping breaker.ErrBudget (no reply in
+// closed error, ErrSaturated, one wrapping circuit.ErrBudget (no reply in
 // the budget) or breaker.ErrOpen, ctx's, or the call's own.
 //
 // On a client that honours context deadlines, a call that finds its lane
@@ -119,7 +120,7 @@ type callSpan struct {
 }
 
 // finish ends s with the call's outcome, once.
-func (s *callSpan) finish(tel *telemetry.Recorder, granted int64, err error, errType string) {
+func (s *callSpan) finish(tel *recorder.Recorder, granted int64, err error, errType string) {
 	if s.ended.CompareAndSwap(false, true) {
 		tel.FinishAuthority(s.span, granted, err, errType)
 	}
@@ -195,7 +196,7 @@ func (k *Caller) detached(ctx context.Context, c Call, ln *lane, done func(error
 	budget := k.p.budget
 	start := time.Now()
 	hardCap := start.Add((1 + saturationGrace) * budget)
-	replies := c.Brk.Replies()
+	replies := c.Brk.RepliesSeen()
 	d := newDetachedCall()
 	defer d.release() // after the results below are read
 	d.k, d.c, d.start, d.done = k, c, start, done
@@ -211,10 +212,10 @@ func (k *Caller) detached(ctx context.Context, c Call, ln *lane, done func(error
 		if d.state.CompareAndSwap(callPending, to) {
 			errType := ""
 			if to == callGaveUp {
-				done(breaker.ErrBudget)
+				done(circuit.ErrBudget)
 				if k.p.unreachable(c.Brk, start.Add(-2*budget)) {
 					errType = "network"
-					err = fmt.Errorf("%w: %w", breaker.ErrUnreachable, err)
+					err = fmt.Errorf("%w: %w", circuit.ErrUnreachable, err)
 				}
 			}
 			d.span.finish(k.tel, 0, err, errType)
@@ -289,7 +290,7 @@ func (k *Caller) detached(ctx context.Context, c Call, ln *lane, done func(error
 		case now.Sub(start) < budget:
 			next = start.Add(budget).Sub(now) // look again at the budget's end
 		case !behind:
-			return settle(callGaveUp, fmt.Errorf("%w: no reply within %v", breaker.ErrBudget, budget))
+			return settle(callGaveUp, fmt.Errorf("%w: no reply within %v", circuit.ErrBudget, budget))
 		case !now.Before(hardCap):
 			g, err := settle(callOutwaited, fmt.Errorf("%w: %v", ErrSaturated, now.Sub(start).Round(time.Millisecond)))
 			if d.state.Load() == callOutwaited { // the waiter's decision, not a delivered result (settle counted that)
@@ -338,7 +339,7 @@ func (d *detachedCall) finished(p *pending) {
 func (d *detachedCall) complete() (authority.Grant, error) {
 	defer d.k.p.gate.leave()
 	g, err := d.k.end(d.ctx, d.c, &d.span, d.start, d.c.Acq.Grant, d.c.Acq.Err)
-	if errors.Is(err, breaker.ErrBudget) {
+	if errors.Is(err, circuit.ErrBudget) {
 		// The call's own deadline lies past the hard cap: the waiter
 		// decides every timeout before it, unless this process kept
 		// the waiter (and likely the sender) from running.
@@ -361,7 +362,7 @@ func (k *Caller) direct(ctx context.Context, c Call, ln *lane, done func(error))
 	defer k.p.gate.leave()
 	budget := k.p.budget
 	start := time.Now()
-	replies := c.Brk.Replies()
+	replies := c.Brk.RepliesSeen()
 	limit := budget
 	if overload.Recent(start, budget) {
 		limit = (1 + saturationGrace) * budget
@@ -383,7 +384,7 @@ func (k *Caller) direct(ctx context.Context, c Call, ln *lane, done func(error))
 	noted(c.Brk, c.Acq.Err)
 	g, err := k.end(cctx, c, &span, start, c.Acq.Grant, c.Acq.Err)
 	switch {
-	case err != nil && errors.Is(err, breaker.ErrBudget) && ctx.Err() == nil:
+	case err != nil && errors.Is(err, circuit.ErrBudget) && ctx.Err() == nil:
 		if overload.Measure(k.p.gate.spawn, overload.Threshold(budget)) || k.p.congested(c.Brk, replies) {
 			k.sawSaturation(ctx, telemetry.SaturatedAbandoned)
 			k.recv.Saturated()
@@ -402,7 +403,7 @@ func (k *Caller) direct(ctx context.Context, c Call, ln *lane, done func(error))
 // noted has told its breaker: its metrics and span, whether the path
 // counts it as failed, and for a call with Keep the grant handed to the
 // Receiver. A deadline overrun is marked with
-// breaker.ErrBudget.
+// circuit.ErrBudget.
 func (k *Caller) end(ctx context.Context, c Call, span *callSpan, start time.Time, g authority.Grant, err error) (authority.Grant, error) {
 	k.tel.RecordAuthority(ctx, time.Since(start), g.Granted, err)
 	errType := ""
@@ -411,13 +412,13 @@ func (k *Caller) end(ctx context.Context, c Call, span *callSpan, start time.Tim
 	}
 	span.finish(k.tel, g.Granted, err, errType)
 	if err != nil && errors.Is(err, context.DeadlineExceeded) {
-		err = fmt.Errorf("%w: %w", breaker.ErrBudget, err)
+		err = fmt.Errorf("%w: %w", circuit.ErrBudget, err)
 		if errType == "network" {
-			err = fmt.Errorf("%w: %w", breaker.ErrUnreachable, err)
+			err = fmt.Errorf("%w: %w", circuit.ErrUnreachable, err)
 		}
 	}
 	if err != nil {
-		if breaker.Counts(err) {
+		if circuit.Counts(err) {
 			k.p.nodes.failed()
 		}
 		return authority.Grant{}, err
@@ -433,18 +434,18 @@ func (k *Caller) end(ctx context.Context, c Call, span *callSpan, start time.Tim
 // Redis cannot be reached (see unreachable); a reply, which the waiters of
 // other calls count to tell a slow Redis from a process that is behind
 // (see congested and queued).
-func noted(brk *breaker.Breaker, err error) {
+func noted(brk *circuit.Breaker, err error) {
 	if isNetworkError(err) {
 		brk.NoteNetworkError(time.Now())
 	}
-	if !breaker.Counts(err) {
-		brk.Replied()
+	if !circuit.Counts(err) {
+		brk.CountReply()
 	}
 }
 
 // admit lets a call through brk and registers it with the gate; the caller
 // must call done with the call's outcome and then gate.leave.
-func (p *Path) admit(brk *breaker.Breaker) (done func(error), err error) {
+func (p *Path) admit(brk *circuit.Breaker) (done func(error), err error) {
 	done, err = brk.Allow()
 	if err != nil {
 		return nil, err
@@ -467,7 +468,7 @@ func (p *Path) admit(brk *breaker.Breaker) (done func(error), err error) {
 // Only a single node's (or Sentinel's) pool is read: a ClusterClient's
 // PoolStats loads the slot map first, in this goroutine and without a
 // deadline, which on an unreachable Cluster blocks for seconds.
-func (p *Path) unreachable(brk *breaker.Breaker, since time.Time) bool {
+func (p *Path) unreachable(brk *circuit.Breaker, since time.Time) bool {
 	if c, ok := p.client.(*redis.Client); ok {
 		if st := c.PoolStats(); st != nil && st.TotalConns == 0 && p.dials.failing(st) {
 			return true
@@ -513,8 +514,8 @@ func releaseTimer(t *time.Timer) {
 // whole pool's worth of other calls since, so each connection came back
 // within the budget, and the queue is this process's (more concurrent calls
 // than connections, or too little CPU to turn them round).
-func (p *Path) congested(brk *breaker.Breaker, replies int64) bool {
-	return brk.Replies()-replies >= int64(p.pool)
+func (p *Path) congested(brk *circuit.Breaker, replies int64) bool {
+	return brk.RepliesSeen()-replies >= int64(p.pool)
 }
 
 // queued reports whether a call begun when brk had counted replies has
@@ -523,8 +524,8 @@ func (p *Path) congested(brk *breaker.Breaker, replies int64) bool {
 // turning round, which is this process's queue, not Redis failing. On a
 // hung Redis nothing is answered, and the call is blamed at the budget as
 // before.
-func queued(brk *breaker.Breaker, replies int64, sent *atomic.Int64) bool {
-	return sent.Load() == 0 && brk.Replies() > replies
+func queued(brk *circuit.Breaker, replies int64, sent *atomic.Int64) bool {
+	return sent.Load() == 0 && brk.RepliesSeen() > replies
 }
 
 // sawLate records a delivered call that ended past its budget: abandoned

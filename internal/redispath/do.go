@@ -8,6 +8,7 @@ import (
 
 	"github.com/leaselimit/leaselimit/authority"
 	"github.com/leaselimit/leaselimit/breaker"
+	"github.com/leaselimit/leaselimit/internal/circuit"
 	"github.com/leaselimit/leaselimit/internal/overload"
 )
 
@@ -24,8 +25,8 @@ import (
 // is behind, as for an acquire call). On any other, op is carried by one of
 // the path's few workers on a context detached from ctx, and the breaker is
 // told op's real outcome whenever it comes.
-func (p *Path) Do(ctx context.Context, brk *breaker.Breaker, op func(context.Context) error) (sent bool, err error) {
-	if brk.Rejects(p.nodes.now()) { // the breakers' clock (WithClock)
+func (p *Path) Do(ctx context.Context, brk *circuit.Breaker, op func(context.Context) error) (sent bool, err error) {
+	if brk.Rejects(p.nodes.now()) { // the breakers' clock (withClock)
 		return false, fmt.Errorf("%w: %w", p.unavailable, breaker.ErrOpen)
 	}
 	done, err := brk.Allow()
@@ -81,7 +82,7 @@ func (p *Path) doInPlace(ctx context.Context, done func(error), op func(context.
 		done(nil) // the caller left: not Redis's doing
 		return true, ctx.Err()
 	case errors.Is(err, context.DeadlineExceeded):
-		done(breaker.ErrBudget)
+		done(circuit.ErrBudget)
 		return true, fmt.Errorf("%w: no reply within %v", p.unavailable, limit)
 	}
 	done(err)
@@ -95,7 +96,7 @@ func (p *Path) doError(err error) error {
 		return nil
 	case errors.Is(err, authority.ErrScript), errors.Is(err, authority.ErrReply):
 		return fmt.Errorf("leaselimit: %w", err)
-	case breaker.Counts(err):
+	case circuit.Counts(err):
 		return fmt.Errorf("%w: %w", p.unavailable, err)
 	}
 	return fmt.Errorf("leaselimit: redis: %w", err)

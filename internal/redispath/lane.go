@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/leaselimit/leaselimit/authority"
-	"github.com/leaselimit/leaselimit/telemetry"
+	"github.com/leaselimit/leaselimit/internal/recorder"
 )
 
 // lane batches the acquire calls to one Redis node (one per breaker): calls
@@ -28,9 +28,9 @@ import (
 // goroutine of its own.
 type lane struct {
 	auth     *authority.Redis
-	max      int                // pipelines in flight at once
-	fallback time.Duration      // a batch's deadline when no member has one
-	ep       telemetry.Endpoint // the server the lane's calls go to, for their spans
+	max      int               // pipelines in flight at once
+	fallback time.Duration     // a batch's deadline when no member has one
+	ep       recorder.Endpoint // the server the lane's calls go to, for their spans
 
 	mu       sync.Mutex
 	queue    []*pending
@@ -62,7 +62,7 @@ const maxBatch = 128
 // connection) keeps one.
 func lanePipelines(pool int) int { return min(pool, 2) }
 
-func newLane(auth *authority.Redis, pool int, fallback time.Duration, ep telemetry.Endpoint) *lane {
+func newLane(auth *authority.Redis, pool int, fallback time.Duration, ep recorder.Endpoint) *lane {
 	ln := &lane{auth: auth, max: lanePipelines(pool), fallback: fallback, ep: ep}
 	ln.senders = newCrew(&ln.mu, ln.max, ln.nextBatch)
 	return ln

@@ -11,9 +11,9 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/leaselimit/leaselimit/authority"
+	"github.com/leaselimit/leaselimit/internal/recorder"
 	"github.com/leaselimit/leaselimit/internal/redistest"
 	"github.com/leaselimit/leaselimit/policy"
-	"github.com/leaselimit/leaselimit/telemetry"
 )
 
 // gatedHook holds the first single command until release is closed, and
@@ -72,7 +72,7 @@ func newTestLane(t *testing.T, pipelines int) (*lane, *authority.Redis, *gatedHo
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln := newLane(auth, 4, time.Second, telemetry.Endpoint{})
+	ln := newLane(auth, 4, time.Second, recorder.Endpoint{})
 	ln.max = pipelines
 	ln.senders.max = pipelines
 	return ln, auth, h
@@ -226,7 +226,7 @@ func BenchmarkLane(b *testing.B) {
 		})
 	})
 	b.Run("lane", func(b *testing.B) {
-		ln := newLane(auth, poolSize(c), time.Second, telemetry.Endpoint{})
+		ln := newLane(auth, poolSize(c), time.Second, recorder.Endpoint{})
 		defer ln.stop()
 		run(b, func(a authority.Acquisition) error {
 			if ln.claim() {

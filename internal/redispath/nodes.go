@@ -10,7 +10,8 @@ import (
 
 	"github.com/leaselimit/leaselimit/authority"
 	"github.com/leaselimit/leaselimit/breaker"
-	"github.com/leaselimit/leaselimit/telemetry"
+	"github.com/leaselimit/leaselimit/internal/circuit"
+	"github.com/leaselimit/leaselimit/internal/recorder"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -20,16 +21,16 @@ import (
 // its own keys to the failure policy.
 type nodes struct {
 	name     string
-	settings breaker.Settings
-	now      func() time.Time                  // the Limiter's clock
-	one      *breaker.Breaker                  // non-cluster clients, and cluster keys whose node is unknown
-	oneLane  *lane                             // one's batches
-	cluster  *redis.ClusterClient              // nil unless the client is a cluster
-	newLane  func(ep telemetry.Endpoint) *lane // a lane for a new node's breaker
+	settings circuit.Settings
+	now      func() time.Time                 // the Limiter's clock
+	one      *circuit.Breaker                 // non-cluster clients, and cluster keys whose node is unknown
+	oneLane  *lane                            // one's batches
+	cluster  *redis.ClusterClient             // nil unless the client is a cluster
+	newLane  func(ep recorder.Endpoint) *lane // a lane for a new node's breaker
 
 	mu     sync.RWMutex
 	byNode map[string]*nodeBreaker // master address → breaker
-	lanes  map[*breaker.Breaker]*lane
+	lanes  map[*circuit.Breaker]*lane
 
 	lastReload atomic.Int64 // unix ns of the last slot-map reload we asked for
 
@@ -50,22 +51,22 @@ const maxNodeBreakers = 1024
 // routed to it: a node that no longer serves any slot (a failed master
 // replaced by its replica) stops counting towards the Limiter's state.
 type nodeBreaker struct {
-	*breaker.Breaker
+	*circuit.Breaker
 	routed atomic.Int64 // unix ns, coarse
 }
 
 // newNodes returns the breakers of client, each with its lane of batched
 // calls (see lane) to auth.
-func newNodes(client redis.UniversalClient, name string, s breaker.Settings, g *gate, auth *authority.Redis, budget time.Duration) *nodes {
+func newNodes(client redis.UniversalClient, name string, s circuit.Settings, g *gate, auth *authority.Redis, budget time.Duration) *nodes {
 	now := s.Now
 	if now == nil {
 		now = time.Now
 	}
 	pool := poolSize(client)
-	b := &nodes{name: name, settings: s, now: now, one: breaker.New(name, s), byNode: map[string]*nodeBreaker{}, gate: g,
-		newLane: func(ep telemetry.Endpoint) *lane { return newLane(auth, pool, (1+saturationGrace+1)*budget, ep) }}
+	b := &nodes{name: name, settings: s, now: now, one: circuit.New(name, s), byNode: map[string]*nodeBreaker{}, gate: g,
+		newLane: func(ep recorder.Endpoint) *lane { return newLane(auth, pool, (1+saturationGrace+1)*budget, ep) }}
 	b.oneLane = b.newLane(endpointOf(client))
-	b.lanes = map[*breaker.Breaker]*lane{} // the node breakers'; one has oneLane
+	b.lanes = map[*circuit.Breaker]*lane{} // the node breakers'; one has oneLane
 	if cc, ok := client.(*redis.ClusterClient); ok {
 		b.cluster = cc
 	}
@@ -75,13 +76,13 @@ func newNodes(client redis.UniversalClient, name string, s breaker.Settings, g *
 // endpointOf is the server a client's shared lane talks to: a single
 // node's address and database; for Sentinel (whose master moves) and
 // Cluster (see nodeEndpoint) only what is known.
-func endpointOf(client redis.UniversalClient) telemetry.Endpoint {
+func endpointOf(client redis.UniversalClient) recorder.Endpoint {
 	c, ok := client.(*redis.Client)
 	if !ok {
-		return telemetry.Endpoint{}
+		return recorder.Endpoint{}
 	}
 	o := c.Options()
-	ep := telemetry.Endpoint{Namespace: strconv.Itoa(o.DB)}
+	ep := recorder.Endpoint{Namespace: strconv.Itoa(o.DB)}
 	if o.Addr != "FailoverClient" { // go-redis's name for a Sentinel client's address
 		ep.Address, ep.Port = splitAddr(o.Addr)
 	}
@@ -89,8 +90,8 @@ func endpointOf(client redis.UniversalClient) telemetry.Endpoint {
 }
 
 // nodeEndpoint is a Cluster node's endpoint (a Cluster has database 0 alone).
-func nodeEndpoint(addr string) telemetry.Endpoint {
-	ep := telemetry.Endpoint{Namespace: "0"}
+func nodeEndpoint(addr string) recorder.Endpoint {
+	ep := recorder.Endpoint{Namespace: "0"}
 	ep.Address, ep.Port = splitAddr(addr)
 	return ep
 }
@@ -109,7 +110,7 @@ func splitAddr(addr string) (string, int) {
 // reads go-redis's cached slot map and never waits on the network: before
 // the map has loaded, the shared breaker is used and the map is loaded in
 // the background.
-func (b *nodes) forKey(rkey string, budget time.Duration) *breaker.Breaker {
+func (b *nodes) forKey(rkey string, budget time.Duration) *circuit.Breaker {
 	if b.cluster == nil {
 		return b.one
 	}
@@ -133,7 +134,7 @@ func (b *nodes) forKey(rkey string, budget time.Duration) *breaker.Breaker {
 				b.mu.Unlock()
 				return b.one
 			}
-			nb = &nodeBreaker{Breaker: breaker.New(b.name+"@"+addr, b.settings)}
+			nb = &nodeBreaker{Breaker: circuit.New(b.name+"@"+addr, b.settings)}
 			b.byNode[addr] = nb
 			b.lanes[nb.Breaker] = b.newLane(nodeEndpoint(addr))
 		}
@@ -161,7 +162,7 @@ func (b *nodes) stop() {
 }
 
 // laneFor returns the lane of brk, a breaker forKey returned.
-func (b *nodes) laneFor(brk *breaker.Breaker) *lane {
+func (b *nodes) laneFor(brk *circuit.Breaker) *lane {
 	if brk == b.one {
 		return b.oneLane
 	}

@@ -24,7 +24,8 @@ import (
 
 	"github.com/leaselimit/leaselimit/authority"
 	"github.com/leaselimit/leaselimit/breaker"
-	"github.com/leaselimit/leaselimit/telemetry"
+	"github.com/leaselimit/leaselimit/internal/circuit"
+	"github.com/leaselimit/leaselimit/internal/recorder"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -36,9 +37,9 @@ type Config struct {
 	// Name names the breakers ("<Name>" for the shared one, "<Name>@<node
 	// address>" for a Cluster master's).
 	Name    string
-	Breaker breaker.Settings
+	Breaker circuit.Settings
 	// Tel records the engine's own calls (refunds).
-	Tel *telemetry.Recorder
+	Tel *recorder.Recorder
 	// Closed is the error of every call once Close has begun;
 	// Unavailable is wrapped by Do's errors when Redis cannot be asked or
 	// does not answer in the budget.
@@ -50,7 +51,7 @@ type Path struct {
 	client  redis.UniversalClient
 	auth    *authority.Redis
 	budget  time.Duration
-	tel     *telemetry.Recorder
+	tel     *recorder.Recorder
 	pool    int  // the client's connection pool size (see congested)
 	bounded bool // the client applies context deadlines to reads and writes
 	retries bool // the client may send a command more than once on its own
@@ -109,14 +110,14 @@ func (p *Path) Wait() {
 
 // Shared returns the breaker of a single node or Sentinel deployment, and
 // of Cluster keys whose node is not known.
-func (p *Path) Shared() *breaker.Breaker { return p.nodes.one }
+func (p *Path) Shared() *circuit.Breaker { return p.nodes.one }
 
 // Cluster returns the client if it is a Cluster's, else nil.
 func (p *Path) Cluster() *redis.ClusterClient { return p.nodes.cluster }
 
 // Route returns the breaker of the node that serves the Redis key rkey.
 // It never waits on the network (see nodes.forKey).
-func (p *Path) Route(rkey string) *breaker.Breaker { return p.nodes.forKey(rkey, p.budget) }
+func (p *Path) Route(rkey string) *circuit.Breaker { return p.nodes.forKey(rkey, p.budget) }
 
 // State returns the most severe state of the breakers in use.
 func (p *Path) State() breaker.State { return p.nodes.worst() }

@@ -10,9 +10,9 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/leaselimit/leaselimit/authority"
-	"github.com/leaselimit/leaselimit/breaker"
+	"github.com/leaselimit/leaselimit/internal/circuit"
+	"github.com/leaselimit/leaselimit/internal/recorder"
 	"github.com/leaselimit/leaselimit/policy"
-	"github.com/leaselimit/leaselimit/telemetry"
 )
 
 // newMini starts a miniredis for the test and a client on it, both closed
@@ -48,7 +48,7 @@ func TestVariant(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		p := New(Config{Client: c, Auth: auth, Budget: budget, Name: "variant", Breaker: breaker.Settings{}})
+		p := New(Config{Client: c, Auth: auth, Budget: budget, Name: "variant", Breaker: circuit.Settings{}})
 		if p.bounded != tc.bounded {
 			t.Errorf("ContextTimeoutEnabled %v: bounded %v; want %v", tc.opts.ContextTimeoutEnabled, p.bounded, tc.bounded)
 		}
@@ -81,11 +81,11 @@ func TestIdleCallsInPlace(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		tel, err := telemetry.New(telemetry.Config{LimitName: "idle"})
+		tel, err := recorder.New(recorder.Config{LimitName: "idle"})
 		if err != nil {
 			t.Fatal(err)
 		}
-		p := New(Config{Client: c, Auth: auth, Budget: time.Second, Name: "idle", Breaker: breaker.Settings{}, Tel: tel})
+		p := New(Config{Client: c, Auth: auth, Budget: time.Second, Name: "idle", Breaker: circuit.Settings{}, Tel: tel})
 		k := p.Caller(tel, nopReceiver{})
 		l := policy.PerSecond(100)
 		for i := range 20 {

@@ -7,14 +7,14 @@ import (
 	"time"
 
 	"github.com/leaselimit/leaselimit/authority"
-	"github.com/leaselimit/leaselimit/breaker"
+	"github.com/leaselimit/leaselimit/internal/circuit"
 )
 
 // Refund sends adjustments rs, all of brk's node, in one pipeline within
 // the budget, and returns those that failed. It reports false, sending
 // nothing, when brk holds calls back: they wait for Redis.
-func (p *Path) Refund(brk *breaker.Breaker, rs []authority.Refund, tokens int64) (failed []authority.Failed, sent bool) {
-	if brk.Rejects(p.nodes.now()) { // the breakers' clock (WithClock)
+func (p *Path) Refund(brk *circuit.Breaker, rs []authority.Refund, tokens int64) (failed []authority.Failed, sent bool) {
+	if brk.Rejects(p.nodes.now()) { // the breakers' clock (withClock)
 		return nil, false
 	}
 	done, err := brk.Allow()
@@ -28,7 +28,7 @@ func (p *Path) Refund(brk *breaker.Breaker, rs []authority.Refund, tokens int64)
 	err = firstError(failed)
 	p.tel.EndRefund(span, tokens, err)
 	if err != nil && errors.Is(err, context.DeadlineExceeded) {
-		err = fmt.Errorf("%w: %w", breaker.ErrBudget, err)
+		err = fmt.Errorf("%w: %w", circuit.ErrBudget, err)
 	}
 	done(err)
 	return failed, true

@@ -1,4 +1,4 @@
-package leaselimit
+package telemetry
 
 import (
 	"bytes"
@@ -160,7 +160,7 @@ func TestRedisLoggerConcurrent(t *testing.T) {
 	if n := len(r.lines()); n != 1 {
 		t.Errorf("%d lines for 800 concurrent repeats; want 1", n)
 	}
-	r.add(logEvery)
+	r.add(redisLogEvery)
 	r.log.Printf(context.Background(), "redis: connection pool: failed to dial after %d attempts: %v", 5, "refused")
 	if got := r.lines(); len(got) != 1 || !strings.Contains(got[0], `"suppressed":799`) {
 		t.Errorf("next line: %q; want suppressed 799", got)

@@ -1,4 +1,4 @@
-package telemetry
+package recorder
 
 import (
 	"context"
@@ -7,7 +7,7 @@ import (
 	"reflect"
 	"strings"
 
-	"github.com/leaselimit/leaselimit/breaker"
+	"github.com/leaselimit/leaselimit/internal/circuit"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -17,7 +17,7 @@ type timeoutError interface{ Timeout() bool }
 // isTimeout reports a call that ran out of time: its context's deadline,
 // the Limiter's time budget, or a network timeout.
 func isTimeout(err error) bool {
-	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, breaker.ErrBudget) {
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, circuit.ErrBudget) {
 		return true
 	}
 	var te timeoutError
@@ -29,7 +29,7 @@ func isTimeout(err error) bool {
 // error code of a Redis error reply (its first word, such as "NOSCRIPT" or
 // "LOADING"), or the Go type of the error.
 func errorType(err error) string {
-	if breaker.Unreachable(err) {
+	if circuit.Unreachable(err) {
 		return "network"
 	}
 	if isTimeout(err) {

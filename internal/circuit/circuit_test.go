@@ -1,4 +1,4 @@
-package breaker_test
+package circuit_test
 
 import (
 	"context"
@@ -16,6 +16,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/leaselimit/leaselimit/authority"
 	"github.com/leaselimit/leaselimit/breaker"
+	"github.com/leaselimit/leaselimit/internal/circuit"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 )
@@ -51,9 +52,9 @@ func TestClassification(t *testing.T) {
 		// Timeouts, including the Limiter's own budget, count.
 		{"context.DeadlineExceeded", context.DeadlineExceeded, true, false},
 		{"wrapped context.DeadlineExceeded", fmt.Errorf("acquire: %w", context.DeadlineExceeded), true, false},
-		{"ErrBudget", breaker.ErrBudget, true, false},
-		{"ErrBudget wrapping DeadlineExceeded", fmt.Errorf("%w: %w", breaker.ErrBudget, context.DeadlineExceeded), true, false},
-		{"ErrBudget message", fmt.Errorf("%w: no reply within 100ms", breaker.ErrBudget), true, false},
+		{"ErrBudget", circuit.ErrBudget, true, false},
+		{"ErrBudget wrapping DeadlineExceeded", fmt.Errorf("%w: %w", circuit.ErrBudget, context.DeadlineExceeded), true, false},
+		{"ErrBudget message", fmt.Errorf("%w: no reply within 100ms", circuit.ErrBudget), true, false},
 		{"os.ErrDeadlineExceeded (i/o timeout)", os.ErrDeadlineExceeded, true, false},
 
 		// Network errors count.
@@ -94,10 +95,10 @@ func TestClassification(t *testing.T) {
 		{"redis.Nil", redis.Nil, false, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := breaker.Counts(tc.err); got != tc.counts {
+			if got := circuit.Counts(tc.err); got != tc.counts {
 				t.Errorf("Counts(%v) = %v; want %v", tc.err, got, tc.counts)
 			}
-			if got := breaker.Excluded(tc.err); got != tc.excluded {
+			if got := circuit.Excluded(tc.err); got != tc.excluded {
 				t.Errorf("Excluded(%v) = %v; want %v", tc.err, got, tc.excluded)
 			}
 			if tc.counts && tc.excluded {
@@ -120,8 +121,8 @@ func TestClassificationRealErrors(t *testing.T) {
 	if err == nil {
 		t.Fatal("EVALSHA of an unknown script: no error")
 	}
-	if breaker.Counts(err) || !breaker.Excluded(err) {
-		t.Errorf("real NOSCRIPT %q: Counts %v, Excluded %v; want false, true", err, breaker.Counts(err), breaker.Excluded(err))
+	if circuit.Counts(err) || !circuit.Excluded(err) {
+		t.Errorf("real NOSCRIPT %q: Counts %v, Excluded %v; want false, true", err, circuit.Counts(err), circuit.Excluded(err))
 	}
 
 	// A script error reply is not a failure of Redis.
@@ -129,7 +130,7 @@ func TestClassificationRealErrors(t *testing.T) {
 	if err == nil {
 		t.Fatal("EVAL of a failing script: no error")
 	}
-	if breaker.Counts(err) {
+	if circuit.Counts(err) {
 		t.Errorf("real script error %q counts as a Redis failure", err)
 	}
 
@@ -146,10 +147,10 @@ func TestClassificationRealErrors(t *testing.T) {
 	if err == nil {
 		t.Fatalf("PING %s: no error with nothing listening", addr)
 	}
-	if !breaker.Counts(err) || breaker.Excluded(err) {
-		t.Errorf("real dial error %q: Counts %v, Excluded %v; want true, false", err, breaker.Counts(err), breaker.Excluded(err))
+	if !circuit.Counts(err) || circuit.Excluded(err) {
+		t.Errorf("real dial error %q: Counts %v, Excluded %v; want true, false", err, circuit.Counts(err), circuit.Excluded(err))
 	}
-	if !breaker.Unreachable(err) {
+	if !circuit.Unreachable(err) {
 		t.Errorf("real dial error %q: Unreachable false; want true", err)
 	}
 
@@ -160,8 +161,8 @@ func TestClassificationRealErrors(t *testing.T) {
 	if err == nil {
 		t.Fatal("PING with a cancelled context: no error")
 	}
-	if breaker.Counts(err) || !breaker.Excluded(err) {
-		t.Errorf("cancelled PING %q: Counts %v, Excluded %v; want false, true", err, breaker.Counts(err), breaker.Excluded(err))
+	if circuit.Counts(err) || !circuit.Excluded(err) {
+		t.Errorf("cancelled PING %q: Counts %v, Excluded %v; want false, true", err, circuit.Counts(err), circuit.Excluded(err))
 	}
 }
 
@@ -176,7 +177,7 @@ func (timeoutErr) Temporary() bool { return true }
 // (a wrong address, Redis down) against those of a connection that did not
 // answer or broke (a hung or dying Redis).
 func TestUnreachable(t *testing.T) {
-	budget := fmt.Errorf("%w: no reply within 100ms", breaker.ErrBudget)
+	budget := fmt.Errorf("%w: no reply within 100ms", circuit.ErrBudget)
 	for _, tc := range []struct {
 		name string
 		err  error
@@ -191,7 +192,7 @@ func TestUnreachable(t *testing.T) {
 		{"bare DNS error", &net.DNSError{Err: "no such host", Name: "redis.invalid"}, true},
 		{"bare ECONNREFUSED", syscall.ECONNREFUSED, true},
 		{"bare ENETUNREACH", syscall.ENETUNREACH, true},
-		{"budget, no connection", fmt.Errorf("%w: %w", breaker.ErrUnreachable, budget), true},
+		{"budget, no connection", fmt.Errorf("%w: %w", circuit.ErrUnreachable, budget), true},
 
 		{"budget", budget, false},
 		{"context.DeadlineExceeded", context.DeadlineExceeded, false},
@@ -203,21 +204,21 @@ func TestUnreachable(t *testing.T) {
 		{"open", breaker.ErrOpen, false},
 		{"refused as plain text", errors.New("dial tcp 127.0.0.1:1: connect: connection refused"), false},
 	} {
-		if got := breaker.Unreachable(tc.err); got != tc.want {
+		if got := circuit.Unreachable(tc.err); got != tc.want {
 			t.Errorf("%s: Unreachable(%v) = %v; want %v", tc.name, tc.err, got, tc.want)
 		}
-		if tc.want && !breaker.Counts(tc.err) {
+		if tc.want && !circuit.Counts(tc.err) {
 			t.Errorf("%s: Unreachable(%v) but not Counts: an unreachable Redis is an outage", tc.name, tc.err)
 		}
 	}
 }
 
 func TestDefaultsAndValidate(t *testing.T) {
-	d := breaker.Settings{}.WithDefaults()
+	d := circuit.Settings{}.WithDefaults()
 	if d.Failures != 5 || d.OpenFor != 250*time.Millisecond || d.Probes != 1 || d.Interval != 10*time.Second {
 		t.Errorf("defaults = %+v; want Failures 5, OpenFor 250ms, Probes 1, Interval 10s", d)
 	}
-	s := breaker.Settings{Failures: 1, OpenFor: time.Millisecond, Probes: 7, Interval: time.Minute}.WithDefaults()
+	s := circuit.Settings{Settings: breaker.Settings{Failures: 1, OpenFor: time.Millisecond, Probes: 7, Interval: time.Minute}}.WithDefaults()
 	if s.Failures != 1 || s.OpenFor != time.Millisecond || s.Probes != 7 || s.Interval != time.Minute {
 		t.Errorf("WithDefaults changed set fields: %+v", s)
 	}
@@ -260,7 +261,7 @@ func (tr *transitions) list() []string {
 	return append([]string(nil), tr.got...)
 }
 
-func call(t *testing.T, b *breaker.Breaker, err error) {
+func call(t *testing.T, b *circuit.Breaker, err error) {
 	t.Helper()
 	done, aerr := b.Allow()
 	if aerr != nil {
@@ -275,7 +276,7 @@ func call(t *testing.T, b *breaker.Breaker, err error) {
 func TestStateMachine(t *testing.T) {
 	const openFor = 150 * time.Millisecond
 	var tr transitions
-	b := breaker.New("test", breaker.Settings{Failures: 3, OpenFor: openFor, Probes: 2, OnStateChange: tr.record})
+	b := circuit.New("test", circuit.Settings{Settings: breaker.Settings{Failures: 3, OpenFor: openFor, Probes: 2, OnStateChange: tr.record}})
 
 	if b.State() != breaker.Closed || b.Rejects(time.Now()) || !b.OpenUntil().IsZero() {
 		t.Fatalf("new breaker: state %v, rejects %v, open until %v", b.State(), b.Rejects(time.Now()), b.OpenUntil())
@@ -310,7 +311,7 @@ func TestStateMachine(t *testing.T) {
 
 	// The third consecutive failure opens it.
 	before := time.Now()
-	call(t, b, breaker.ErrBudget)
+	call(t, b, circuit.ErrBudget)
 	after := time.Now()
 	if b.State() != breaker.Open {
 		t.Fatalf("state %v after 3 consecutive failures; want open", b.State())
@@ -394,7 +395,7 @@ func TestStateMachine(t *testing.T) {
 // TestExcludedProbeDoesNotCount: a probe that ends with an excluded error
 // leaves the breaker half-open and frees its slot for another probe.
 func TestExcludedProbeDoesNotCount(t *testing.T) {
-	b := breaker.New("test", breaker.Settings{Failures: 1, OpenFor: 50 * time.Millisecond, Probes: 1})
+	b := circuit.New("test", circuit.Settings{Settings: breaker.Settings{Failures: 1, OpenFor: 50 * time.Millisecond, Probes: 1}})
 	call(t, b, errInfra)
 	if b.State() != breaker.Open {
 		t.Fatalf("state %v; want open", b.State())
@@ -413,7 +414,7 @@ func TestExcludedProbeDoesNotCount(t *testing.T) {
 // TestConcurrent: many goroutines using one breaker, under -race.
 func TestConcurrent(t *testing.T) {
 	var tr transitions
-	b := breaker.New("test", breaker.Settings{Failures: 5, OpenFor: 5 * time.Millisecond, Probes: 2, OnStateChange: tr.record})
+	b := circuit.New("test", circuit.Settings{Settings: breaker.Settings{Failures: 5, OpenFor: 5 * time.Millisecond, Probes: 2, OnStateChange: tr.record}})
 	var wg sync.WaitGroup
 	for g := 0; g < 8; g++ {
 		wg.Add(1)

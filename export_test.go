@@ -1,0 +1,10 @@
+package leaselimit
+
+// What the root's external tests (package leaselimit_test) use and users
+// do not get.
+
+// WithClock runs a Client on a clock the test steps by hand (withClock).
+var WithClock = withClock
+
+// DefaultPrefix is the Redis key prefix of a Client without WithPrefix.
+const DefaultPrefix = defaultPrefix

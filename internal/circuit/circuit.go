@@ -1,0 +1,235 @@
+// Package circuit is the circuit breaker around leaselimit's Redis calls
+// (github.com/sony/gobreaker/v2), for the root package and
+// internal/redispath: which errors count against Redis, the time budget's
+// errors, and the bookkeeping that tells a Redis that does not answer from
+// a process that is behind. Users configure it through breaker.Settings.
+//
+// Counted as failures: network errors, timeouts (including the Client's own
+// time budget, once the Client has found that its own process was keeping
+// up; a budget miss while the process was behind is not Redis's),
+// connection refused or reset, a closed pool, and Redis replies that mean
+// the server cannot serve now (LOADING, BUSY, READONLY, MASTERDOWN,
+// CLUSTERDOWN, TRYAGAIN, MISCONF, NOREPLICAS, OOM). Not counted: success, a
+// caller's context.Canceled, NOSCRIPT (the authority reloads the script and
+// retries), and errors that are leaselimit's own bugs (the authority's
+// ErrScript and ErrReply), which the Client returns to the caller instead
+// of hiding them behind the failure policy.
+package circuit
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/leaselimit/leaselimit/breaker"
+	"github.com/redis/go-redis/v9"
+	"github.com/sony/gobreaker/v2"
+)
+
+// ErrBudget marks an authority call that ran out of its time budget.
+var ErrBudget = errors.New("breaker: time budget exceeded")
+
+// ErrUnreachable marks an authority call given up at its time budget (it
+// wraps ErrBudget too) that never got a connection to Redis: go-redis's own
+// dial retries outlast any budget, so the dial error itself arrives too
+// late to tell. See Unreachable.
+var ErrUnreachable = errors.New("breaker: no connection to Redis")
+
+// Settings are a Breaker's: the user's breaker.Settings and the clock.
+type Settings struct {
+	breaker.Settings
+	// Now, if set, is the clock of OpenUntil and Rejects (the Client
+	// passes the clock of its local state, so that retry-afters are on one
+	// clock). Default time.Now. The half-open transition itself follows
+	// gobreaker's own (real) clock.
+	Now func() time.Time
+}
+
+// WithDefaults returns s with zero fields set to their defaults (those
+// documented on breaker.Settings).
+func (s Settings) WithDefaults() Settings {
+	if s.Failures == 0 {
+		s.Failures = 5
+	}
+	if s.OpenFor == 0 {
+		s.OpenFor = 250 * time.Millisecond
+	}
+	if s.Probes == 0 {
+		s.Probes = 1
+	}
+	if s.Interval == 0 {
+		s.Interval = 10 * time.Second
+	}
+	return s
+}
+
+// stateOf is the breaker.State of a gobreaker state.
+func stateOf(s gobreaker.State) breaker.State {
+	switch s {
+	case gobreaker.StateHalfOpen:
+		return breaker.HalfOpen
+	case gobreaker.StateOpen:
+		return breaker.Open
+	}
+	return breaker.Closed
+}
+
+// Breaker is a circuit breaker for authority calls. Its fast check, Rejects,
+// is a pair of atomic loads.
+type Breaker struct {
+	cb        *gobreaker.TwoStepCircuitBreaker[struct{}]
+	state     atomic.Int32
+	openUntil atomic.Int64 // unix nanoseconds; while now is before it, Rejects is true
+	openFor   time.Duration
+	now       func() time.Time
+	replies   atomic.Int64 // see CountReply
+	lastNet   atomic.Int64 // unix ns of the last network error (NoteNetworkError)
+}
+
+// New returns a closed breaker named name.
+func New(name string, s Settings) *Breaker {
+	s = s.WithDefaults()
+	b := &Breaker{openFor: s.OpenFor, now: s.Now}
+	if b.now == nil {
+		b.now = time.Now
+	}
+	user := s.OnStateChange
+	b.cb = gobreaker.NewTwoStepCircuitBreaker[struct{}](gobreaker.Settings{
+		Name:        name,
+		MaxRequests: s.Probes,
+		Interval:    s.Interval,
+		Timeout:     s.OpenFor,
+		ReadyToTrip: func(c gobreaker.Counts) bool {
+			return c.ConsecutiveFailures >= s.Failures
+		},
+		OnStateChange: func(_ string, from, to gobreaker.State) {
+			// Runs under gobreaker's lock: record only.
+			b.state.Store(int32(stateOf(to)))
+			if to == gobreaker.StateOpen {
+				b.openUntil.Store(b.now().Add(b.openFor).UnixNano())
+			} else {
+				b.openUntil.Store(0)
+			}
+			if user != nil {
+				user(stateOf(from), stateOf(to))
+			}
+		},
+		IsExcluded: func(err error) bool { return err != nil && !Counts(err) },
+	})
+	return b
+}
+
+// State returns the last state the breaker moved to.
+func (b *Breaker) State() breaker.State { return breaker.State(b.state.Load()) }
+
+// CountReply records that Redis answered a call through this breaker (with
+// a decision or an error reply: anything but silence or a broken
+// connection).
+func (b *Breaker) CountReply() { b.replies.Add(1) }
+
+// NoteNetworkError records that a call failed at now with a network error
+// that is not a timeout (a refused or reset connection).
+func (b *Breaker) NoteNetworkError(now time.Time) { b.lastNet.Store(now.UnixNano()) }
+
+// NetworkErrorSince reports whether a call failed with such a network
+// error at or after t.
+func (b *Breaker) NetworkErrorSince(t time.Time) bool { return b.lastNet.Load() >= t.UnixNano() }
+
+// RepliesSeen returns how many calls Redis has answered (see CountReply).
+// Two readings tell how many replies arrived in between.
+func (b *Breaker) RepliesSeen() int64 { return b.replies.Load() }
+
+// Rejects reports, without locking, whether the breaker is open at now and
+// not yet due for a probe.
+func (b *Breaker) Rejects(now time.Time) bool {
+	u := b.openUntil.Load()
+	return u != 0 && now.UnixNano() < u
+}
+
+// OpenUntil returns when the open breaker lets probes through, or the zero
+// time when it is not open.
+func (b *Breaker) OpenUntil() time.Time {
+	u := b.openUntil.Load()
+	if u == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, u)
+}
+
+// Allow asks to make one Redis call. On success the caller must call done
+// exactly once with the call's error; on breaker.ErrOpen (the breaker is
+// open or its half-open probes are all in flight) it must not call Redis.
+func (b *Breaker) Allow() (done func(error), err error) {
+	done, err = b.cb.Allow()
+	if err != nil {
+		return nil, breaker.ErrOpen
+	}
+	return done, nil
+}
+
+// Excluded reports whether err says nothing about Redis's health: a caller's
+// cancellation, or NOSCRIPT (the authority reloads the script and retries).
+func Excluded(err error) bool {
+	return err != nil && (errors.Is(err, context.Canceled) || redis.HasErrorPrefix(err, "NOSCRIPT"))
+}
+
+// Unreachable reports whether err says that no connection to Redis could
+// be made, as opposed to a connection that did not answer: a dial error
+// (connection refused, no route to the host or network, a DNS failure, a
+// dial timeout), or a call marked with ErrUnreachable. A wrong address and
+// a Redis that is down both look like this; a hung Redis does not.
+func Unreachable(err error) bool {
+	if err == nil {
+		return false
+	}
+	if errors.Is(err, ErrUnreachable) {
+		return true
+	}
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		return true
+	}
+	var dns *net.DNSError
+	if errors.As(err, &dns) {
+		return true
+	}
+	return errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.EHOSTUNREACH) || errors.Is(err, syscall.ENETUNREACH)
+}
+
+// unavailable are the codes of Redis error replies that mean the server
+// cannot serve now.
+var unavailable = []string{"LOADING", "BUSY", "READONLY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "MISCONF", "NOREPLICAS", "OOM"}
+
+// Counts reports whether err counts as a Redis failure: by its type or
+// sentinel (a timeout, a network error, a closed or exhausted pool, a
+// broken connection), or by the code of a Redis error reply.
+func Counts(err error) bool {
+	if err == nil || Excluded(err) {
+		return false
+	}
+	if errors.Is(err, ErrBudget) || errors.Is(err, context.DeadlineExceeded) {
+		return true
+	}
+	// net.Error covers *net.OpError (refused, reset, broken pipe, no route),
+	// i/o timeouts, net.ErrClosed and bare syscall errnos.
+	var ne net.Error
+	if errors.As(err, &ne) {
+		return true
+	}
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, redis.ErrClosed) || errors.Is(err, redis.ErrPoolTimeout) || errors.Is(err, redis.ErrPoolExhausted) {
+		return true
+	}
+	for _, code := range unavailable {
+		if redis.HasErrorPrefix(err, code) {
+			return true
+		}
+	}
+	// Other replies (WRONGTYPE, NOPERM, our own script's argument errors)
+	// are not Redis being unavailable.
+	return false
+}
