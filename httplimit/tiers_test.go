@@ -14,6 +14,17 @@ import (
 	"github.com/leaselimit/leaselimit/policy"
 )
 
+// callAs serves a request of user on plan (the X-User and X-Plan header
+// fields) through h.
+func callAs(h http.Handler, user, plan string) *httptest.ResponseRecorder {
+	req := httptest.NewRequest("GET", "/", nil)
+	req.Header.Set("X-User", user)
+	req.Header.Set("X-Plan", plan)
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	return rec
+}
+
 // TestLimitFunc: each request is decided by the limit WithLimitFunc chose
 // for it, and its RateLimit-Policy and RateLimit describe that limit.
 func TestLimitFunc(t *testing.T) {
@@ -25,14 +36,7 @@ func TestLimitFunc(t *testing.T) {
 	h := httplimit.Middleware(lim, httplimit.Header("X-User"), httplimit.WithLimitFunc(func(r *http.Request) policy.Limit {
 		return plans[r.Header.Get("X-Plan")]
 	}))(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {}))
-	call := func(user, plan string) *httptest.ResponseRecorder {
-		req := httptest.NewRequest("GET", "/", nil)
-		req.Header.Set("X-User", user)
-		req.Header.Set("X-Plan", plan)
-		rec := httptest.NewRecorder()
-		h.ServeHTTP(rec, req)
-		return rec
-	}
+	call := func(user, plan string) *httptest.ResponseRecorder { return callAs(h, user, plan) }
 	for i, want := range []struct {
 		user, plan    string
 		code          int
@@ -158,14 +162,7 @@ func TestLimiterFunc(t *testing.T) {
 		}
 		return nil
 	}))(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {}))
-	call := func(user, plan string) *httptest.ResponseRecorder {
-		req := httptest.NewRequest("GET", "/", nil)
-		req.Header.Set("X-User", user)
-		req.Header.Set("X-Plan", plan)
-		rec := httptest.NewRecorder()
-		h.ServeHTTP(rec, req)
-		return rec
-	}
+	call := func(user, plan string) *httptest.ResponseRecorder { return callAs(h, user, plan) }
 	for i, want := range []struct {
 		user, plan    string
 		code          int
