@@ -55,26 +55,20 @@ func (s stamp) of(n int64) origin {
 	return s.refund
 }
 
-// member returns the stamp of the i-th limit's bucket: with parts, that
-// limit's window from them (0, unknown, if they do not name it); without,
-// the stamp's own (one limit's, or, for several, a window no quota names).
+// member returns the stamp of the i-th bucket of several limits: that
+// limit's window from the parts, or 0 (unknown: windowFor works it out
+// from the origin's clock) where they do not name it. The stamp's own
+// window is not every limit's: for a joint lease it is the soonest of
+// their windows, so an hourly quota's end would be given to a daily one.
 func (s stamp) member(i int) stamp {
-	m := stamp{taken: s.taken, refund: s.refund, charge: s.charge}
-	if s.refundParts != nil {
-		m.refund.window = part(s.refundParts, i)
+	m := stamp{taken: s.taken, refund: origin{since: s.refund.since}, charge: origin{since: s.charge.since}}
+	if i < len(s.refundParts) {
+		m.refund.window = s.refundParts[i]
 	}
-	if s.chargeParts != nil {
-		m.charge.window = part(s.chargeParts, i)
+	if i < len(s.chargeParts) {
+		m.charge.window = s.chargeParts[i]
 	}
 	return m
-}
-
-// part returns ws[i], or 0 past its end.
-func part(ws []int64, i int) int64 {
-	if i < len(ws) {
-		return ws[i]
-	}
-	return 0
 }
 
 // windowFor is authority.Refund.Window for an adjustment of n stamped
@@ -258,6 +252,9 @@ func (r *Reservation) Cancel(ctx context.Context) error { return r.Settle(ctx, 0
 func (l *Limiter) adjust(ctx context.Context, key string, n int64, st stamp) error {
 	if n == 0 || l.settleLocally(l.joint, l.members, key, n, st) {
 		return nil
+	}
+	if len(l.members) == 1 { // the stamp is this limit's own
+		return l.adjustBucket(ctx, l.members, key, n, st)
 	}
 	var first error
 	for i := range l.members {
