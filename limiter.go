@@ -204,10 +204,13 @@ func (l *Limiter) check(key string, n int64) error {
 	if err := checkKey(key); err != nil {
 		return err
 	}
+	if n >= 1 && n <= l.maxCost {
+		return nil
+	}
 	if n < 1 || n > l.limit.Burst {
 		return fmt.Errorf("%w: n = %d, want 1 <= n <= burst %d", ErrInvalidCost, n, l.limit.Burst)
 	}
-	for _, m := range l.members[1:] {
+	for _, m := range l.members[1:] { // the limit whose Burst n passes, for the message
 		if n > m.limit.Burst {
 			return fmt.Errorf("%w: n = %d, want 1 <= n <= burst %d of %s", ErrInvalidCost, n, m.limit.Burst, m.limit.Name)
 		}

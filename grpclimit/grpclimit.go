@@ -253,8 +253,7 @@ func (in *interceptor) decide(ctx context.Context, fullMethod string) (metadata.
 // RetryInfo (UnaryClientInterceptor does not retry it).
 func (in *interceptor) refusedForever(n int64) error {
 	l := fields.Narrowest(in.policy)
-	why := "the call costs " + strconv.FormatInt(n, 10) + " tokens; rate limit \"" + l.Name +
-		"\" admits at most " + strconv.FormatInt(l.Burst, 10) + " at once, so it can never be admitted"
+	why := "the call " + fields.CannotAdmit(n, l)
 	st := status.New(codes.ResourceExhausted, why)
 	if withInfo, err := st.WithDetails(&errdetails.QuotaFailure{Violations: []*errdetails.QuotaFailure_Violation{
 		{Subject: l.Name, Description: why}}}); err == nil {

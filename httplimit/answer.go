@@ -127,11 +127,10 @@ func setRetryAfter(h http.Header, d leaselimit.Decision) {
 // detail that says why.
 func refuseForever(w http.ResponseWriter, n int64, l policy.Limit) {
 	writeProblem(w, problem{
-		Type:   ProblemTypeQuotaExceeded,
-		Title:  "Request cannot be satisfied as assigned quota has been exceeded",
-		Status: http.StatusTooManyRequests,
-		Detail: "The request costs " + strconv.FormatInt(n, 10) + " tokens; policy \"" + l.Name +
-			"\" admits at most " + strconv.FormatInt(l.Burst, 10) + " at once, so it can never be admitted.",
+		Type:     ProblemTypeQuotaExceeded,
+		Title:    "Request cannot be satisfied as assigned quota has been exceeded",
+		Status:   http.StatusTooManyRequests,
+		Detail:   "The request " + fields.CannotAdmit(n, l) + ".",
 		Violated: []string{l.Name},
 	})
 }

@@ -146,3 +146,11 @@ func Narrowest(ps []*Policy) policy.Limit {
 	}
 	return l
 }
+
+// CannotAdmit says why a request of cost n is refused for good, after its
+// subject ("The request "): n is above the Burst of limit l, so no wait
+// would let it through.
+func CannotAdmit(n int64, l policy.Limit) string {
+	return "costs " + strconv.FormatInt(n, 10) + " tokens; policy \"" + l.Name +
+		"\" admits at most " + strconv.FormatInt(l.Burst, 10) + " at once, so it can never be admitted"
+}
