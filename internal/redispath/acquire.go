@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/leaselimit/leaselimit/authority"
+	"github.com/leaselimit/leaselimit/breaker"
 	"github.com/leaselimit/leaselimit/internal/circuit"
 	"github.com/leaselimit/leaselimit/internal/overload"
 	"github.com/leaselimit/leaselimit/internal/recorder"
@@ -100,15 +101,24 @@ func (k *Caller) Acquire(ctx context.Context, c Call) (authority.Grant, error) {
 		// and ctx.Done.
 		return authority.Grant{}, err
 	}
-	done, err := k.p.admit(c.Brk)
-	if err != nil {
-		return authority.Grant{}, err
-	}
 	ln := k.p.nodes.laneFor(c.Brk)
 	if k.p.bounded && ln.claim() {
+		done, err := k.p.admit(c.Brk)
+		if err != nil {
+			ln.release()
+			return authority.Grant{}, err
+		}
 		return k.direct(ctx, c, ln, done)
 	}
-	return k.detached(ctx, c, ln, done)
+	// A detached call goes through the breaker with its batch (see
+	// lane.send); an open breaker refuses it here already.
+	if c.Brk.Rejects(k.p.nodes.now()) {
+		return authority.Grant{}, breaker.ErrOpen
+	}
+	if !k.p.gate.enter() {
+		return authority.Grant{}, k.p.closed
+	}
+	return k.detached(ctx, c, ln)
 }
 
 // callSpan is a Redis call's client span that whoever finishes first ends:
@@ -148,7 +158,6 @@ type detachedCall struct {
 	span    callSpan
 	ctx     context.Context // the call span's
 	start   time.Time
-	done    func(error) // the breaker's
 	sent    atomic.Int64
 	state   atomic.Int32 // callPending, then who decided
 	// delivered gets a value when the outcome is the waiter's (see
@@ -190,16 +199,17 @@ func (d *detachedCall) release() {
 // detached hands c to its lane's senders (see lane.submit), whose
 // goroutines carry it on a context detached from the caller's, so that its
 // outcome is known even if the caller leaves; the caller waits for it up
-// to the budget (and the grace while the process is behind). done is the
-// breaker's, from admit.
-func (k *Caller) detached(ctx context.Context, c Call, ln *lane, done func(error)) (authority.Grant, error) {
+// to the budget (and the grace while the process is behind). The breaker
+// counts the call's batch, once (see lane.send), and a failure for each
+// waiter that gives up on Redis (see blame).
+func (k *Caller) detached(ctx context.Context, c Call, ln *lane) (authority.Grant, error) {
 	budget := k.p.budget
 	start := time.Now()
 	hardCap := start.Add((1 + saturationGrace) * budget)
 	replies := c.Brk.RepliesSeen()
 	d := newDetachedCall()
 	defer d.release() // after the results below are read
-	d.k, d.c, d.start, d.done = k, c, start, done
+	d.k, d.c, d.start = k, c, start
 	d.ctx, d.span.span = k.tel.StartAuthority(ctx, c.Acq.Want, c.Acq.Min, ln.ep)
 	// The call's own deadline lies a budget past the hard cap, so that the
 	// waiter's cap decides first; go-redis honours it while waiting for a
@@ -212,7 +222,7 @@ func (k *Caller) detached(ctx context.Context, c Call, ln *lane, done func(error
 		if d.state.CompareAndSwap(callPending, to) {
 			errType := ""
 			if to == callGaveUp {
-				done(circuit.ErrBudget)
+				blame(c.Brk)
 				if k.p.unreachable(c.Brk, start.Add(-2*budget)) {
 					errType = "network"
 					err = fmt.Errorf("%w: %w", circuit.ErrUnreachable, err)
@@ -224,7 +234,6 @@ func (k *Caller) detached(ctx context.Context, c Call, ln *lane, done func(error
 		// The call delivered first: the waiter completes it, as on the
 		// delivered path below.
 		g, err := d.complete()
-		done(err)
 		k.sawLate(ctx, err, start)
 		return g, err
 	}
@@ -251,7 +260,6 @@ func (k *Caller) detached(ctx context.Context, c Call, ln *lane, done func(error
 		select {
 		case <-d.delivered:
 			g, err := d.complete()
-			done(err)
 			k.sawLate(ctx, err, start)
 			return g, err
 		case <-ctx.Done():
@@ -307,12 +315,12 @@ func (k *Caller) detached(ctx context.Context, c Call, ln *lane, done func(error
 }
 
 // finished takes the call's outcome from its lane's sender, on the
-// sender's goroutine. The breaker counts the reply at once (see noted);
-// the rest (span, metrics, what the Receiver must know, the breaker's
-// verdict) is the waiter's to do if it still waits, so that the sender
-// turns to the next batch without doing every member's bookkeeping first.
-// If the waiter left, the sender completes the call: the breaker learns
-// its outcome, and a grant no one keeps goes to the Receiver.
+// sender's goroutine, after the breaker has counted its batch. The reply
+// is noted at once (see noted); the rest (span, metrics, what the
+// Receiver must know) is the waiter's to do if it still waits, so that the
+// sender turns to the next batch without doing every member's bookkeeping
+// first. If the waiter left, the sender completes the call, and a grant no
+// one keeps goes to the Receiver.
 func (d *detachedCall) finished(p *pending) {
 	noted(d.c.Brk, p.a.Err)
 	if d.state.CompareAndSwap(callPending, callDelivered) {
@@ -320,17 +328,18 @@ func (d *detachedCall) finished(p *pending) {
 		d.release()
 		return
 	}
-	k, done := d.k, d.done // d may be reused once released
+	k := d.k // d may be reused once released
 	g, err := d.complete()
-	if s := d.state.Load(); s == callLeft || s == callOutwaited {
-		done(err)
-	}
 	if err == nil && !d.c.Keep {
 		// The caller left before the grant arrived.
 		k.recv.Unclaimed(d.c, g)
 	}
 	d.release()
 }
+
+// gaveUp reports whether the waiter gave up on the call and blamed Redis
+// (see blame): its batch's outcome is then not the breaker's to count.
+func (d *detachedCall) gaveUp() bool { return d.state.Load() == callGaveUp }
 
 // complete is what follows the outcome of d, in d.c.Acq: its span, metrics
 // and what the Receiver must know (see end), then the gate's leave. It runs
@@ -405,6 +414,12 @@ func (k *Caller) direct(ctx context.Context, c Call, ln *lane, done func(error))
 // Receiver. A deadline overrun is marked with
 // circuit.ErrBudget.
 func (k *Caller) end(ctx context.Context, c Call, span *callSpan, start time.Time, g authority.Grant, err error) (authority.Grant, error) {
+	if errors.Is(err, breaker.ErrOpen) {
+		// The breaker refused the call's batch (see lane.send): no call
+		// was made, so none is recorded.
+		span.finish(k.tel, 0, err, "")
+		return authority.Grant{}, err
+	}
 	k.tel.RecordAuthority(ctx, time.Since(start), g.Granted, err)
 	errType := ""
 	if !isNetworkError(err) && errors.Is(err, context.DeadlineExceeded) && k.p.unreachable(c.Brk, start) {
@@ -435,11 +450,25 @@ func (k *Caller) end(ctx context.Context, c Call, span *callSpan, start time.Tim
 // other calls count to tell a slow Redis from a process that is behind
 // (see congested and queued).
 func noted(brk *circuit.Breaker, err error) {
+	if errors.Is(err, breaker.ErrOpen) {
+		return // the batch was never sent (see lane.send)
+	}
 	if isNetworkError(err) {
 		brk.NoteNetworkError(time.Now())
 	}
 	if !circuit.Counts(err) {
 		brk.CountReply()
+	}
+}
+
+// blame counts a failure on brk for a waiter that gave up on Redis at the
+// budget: one for each such waiter, as for calls made alone, so that a
+// hung Redis trips the breaker one budget after it stopped answering,
+// however the calls were batched. In a half-open breaker that lets no
+// more requests through, the probe's own outcome decides instead.
+func blame(brk *circuit.Breaker) {
+	if done, err := brk.Allow(); err == nil {
+		done(circuit.ErrBudget)
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/leaselimit/leaselimit/authority"
+	"github.com/leaselimit/leaselimit/internal/circuit"
 	"github.com/leaselimit/leaselimit/internal/recorder"
 )
 
@@ -28,6 +29,7 @@ import (
 // goroutine of its own.
 type lane struct {
 	auth     *authority.Redis
+	brk      *circuit.Breaker  // the node's: one request per batch (see send)
 	max      int               // pipelines in flight at once
 	fallback time.Duration     // a batch's deadline when no member has one
 	ep       recorder.Endpoint // the server the lane's calls go to, for their spans
@@ -44,8 +46,12 @@ type pending struct {
 	ctx      context.Context        // the caller's, for its values (the trace) only
 	deadline time.Time
 	sent     *atomic.Int64 // if set, stamped when the call's batch is sent
-	// finish is called on the sender's goroutine with the outcome in a.
-	finish interface{ finished(p *pending) }
+	// finish is called on the sender's goroutine with the outcome in a;
+	// gaveUp reports whether the waiter gave up and blamed Redis already.
+	finish interface {
+		finished(p *pending)
+		gaveUp() bool
+	}
 }
 
 // maxBatch bounds a pipeline, so that one round trip never carries an
@@ -62,8 +68,8 @@ const maxBatch = 128
 // connection) keeps one.
 func lanePipelines(pool int) int { return min(pool, 2) }
 
-func newLane(auth *authority.Redis, pool int, fallback time.Duration, ep recorder.Endpoint) *lane {
-	ln := &lane{auth: auth, max: lanePipelines(pool), fallback: fallback, ep: ep}
+func newLane(auth *authority.Redis, brk *circuit.Breaker, pool int, fallback time.Duration, ep recorder.Endpoint) *lane {
+	ln := &lane{auth: auth, brk: brk, max: lanePipelines(pool), fallback: fallback, ep: ep}
 	ln.senders = newCrew(&ln.mu, ln.max, ln.nextBatch)
 	return ln
 }
@@ -87,6 +93,12 @@ func (ln *lane) claim() bool {
 func (ln *lane) sendAlone(ctx context.Context, a *authority.Acquisition) {
 	as := [1]*authority.Acquisition{a}
 	ln.auth.AcquireAll(ctx, as[:])
+	ln.release()
+}
+
+// release gives back the pipeline claim took; the senders carry what
+// queued meanwhile.
+func (ln *lane) release() {
 	ln.mu.Lock()
 	ln.inflight--
 	if len(ln.queue) > 0 {
@@ -153,7 +165,21 @@ func (ln *lane) take() []*pending {
 // send sends batch as one pipeline, each member's outcome in its a. The
 // pipeline's context carries the first member's values (its trace) and
 // the members' latest deadline.
+//
+// The batch is one request of the node's breaker, as one round trip to
+// Redis: a breaker that refuses it fails every member with breaker.ErrOpen
+// and nothing is sent; a sent batch counts its outcome once (see
+// batchOutcome). Counting per batch rather than per member keeps the
+// breaker's lock off the path of every call; a waiter that gives up on
+// Redis still counts a failure of its own (see blame).
 func (ln *lane) send(batch []*pending) {
+	done, err := ln.brk.Allow()
+	if err != nil {
+		for _, p := range batch {
+			p.a.Grant, p.a.Err = authority.Grant{}, err
+		}
+		return
+	}
 	var deadline time.Time
 	for _, p := range batch {
 		if p.deadline.After(deadline) {
@@ -178,4 +204,28 @@ func (ln *lane) send(batch []*pending) {
 	cctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
 	ln.auth.AcquireAll(cctx, as)
 	cancel()
+	done(batchOutcome(batch))
+}
+
+// batchOutcome is what the breaker counts for a sent batch: nothing (an
+// excluded error) if a member's waiter gave up on it and blamed Redis
+// already; else the first member error that counts against the breaker,
+// else the first error (excluded: a reply that is not an outage), else
+// success.
+func batchOutcome(batch []*pending) error {
+	var first error
+	for _, p := range batch {
+		if p.finish.gaveUp() {
+			return context.Canceled
+		}
+		if err := p.a.Err; err != nil {
+			if circuit.Counts(err) {
+				return err
+			}
+			if first == nil {
+				first = err
+			}
+		}
+	}
+	return first
 }

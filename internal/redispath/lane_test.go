@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/leaselimit/leaselimit/authority"
+	"github.com/leaselimit/leaselimit/internal/circuit"
 	"github.com/leaselimit/leaselimit/internal/recorder"
 	"github.com/leaselimit/leaselimit/internal/redistest"
 	"github.com/leaselimit/leaselimit/policy"
@@ -72,7 +73,7 @@ func newTestLane(t *testing.T, pipelines int) (*lane, *authority.Redis, *gatedHo
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln := newLane(auth, 4, time.Second, recorder.Endpoint{})
+	ln := newLane(auth, circuit.New("test", circuit.Settings{}), 4, time.Second, recorder.Endpoint{})
 	ln.max = pipelines
 	ln.senders.max = pipelines
 	return ln, auth, h
@@ -109,6 +110,8 @@ type outcomes struct {
 func newOutcomes(done chan *pending) *outcomes {
 	return &outcomes{got: map[*pending]authority.Acquisition{}, done: done}
 }
+
+func (o *outcomes) gaveUp() bool { return false }
 
 func (o *outcomes) finished(p *pending) {
 	o.mu.Lock()
@@ -226,7 +229,7 @@ func BenchmarkLane(b *testing.B) {
 		})
 	})
 	b.Run("lane", func(b *testing.B) {
-		ln := newLane(auth, poolSize(c), time.Second, recorder.Endpoint{})
+		ln := newLane(auth, circuit.New("bench", circuit.Settings{}), poolSize(c), time.Second, recorder.Endpoint{})
 		defer ln.stop()
 		run(b, func(a authority.Acquisition) error {
 			if ln.claim() {
@@ -245,6 +248,8 @@ func BenchmarkLane(b *testing.B) {
 type waiter struct{ done chan struct{} }
 
 func (w *waiter) finished(*pending) { close(w.done) }
+
+func (w *waiter) gaveUp() bool { return false }
 
 // TestLaneCallsOnOneKeyShareABatch: calls on one key, queued behind a
 // busy pipeline, go in one batch and are decided in order (the script

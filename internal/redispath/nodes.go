@@ -22,11 +22,11 @@ import (
 type nodes struct {
 	name     string
 	settings circuit.Settings
-	now      func() time.Time                 // the Limiter's clock
-	one      *circuit.Breaker                 // non-cluster clients, and cluster keys whose node is unknown
-	oneLane  *lane                            // one's batches
-	cluster  *redis.ClusterClient             // nil unless the client is a cluster
-	newLane  func(ep recorder.Endpoint) *lane // a lane for a new node's breaker
+	now      func() time.Time                                       // the Limiter's clock
+	one      *circuit.Breaker                                       // non-cluster clients, and cluster keys whose node is unknown
+	oneLane  *lane                                                  // one's batches
+	cluster  *redis.ClusterClient                                   // nil unless the client is a cluster
+	newLane  func(brk *circuit.Breaker, ep recorder.Endpoint) *lane // a lane for a new node's breaker
 
 	mu     sync.RWMutex
 	byNode map[string]*nodeBreaker // master address → breaker
@@ -64,8 +64,10 @@ func newNodes(client redis.UniversalClient, name string, s circuit.Settings, g *
 	}
 	pool := poolSize(client)
 	b := &nodes{name: name, settings: s, now: now, one: circuit.New(name, s), byNode: map[string]*nodeBreaker{}, gate: g,
-		newLane: func(ep recorder.Endpoint) *lane { return newLane(auth, pool, (1+saturationGrace+1)*budget, ep) }}
-	b.oneLane = b.newLane(endpointOf(client))
+		newLane: func(brk *circuit.Breaker, ep recorder.Endpoint) *lane {
+			return newLane(auth, brk, pool, (1+saturationGrace+1)*budget, ep)
+		}}
+	b.oneLane = b.newLane(b.one, endpointOf(client))
 	b.lanes = map[*circuit.Breaker]*lane{} // the node breakers'; one has oneLane
 	if cc, ok := client.(*redis.ClusterClient); ok {
 		b.cluster = cc
@@ -136,7 +138,7 @@ func (b *nodes) forKey(rkey string, budget time.Duration) *circuit.Breaker {
 			}
 			nb = &nodeBreaker{Breaker: circuit.New(b.name+"@"+addr, b.settings)}
 			b.byNode[addr] = nb
-			b.lanes[nb.Breaker] = b.newLane(nodeEndpoint(addr))
+			b.lanes[nb.Breaker] = b.newLane(nb.Breaker, nodeEndpoint(addr))
 		}
 		b.mu.Unlock()
 	}
