@@ -20,6 +20,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -112,6 +113,7 @@ func run() error {
 		only       = flag.String("designs", strings.Join(design.Names, ","), "comma-separated designs to run")
 		ctxTimeout = flag.Bool("context-timeout", false, "create every client with go-redis's ContextTimeoutEnabled (leaselimit then calls Redis on the caller's goroutine)")
 		which      = flag.String("workloads", "", "run only the workloads whose name starts with one of these comma-separated prefixes (default: all)")
+		cpuProfile = flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file (run one design on one workload to profile that cell)")
 	)
 	flag.Parse()
 	design.ContextTimeoutEnabled = *ctxTimeout
@@ -137,6 +139,17 @@ func run() error {
 	designs, err := pickDesigns(*only)
 	if err != nil {
 		return err
+	}
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
 	}
 
 	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
