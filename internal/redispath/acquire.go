@@ -111,14 +111,25 @@ func (k *Caller) Acquire(ctx context.Context, c Call) (authority.Grant, error) {
 		return k.direct(ctx, c, ln, done)
 	}
 	// A detached call goes through the breaker with its batch (see
-	// lane.send); an open breaker refuses it here already.
+	// lane.send); an open breaker refuses it here already. While the
+	// breaker is not closed, a call goes through it on its own, as the
+	// probe or refused at once: a probe batch of every call that queued
+	// meanwhile would keep them all waiting on a Redis that may still be
+	// down.
 	if c.Brk.Rejects(k.p.nodes.now()) {
 		return authority.Grant{}, breaker.ErrOpen
 	}
-	if !k.p.gate.enter() {
+	var own func(error)
+	if c.Brk.State() != breaker.Closed {
+		done, err := k.p.admit(c.Brk)
+		if err != nil {
+			return authority.Grant{}, err
+		}
+		own = done
+	} else if !k.p.gate.enter() {
 		return authority.Grant{}, k.p.closed
 	}
-	return k.detached(ctx, c, ln)
+	return k.detached(ctx, c, ln, own)
 }
 
 // callSpan is a Redis call's client span that whoever finishes first ends:
@@ -201,8 +212,10 @@ func (d *detachedCall) release() {
 // outcome is known even if the caller leaves; the caller waits for it up
 // to the budget (and the grace while the process is behind). The breaker
 // counts the call's batch, once (see lane.send), and a failure for each
-// waiter that gives up on Redis (see blame).
-func (k *Caller) detached(ctx context.Context, c Call, ln *lane) (authority.Grant, error) {
+// waiter that gives up on Redis (see blame); a call with own (the breaker's
+// done, from admit: the breaker was not closed) is counted on its own
+// instead, its outcome or the waiter's verdict.
+func (k *Caller) detached(ctx context.Context, c Call, ln *lane, own func(error)) (authority.Grant, error) {
 	budget := k.p.budget
 	start := time.Now()
 	hardCap := start.Add((1 + saturationGrace) * budget)
@@ -214,7 +227,7 @@ func (k *Caller) detached(ctx context.Context, c Call, ln *lane) (authority.Gran
 	// The call's own deadline lies a budget past the hard cap, so that the
 	// waiter's cap decides first; go-redis honours it while waiting for a
 	// pooled connection, which late readers hold longer.
-	d.pending = pending{a: &d.c.Acq, ctx: d.ctx, deadline: hardCap.Add(budget), sent: &d.sent, finish: d}
+	d.pending = pending{a: &d.c.Acq, ctx: d.ctx, deadline: hardCap.Add(budget), sent: &d.sent, own: own, finish: d}
 	ln.submit(&d.pending)
 	// settle ends the wait with what the waiter decided, unless the call
 	// delivered its result first, which then wins.
@@ -222,7 +235,11 @@ func (k *Caller) detached(ctx context.Context, c Call, ln *lane) (authority.Gran
 		if d.state.CompareAndSwap(callPending, to) {
 			errType := ""
 			if to == callGaveUp {
-				blame(c.Brk)
+				if own != nil {
+					own(circuit.ErrBudget)
+				} else {
+					blame(c.Brk)
+				}
 				if k.p.unreachable(c.Brk, start.Add(-2*budget)) {
 					errType = "network"
 					err = fmt.Errorf("%w: %w", circuit.ErrUnreachable, err)
@@ -234,6 +251,7 @@ func (k *Caller) detached(ctx context.Context, c Call, ln *lane) (authority.Gran
 		// The call delivered first: the waiter completes it, as on the
 		// delivered path below.
 		g, err := d.complete()
+		d.account(err)
 		k.sawLate(ctx, err, start)
 		return g, err
 	}
@@ -260,6 +278,7 @@ func (k *Caller) detached(ctx context.Context, c Call, ln *lane) (authority.Gran
 		select {
 		case <-d.delivered:
 			g, err := d.complete()
+			d.account(err)
 			k.sawLate(ctx, err, start)
 			return g, err
 		case <-ctx.Done():
@@ -330,11 +349,22 @@ func (d *detachedCall) finished(p *pending) {
 	}
 	k := d.k // d may be reused once released
 	g, err := d.complete()
+	if s := d.state.Load(); s == callLeft || s == callOutwaited {
+		d.account(err) // the waiter left it to the call
+	}
 	if err == nil && !d.c.Keep {
 		// The caller left before the grant arrived.
 		k.recv.Unclaimed(d.c, g)
 	}
 	d.release()
+}
+
+// account tells the breaker the outcome err of a call counted on its own
+// (see detached); a batched call's batch counts it.
+func (d *detachedCall) account(err error) {
+	if d.pending.own != nil {
+		d.pending.own(err)
+	}
 }
 
 // gaveUp reports whether the waiter gave up on the call and blamed Redis
@@ -414,12 +444,6 @@ func (k *Caller) direct(ctx context.Context, c Call, ln *lane, done func(error))
 // Receiver. A deadline overrun is marked with
 // circuit.ErrBudget.
 func (k *Caller) end(ctx context.Context, c Call, span *callSpan, start time.Time, g authority.Grant, err error) (authority.Grant, error) {
-	if errors.Is(err, breaker.ErrOpen) {
-		// The breaker refused the call's batch (see lane.send): no call
-		// was made, so none is recorded.
-		span.finish(k.tel, 0, err, "")
-		return authority.Grant{}, err
-	}
 	k.tel.RecordAuthority(ctx, time.Since(start), g.Granted, err)
 	errType := ""
 	if !isNetworkError(err) && errors.Is(err, context.DeadlineExceeded) && k.p.unreachable(c.Brk, start) {
@@ -450,9 +474,6 @@ func (k *Caller) end(ctx context.Context, c Call, span *callSpan, start time.Tim
 // other calls count to tell a slow Redis from a process that is behind
 // (see congested and queued).
 func noted(brk *circuit.Breaker, err error) {
-	if errors.Is(err, breaker.ErrOpen) {
-		return // the batch was never sent (see lane.send)
-	}
 	if isNetworkError(err) {
 		brk.NoteNetworkError(time.Now())
 	}

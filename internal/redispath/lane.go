@@ -46,6 +46,9 @@ type pending struct {
 	ctx      context.Context        // the caller's, for its values (the trace) only
 	deadline time.Time
 	sent     *atomic.Int64 // if set, stamped when the call's batch is sent
+	// own, if set, is the breaker's done of a call counted on its own (see
+	// Caller.detached): its batch's breaker request leaves it out.
+	own func(error)
 	// finish is called on the sender's goroutine with the outcome in a;
 	// gaveUp reports whether the waiter gave up and blamed Redis already.
 	finish interface {
@@ -167,18 +170,19 @@ func (ln *lane) take() []*pending {
 // the members' latest deadline.
 //
 // The batch is one request of the node's breaker, as one round trip to
-// Redis: a breaker that refuses it fails every member with breaker.ErrOpen
-// and nothing is sent; a sent batch counts its outcome once (see
-// batchOutcome). Counting per batch rather than per member keeps the
-// breaker's lock off the path of every call; a waiter that gives up on
-// Redis still counts a failure of its own (see blame).
+// Redis, counted once (see batchOutcome). Its members were admitted when
+// they arrived (see Caller.Acquire), so it is sent even if the breaker has
+// opened since, and then goes uncounted: the answers it brings (denials
+// that set a key's negative cache among them) are worth more than failing
+// calls already made. Members counted on their own (own: a probe while the
+// breaker was not closed) are left out of the batch's request.
 func (ln *lane) send(batch []*pending) {
-	done, err := ln.brk.Allow()
-	if err != nil {
-		for _, p := range batch {
-			p.a.Grant, p.a.Err = authority.Grant{}, err
+	var done func(error)
+	for _, p := range batch {
+		if p.own == nil {
+			done, _ = ln.brk.Allow() // nil if refused: the batch goes uncounted
+			break
 		}
-		return
 	}
 	var deadline time.Time
 	for _, p := range batch {
@@ -204,7 +208,9 @@ func (ln *lane) send(batch []*pending) {
 	cctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
 	ln.auth.AcquireAll(cctx, as)
 	cancel()
-	done(batchOutcome(batch))
+	if done != nil {
+		done(batchOutcome(batch))
+	}
 }
 
 // batchOutcome is what the breaker counts for a sent batch: nothing (an
@@ -215,6 +221,9 @@ func (ln *lane) send(batch []*pending) {
 func batchOutcome(batch []*pending) error {
 	var first error
 	for _, p := range batch {
+		if p.own != nil {
+			continue // counted on its own
+		}
 		if p.finish.gaveUp() {
 			return context.Canceled
 		}

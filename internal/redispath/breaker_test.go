@@ -1,0 +1,158 @@
+package redispath
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/leaselimit/leaselimit/authority"
+	"github.com/leaselimit/leaselimit/breaker"
+	"github.com/leaselimit/leaselimit/internal/circuit"
+	"github.com/leaselimit/leaselimit/internal/recorder"
+	"github.com/leaselimit/leaselimit/internal/redistest"
+	"github.com/leaselimit/leaselimit/policy"
+)
+
+// slowPath is a path to a miniredis behind a proxy that holds each chunk
+// of data 300 ms, with a breaker that one failure opens for openFor, and
+// a lane whose pipelines are both held by calls admitted while it was
+// closed, with queued more calls waiting behind them.
+type slowPath struct {
+	p    *Path
+	brk  *circuit.Breaker
+	call func(i int) (authority.Grant, error)
+	wg   sync.WaitGroup // the calls admitted while the breaker was closed
+}
+
+func newSlowPath(t *testing.T, openFor time.Duration, queued int) *slowPath {
+	t.Helper()
+	m := miniredis.RunT(t)
+	px := redistest.NewProxy(t, m.Addr())
+	c := redis.NewClient(&redis.Options{Addr: px.Addr})
+	t.Cleanup(func() { _ = c.Close() })
+	auth, err := authority.New(c, "leaselimit")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tel, err := recorder.New(recorder.Config{LimitName: "slow"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := New(Config{Client: c, Auth: auth, Budget: 20 * time.Second, Name: "slow", Tel: tel,
+		Breaker: circuit.Settings{Settings: breaker.Settings{Failures: 1, OpenFor: openFor}}})
+	sp := &slowPath{p: p, brk: p.Shared()}
+	t.Cleanup(func() { sp.wg.Wait(); p.Close(); p.Wait() })
+	k := p.Caller(tel, nopReceiver{})
+	l := policy.PerSecond(100)
+	sp.call = func(i int) (authority.Grant, error) {
+		a := authority.Acquisition{Key: auth.Key(l, "k"+strconv.Itoa(i)), Limit: l, Want: 1, Min: 1, Share: 1}
+		return k.Acquire(context.Background(), Call{Brk: sp.brk, Acq: a})
+	}
+	if g, err := sp.call(0); err != nil || g.Granted != 1 { // a connection, the script loaded
+		t.Fatalf("first call: %+v, %v; want 1 token", g, err)
+	}
+	px.SetLatency(300 * time.Millisecond)
+
+	ln := p.nodes.laneFor(sp.brk)
+	waitLane := func(what string, done func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+			ln.mu.Lock()
+			ok, inflight, queue := done(), ln.inflight, len(ln.queue)
+			ln.mu.Unlock()
+			if ok {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the lane never had %s: %d pipelines in flight, %d calls queued", what, inflight, queue)
+			}
+		}
+	}
+	admitted := func(from, n int) {
+		for i := range n {
+			sp.wg.Go(func() {
+				if g, err := sp.call(from + i); err != nil || g.Granted != 1 {
+					t.Errorf("a call admitted before the breaker opened: %+v, %v; want 1 token", g, err)
+				}
+			})
+		}
+	}
+	for i := range ln.max { // one by one, so that each takes a pipeline of its own
+		admitted(100+i, 1)
+		waitLane("a pipeline more in flight", func() bool { return ln.inflight == i+1 })
+	}
+	admitted(200, queued)
+	waitLane("the calls queued", func() bool { return len(ln.queue) == queued })
+
+	done, err := sp.brk.Allow()
+	if err != nil {
+		t.Fatal(err)
+	}
+	done(circuit.ErrBudget) // one failure opens it (Failures: 1)
+	if s := sp.brk.State(); s != breaker.Open {
+		t.Fatalf("breaker %v after a failure; want open", s)
+	}
+	return sp
+}
+
+// TestAdmittedCallsSentWhileOpen: calls admitted while the breaker was
+// closed are sent and answered even if it opens before their batch leaves
+// (the batch then goes uncounted): their answers, denials that set a key's
+// negative cache among them, are worth more than failing calls already
+// made. Those in flight and those queued behind them all get their tokens.
+func TestAdmittedCallsSentWhileOpen(t *testing.T) {
+	sp := newSlowPath(t, time.Hour, 2)
+	sp.wg.Wait() // each call checks its grant
+	if s := sp.brk.State(); s != breaker.Open {
+		t.Errorf("breaker %v after calls it never admitted were answered; want still open", s)
+	}
+}
+
+// TestProbeGoesAlone: once an open breaker's OpenFor has passed, calls go
+// through it one by one: the first is its probe, and the calls made while
+// the probe is in flight are refused at once (breaker.ErrOpen, for the
+// failure policy) rather than joining the probe's batch and waiting on a
+// Redis that may still be down. The lane's pipelines are held here, so the
+// later calls queue together, as they do behind calls a hung Redis holds.
+func TestProbeGoesAlone(t *testing.T) {
+	const openFor = 20 * time.Millisecond
+	sp := newSlowPath(t, openFor, 2)
+	time.Sleep(2 * openFor)
+
+	const callers = 8
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	granted, refused := 0, 0
+	start := make(chan struct{})
+	for i := range callers {
+		wg.Go(func() {
+			<-start
+			g, err := sp.call(1 + i)
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err == nil && g.Granted == 1:
+				granted++
+			case errors.Is(err, breaker.ErrOpen):
+				refused++
+			default:
+				t.Errorf("call %d: %+v, %v; want a grant or breaker.ErrOpen", 1+i, g, err)
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	sp.wg.Wait()
+	if granted != 1 || refused != callers-1 {
+		t.Errorf("%d callers after OpenFor: %d granted, %d refused; want the probe alone granted, the rest refused", callers, granted, refused)
+	}
+	if s := sp.brk.State(); s != breaker.Closed {
+		t.Errorf("breaker %v after its probe was answered; want closed", s)
+	}
+}
