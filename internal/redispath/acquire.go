@@ -111,14 +111,10 @@ func (k *Caller) Acquire(ctx context.Context, c Call) (authority.Grant, error) {
 		return k.direct(ctx, c, ln, done)
 	}
 	// A detached call goes through the breaker with its batch (see
-	// lane.send); an open breaker refuses it here already. While the
-	// breaker is not closed, a call goes through it on its own, as the
-	// probe or refused at once: a probe batch of every call that queued
-	// meanwhile would keep them all waiting on a Redis that may still be
-	// down.
-	if c.Brk.Rejects(k.p.nodes.now()) {
-		return authority.Grant{}, breaker.ErrOpen
-	}
+	// lane.send). While the breaker is not closed, a call goes through it
+	// on its own: refused at once while it is open, or as the probe, as
+	// a probe batch of every call that queued meanwhile would keep them
+	// all waiting on a Redis that may still be down.
 	var own func(error)
 	if c.Brk.State() != breaker.Closed {
 		done, err := k.p.admit(c.Brk)
