@@ -3,8 +3,10 @@ package redispath
 import (
 	"context"
 	"errors"
+	"net"
 	"strconv"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -154,5 +156,43 @@ func TestProbeGoesAlone(t *testing.T) {
 	}
 	if s := sp.brk.State(); s != breaker.Closed {
 		t.Errorf("breaker %v after its probe was answered; want closed", s)
+	}
+}
+
+// gaveUpStub is a lane member whose waiter did or did not blame Redis.
+type gaveUpStub bool
+
+func (gaveUpStub) finished(*pending) {}
+func (g gaveUpStub) gaveUp() bool    { return bool(g) }
+
+// TestBatchOutcome: what the breaker counts for a batch. A refused
+// connection counts; a reply that is not an outage does not, nor the
+// batch's own deadline (past every member's hard cap, so this process's
+// delay, as for a single call), nor anything once a waiter blamed Redis
+// (it counted its own failure), nor a member counted on its own.
+func TestBatchOutcome(t *testing.T) {
+	refused := &net.OpError{Op: "dial", Err: syscall.ECONNREFUSED}
+	member := func(err error, gaveUp bool, own bool) *pending {
+		p := &pending{a: &authority.Acquisition{Err: err}, finish: gaveUpStub(gaveUp)}
+		if own {
+			p.own = func(error) {}
+		}
+		return p
+	}
+	for _, tc := range []struct {
+		name   string
+		batch  []*pending
+		counts bool
+	}{
+		{"answered", []*pending{member(nil, false, false), member(nil, false, false)}, false},
+		{"refused connection", []*pending{member(nil, false, false), member(refused, false, false)}, true},
+		{"a reply that is not an outage", []*pending{member(authority.ErrScript, false, false)}, false},
+		{"the batch's own deadline", []*pending{member(context.DeadlineExceeded, false, false)}, false},
+		{"a waiter blamed Redis", []*pending{member(refused, true, false), member(refused, false, false)}, false},
+		{"counted on its own", []*pending{member(refused, false, true), member(nil, false, false)}, false},
+	} {
+		if got := circuit.Counts(batchOutcome(tc.batch)); got != tc.counts {
+			t.Errorf("%s: the breaker counts a failure: %v; want %v (outcome %v)", tc.name, got, tc.counts, batchOutcome(tc.batch))
+		}
 	}
 }

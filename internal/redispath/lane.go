@@ -2,6 +2,7 @@ package redispath
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -217,7 +218,10 @@ func (ln *lane) send(batch []*pending) {
 // excluded error) if a member's waiter gave up on it and blamed Redis
 // already; else the first member error that counts against the breaker,
 // else the first error (excluded: a reply that is not an outage), else
-// success.
+// success. The batch's own deadline lies past every member's hard cap
+// (see Caller.detached), so reaching it means this process kept the
+// sender from reading the reply, not that Redis failed (as complete says
+// of each call): it is ErrSaturated, which the breaker does not count.
 func batchOutcome(batch []*pending) error {
 	var first error
 	for _, p := range batch {
@@ -228,7 +232,10 @@ func batchOutcome(batch []*pending) error {
 			return context.Canceled
 		}
 		if err := p.a.Err; err != nil {
-			if circuit.Counts(err) {
+			switch {
+			case errors.Is(err, context.DeadlineExceeded):
+				err = ErrSaturated
+			case circuit.Counts(err):
 				return err
 			}
 			if first == nil {
