@@ -143,6 +143,18 @@ func (p *phasedLoad) setPhase(n int) time.Time {
 	return now
 }
 
+// advance makes to the current phase if from is, and reports whether it
+// did: for a phase that something else (a breaker's hook, say) may have
+// moved past already.
+func (p *phasedLoad) advance(from, to int) bool {
+	now := time.Now().UnixNano()
+	if !p.phase.CompareAndSwap(int32(from), int32(to)) {
+		return false
+	}
+	p.began[to].Store(now)
+	return true
+}
+
 // Stop stops the workers and waits for them; it is idempotent.
 func (p *phasedLoad) Stop() {
 	p.stopOnce.Do(func() { close(p.stop) })
