@@ -1,0 +1,259 @@
+package redispath
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/leaselimit/leaselimit/authority"
+	"github.com/leaselimit/leaselimit/internal/circuit"
+	"github.com/leaselimit/leaselimit/internal/overload"
+	"github.com/leaselimit/leaselimit/telemetry"
+)
+
+// The detached variant of an acquire call: the caller hands the call to
+// its lane's senders and waits for it, looking at set points whether a
+// late reply is Redis failing or this process being behind (see Caller).
+
+// The states of one detached call made on the waiter's behalf.
+const (
+	callPending   int32 = iota
+	callDelivered       // the result went to the waiter
+	callGaveUp          // the waiter blamed Redis and told the breaker
+	callLeft            // the waiter's ctx ended: the call tells the breaker its outcome
+	callOutwaited       // the waiter left at the hard cap, the process still behind: the call tells the breaker its outcome
+)
+
+// detachedCall is one call of the detached variant: its place in its
+// lane, and what the waiter and the lane's sender share. The outcome is in
+// c.Acq before the sender claims it, so a waiter that finds the outcome
+// claimed takes it at once: a sender preempted between the claim and a
+// channel send would otherwise keep the waiter for as long as a saturated
+// scheduler takes to run it.
+type detachedCall struct {
+	pending // the call in its lane
+	k       *Caller
+	c       Call
+	span    callSpan
+	ctx     context.Context // the call span's
+	start   time.Time
+	sent    atomic.Int64
+	state   atomic.Int32 // callPending, then who decided
+	// delivered gets a value when the outcome is the waiter's (see
+	// finished).
+	delivered chan struct{}
+	// refs counts the waiter and the call while they use this value; the
+	// last to let go puts it back in detachedCalls.
+	refs atomic.Int32
+}
+
+// detachedCalls holds detachedCall values for reuse: one is about 500
+// bytes, most of what an exact decision allocates.
+var detachedCalls = sync.Pool{New: func() any { return &detachedCall{delivered: make(chan struct{}, 1)} }}
+
+// newDetachedCall returns a detachedCall from the pool, held by the waiter
+// and the call.
+func newDetachedCall() *detachedCall {
+	d := detachedCalls.Get().(*detachedCall)
+	d.refs.Store(2)
+	return d
+}
+
+// release lets go of d; the last of the waiter and the call to let go
+// empties it (a value delivered to a waiter that had decided meanwhile is
+// still in its channel) and puts it back in the pool.
+func (d *detachedCall) release() {
+	if d.refs.Add(-1) != 0 {
+		return
+	}
+	ch := d.delivered
+	select {
+	case <-ch:
+	default:
+	}
+	*d = detachedCall{delivered: ch}
+	detachedCalls.Put(d)
+}
+
+// detached hands c to its lane's senders (see lane.submit), whose
+// goroutines carry it on a context detached from the caller's, so that its
+// outcome is known even if the caller leaves; the caller waits for it up
+// to the budget (and the grace while the process is behind). The breaker
+// counts the call's batch, once (see lane.send), and a failure for each
+// waiter that gives up on Redis (see blame); a call with own (the breaker's
+// done, from admit: the breaker was not closed) is counted on its own
+// instead, its outcome or the waiter's verdict.
+func (k *Caller) detached(ctx context.Context, c Call, ln *lane, own func(error)) (authority.Grant, error) {
+	budget := k.p.budget
+	start := time.Now()
+	hardCap := start.Add((1 + saturationGrace) * budget)
+	replies := c.Brk.RepliesSeen()
+	d := newDetachedCall()
+	defer d.release() // after the results below are read
+	d.k, d.c, d.start = k, c, start
+	d.ctx, d.span.span = k.tel.StartAuthority(ctx, c.Acq.Want, c.Acq.Min, ln.ep)
+	// The call's own deadline lies a budget past the hard cap, so that the
+	// waiter's cap decides first; go-redis honours it while waiting for a
+	// pooled connection, which late readers hold longer.
+	d.pending = pending{a: &d.c.Acq, ctx: d.ctx, deadline: hardCap.Add(budget), sent: &d.sent, own: own, finish: d}
+	ln.submit(&d.pending)
+	// settle ends the wait with what the waiter decided, unless the call
+	// delivered its result first, which then wins.
+	settle := func(to int32, err error) (authority.Grant, error) {
+		if d.state.CompareAndSwap(callPending, to) {
+			errType := ""
+			if to == callGaveUp {
+				if own != nil {
+					own(circuit.ErrBudget)
+				} else {
+					blame(c.Brk)
+				}
+				if k.p.unreachable(c.Brk, start.Add(-2*budget)) {
+					errType = "network"
+					err = fmt.Errorf("%w: %w", circuit.ErrUnreachable, err)
+				}
+			}
+			d.span.finish(k.tel, 0, err, errType)
+			return authority.Grant{}, err
+		}
+		// The call delivered first: the waiter completes it, as on the
+		// delivered path below.
+		g, err := d.complete()
+		d.account(err)
+		k.sawLate(ctx, err, start)
+		return g, err
+	}
+	// Check points: at an eighth of the budget (if the process is behind
+	// by then, its decisions start yielding at once, rather than after a
+	// whole budget of starving the reply), at the budget, then every
+	// quarter budget up to the hard cap.
+	threshold := overload.Threshold(budget)
+	due := start.Add(threshold)
+	timer := newTimer(threshold)
+	defer releaseTimer(timer)
+	held := false
+	defer func() {
+		if held {
+			overload.Release()
+		}
+	}()
+	var probe *overload.Probe
+	for {
+		var probed <-chan struct{}
+		if probe != nil {
+			probed = probe.Done()
+		}
+		select {
+		case <-d.delivered:
+			g, err := d.complete()
+			d.account(err)
+			k.sawLate(ctx, err, start)
+			return g, err
+		case <-ctx.Done():
+			return settle(callLeft, ctx.Err())
+		case <-probed:
+		case <-timer.C:
+		}
+		now := time.Now()
+		var behind bool
+		switch {
+		case probe != nil:
+			behind = probe.Behind(threshold) // done, or not run within the threshold
+			probe = nil
+		case now.Sub(due) >= threshold:
+			overload.MarkBehind(now) // this waiter itself ran that late
+			behind = true
+		default:
+			// On time at a check point: measure the scheduler's delay,
+			// and wait up to the threshold for the verdict.
+			probe = overload.Start(k.p.gate.spawn)
+			timer.Reset(threshold)
+			continue
+		}
+		// A reply stuck while the process was behind needs a moment more
+		// once it has caught up (the network poller runs every 10ms or so
+		// on a busy process): Redis is blamed only if no probe found the
+		// process behind within the last half budget.
+		behind = behind || overload.Recent(now, budget/2)
+		behind = behind || k.p.congested(c.Brk, replies) || queued(c.Brk, replies, &d.sent)
+		if behind && !held {
+			overload.Hold()
+			held = true
+		}
+		var next time.Duration
+		switch {
+		case now.Sub(start) < budget:
+			next = start.Add(budget).Sub(now) // look again at the budget's end
+		case !behind:
+			return settle(callGaveUp, fmt.Errorf("%w: no reply within %v", circuit.ErrBudget, budget))
+		case !now.Before(hardCap):
+			g, err := settle(callOutwaited, fmt.Errorf("%w: %v", ErrSaturated, now.Sub(start).Round(time.Millisecond)))
+			if d.state.Load() == callOutwaited { // the waiter's decision, not a delivered result (settle counted that)
+				k.sawSaturation(ctx, telemetry.SaturatedAbandoned)
+				k.recv.Saturated()
+			}
+			return g, err
+		default:
+			next = min(budget/4, hardCap.Sub(now))
+		}
+		due = now.Add(next)
+		timer.Reset(next)
+	}
+}
+
+// finished takes the call's outcome from its lane's sender, on the
+// sender's goroutine, after the breaker has counted its batch. The reply
+// is noted at once (see noted); the rest (span, metrics, what the
+// Receiver must know) is the waiter's to do if it still waits, so that the
+// sender turns to the next batch without doing every member's bookkeeping
+// first. If the waiter left, the sender completes the call, and a grant no
+// one keeps goes to the Receiver.
+func (d *detachedCall) finished(p *pending) {
+	noted(d.c.Brk, p.a.Err)
+	if d.state.CompareAndSwap(callPending, callDelivered) {
+		d.delivered <- struct{}{}
+		d.release()
+		return
+	}
+	k := d.k // d may be reused once released
+	g, err := d.complete()
+	if s := d.state.Load(); s == callLeft || s == callOutwaited {
+		d.account(err) // the waiter left it to the call
+	}
+	if err == nil && !d.c.Keep {
+		// The caller left before the grant arrived.
+		k.recv.Unclaimed(d.c, g)
+	}
+	d.release()
+}
+
+// account tells the breaker the outcome err of a call counted on its own
+// (see detached); a batched call's batch counts it.
+func (d *detachedCall) account(err error) {
+	if d.pending.own != nil {
+		d.pending.own(err)
+	}
+}
+
+// gaveUp reports whether the waiter gave up on the call and blamed Redis
+// (see blame): its batch's outcome is then not the breaker's to count.
+func (d *detachedCall) gaveUp() bool { return d.state.Load() == callGaveUp }
+
+// complete is what follows the outcome of d, in d.c.Acq: its span, metrics
+// and what the Receiver must know (see end), then the gate's leave. It runs
+// once: on the waiter's goroutine if the waiter took the outcome, else on
+// the sender's.
+func (d *detachedCall) complete() (authority.Grant, error) {
+	defer d.k.p.gate.leave()
+	g, err := d.k.end(d.ctx, d.c, &d.span, d.start, d.c.Acq.Grant, d.c.Acq.Err)
+	if errors.Is(err, circuit.ErrBudget) {
+		// The call's own deadline lies past the hard cap: the waiter
+		// decides every timeout before it, unless this process kept
+		// the waiter (and likely the sender) from running.
+		err = fmt.Errorf("%w: %v", ErrSaturated, err)
+	}
+	return g, err
+}

@@ -1,0 +1,64 @@
+package redispath
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/leaselimit/leaselimit/authority"
+	"github.com/leaselimit/leaselimit/internal/circuit"
+	"github.com/leaselimit/leaselimit/internal/overload"
+	"github.com/leaselimit/leaselimit/telemetry"
+)
+
+// direct makes the call in place, on the caller's goroutine, alone on the
+// pipeline of ln that claim took, bounded by a deadline that the client
+// applies to its reads: a reply abandoned then leaves its tokens debited
+// (under-admission). A deadline cannot be moved once a read has started,
+// so it is chosen up front: the hard cap if a probe found the process
+// behind within the last budget (its decisions then yield while the call
+// runs), else the budget. A timeout is probed before it is blamed on
+// Redis: one while the process is behind does not count against the
+// breaker, and the caller gets ErrSaturated. done is the breaker's, from
+// admit.
+func (k *Caller) direct(ctx context.Context, c Call, ln *lane, done func(error)) (authority.Grant, error) {
+	defer k.p.gate.leave()
+	budget := k.p.budget
+	start := time.Now()
+	replies := c.Brk.RepliesSeen()
+	limit := budget
+	if overload.Recent(start, budget) {
+		limit = (1 + saturationGrace) * budget
+		overload.Hold()
+		defer overload.Release()
+	}
+	base := ctx
+	if c.Keep {
+		// A grant kept whoever waits is not abandoned when the caller's
+		// ctx ends (this variant cannot stop waiting without stopping
+		// the call).
+		base = context.WithoutCancel(ctx)
+	}
+	cctx, cancel := context.WithTimeout(base, limit)
+	defer cancel()
+	var span callSpan
+	cctx, span.span = k.tel.StartAuthority(cctx, c.Acq.Want, c.Acq.Min, ln.ep)
+	ln.sendAlone(cctx, &c.Acq)
+	noted(c.Brk, c.Acq.Err)
+	g, err := k.end(cctx, c, &span, start, c.Acq.Grant, c.Acq.Err)
+	switch {
+	case err != nil && errors.Is(err, circuit.ErrBudget) && ctx.Err() == nil:
+		if overload.Measure(k.p.gate.spawn, overload.Threshold(budget)) || k.p.congested(c.Brk, replies) {
+			k.sawSaturation(ctx, telemetry.SaturatedAbandoned)
+			k.recv.Saturated()
+			err = fmt.Errorf("%w: %v", ErrSaturated, time.Since(start).Round(time.Millisecond))
+		}
+	case err == nil && time.Since(start) > budget:
+		// Answered within its deadline, yet delivered late: this
+		// process kept the caller from running (as sawLate).
+		k.sawSaturation(ctx, telemetry.SaturatedAnswered)
+	}
+	done(err)
+	return g, err
+}

@@ -1,0 +1,103 @@
+package redispath
+
+import (
+	"errors"
+	"net"
+	"sync/atomic"
+	"time"
+
+	"github.com/leaselimit/leaselimit/internal/circuit"
+	"github.com/redis/go-redis/v9"
+)
+
+// How a call's outcome reaches its node's breaker, and how a call without
+// a reply is judged: Redis failing (blame), no connection at all
+// (unreachable), or this process's own queue (congested, queued).
+
+// noted tells brk of a call's outcome err as soon as it arrives, on the
+// goroutine that received it (before end): a network error, which says
+// Redis cannot be reached (see unreachable); a reply, which the waiters of
+// other calls count to tell a slow Redis from a process that is behind
+// (see congested and queued).
+func noted(brk *circuit.Breaker, err error) {
+	if isNetworkError(err) {
+		brk.NoteNetworkError(time.Now())
+	}
+	if !circuit.Counts(err) {
+		brk.CountReply()
+	}
+}
+
+// blame counts a failure on brk for a waiter that gave up on Redis at the
+// budget: one for each such waiter, as for calls made alone, so that a
+// hung Redis trips the breaker one budget after it stopped answering,
+// however the calls were batched. In a half-open breaker that lets no
+// more requests through, the probe's own outcome decides instead.
+func blame(brk *circuit.Breaker) {
+	if done, err := brk.Allow(); err == nil {
+		done(circuit.ErrBudget)
+	}
+}
+
+// admit lets a call through brk and registers it with the gate; the caller
+// must call done with the call's outcome and then gate.leave.
+func (p *Path) admit(brk *circuit.Breaker) (done func(error), err error) {
+	done, err = brk.Allow()
+	if err != nil {
+		return nil, err
+	}
+	if !p.gate.enter() {
+		done(nil)
+		return nil, p.closed
+	}
+	return done, nil
+}
+
+// unreachable reports whether a call given up at the budget failed to
+// connect rather than to get an answer: go-redis retries a refused
+// connection (5 dials, backoff, 3 retries: over a second) far past any
+// budget, so the waiter's own timeout would hide it. Either the client's
+// pool holds no connection at all and its dials fail (see dials: a silent
+// Redis's connections are made, then dropped when their reads time out),
+// or a call on brk came back with a network error since.
+//
+// Only a single node's (or Sentinel's) pool is read: a ClusterClient's
+// PoolStats loads the slot map first, in this goroutine and without a
+// deadline, which on an unreachable Cluster blocks for seconds.
+func (p *Path) unreachable(brk *circuit.Breaker, since time.Time) bool {
+	if c, ok := p.client.(*redis.Client); ok {
+		if st := c.PoolStats(); st != nil && st.TotalConns == 0 && p.dials.failing(st) {
+			return true
+		}
+	}
+	return brk.NetworkErrorSince(since)
+}
+
+// isNetworkError reports whether err is a network failure that is not a
+// timeout: a refused or reset connection.
+func isNetworkError(err error) bool {
+	if err == nil {
+		return false // before ne, which escapes: no allocation on success
+	}
+	var ne net.Error
+	return errors.As(err, &ne) && !ne.Timeout()
+}
+
+// congested reports whether a call begun when brk had counted replies
+// waits in the client's own queue for a connection: Redis has answered a
+// whole pool's worth of other calls since, so each connection came back
+// within the budget, and the queue is this process's (more concurrent calls
+// than connections, or too little CPU to turn them round).
+func (p *Path) congested(brk *circuit.Breaker, replies int64) bool {
+	return brk.RepliesSeen()-replies >= int64(p.pool)
+}
+
+// queued reports whether a call begun when brk had counted replies has
+// not left this process yet (see pending.sent) while Redis has answered
+// other calls since: it waits in its lane behind batches that Redis is
+// turning round, which is this process's queue, not Redis failing. On a
+// hung Redis nothing is answered, and the call is blamed at the budget as
+// before.
+func queued(brk *circuit.Breaker, replies int64, sent *atomic.Int64) bool {
+	return sent.Load() == 0 && brk.RepliesSeen() > replies
+}
