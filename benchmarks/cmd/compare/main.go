@@ -411,6 +411,8 @@ func printTable(cfg config, version string, groups [][]*setup) {
 	fmt.Fprintln(w, "lua_per_request is a minimal classic token-bucket script of our own (design.tokenBucket), one EVALSHA per decision.")
 	fmt.Fprintln(w, "lean_floor is the simplest correct batched token bucket (design/leanfloor.go): what any batched design must do;")
 	fmt.Fprintln(w, "\"of lean_floor\" is each design's rate as a share of it, the physical floor on the machine at hand.")
+	fmt.Fprintln(w, "lean_contract is the floor with only what leaselimit's contract adds (its key names, resend safety per batch, a cost per call in")
+	fmt.Fprintln(w, "and two values back; design/leancontract.go): its share of the floor is what the contract costs, not leaselimit's code.")
 	fmt.Fprintln(w, "Ratios: each round runs every design for one slice, in an order rotated each round; a design's ratio is taken")
 	fmt.Fprintln(w, "against the baseline's rate in the same round, and the median of the rounds is reported with their range.")
 	fmt.Fprintln(w, "Redis CPU/decision is the server's used_cpu_sys + used_cpu_user (INFO cpu) over the slices, per decision;")

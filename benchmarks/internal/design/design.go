@@ -11,6 +11,12 @@
 //   - lean_floor: the simplest correct batched token bucket (see
 //     leanfloor.go): what any batched Redis design must do, so the floor
 //     the others are measured against.
+//   - lean_handoff: the floor with its batches sent by long-lived senders,
+//     as a time budget needs on a client with go-redis's default options
+//     (see leanhandoff.go).
+//   - lean_contract: the floor with only what leaselimit's contract makes
+//     every design pay: its key names, resend safety per batch, a cost per
+//     call in and two values per call back (see leancontract.go).
 //   - leaselimit_exact: leaselimit with WithoutLease(): every decision is one
 //     call of leaselimit's own acquire script, through its breaker and time
 //     budget.
@@ -36,12 +42,13 @@ const (
 	LuaPerRequest   = "lua_per_request"
 	LeanFloor       = "lean_floor"
 	LeanHandoff     = "lean_handoff"
+	LeanContract    = "lean_contract"
 	LeaselimitExact = "leaselimit_exact"
 	LeaselimitLease = "leaselimit_lease"
 )
 
 // Names lists every design, baseline first.
-var Names = []string{RedisRate, LuaPerRequest, LeanFloor, LeanHandoff, LeaselimitExact, LeaselimitLease}
+var Names = []string{RedisRate, LuaPerRequest, LeanFloor, LeanHandoff, LeanContract, LeaselimitExact, LeaselimitLease}
 
 // Result is the outcome of one decision.
 type Result struct {
@@ -78,6 +85,8 @@ func New(name string, client *redis.Client, limit policy.Limit) (Decider, error)
 		return newLeanFloor(client, limit)
 	case LeanHandoff:
 		return newLeanHandoff(client, limit)
+	case LeanContract:
+		return newLeanContract(client, limit)
 	case LeaselimitExact:
 		return NewLeaselimit(client, limit, leaselimit.WithoutLease(), leaselimit.WithPrefix("ll-exact"))
 	case LeaselimitLease:

@@ -29,17 +29,11 @@ const leanMaxBatch = 64
 // once: two keeps the connection pool busy while a batch is built.
 const leanMaxInFlight = 2
 
-// leanScript decides one batch. ARGV: r, p (the limit as r tokens every p
-// µs, reduced), burst. KEYS: one per call, repeats allowed. A bucket is
-// "<w> <f> <t>": w whole tokens and f/p of the next at t µs. Returns one
-// 0/1 per key.
-var leanScript = redis.NewScript(`
-local r, p, burst = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local clock = redis.call('TIME')
-local now = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
-local out = {}
-for i = 1, #KEYS do
-  local k = KEYS[i]
+// leanBucketAt is the lean scripts' reading of bucket k at now, inside
+// their loop over the calls: w whole tokens and f/p of the next at t µs,
+// refilled to now in integers and capped at burst (a missing key is a full
+// bucket).
+const leanBucketAt = `
   local v = redis.call('GET', k)
   local w, f, t = burst, 0, now
   if v then
@@ -52,7 +46,20 @@ for i = 1, #KEYS do
     if q >= burst - w then w, f = burst, 0 else w, f = w + q, x - q * p end
   end
   if now > t then t = now end
-  if w >= 1 then
+`
+
+// leanScript decides one batch. ARGV: r, p (the limit as r tokens every p
+// µs, reduced), burst. KEYS: one per call, repeats allowed. A bucket is
+// "<w> <f> <t>": w whole tokens and f/p of the next at t µs. Returns one
+// 0/1 per key.
+var leanScript = redis.NewScript(`
+local r, p, burst = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
+local out = {}
+for i = 1, #KEYS do
+  local k = KEYS[i]
+` + leanBucketAt + `  if w >= 1 then
     w = w - 1
     local ttl = math.ceil(((burst - w) * p - f) / r / 1000) + 1000
     redis.call('SET', k, string.format('%d %d %d', w, f, t), 'PX', ttl)
@@ -89,8 +96,11 @@ func newLeanBatches(client *redis.Client, limit policy.Limit) (leanBatches, erro
 	return leanBatches{client: client, args: []any{r, p, limit.Burst}}, nil
 }
 
+// leanDecider batches the calls of the lean floor (and of the lean
+// contract, which names its keys and sends its batches its own way).
 type leanDecider struct {
-	leanBatches
+	send  func(ctx context.Context, batch []*leanCall)
+	keyOf func(key string) string // the Redis key of a caller's key
 
 	mu       sync.Mutex
 	queue    []*leanCall
@@ -102,7 +112,7 @@ func newLeanFloor(client *redis.Client, limit policy.Limit) (Decider, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &leanDecider{leanBatches: b}, nil
+	return &leanDecider{send: b.send, keyOf: func(key string) string { return "lean:" + key }}, nil
 }
 
 // reduced returns rate/period in lowest terms.
@@ -115,7 +125,7 @@ func reduced(rate, period int64) (int64, int64) {
 }
 
 func (d *leanDecider) Allow(ctx context.Context, key string) (Result, error) {
-	c := &leanCall{key: "lean:" + key, done: make(chan struct{})}
+	c := &leanCall{key: d.keyOf(key), done: make(chan struct{})}
 	d.mu.Lock()
 	d.queue = append(d.queue, c)
 	if d.inflight >= leanMaxInFlight {

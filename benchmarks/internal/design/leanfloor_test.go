@@ -3,6 +3,7 @@ package design
 import (
 	"context"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -12,18 +13,18 @@ import (
 	"github.com/leaselimit/leaselimit/policy"
 )
 
-// TestLeanFloorIsATokenBucket: the floor, and its hand-off variant,
-// decide as a token bucket does, in order within a batch, when their
-// callers come one at a time and in a flood: a burst of 100 on one key
-// admits exactly 100 of 6,400 concurrent calls (a refill of one token an
-// hour adds none during the test), and separate keys have separate
-// buckets.
+// TestLeanFloorIsATokenBucket: the floor, its hand-off variant and the
+// lean contract decide as a token bucket does, in order within a batch,
+// when their callers come one at a time and in a flood: a burst of 100 on
+// one key admits exactly 100 of 6,400 concurrent calls (a refill of one
+// token an hour adds none during the test), and separate keys have
+// separate buckets.
 func TestLeanFloorIsATokenBucket(t *testing.T) {
 	srv := redistest.Start(t)
 	ctx := context.Background()
 	c := NewClient(srv.Addr, nil)
 	defer c.Close()
-	for _, name := range []string{LeanFloor, LeanHandoff} {
+	for _, name := range []string{LeanFloor, LeanHandoff, LeanContract} {
 		t.Run(name, func(t *testing.T) {
 			d, err := New(name, c, policy.Limit{Name: "lean", Rate: 1, Period: time.Hour, Burst: 5})
 			if err != nil {
@@ -79,5 +80,44 @@ func TestLeanFloorIsATokenBucket(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestLeanContractResendTakesOnce: a batch sent twice under one batch key
+// (as go-redis resends a pipeline whose connection broke) takes its tokens
+// once and answers the same both times, and bucket keys are digests.
+func TestLeanContractResendTakesOnce(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	c := NewClient(srv.Addr, nil)
+	defer c.Close()
+	d, err := New(LeanContract, c, policy.Limit{Name: "resend", Rate: 1, Period: time.Hour, Burst: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	bucket := d.(*leanDecider).keyOf("user-1")
+	if strings.Contains(bucket, "user-1") || !strings.HasSuffix(bucket, "}") {
+		t.Fatalf("bucket key %q holds the user's key, or no digest", bucket)
+	}
+	keys := []string{"ll-contr:batch:{x}:resent", bucket, bucket}
+	first, err := leanContractScript.Run(ctx, c, keys, leanContractLife, 1, 3600_000_000, 5, 1, 2).Text()
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := leanContractScript.Run(ctx, c, keys, leanContractLife, 1, 3600_000_000, 5, 1, 2).Text()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first != "1 4 2 2" || again != first {
+		t.Errorf("replies %q then %q; want \"1 4 2 2\" twice (1 then 2 of 5 tokens, taken once)", first, again)
+	}
+	for i := range 2 {
+		if r, err := d.Allow(ctx, "user-1"); err != nil || !r.Allowed {
+			t.Fatalf("Allow %d after the resent batch = %+v, %v; want admitted (2 of 5 left)", i+1, r, err)
+		}
+	}
+	if r, err := d.Allow(ctx, "user-1"); err != nil || r.Allowed {
+		t.Errorf("Allow with the bucket empty = %+v, %v; want denied", r, err)
 	}
 }
