@@ -143,16 +143,13 @@ func (p *phasedLoad) setPhase(n int) time.Time {
 	return now
 }
 
-// advance makes to the current phase if from is, and reports whether it
-// did: for a phase that something else (a breaker's hook, say) may have
-// moved past already.
-func (p *phasedLoad) advance(from, to int) bool {
+// advance makes to the current phase if from is: for a phase that
+// something else (a breaker's hook, say) may have moved past already.
+func (p *phasedLoad) advance(from, to int) {
 	now := time.Now().UnixNano()
-	if !p.phase.CompareAndSwap(int32(from), int32(to)) {
-		return false
+	if p.phase.CompareAndSwap(int32(from), int32(to)) {
+		p.began[to].Store(now)
 	}
-	p.began[to].Store(now)
-	return true
 }
 
 // Stop stops the workers and waits for them; it is idempotent.

@@ -100,6 +100,14 @@ func (k *Caller) detached(ctx context.Context, c Call, ln *lane, own func(error)
 	// pooled connection, which late readers hold longer.
 	d.pending = pending{a: &d.c.Acq, ctx: d.ctx, deadline: hardCap.Add(budget), sent: &d.sent, own: own, finish: d}
 	ln.submit(&d.pending)
+	// taken completes the call with its delivered result, on the waiter's
+	// goroutine.
+	taken := func() (authority.Grant, error) {
+		g, err := d.complete()
+		d.account(err)
+		k.sawLate(ctx, err, start)
+		return g, err
+	}
 	// settle ends the wait with what the waiter decided, unless the call
 	// delivered its result first, which then wins.
 	settle := func(to int32, err error) (authority.Grant, error) {
@@ -119,12 +127,7 @@ func (k *Caller) detached(ctx context.Context, c Call, ln *lane, own func(error)
 			d.span.finish(k.tel, 0, err, errType)
 			return authority.Grant{}, err
 		}
-		// The call delivered first: the waiter completes it, as on the
-		// delivered path below.
-		g, err := d.complete()
-		d.account(err)
-		k.sawLate(ctx, err, start)
-		return g, err
+		return taken() // the call delivered first, which wins
 	}
 	// Check points: at an eighth of the budget (if the process is behind
 	// by then, its decisions start yielding at once, rather than after a
@@ -148,10 +151,7 @@ func (k *Caller) detached(ctx context.Context, c Call, ln *lane, own func(error)
 		}
 		select {
 		case <-d.delivered:
-			g, err := d.complete()
-			d.account(err)
-			k.sawLate(ctx, err, start)
-			return g, err
+			return taken()
 		case <-ctx.Done():
 			return settle(callLeft, ctx.Err())
 		case <-probed:

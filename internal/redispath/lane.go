@@ -178,18 +178,17 @@ func (ln *lane) take() []*pending {
 // calls already made. Members counted on their own (own: a probe while the
 // breaker was not closed) are left out of the batch's request.
 func (ln *lane) send(batch []*pending) {
-	var done func(error)
-	for _, p := range batch {
-		if p.own == nil {
-			done, _ = ln.brk.Allow() // nil if refused: the batch goes uncounted
-			break
-		}
-	}
 	var deadline time.Time
+	counted := false // a member the batch's request counts
 	for _, p := range batch {
 		if p.deadline.After(deadline) {
 			deadline = p.deadline
 		}
+		counted = counted || p.own == nil
+	}
+	var done func(error)
+	if counted {
+		done, _ = ln.brk.Allow() // nil if refused: the batch goes uncounted
 	}
 	if deadline.IsZero() {
 		deadline = time.Now().Add(ln.fallback)
