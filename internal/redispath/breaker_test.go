@@ -164,6 +164,7 @@ type gaveUpStub bool
 
 func (gaveUpStub) finished(*pending) {}
 func (g gaveUpStub) gaveUp() bool    { return bool(g) }
+func (gaveUpStub) checkPoint()       {}
 
 // TestBatchOutcome: what the breaker counts for a batch. A refused
 // connection counts; a reply that is not an outage does not, nor the

@@ -42,9 +42,10 @@ type detachedCall struct {
 	start   time.Time
 	sent    atomic.Int64
 	state   atomic.Int32 // callPending, then who decided
-	// delivered gets a value when the outcome is the waiter's (see
-	// finished).
-	delivered chan struct{}
+	// wake gets a value when the outcome is the waiter's (see finished)
+	// and when the lane's watchdog finds its first check point come (see
+	// checkPoint): at most two values, which its buffer holds.
+	wake chan struct{}
 	// refs counts the waiter and the call while they use this value; the
 	// last to let go puts it back in detachedCalls.
 	refs atomic.Int32
@@ -52,7 +53,7 @@ type detachedCall struct {
 
 // detachedCalls holds detachedCall values for reuse: one is about 500
 // bytes, most of what an exact decision allocates.
-var detachedCalls = sync.Pool{New: func() any { return &detachedCall{delivered: make(chan struct{}, 1)} }}
+var detachedCalls = sync.Pool{New: func() any { return &detachedCall{wake: make(chan struct{}, 2)} }}
 
 // newDetachedCall returns a detachedCall from the pool, held by the waiter
 // and the call.
@@ -63,18 +64,17 @@ func newDetachedCall() *detachedCall {
 }
 
 // release lets go of d; the last of the waiter and the call to let go
-// empties it (a value delivered to a waiter that had decided meanwhile is
-// still in its channel) and puts it back in the pool.
+// empties it (a wake the waiter did not read, as when it had decided
+// meanwhile, is still in its channel) and puts it back in the pool.
 func (d *detachedCall) release() {
 	if d.refs.Add(-1) != 0 {
 		return
 	}
-	ch := d.delivered
-	select {
-	case <-ch:
-	default:
+	ch := d.wake
+	for len(ch) > 0 {
+		<-ch
 	}
-	*d = detachedCall{delivered: ch}
+	*d = detachedCall{wake: ch}
 	detachedCalls.Put(d)
 }
 
@@ -95,10 +95,17 @@ func (k *Caller) detached(ctx context.Context, c Call, ln *lane, own func(error)
 	defer d.release() // after the results below are read
 	d.k, d.c, d.start = k, c, start
 	d.ctx, d.span.span = k.tel.StartAuthority(ctx, c.Acq.Want, c.Acq.Min, ln.ep)
+	// Check points: at an eighth of the budget (if the process is behind
+	// by then, its decisions start yielding at once, rather than after a
+	// whole budget of starving the reply), where the lane's watchdog wakes
+	// the waiter; then at the budget, then every quarter budget up to the
+	// hard cap, on the waiter's own timer.
+	threshold := overload.Threshold(budget)
+	due := start.Add(threshold)
 	// The call's own deadline lies a budget past the hard cap, so that the
 	// waiter's cap decides first; go-redis honours it while waiting for a
 	// pooled connection, which late readers hold longer.
-	d.pending = pending{a: &d.c.Acq, ctx: d.ctx, deadline: hardCap.Add(budget), sent: &d.sent, own: own, finish: d}
+	d.pending = pending{a: &d.c.Acq, ctx: d.ctx, deadline: hardCap.Add(budget), sent: &d.sent, own: own, checkAt: due, finish: d}
 	ln.submit(&d.pending)
 	// taken completes the call with its delivered result, on the waiter's
 	// goroutine.
@@ -129,14 +136,19 @@ func (k *Caller) detached(ctx context.Context, c Call, ln *lane, own func(error)
 		}
 		return taken() // the call delivered first, which wins
 	}
-	// Check points: at an eighth of the budget (if the process is behind
-	// by then, its decisions start yielding at once, rather than after a
-	// whole budget of starving the reply), at the budget, then every
-	// quarter budget up to the hard cap.
-	threshold := overload.Threshold(budget)
-	due := start.Add(threshold)
-	timer := newTimer(threshold)
-	defer releaseTimer(timer)
+	var timer *time.Timer // from the first check point on
+	defer func() {
+		if timer != nil {
+			releaseTimer(timer)
+		}
+	}()
+	wakeIn := func(d time.Duration) {
+		if timer == nil {
+			timer = newTimer(d)
+		} else {
+			timer.Reset(d)
+		}
+	}
 	held := false
 	defer func() {
 		if held {
@@ -146,16 +158,23 @@ func (k *Caller) detached(ctx context.Context, c Call, ln *lane, own func(error)
 	var probe *overload.Probe
 	for {
 		var probed <-chan struct{}
+		var ticked <-chan time.Time
 		if probe != nil {
 			probed = probe.Done()
 		}
+		if timer != nil {
+			ticked = timer.C
+		}
 		select {
-		case <-d.delivered:
-			return taken()
+		case <-d.wake:
+			if d.state.Load() == callDelivered {
+				return taken()
+			}
+			// The watchdog's: the first check point has come.
 		case <-ctx.Done():
 			return settle(callLeft, ctx.Err())
 		case <-probed:
-		case <-timer.C:
+		case <-ticked:
 		}
 		now := time.Now()
 		var behind bool
@@ -170,7 +189,7 @@ func (k *Caller) detached(ctx context.Context, c Call, ln *lane, own func(error)
 			// On time at a check point: measure the scheduler's delay,
 			// and wait up to the threshold for the verdict.
 			probe = overload.Start(k.p.gate.spawn)
-			timer.Reset(threshold)
+			wakeIn(threshold)
 			continue
 		}
 		// A reply stuck while the process was behind needs a moment more
@@ -200,7 +219,7 @@ func (k *Caller) detached(ctx context.Context, c Call, ln *lane, own func(error)
 			next = min(budget/4, hardCap.Sub(now))
 		}
 		due = now.Add(next)
-		timer.Reset(next)
+		wakeIn(next)
 	}
 }
 
@@ -214,7 +233,7 @@ func (k *Caller) detached(ctx context.Context, c Call, ln *lane, own func(error)
 func (d *detachedCall) finished(p *pending) {
 	noted(d.c.Brk, p.a.Err)
 	if d.state.CompareAndSwap(callPending, callDelivered) {
-		d.delivered <- struct{}{}
+		d.wake <- struct{}{}
 		d.release()
 		return
 	}
@@ -229,6 +248,10 @@ func (d *detachedCall) finished(p *pending) {
 	}
 	d.release()
 }
+
+// checkPoint wakes the waiter at its first check point, on the lane's
+// watchdog (see watchdog): once per call, so the channel has room.
+func (d *detachedCall) checkPoint() { d.wake <- struct{}{} }
 
 // account tells the breaker the outcome err of a call counted on its own
 // (see detached); a batched call's batch counts it.

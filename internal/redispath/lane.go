@@ -37,8 +37,10 @@ type lane struct {
 
 	mu       sync.Mutex
 	queue    []*pending
-	inflight int   // pipelines in flight, whether a caller or a sender sends them
-	senders  *crew // one goroutine per pipeline
+	inflight int          // pipelines in flight, whether a caller or a sender sends them
+	flying   [][]*pending // the senders' batches in flight, until their delivery starts
+	senders  *crew        // one goroutine per pipeline
+	dog      watchdog     // wakes waiters at their first check point
 }
 
 // pending is one call waiting in a lane.
@@ -50,12 +52,22 @@ type pending struct {
 	// own, if set, is the breaker's done of a call counted on its own (see
 	// Caller.detached): its batch's breaker request leaves it out.
 	own func(error)
-	// finish is called on the sender's goroutine with the outcome in a;
-	// gaveUp reports whether the waiter gave up and blamed Redis already.
-	finish interface {
-		finished(p *pending)
-		gaveUp() bool
-	}
+	// checkAt, if set, is the waiter's first check point: the lane's
+	// watchdog calls finish.checkPoint then, once (alarmed), unless the
+	// call's delivery has started.
+	checkAt time.Time
+	alarmed bool // guarded by the lane's mu
+	finish  finisher
+}
+
+// finisher is what a lane tells of a call: finished is called on the
+// sender's goroutine with the outcome in p.a; gaveUp reports whether the
+// waiter gave up and blamed Redis already; checkPoint is the watchdog's
+// call at p.checkAt, with the lane's mu held, so it must not block.
+type finisher interface {
+	finished(p *pending)
+	gaveUp() bool
+	checkPoint()
 }
 
 // maxBatch bounds a pipeline, so that one round trip never carries an
@@ -113,10 +125,11 @@ func (ln *lane) release() {
 
 // submit queues p for the lane's senders, which send it and call
 // p.finish.finished with its outcome. p.deadline bounds its batch (the
-// lane's fallback if zero).
+// lane's fallback if zero); the watchdog wakes its waiter at p.checkAt.
 func (ln *lane) submit(p *pending) {
 	ln.mu.Lock()
 	ln.queue = append(ln.queue, p)
+	ln.watch(p)
 	ln.senders.wake()
 	ln.mu.Unlock()
 }
@@ -133,10 +146,12 @@ func (ln *lane) nextBatch() func() {
 		return nil
 	}
 	ln.inflight++
+	ln.flying = append(ln.flying, batch)
 	return func() {
 		ln.send(batch)
 		ln.mu.Lock()
 		ln.inflight--
+		ln.land(batch)
 		ln.mu.Unlock()
 		for _, p := range batch {
 			p.finish.finished(p)
@@ -144,10 +159,28 @@ func (ln *lane) nextBatch() func() {
 	}
 }
 
+// land removes batch, whose delivery starts, from the batches in flight.
+// ln.mu is held.
+func (ln *lane) land(batch []*pending) {
+	for i, b := range ln.flying {
+		if &b[0] == &batch[0] {
+			last := len(ln.flying) - 1
+			ln.flying[i], ln.flying[last] = ln.flying[last], nil
+			ln.flying = ln.flying[:last]
+			return
+		}
+	}
+}
+
 // stop ends the lane's senders once they have sent what is queued, and
-// waits for them. Calls submitted later are never sent: the Limiter
-// admits none once it is closing.
-func (ln *lane) stop() { ln.senders.stop() }
+// waits for them, and stops its watchdog. Calls submitted later are never
+// sent: the Limiter admits none once it is closing.
+func (ln *lane) stop() {
+	ln.senders.stop()
+	ln.mu.Lock()
+	ln.stopWatchdog()
+	ln.mu.Unlock()
+}
 
 // take removes up to maxBatch waiting calls from the queue, in order.
 // Calls on one key may share a batch: the script decides them in order,

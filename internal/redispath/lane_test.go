@@ -112,6 +112,7 @@ func newOutcomes(done chan *pending) *outcomes {
 }
 
 func (o *outcomes) gaveUp() bool { return false }
+func (o *outcomes) checkPoint()  {}
 
 func (o *outcomes) finished(p *pending) {
 	o.mu.Lock()
@@ -250,6 +251,7 @@ type waiter struct{ done chan struct{} }
 func (w *waiter) finished(*pending) { close(w.done) }
 
 func (w *waiter) gaveUp() bool { return false }
+func (w *waiter) checkPoint()  {}
 
 // TestLaneCallsOnOneKeyShareABatch: calls on one key, queued behind a
 // busy pipeline, go in one batch and are decided in order (the script
