@@ -102,13 +102,17 @@ func (r *Redis) check(a *Acquisition) bool {
 // batch is one batch invocation: its calls, then its script call.
 type batch struct {
 	calls []*Acquisition
+	// exactOnly: one limit, every call exact, so one value per call each
+	// way (see batch.lua, L = -1).
+	exactOnly bool
 	invocation
 }
 
 // newBatch builds the invocation of calls (at most maxPerScript, checked):
 // the batch key, then the calls' keys; the limits' headers, each once,
 // then each call's limit index and cost (and min and share_ppm when it is
-// not exact).
+// not exact), or its cost alone when the batch has one limit and only
+// exact calls, as most have.
 func (r *Redis) newBatch(calls []*Acquisition) *batch {
 	var lims [maxPerScript]*limitArgs
 	var idx [maxPerScript]int64
@@ -127,15 +131,23 @@ func (r *Redis) newBatch(calls []*Acquisition) *batch {
 			extra += 2
 		}
 	}
+	exactOnly := nl == 1 && extra == 0
 	args := make([]any, 0, 2+3*nl+2*len(calls)+extra)
-	args = append(args, batchLifeArg, int64(nl))
+	if exactOnly {
+		args = append(args, batchLifeArg, int64(-1))
+	} else {
+		args = append(args, batchLifeArg, int64(nl))
+	}
 	for _, la := range lims[:nl] {
 		args = la.header(args)
 	}
 	for i, a := range calls {
-		if a.Min == a.Want { // share cannot matter: the grant is want or nothing
+		switch {
+		case exactOnly:
+			args = append(args, a.Want)
+		case a.Min == a.Want: // share cannot matter: the grant is want or nothing
 			args = append(args, idx[i], a.Want)
-		} else {
+		default:
 			args = append(args, idx[i]+int64(nl), a.Want, a.Min, ppm(a.Share))
 		}
 	}
@@ -144,7 +156,7 @@ func (r *Redis) newBatch(calls []*Acquisition) *batch {
 	for i, a := range calls {
 		keys[1+i] = a.Key
 	}
-	return &batch{calls: calls, invocation: invocation{keys: keys, args: args}}
+	return &batch{calls: calls, exactOnly: exactOnly, invocation: invocation{keys: keys, args: args}}
 }
 
 // decode gives each call of b its outcome.
@@ -155,7 +167,7 @@ func (b *batch) decode() {
 		if !ok {
 			err = fmt.Errorf("%w: batch reply %T, want a string", ErrReply, v)
 		} else {
-			err = decodeBatch(s, b.calls)
+			err = decodeBatch(s, b.calls, b.exactOnly)
 		}
 	} else {
 		err = classify(err)
@@ -168,19 +180,24 @@ func (b *batch) decode() {
 }
 
 // decodeBatch decodes a batch reply (see batch.lua) in place, into each
-// call's Grant or Err.
-func decodeBatch(reply string, calls []*Acquisition) error {
+// call's Grant or Err; exactOnly tells the two values per call of a batch
+// of exact calls on one limit from the usual three.
+func decodeBatch(reply string, calls []*Acquisition, exactOnly bool) error {
 	body, lines, _ := strings.Cut(reply, "\n")
 	tok, rest := field(body)
 	now, err := strconv.ParseInt(tok, 10, 64)
 	if err != nil || now < 0 || now >= maxExact {
 		return fmt.Errorf("%w: batch reply %.80q", ErrReply, reply)
 	}
+	values := 3 // " <g> <w> <x>"
+	if exactOnly {
+		values = 2 // " <w> <x>", g being want
+	}
 	for _, a := range calls {
 		var t [3]string
-		t[0], rest = field(rest)
-		t[1], rest = field(rest)
-		t[2], rest = field(rest)
+		for i := range values {
+			t[i], rest = field(rest)
+		}
 		if t[0] == "e" {
 			j, err := strconv.Atoi(t[1])
 			msg, ok := line(lines, j)
@@ -191,12 +208,19 @@ func decodeBatch(reply string, calls []*Acquisition) error {
 			continue
 		}
 		var n [3]int64
-		for i := range n {
+		for i := range values {
 			if n[i], err = strconv.ParseInt(t[i], 10, 64); err != nil {
 				return fmt.Errorf("%w: batch reply %.80q", ErrReply, reply)
 			}
 		}
-		if a.Grant, err = grantOf(a, now, n[0], n[1], n[2]); err != nil {
+		g, w, x := n[0], n[1], n[2]
+		if exactOnly {
+			g, w, x = a.Want, n[0], n[1]
+			if x < 0 { // a denial
+				g, x = 0, -1-x
+			}
+		}
+		if a.Grant, err = grantOf(a, now, g, w, x); err != nil {
 			return err
 		}
 		a.Err = nil

@@ -13,7 +13,8 @@
 --            than once: it is read once, its calls are decided in order, and
 --            it is written once, at the end, with the state after its last
 --            grant (a key without a grant is not written).
--- ARGV       window_ms, L, then L limit headers of three values each:
+-- ARGV       window_ms, L, then L limit headers of three values each
+--            (L = -1: one limit, and every call exact; see below):
 --              r, p, burst       a token bucket: r tokens every p µs (the
 --                                rate and period reduced by their gcd)
 --              'w<end>', next, burst
@@ -27,18 +28,22 @@
 --                                any other call under limit k: grant g with
 --                                min <= g <= want and
 --                                g <= max(min, floor(available*share_ppm/1e6))
---            Every number is an integer; an exact call on a small limit
---            index with a small cost is two values below 256.
+--            or, when L is -1 (one limit, every call exact), per call
+--              want              its cost alone.
+--            Every number is an integer.
 -- Returns    one bulk string: "<now>", then per call " <granted> <w> <x>":
 --            granted 0 for a denial; w the whole tokens left (negative for a
 --            bucket in debt); x the fraction f of a token bucket (it holds
 --            w + f/p tokens at now), or the window's end of a calendar quota.
+--            When L is -1, two values per call, " <w> <x>", granted being
+--            want or nothing: x for a grant, -1 - x for a denial.
 --            The caller derives retry_after (until min tokens, denials only)
 --            and reset_after (until burst tokens) from them, as take() in
 --            the acquire script it replaced did: ceil((m*p - f)/r) µs for m tokens,
 --            saturated at 2^52, or window end - now for a quota. A call whose
 --            bucket could not be read (another program's key, a refused GET)
---            reads " e <j> 0": the j-th line after the first holds the error.
+--            reads " e <j> 0" (" e <j>" when L is -1): the j-th line after
+--            the first holds the error.
 --
 -- The bucket is written in the compact form "<w> <f> <t> -"; the old form
 -- "<w> <f> <t> <rid> <id> <granted> <remaining> <reset>" is read too (its
@@ -61,6 +66,8 @@ local function refused(cmd, r)
 end
 
 local window, L = int(ARGV[1]), int(ARGV[2])
+local exact_only = ARGV[2] == '-1' -- one limit, every call exact
+if exact_only then L = 1 end
 local n = #KEYS - 1
 if not (window and L) or n < 1 or #ARGV < 2 + 3 * L then
   return redis.error_reply(BAD)
@@ -102,13 +109,19 @@ local slots, errs, any = 0, nil, false
 local out = {string.format('%d', now)}
 local j = 2 + 3 * L -- the last ARGV read
 for c = 1, n do
-  local k, want = tonumber(ARGV[j + 1]), int(ARGV[j + 2])
-  local min, share = want, 1000000
-  if k and k > L then
-    k, min, share = k - L, int(ARGV[j + 3]), int(ARGV[j + 4])
-    j = j + 4
+  local k, want, min, share
+  if exact_only then
+    k, want = 1, int(ARGV[j + 1])
+    min, share, j = want, 1000000, j + 1
   else
-    j = j + 2
+    k, want = tonumber(ARGV[j + 1]), int(ARGV[j + 2])
+    min, share = want, 1000000
+    if k and k > L then
+      k, min, share = k - L, int(ARGV[j + 3]), int(ARGV[j + 4])
+      j = j + 4
+    else
+      j = j + 2
+    end
   end
   if not (k and want and min and share) or k % 1 ~= 0 or k < 1 or k > L
       or share > 1000000 or min > want or want > BURST[k] then
@@ -141,7 +154,7 @@ for c = 1, n do
   end
 
   if E[s] then
-    out[c + 1] = ' e ' .. E[s] .. ' 0'
+    out[c + 1] = exact_only and ' e ' .. E[s] or ' e ' .. E[s] .. ' 0'
   else
     local cal, a, b, burst = CAL[k], A[k], B[k], BURST[k]
     local w, f, last = W[s], F[s], T[s]
@@ -183,7 +196,13 @@ for c = 1, n do
       any = true
     end
     if cal then f = last end
-    out[c + 1] = string.format(' %d %d %d', g, w, f)
+    if not exact_only then
+      out[c + 1] = string.format(' %d %d %d', g, w, f)
+    elseif g > 0 then
+      out[c + 1] = string.format(' %d %d', w, f)
+    else
+      out[c + 1] = string.format(' %d %d', w, -1 - f)
+    end
   end
 end
 if #ARGV ~= j then return redis.error_reply(BAD) end

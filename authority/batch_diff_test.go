@@ -270,22 +270,30 @@ func TestBatchForeignKeyFailsAlone(t *testing.T) {
 		if err := b.client.LPush(ctx, foreign, "x").Err(); err != nil {
 			t.Fatal(err)
 		}
-		as := []*Acquisition{
+		mixed := []*Acquisition{
 			{Key: r.Key(l, "a"), Limit: l, Want: 1, Min: 1, Share: 1},
 			{Key: foreign, Limit: l, Want: 1, Min: 1, Share: 1},
 			{Key: r.Key(l, "b"), Limit: l, Want: 2, Min: 1, Share: 0.5},
 			{Key: foreign, Limit: l, Want: 1, Min: 1, Share: 1},
 		}
-		r.AcquireAll(ctx, as)
-		for i, a := range as {
-			if i%2 == 1 {
-				if a.Err == nil || !strings.Contains(a.Err.Error(), "WRONGTYPE") || !strings.Contains(a.Err.Error(), refusedMark) {
-					t.Errorf("call %d on a list: %v; want WRONGTYPE, refused in the script", i, a.Err)
+		// Exact calls on one limit: the script's two values per call.
+		exactOnly := []*Acquisition{
+			{Key: r.Key(l, "c"), Limit: l, Want: 1, Min: 1, Share: 1},
+			{Key: foreign, Limit: l, Want: 1, Min: 1, Share: 1},
+			{Key: r.Key(l, "c"), Limit: l, Want: 3, Min: 3, Share: 1},
+		}
+		for _, as := range [][]*Acquisition{mixed, exactOnly} {
+			r.AcquireAll(ctx, as)
+			for i, a := range as {
+				if i%2 == 1 {
+					if a.Err == nil || !strings.Contains(a.Err.Error(), "WRONGTYPE") || !strings.Contains(a.Err.Error(), refusedMark) {
+						t.Errorf("call %d on a list: %v; want WRONGTYPE, refused in the script", i, a.Err)
+					}
+					continue
 				}
-				continue
-			}
-			if a.Err != nil || a.Grant.Granted != a.Want {
-				t.Errorf("call %d: %+v, %v; want %d granted", i, a.Grant, a.Err, a.Want)
+				if a.Err != nil || a.Grant.Granted != a.Want {
+					t.Errorf("call %d: %+v, %v; want %d granted", i, a.Grant, a.Err, a.Want)
+				}
 			}
 		}
 	})
