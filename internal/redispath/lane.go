@@ -87,6 +87,7 @@ func lanePipelines(pool int) int { return min(pool, 2) }
 func newLane(auth *authority.Redis, brk *circuit.Breaker, pool int, fallback time.Duration, ep recorder.Endpoint) *lane {
 	ln := &lane{auth: auth, brk: brk, max: lanePipelines(pool), fallback: fallback, ep: ep}
 	ln.senders = newCrew(&ln.mu, ln.max, ln.nextBatch)
+	ln.dog.fire = ln.bark
 	return ln
 }
 
@@ -129,7 +130,9 @@ func (ln *lane) release() {
 func (ln *lane) submit(p *pending) {
 	ln.mu.Lock()
 	ln.queue = append(ln.queue, p)
-	ln.watch(p)
+	if !p.checkAt.IsZero() {
+		ln.dog.armFor(p.checkAt)
+	}
 	ln.senders.wake()
 	ln.mu.Unlock()
 }
@@ -172,13 +175,48 @@ func (ln *lane) land(batch []*pending) {
 	}
 }
 
+// bark is the watchdog's firing: it wakes the waiter of every call, queued
+// or in flight, whose check point has come, once, and arms the watchdog
+// for the earliest one still to come. A batch being delivered is no longer
+// in flight: its waiters are woken by their outcomes.
+func (ln *lane) bark() {
+	ln.mu.Lock()
+	defer ln.mu.Unlock()
+	if !ln.dog.fired() {
+		return
+	}
+	now := time.Now()
+	var next time.Time
+	check := func(p *pending) {
+		switch {
+		case p.checkAt.IsZero() || p.alarmed:
+		case !p.checkAt.After(now):
+			p.alarmed = true
+			p.finish.checkPoint()
+		case next.IsZero() || p.checkAt.Before(next):
+			next = p.checkAt
+		}
+	}
+	for _, batch := range ln.flying {
+		for _, p := range batch {
+			check(p)
+		}
+	}
+	for _, p := range ln.queue {
+		check(p)
+	}
+	if !next.IsZero() {
+		ln.dog.armFor(next)
+	}
+}
+
 // stop ends the lane's senders once they have sent what is queued, and
 // waits for them, and stops its watchdog. Calls submitted later are never
 // sent: the Limiter admits none once it is closing.
 func (ln *lane) stop() {
 	ln.senders.stop()
 	ln.mu.Lock()
-	ln.stopWatchdog()
+	ln.dog.stop()
 	ln.mu.Unlock()
 }
 

@@ -2,82 +2,47 @@ package redispath
 
 import "time"
 
-// watchdog wakes the waiters of a lane's calls at their first check point
-// (see Caller.detached): one timer per lane, armed for the earliest check
-// point of the calls the lane holds, in place of a timer armed and stopped
-// for every call. Most calls are answered long before their first check
-// point, an eighth of the budget, so the timer mostly fires to find its
-// call answered and re-arms for the next; a waiter still waiting past its
-// first check point counts the rest of its wait with a timer of its own.
-// Every field is guarded by the lane's mu.
+// watchdog is one timer that fires at the earliest of the times it is
+// armed for. A lane wakes its waiting calls at their first check point
+// with it (see lane.bark), in place of a timer armed and stopped for every
+// call: most calls are answered long before their first check point, an
+// eighth of the budget, so it mostly fires to find its call answered, and
+// is armed again for the next. Its owner's lock guards it.
 type watchdog struct {
-	timer   *time.Timer // made when first armed; it runs lane.bark
-	at      time.Time   // when timer fires; zero while disarmed
+	fire    func() // run on the timer's goroutine when it fires
+	timer   *time.Timer
+	at      time.Time // when timer fires; zero while disarmed
 	stopped bool
 }
 
-// watch arms the watchdog for p's check point, if p has one and the
-// watchdog fires later or not at all. ln.mu is held.
-func (ln *lane) watch(p *pending) {
-	if p.checkAt.IsZero() || ln.dog.stopped {
+// armFor makes the watchdog fire at t, unless it fires sooner already or
+// was stopped.
+func (w *watchdog) armFor(t time.Time) {
+	if w.stopped || (!w.at.IsZero() && !t.Before(w.at)) {
 		return
 	}
-	if ln.dog.at.IsZero() || p.checkAt.Before(ln.dog.at) {
-		ln.armAt(p.checkAt)
-	}
-}
-
-// armAt sets the watchdog to fire at t. ln.mu is held.
-func (ln *lane) armAt(t time.Time) {
-	ln.dog.at = t
-	if ln.dog.timer == nil {
-		ln.dog.timer = time.AfterFunc(time.Until(t), ln.bark)
+	w.at = t
+	if w.timer == nil {
+		w.timer = time.AfterFunc(time.Until(t), w.fire)
 		return
 	}
-	ln.dog.timer.Reset(time.Until(t))
+	w.timer.Reset(time.Until(t))
 }
 
-// bark wakes the waiter of every call, queued or in flight, whose check
-// point has come, once, and re-arms the watchdog for the earliest one
-// still to come. A batch being delivered is no longer in flight: its
-// waiters are woken by their outcomes.
-func (ln *lane) bark() {
-	ln.mu.Lock()
-	defer ln.mu.Unlock()
-	if ln.dog.stopped {
-		return
+// fired notes that the timer fired, which disarms it. It reports false
+// once the watchdog is stopped: a firing under way then does nothing.
+func (w *watchdog) fired() bool {
+	if w.stopped {
+		return false
 	}
-	ln.dog.at = time.Time{}
-	now := time.Now()
-	var next time.Time
-	check := func(p *pending) {
-		switch {
-		case p.checkAt.IsZero() || p.alarmed:
-		case !p.checkAt.After(now):
-			p.alarmed = true
-			p.finish.checkPoint()
-		case next.IsZero() || p.checkAt.Before(next):
-			next = p.checkAt
-		}
-	}
-	for _, batch := range ln.flying {
-		for _, p := range batch {
-			check(p)
-		}
-	}
-	for _, p := range ln.queue {
-		check(p)
-	}
-	if !next.IsZero() {
-		ln.armAt(next)
-	}
+	w.at = time.Time{}
+	return true
 }
 
-// stopWatchdog stops the watchdog for good; a bark already under way
-// finds it stopped. ln.mu is held.
-func (ln *lane) stopWatchdog() {
-	ln.dog.stopped = true
-	if ln.dog.timer != nil {
-		ln.dog.timer.Stop()
+// stop disarms the watchdog for good.
+func (w *watchdog) stop() {
+	w.stopped = true
+	if w.timer != nil {
+		w.timer.Stop()
 	}
 }
