@@ -41,6 +41,10 @@ type lane struct {
 	flying   [][]*pending // the senders' batches in flight, until their delivery starts
 	senders  *crew        // one goroutine per pipeline
 	dog      watchdog     // wakes waiters at their first check point
+	// swept counts the calls at the queue's head whose check point the
+	// watchdog has passed: it looks at each queued call once, not at the
+	// whole queue on every firing (see bark).
+	swept int
 }
 
 // pending is one call waiting in a lane.
@@ -187,23 +191,33 @@ func (ln *lane) bark() {
 	}
 	now := time.Now()
 	var next time.Time
-	check := func(p *pending) {
+	// check wakes p if its check point has come, and reports whether it
+	// has or p has none.
+	check := func(p *pending) bool {
 		switch {
 		case p.checkAt.IsZero() || p.alarmed:
 		case !p.checkAt.After(now):
 			p.alarmed = true
 			p.finish.checkPoint()
-		case next.IsZero() || p.checkAt.Before(next):
-			next = p.checkAt
+		default:
+			if next.IsZero() || p.checkAt.Before(next) {
+				next = p.checkAt
+			}
+			return false
 		}
+		return true
 	}
-	for _, batch := range ln.flying {
+	for _, batch := range ln.flying { // at most a few pipelines of maxBatch
 		for _, p := range batch {
 			check(p)
 		}
 	}
-	for _, p := range ln.queue {
-		check(p)
+	// The queue is in the order the calls were submitted, so in the order
+	// of their check points (up to the moment between a caller reading the
+	// clock and queueing its call): the first whose check point is still
+	// to come ends the sweep, and the next sweep starts there.
+	for ln.swept < len(ln.queue) && check(ln.queue[ln.swept]) {
+		ln.swept++
 	}
 	if !next.IsZero() {
 		ln.dog.armFor(next)
@@ -234,6 +248,7 @@ func (ln *lane) take() []*pending {
 	rest := copy(ln.queue, ln.queue[n:])
 	clear(ln.queue[rest:])
 	ln.queue = ln.queue[:rest]
+	ln.swept = max(ln.swept-n, 0)
 	return batch
 }
 

@@ -1,6 +1,7 @@
 package redispath
 
 import (
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -60,9 +61,10 @@ func TestWatchdogWakesEachCallOnceAtItsCheckPoint(t *testing.T) {
 	l := policy.PerSecond(10)
 	first := sendFirst(t, ln, auth, l)
 	w := &wakes{at: map[*pending][]time.Time{}, delivered: make(chan *pending, 8)}
-	later := w.submit(ln, auth, l, "later", 60*time.Millisecond)
+	// Queued in the order of their check points, as calls are.
 	sooner := w.submit(ln, auth, l, "sooner", 20*time.Millisecond)
 	never := w.submit(ln, auth, l, "never", 0)
+	later := w.submit(ln, auth, l, "later", 250*time.Millisecond)
 	waitLane(t, ln, "the watchdog never woke both queued calls", func(ln *lane) bool { return later.alarmed && sooner.alarmed })
 	// Past both check points, and then some: still once each.
 	time.Sleep(30 * time.Millisecond)
@@ -74,6 +76,9 @@ func TestWatchdogWakesEachCallOnceAtItsCheckPoint(t *testing.T) {
 		if woken[0].Before(p.checkAt) {
 			t.Errorf("woken %v before its check point", p.checkAt.Sub(woken[0]))
 		}
+	}
+	if woken := w.woken(sooner); !woken[0].Before(later.checkAt) {
+		t.Errorf("the sooner call was woken at the later one's check point")
 	}
 	if got := w.woken(never); len(got) != 0 {
 		t.Errorf("a call without a check point was woken %d times", len(got))
@@ -101,4 +106,43 @@ func TestWatchdogWakesEachCallOnceAtItsCheckPoint(t *testing.T) {
 	if !ln.dog.stopped || ln.dog.timer.Stop() {
 		t.Error("a stopped lane's watchdog was still armed")
 	}
+}
+
+// TestWatchdogSweepsALongQueue: behind a busy pipeline, each of many
+// queued calls is woken once, no sooner than its check point; the sweep
+// then stands past them all, and the batch that takes them resets it.
+func TestWatchdogSweepsALongQueue(t *testing.T) {
+	ln, auth, h := newTestLane(t, 1)
+	l := policy.PerSecond(1000)
+	first := sendFirst(t, ln, auth, l)
+	const calls = 300
+	w := &wakes{at: map[*pending][]time.Time{}, delivered: make(chan *pending, calls)}
+	ps := make([]*pending, calls)
+	for i := range ps {
+		ps[i] = w.submit(ln, auth, l, "k"+strconv.Itoa(i), 5*time.Millisecond+time.Duration(i)*50*time.Microsecond)
+	}
+	waitLane(t, ln, "the watchdog never woke every queued call", func(ln *lane) bool { return ln.swept == calls })
+	for i, p := range ps {
+		woken := w.woken(p)
+		if len(woken) != 1 || !p.alarmed {
+			t.Fatalf("call %d: woken %d times, want once", i, len(woken))
+		}
+		if woken[0].Before(p.checkAt) {
+			t.Fatalf("call %d: woken %v before its check point", i, p.checkAt.Sub(woken[0]))
+		}
+	}
+	close(h.release)
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	for range calls {
+		<-w.delivered
+	}
+	ln.mu.Lock()
+	swept, queued := ln.swept, len(ln.queue)
+	ln.mu.Unlock()
+	if swept != 0 || queued != 0 {
+		t.Errorf("after the queue was sent: swept %d of %d queued; want 0 of 0", swept, queued)
+	}
+	ln.stop()
 }
