@@ -142,11 +142,11 @@ func (k *Caller) detached(ctx context.Context, c Call, ln *lane, own func(error)
 			releaseTimer(timer)
 		}
 	}()
-	wakeIn := func(d time.Duration) {
+	wakeIn := func(after time.Duration) {
 		if timer == nil {
-			timer = newTimer(d)
+			timer = newTimer(after)
 		} else {
-			timer.Reset(d)
+			timer.Reset(after)
 		}
 	}
 	held := false
