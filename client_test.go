@@ -16,12 +16,17 @@ import (
 	"github.com/leaselimit/leaselimit"
 	"github.com/leaselimit/leaselimit/authority"
 	"github.com/leaselimit/leaselimit/policy"
+	"github.com/leaselimit/leaselimit/telemetry"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 	"golang.org/x/time/rate"
 )
 
 func TestMain(m *testing.M) {
+	// The fault tests refuse, drop and stall connections by the thousand,
+	// and go-redis logs every failed dial: one line per kind every 10 s
+	// (what an operator gets) keeps a failing test's own output readable.
+	redis.SetLogger(telemetry.NewRedisLogger(nil))
 	goleak.VerifyTestMain(m)
 }
 

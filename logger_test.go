@@ -13,13 +13,7 @@ import (
 	"github.com/leaselimit/leaselimit/breaker"
 	"github.com/leaselimit/leaselimit/internal/redistest"
 	"github.com/leaselimit/leaselimit/policy"
-	"github.com/leaselimit/leaselimit/telemetry"
-	"github.com/redis/go-redis/v9"
 )
-
-// A RedisLogger is what redis.SetLogger takes (the call, which would change
-// this test binary's go-redis logger, is compiled, not made).
-var _ = func() { redis.SetLogger(telemetry.NewRedisLogger(nil)) }
 
 // logBuffer is a bytes.Buffer safe for a slog handler and a test reading it.
 type logBuffer struct {
