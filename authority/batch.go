@@ -5,6 +5,7 @@ import (
 	"math/bits"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/leaselimit/leaselimit/policy"
@@ -108,12 +109,16 @@ type batch struct {
 	invocation
 }
 
-// newBatch builds the invocation of calls (at most maxPerScript, checked):
+// newBatch builds the invocation of calls with the calls on each key
+// together (see grouped and batchOf).
+func (r *Redis) newBatch(calls []*Acquisition) *batch { return r.batchOf(grouped(calls)) }
+
+// batchOf builds the invocation of calls (at most maxPerScript, checked):
 // the batch key, then the calls' keys; the limits' headers, each once,
 // then each call's limit index and cost (and min and share_ppm when it is
 // not exact), or its cost alone when the batch has one limit and only
 // exact calls, as most have.
-func (r *Redis) newBatch(calls []*Acquisition) *batch {
+func (r *Redis) batchOf(calls []*Acquisition) *batch {
 	var lims [maxPerScript]*limitArgs
 	var idx [maxPerScript]int64
 	nl, extra := 0, 0
@@ -157,6 +162,62 @@ func (r *Redis) newBatch(calls []*Acquisition) *batch {
 		keys[1+i] = a.Key
 	}
 	return &batch{calls: calls, exactOnly: exactOnly, invocation: invocation{keys: keys, args: args}}
+}
+
+// keyIndexes holds the maps grouped uses, for reuse: one per batch would
+// be most of what building a batch allocates.
+var keyIndexes = sync.Pool{New: func() any { return make(map[string]int, maxPerScript) }}
+
+// grouped returns calls with the calls on each key together: keys in the
+// order of their first calls, each key's calls in their order. The script
+// reads and writes a bucket once per run of calls on it (see batch.lua),
+// so a key that comes back after another would be read and written again.
+// It returns calls itself when no key does, as in most batches.
+func grouped(calls []*Acquisition) []*Acquisition {
+	if len(calls) < 3 {
+		return calls // one or two runs whatever the keys
+	}
+	index := keyIndexes.Get().(map[string]int) // key -> its group
+	defer func() {
+		clear(index)
+		keyIndexes.Put(index)
+	}()
+	apart := false // a key comes back after another
+	for i, a := range calls {
+		if i > 0 && a.Key == calls[i-1].Key {
+			continue
+		}
+		if _, seen := index[a.Key]; seen {
+			apart = true
+			break
+		}
+		index[a.Key] = len(index)
+	}
+	if !apart {
+		return calls
+	}
+	clear(index)
+	var size []int // calls per group
+	for _, a := range calls {
+		g, seen := index[a.Key]
+		if !seen {
+			g = len(size)
+			index[a.Key] = g
+			size = append(size, 0)
+		}
+		size[g]++
+	}
+	next := make([]int, len(size)) // where each group's next call goes
+	for g := 1; g < len(size); g++ {
+		next[g] = next[g-1] + size[g-1]
+	}
+	out := make([]*Acquisition, len(calls))
+	for _, a := range calls {
+		g := index[a.Key]
+		out[next[g]] = a
+		next[g]++
+	}
+	return out
 }
 
 // decode gives each call of b its outcome.

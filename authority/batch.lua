@@ -10,9 +10,12 @@
 --            takes nothing: go-redis resends a pipeline whose connection
 --            broke, and the resent invocation must not take tokens twice.
 -- KEYS[1+i]  the bucket of call i (see common.lua). A key may appear more
---            than once: it is read once, its calls are decided in order, and
---            it is written once, at the end, with the state after its last
---            grant (a key without a grant is not written).
+--            than once. Calls on one key that come one after another (the
+--            client puts them together) are decided in order on one reading
+--            of it, and it is written once, when another key comes or the
+--            batch ends, with the state after its last grant (a key without
+--            a grant is not written); a key that comes back after another is
+--            read again, and finds that write.
 -- ARGV       window_ms, L, then L limit headers of three values each
 --            (L = -1: one limit, and every call exact; see below):
 --              r, p, burst       a token bucket: r tokens every p µs (the
@@ -101,63 +104,118 @@ local clock = redis.pcall('TIME')
 if clock.err then return redis.error_reply(refused('TIME', clock)) end
 local now = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
 
--- The buckets, one slot per distinct key: W, F, T its state as stored
--- (nil W: missing, a full bucket), G the limit of its last grant (0: none,
--- not to be written), E the line of its read error.
-local slot, K, W, F, T, G, E = {}, {}, {}, {}, {}, {}, {}
-local slots, errs, any = 0, nil, false
+-- arg reads the arguments of the call at ARGV[j + 1] of the general form:
+-- its limit k, want, min and share_ppm (nil where one is bad), and the
+-- last ARGV it read. (The exact-only form's, one cost per call, are read
+-- in place: a function call per call is a cost worth sparing.)
+local function arg(j)
+  local k, want = tonumber(ARGV[j + 1]), int(ARGV[j + 2])
+  if k and k > L then
+    return k - L, want, int(ARGV[j + 3]), int(ARGV[j + 4]), j + 4
+  end
+  return k, want, want, 1000000, j + 2
+end
+
+-- Every call's arguments are checked before any bucket is read or
+-- written, so that a bad list leaves nothing behind.
+local first = 2 + 3 * L -- the last ARGV before the calls'
+local j = first
+if exact_only then
+  -- A cost is an integer in [1, burst] (a NaN or an infinity fails % 1).
+  local burst = BURST[1]
+  for i = first + 1, first + n do
+    local want = tonumber(ARGV[i])
+    if not want or want % 1 ~= 0 or want < 1 or want > burst then
+      return redis.error_reply(BAD)
+    end
+  end
+  j = first + n
+else
+  for _ = 1, n do
+    local k, want, min, share
+    k, want, min, share, j = arg(j)
+    if not (k and want and min and share) or k % 1 ~= 0 or k < 1 or k > L
+        or share > 1000000 or min > want or want > BURST[k] then
+      return redis.error_reply(BAD)
+    end
+  end
+end
+if #ARGV ~= j then return redis.error_reply(BAD) end
+
+-- The bucket in hand: calls on one key that come one after another (the
+-- client puts a batch's calls on one key together) are decided on one
+-- reading of it, in order, and it is written once, when the next key
+-- comes or the batch ends (see flush). sw, sf, st: its state as read, or
+-- as its last grant left it (sw nil: missing, a full bucket); gk the limit
+-- of that grant (0: none, nothing to write); ej the line of its read
+-- error. A key that comes back after another is read again, and finds
+-- what was decided for it written. No table holds the buckets: tables are
+-- what a script pays most for per call, after GET and SET.
+local key, sw, sf, st, gk, ej = nil, nil, nil, nil, 0, nil
+local errs, any = nil, false
 local out = {string.format('%d', now)}
-local j = 2 + 3 * L -- the last ARGV read
+
+-- flush writes the bucket in hand if a call took from it, with a TTL until
+-- it is full again (a missing key reads as full) plus a margin; it returns
+-- the error of a refused write.
+local function flush()
+  if gk == 0 then return nil end
+  local w, f, last, burst = sw, sf, st, BURST[gk]
+  local reset = 0
+  if w < burst then
+    if CAL[gk] then
+      reset = last - now
+    else
+      local q, rem = muldiv(burst - w - 1, B[gk], B[gk] - f, A[gk])
+      if q < HUGE and rem > 0 then q = q + 1 end
+      reset = q
+    end
+  end
+  local r = redis.pcall('SET', key, string.format('%d %d %d -', w, f, last),
+    'PX', string.format('%d', math.ceil(reset / 1000) + 1000))
+  if type(r) == 'table' and r.err then return refused('SET', r) end
+  return nil
+end
+
+j = first
 for c = 1, n do
   local k, want, min, share
   if exact_only then
-    k, want = 1, int(ARGV[j + 1])
-    min, share, j = want, 1000000, j + 1
+    j = j + 1
+    k, want, share = 1, tonumber(ARGV[j]), 1000000
+    min = want
   else
-    k, want = tonumber(ARGV[j + 1]), int(ARGV[j + 2])
-    min, share = want, 1000000
-    if k and k > L then
-      k, min, share = k - L, int(ARGV[j + 3]), int(ARGV[j + 4])
-      j = j + 4
-    else
-      j = j + 2
-    end
+    k, want, min, share, j = arg(j)
   end
-  if not (k and want and min and share) or k % 1 ~= 0 or k < 1 or k > L
-      or share > 1000000 or min > want or want > BURST[k] then
-    return redis.error_reply(BAD)
-  end
-
-  local key = KEYS[c + 1]
-  local s = slot[key]
-  if not s then
-    slots = slots + 1
-    s = slots
-    slot[key], K[s], G[s] = s, key, 0
-    local v = redis.pcall('GET', key)
+  local kc = KEYS[c + 1]
+  if kc ~= key then
+    local e = flush()
+    if e then return redis.error_reply(e) end
+    key, sw, sf, st, gk, ej = kc, nil, nil, nil, 0, nil
+    local v = redis.pcall('GET', kc)
     local bad
     if type(v) == 'table' then
       bad = refused('GET', v)
     elseif v then
       local w, f, t = string.match(v, '^(-?%d+) (%d+) (%d+) %S')
       if w then
-        W[s], F[s], T[s] = tonumber(w), tonumber(f), tonumber(t)
+        sw, sf, st = tonumber(w), tonumber(f), tonumber(t)
       else
-        bad = 'ERR leaselimit: bucket ' .. key .. ' holds an unknown value'
+        bad = 'ERR leaselimit: bucket ' .. kc .. ' holds an unknown value'
       end
     end
     if bad then
       errs = errs or {}
       errs[#errs + 1] = bad
-      E[s] = #errs
+      ej = #errs
     end
   end
 
-  if E[s] then
-    out[c + 1] = exact_only and ' e ' .. E[s] or ' e ' .. E[s] .. ' 0'
+  if ej then
+    out[c + 1] = exact_only and ' e ' .. ej or ' e ' .. ej .. ' 0'
   else
     local cal, a, b, burst = CAL[k], A[k], B[k], BURST[k]
-    local w, f, last = W[s], F[s], T[s]
+    local w, f, last = sw, sf, st
     if w == nil then w, f, last = burst, 0, now end
     -- Bring the bucket to now (advance in common.lua). A token bucket
     -- refills, capped at burst; a clock that went backwards refills
@@ -192,7 +250,7 @@ for c = 1, n do
         if g > want then g = want end
       end
       w = w - g
-      W[s], F[s], T[s], G[s] = w, f, last, k
+      sw, sf, st, gk = w, f, last, k
       any = true
     end
     if cal then f = last end
@@ -205,29 +263,8 @@ for c = 1, n do
     end
   end
 end
-if #ARGV ~= j then return redis.error_reply(BAD) end
-
--- The writes: each granted bucket once, with a TTL until it is full again
--- (a missing key reads as full) plus a margin.
-for s = 1, slots do
-  local k = G[s]
-  if k > 0 then
-    local w, f, last, burst = W[s], F[s], T[s], BURST[k]
-    local reset = 0
-    if w < burst then
-      if CAL[k] then
-        reset = last - now
-      else
-        local q, rem = muldiv(burst - w - 1, B[k], B[k] - f, A[k])
-        if q < HUGE and rem > 0 then q = q + 1 end
-        reset = q
-      end
-    end
-    local r = redis.pcall('SET', K[s], string.format('%d %d %d -', w, f, last),
-      'PX', string.format('%d', math.ceil(reset / 1000) + 1000))
-    if type(r) == 'table' and r.err then return redis.error_reply(refused('SET', r)) end
-  end
-end
+local e = flush()
+if e then return redis.error_reply(e) end
 
 local reply = table.concat(out)
 if errs then reply = reply .. '\n' .. table.concat(errs, '\n') end

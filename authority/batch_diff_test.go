@@ -255,8 +255,110 @@ func TestBatchWritesOnce(t *testing.T) {
 				t.Errorf("commandstats lack %q (one bucket, one batch key):\n%s", want, stats)
 			}
 		}
+
+		// Two keys in turn, three calls each: put together (see grouped),
+		// each bucket is still read and written once.
+		other := r.Key(l, "other")
+		var mixed []*Acquisition
+		for i := range 6 {
+			k := key
+			if i%2 == 1 {
+				k = other
+			}
+			mixed = append(mixed, &Acquisition{Key: k, Limit: l, Want: 1, Min: 1, Share: 1})
+		}
+		b.setTime(t, t0.Add(20*time.Hour))
+		if err := b.client.ConfigResetStat(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		r.AcquireAll(ctx, mixed)
+		for i, a := range mixed {
+			if a.Err != nil || a.Grant.Granted != 1 || a.Grant.Remaining != int64(4-i/2) {
+				t.Errorf("mixed call %d: %+v, %v; want 1 granted, %d left", i, a.Grant, a.Err, 4-i/2)
+			}
+		}
+		stats = b.client.Info(ctx, "commandstats").Val()
+		for _, want := range []string{"cmdstat_set:calls=3,", "cmdstat_get:calls=3,"} {
+			if !strings.Contains(stats, want) {
+				t.Errorf("commandstats lack %q (two buckets, one batch key):\n%s", want, stats)
+			}
+		}
 	})
 }
+
+// TestGrouped: grouped puts the calls on each key together, keys in the
+// order of their first calls and each key's calls in their order, and
+// leaves a batch whose keys never come back as it is.
+func TestGrouped(t *testing.T) {
+	calls := func(keys string) []*Acquisition {
+		as := make([]*Acquisition, len(keys))
+		for i, k := range keys {
+			as[i] = &Acquisition{Key: string(k), Want: int64(i + 1)}
+		}
+		return as
+	}
+	describe := func(as []*Acquisition) string {
+		var s strings.Builder
+		for _, a := range as {
+			fmt.Fprintf(&s, "%s%d ", a.Key, a.Want)
+		}
+		return s.String()
+	}
+	for _, tc := range []struct{ keys, want string }{
+		{"", ""},
+		{"a", "a1 "},
+		{"aba", "a1 a3 b2 "},
+		{"abacba", "a1 a3 a6 b2 b5 c4 "},
+		{"aabbcc", "a1 a2 b3 b4 c5 c6 "},
+		{"abcdefg", "a1 b2 c3 d4 e5 f6 g7 "},
+	} {
+		in := calls(tc.keys)
+		got := grouped(in)
+		if describe(got) != tc.want {
+			t.Errorf("grouped(%q) = %s; want %s", tc.keys, describe(got), tc.want)
+		}
+		if apart := tc.keys == "aba" || tc.keys == "abacba"; len(in) > 0 && !apart && &got[0] != &in[0] {
+			t.Errorf("grouped(%q) copied calls whose keys never come back", tc.keys)
+		}
+	}
+}
+
+// suiteBatchKeyComesBack sends the script a batch whose first key comes
+// back after another (batchOf, not grouped): the second run of calls on it
+// is decided on what the first left, not on the bucket as the batch found
+// it. Burst 5: a takes 3, b 2, then a's 3 more are denied (2 left).
+func suiteBatchKeyComesBack(t *testing.T, nb backendFactory) {
+	ctx := context.Background()
+	b := nb(t)
+	r := b.newAuthority(t, testPrefix)
+	l := policy.Limit{Name: "back", Rate: 1, Period: time.Hour, Burst: 5}
+	a, o := r.Key(l, "a"), r.Key(l, "b")
+	as := []*Acquisition{{Key: a, Limit: l, Want: 3, Min: 3, Share: 1}, {Key: o, Limit: l, Want: 2, Min: 2, Share: 1},
+		{Key: a, Limit: l, Want: 3, Min: 3, Share: 1}}
+	for _, c := range as {
+		if !r.check(c) {
+			t.Fatal(c.Err)
+		}
+	}
+	bt := r.batchOf(as)
+	reply, err := b.client.Eval(ctx, batchScript.src, bt.keys, bt.args...).Text()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := decodeBatch(reply, bt.calls, bt.exactOnly); err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []struct{ granted, left int64 }{{3, 2}, {2, 3}, {0, 2}} {
+		if g := as[i].Grant; as[i].Err != nil || g.Granted != want.granted || g.Remaining != want.left {
+			t.Errorf("call %d: %+v, %v; want %d granted, %d left", i, g, as[i].Err, want.granted, want.left)
+		}
+	}
+	if v := b.value(t, a); !strings.HasPrefix(v, "2 ") {
+		t.Errorf("bucket a %q; want 2 tokens left", v)
+	}
+}
+
+func TestBatchKeyComesBack(t *testing.T) { forEachBackend(t, suiteBatchKeyComesBack) }
 
 // TestBatchForeignKeyFailsAlone: a bucket key that holds another type
 // fails the calls on it, not the others of its invocation.
