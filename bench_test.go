@@ -141,8 +141,8 @@ func BenchmarkAllowLeaseHitTelemetry(b *testing.B) {
 // BenchmarkAllowExact measures exact-mode decisions (every one a Redis
 // call) on a real redis-server, from 64 goroutines per processor so that
 // calls batch: one hot key, and cold keys that never repeat within the
-// run; and cold keys from one goroutine (alone), each call a round trip
-// of its own. allocs/op is allocations per decision, the lane's and the
+// run; cold keys from one goroutine (alone), each call a round trip of
+// its own; and cold keys with leases on (cold-leases). allocs/op is allocations per decision, the lane's and the
 // authority's included; cpu-ns/op the client's CPU time per decision
 // (this process's, so not the server's), which a busy machine disturbs
 // less than ns/op.
@@ -153,13 +153,21 @@ func BenchmarkAllowExact(b *testing.B) {
 		name        string
 		key         func(i uint64) string
 		parallelism int
+		leases      bool
 	}{
-		{"hot", func(uint64) string { return "hot" }, 64},
-		{"cold", cold, 64},
-		{"cold-alone", cold, 0},
+		{"hot", func(uint64) string { return "hot" }, 64, false},
+		{"cold", cold, 64, false},
+		{"cold-alone", cold, 0, false},
+		// The lease design on keys it never sees twice: each decision
+		// is exact, and should cost what exact mode's does.
+		{"cold-leases", cold, 64, true},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
-			lim, err := leaselimit.New(srv.Client(b), hotLimit.WithName("exact-"+tc.name), leaselimit.WithoutLease())
+			opts := []leaselimit.Option{leaselimit.WithoutLease()}
+			if tc.leases {
+				opts = nil
+			}
+			lim, err := leaselimit.New(srv.Client(b), hotLimit.WithName("exact-"+tc.name), opts...)
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -597,6 +597,12 @@ func TestSlowRedis(t *testing.T) {
 		if d, err := lim.Allow(ctx, "prime"); err != nil || d.Source != leaselimit.SourceAuthority {
 			t.Fatalf("Allow(prime) = %+v, %v", d, err) // also loads the script
 		}
+		// Key one is seen once before: a key's first sight is an exact
+		// decision of its own (see the lease doorkeeper); the misses of a
+		// key seen before are what share one refill.
+		if d, err := lim.Allow(ctx, "one"); err != nil || d.Source != leaselimit.SourceAuthority {
+			t.Fatalf("Allow(one) = %+v, %v", d, err)
+		}
 		proxy.SetLatency(latency)
 		before := srv.Stats(t)
 		var wg sync.WaitGroup

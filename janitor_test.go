@@ -24,6 +24,7 @@ func TestJanitorRound(t *testing.T) {
 	rkey := l.auth.Key(l.limit, "k")
 	// A lease of 5 tokens for k, debited from its bucket (1000 → 995).
 	now := l.clock.now()
+	l.leases.Decide("k", 1, now) // a first sight: exact, and no entry yet
 	a := l.leases.Decide("k", 1, now)
 	l.leases.Join(a.Ticket)
 	r := l.leases.Plan(a.Ticket, now)

@@ -134,7 +134,9 @@ func WithoutLease() Option {
 // (at least 64, whatever n). The bound is split over 64 shards: when a new
 // key's shard is full, a key of that shard not used for a while is evicted (its
 // unused leased tokens are refunded), possibly before the whole table is
-// full. Default 100,000.
+// full. A key gets local state only when it repeats: the Client also
+// remembers the keys it was lately asked for, in 8 bytes per key of the
+// bound (rounded up to a power of two: 1 MiB by default). Default 100,000.
 func WithMaxKeys(n int) Option {
 	return engineOption{"WithMaxKeys", func(c *config) error {
 		if n < 1 {

@@ -146,7 +146,7 @@ func Example_reserve() {
 	// Output:
 	// 200 RateLimit: "tokens";r=40;t=1
 	// 200 RateLimit: "tokens";r=15;t=1
-	// 429 RateLimit: "tokens";r=15;t=27
-	//   Retry-After: 27
-	//   {"type":"https://iana.org/assignments/http-problem-types#quota-exceeded","title":"Request cannot be satisfied as assigned quota has been exceeded","status":429,"detail":"The quota of policy \"tokens\" is exhausted; retry after 27 s.","violated-policies":["tokens"]}
+	// 429 RateLimit: "tokens";r=50;t=6
+	//   Retry-After: 6
+	//   {"type":"https://iana.org/assignments/http-problem-types#quota-exceeded","title":"Request cannot be satisfied as assigned quota has been exceeded","status":429,"detail":"The quota of policy \"tokens\" is exhausted; retry after 6 s.","violated-policies":["tokens"]}
 }

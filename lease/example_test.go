@@ -17,7 +17,9 @@ func Example() {
 	now := int64(time.Second)
 
 	a := ls.Decide("user:42", 1, now)
-	fmt.Println(a.Status == lease.Miss) // nothing held yet: ask
+	fmt.Println(a.Status == lease.Exact) // a key not seen lately: ask for exactly 1, no lease
+	a = ls.Decide("user:42", 1, now)
+	fmt.Println(a.Status == lease.Miss) // it came back: it earns a lease
 	ls.Join(a.Ticket)
 	r := ls.Plan(a.Ticket, now)
 	fmt.Println(r.Want, r.Min) // a cold key asks for what its caller needs
@@ -25,6 +27,7 @@ func Example() {
 	d := ls.Collect(a.Ticket, o, now)
 	fmt.Println(d.Status == lease.Granted, d.Remaining)
 	// Output:
+	// true
 	// true
 	// 1 1
 	// true 99

@@ -14,7 +14,16 @@ func newLeases(limit policy.Limit, maxKeys, fleet int) *Leases {
 	if err := limit.Validate(); err != nil {
 		panic(err)
 	}
-	return New(NewTable(maxKeys, policy.Lease{}), limit, policy.Lease{}, fleet)
+	return New(refillTable(maxKeys), limit, policy.Lease{}, fleet)
+}
+
+// refillTable is NewTable with its doorkeeper off: every key counts as
+// seen, so a key's first Decide is a Miss. The protocol's tests are about
+// refills; TestDoorkeeper* are about first sights.
+func refillTable(maxKeys int) *Table {
+	t := NewTable(maxKeys, policy.Lease{})
+	t.t.door = doorkeeper{}
+	return t
 }
 
 // tableOf returns the Table that ls's keys live in.
@@ -321,7 +330,7 @@ func TestProtocolPrefetchClaim(t *testing.T) {
 // apart (a lease of one never serves the other), one bound covers both, and
 // every Return names the limit whose bucket it goes back to.
 func TestProtocolLimitsShareTable(t *testing.T) {
-	tab := NewTable(1000, policy.Lease{})
+	tab := refillTable(1000)
 	free := policy.Limit{Name: "free", Rate: 100_000, Period: time.Second, Burst: 100_000}
 	pro := free.WithName("pro")
 	lf := New(tab, free, policy.Lease{}, 1)
@@ -345,7 +354,7 @@ func TestProtocolLimitsShareTable(t *testing.T) {
 		t.Errorf("Drain = %+v; want free's %d tokens of k", rs, held)
 	}
 
-	small := NewTable(minCapacity, policy.Lease{})
+	small := refillTable(minCapacity)
 	a, b := New(small, free, policy.Lease{}, 1), New(small, pro, policy.Lease{}, 1)
 	for i := 0; i < 10*minCapacity; i++ {
 		a.Decide(fmt.Sprintf("a%d", i), 1, now)
@@ -400,7 +409,7 @@ func TestEnvelope(t *testing.T) {
 		{[]policy.Limit{policy.PerHour(3600), policy.Quota("daily", 1000, policy.Day, nil)},
 			policy.Limit{Name: "env", Rate: 1000, Period: 24 * time.Hour, Burst: 1000}},
 	} {
-		if got := NewGroup(NewTable(64, policy.Lease{}), "env", tc.members, policy.Lease{}, 1).Limit(); got != tc.want {
+		if got := NewGroup(refillTable(64), "env", tc.members, policy.Lease{}, 1).Limit(); got != tc.want {
 			t.Errorf("envelope of %v = %v; want %v", tc.members, got, tc.want)
 		}
 	}

@@ -105,7 +105,7 @@ func TestChargeNeverFromAQuotaLease(t *testing.T) {
 			return NewGroup(tab, "b+q", []policy.Limit{b, q}, policy.Lease{}, 1)
 		}, false},
 	} {
-		ls := tc.ls(NewTable(64, policy.Lease{}))
+		ls := tc.ls(refillTable(64))
 		a := ls.Decide("k", 1, 1*s)
 		ls.Join(a.Ticket)
 		r := ls.Plan(a.Ticket, 1*s)
@@ -224,7 +224,7 @@ func TestQuotaReservedTokensEndWithTheirWindow(t *testing.T) {
 		{policy.Quota("q", 1000, policy.Hour, time.UTC), Miss},
 		{policy.PerSecond(1000), Granted},
 	} {
-		ls := New(NewTable(64, policy.Lease{}), tc.limit, policy.Lease{}, 1)
+		ls := New(refillTable(64), tc.limit, policy.Lease{}, 1)
 		a := ls.Decide("k", 1, 1*s)
 		ls.Join(a.Ticket)
 		r := ls.Plan(a.Ticket, 1*s)

@@ -28,7 +28,7 @@ func TestRetryAfterByEachLimitsRule(t *testing.T) {
 	// envelope's (burst 5).
 	group := func(other policy.Limit) func() *Leases {
 		return func() *Leases {
-			ls := NewGroup(NewTable(1000, policy.Lease{}), "ps+"+other.Name, []policy.Limit{perSecond, other}, policy.Lease{}, 1)
+			ls := NewGroup(refillTable(1000), "ps+"+other.Name, []policy.Limit{perSecond, other}, policy.Lease{}, 1)
 			if env := (policy.Limit{Name: "ps+" + other.Name, Rate: other.Rate, Period: other.Period, Burst: 5}); ls.Limit() != env {
 				t.Fatalf("envelope %v; want %v", ls.Limit(), env)
 			}

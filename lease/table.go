@@ -15,6 +15,7 @@ const numShards = 64
 type table struct {
 	seed   maphash.Seed
 	shards [numShards]shard
+	door   doorkeeper // the keys lately asked for and not held (see Seen)
 }
 
 // tkey is an entry's place in the table: the protocol of its limit (nil in
@@ -83,7 +84,7 @@ const minCapacity = numShards
 // gets more than its share of keys evicts before the table as a whole is full.
 func newTable(maxKeys int) *table {
 	maxKeys = max(maxKeys, minCapacity)
-	t := &table{seed: maphash.MakeSeed()}
+	t := &table{seed: maphash.MakeSeed(), door: newDoorkeeper(maxKeys)}
 	for i := range t.shards {
 		t.shards[i].m = make(map[tkey]*entry)
 		t.shards[i].max = maxKeys / numShards
@@ -96,6 +97,16 @@ func newTable(maxKeys int) *table {
 
 func (t *table) shard(key string) *shard {
 	return &t.shards[maphash.String(t.seed, key)%numShards]
+}
+
+// Seen reports whether key under owner's limit, which the table does not
+// hold, was asked for lately (see doorkeeper), and marks it asked for.
+func (t *table) Seen(owner *Leases, key string) bool {
+	h := maphash.String(t.seed, key)
+	if owner != nil {
+		h ^= owner.salt
+	}
+	return t.door.seen(h)
 }
 
 // Get returns the entry of key under owner's limit, or nil.

@@ -1,0 +1,53 @@
+package lease
+
+import (
+	"math/bits"
+	"sync/atomic"
+)
+
+// doorkeeper remembers, lossily, the keys the table was lately asked for
+// and did not hold, so that a key costs an entry and a lease only once it
+// repeats. A key's first decision goes to the authority for exactly its
+// tokens (Exact), as in exact mode: the cold long tail, keys seen once,
+// costs no entry, no eviction and no refill bookkeeping (issue 25: cold
+// keys pay nothing for leases; a key earns a lease when it repeats).
+//
+// It is direct-mapped: each slot holds the hash of the last key that fell
+// in it. A key whose slot another key took meanwhile is taken for new
+// again (one more exact decision: its lease starts a sight later), and two
+// keys with one 64-bit hash are taken for one (a lease a sight early).
+// Neither changes what is admitted: an exact decision and a lease take
+// their tokens from the same bucket. It holds about as many keys as the
+// table, 8 bytes each, and takes no lock.
+type doorkeeper struct {
+	slots []atomic.Uint64
+	mask  uint64
+}
+
+// newDoorkeeper returns a doorkeeper of at least n slots (a power of two).
+func newDoorkeeper(n int) doorkeeper {
+	size := uint64(1) << bits.Len64(uint64(max(n, 2)-1))
+	return doorkeeper{slots: make([]atomic.Uint64, size), mask: size - 1}
+}
+
+// seen reports whether the key of hash h was seen since its slot last
+// changed hands, and marks it seen. A doorkeeper without slots (the zero
+// value) has seen every key.
+func (d *doorkeeper) seen(h uint64) bool {
+	if d.slots == nil {
+		return true
+	}
+	h |= 1 // 0 is an empty slot
+	s := &d.slots[(h>>1)&d.mask]
+	old := s.Load()
+	if old == h {
+		return true
+	}
+	// One caller marks it: of callers that find a key new at once, one
+	// decides exactly and the others take it as seen, so that they share
+	// one refill of its lease rather than each making a call.
+	if s.CompareAndSwap(old, h) {
+		return false
+	}
+	return s.Load() == h
+}

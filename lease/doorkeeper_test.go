@@ -1,0 +1,58 @@
+package lease
+
+import (
+	"testing"
+
+	"github.com/leaselimit/leaselimit/policy"
+)
+
+// TestDoorkeeperFirstSightIsExact: a key's first decision goes to the
+// authority for exactly its tokens and leaves nothing in the table; when
+// it comes back it is a Miss with an entry, so it earns a lease. Another
+// limit's first sight of the same user key is a first sight too.
+func TestDoorkeeperFirstSightIsExact(t *testing.T) {
+	tab := NewTable(1000, policy.Lease{})
+	ls := New(tab, policy.PerSecond(100).WithName("a"), policy.Lease{}, 1)
+	other := New(tab, policy.PerSecond(100).WithName("b"), policy.Lease{}, 1)
+	if a := ls.Decide("k", 1, 0); a.Status != Exact || a.Ticket.e != nil {
+		t.Fatalf("first Decide = %+v; want Exact, no ticket", a)
+	}
+	if n := tab.Len(); n != 0 {
+		t.Fatalf("table holds %d keys after a first sight; want 0", n)
+	}
+	a := ls.Decide("k", 1, 0)
+	if a.Status != Miss || a.Ticket.e == nil {
+		t.Fatalf("second Decide = %+v; want a Miss with its entry", a)
+	}
+	if n := tab.Len(); n != 1 {
+		t.Fatalf("table holds %d keys after the second sight; want 1", n)
+	}
+	if a := other.Decide("k", 1, 0); a.Status != Exact {
+		t.Fatalf("another limit's first Decide of k = %+v; want Exact", a)
+	}
+}
+
+// TestDoorkeeperSlots: a slot holds the last key that fell in it; a key
+// whose slot another took is new again; the zero doorkeeper has seen
+// every key.
+func TestDoorkeeperSlots(t *testing.T) {
+	d := newDoorkeeper(3) // 4 slots
+	if len(d.slots) != 4 {
+		t.Fatalf("%d slots for 3; want 4", len(d.slots))
+	}
+	const h1, h2 = 2, 2 + 8 // one slot: (h|1)>>1 & 3 is 1 for both
+	for i, tc := range []struct {
+		h    uint64
+		want bool
+	}{{h1, false}, {h1, true}, {h2, false}, {h2, true}, {h1, false}, {4, false}, {h1, true}} {
+		if got := d.seen(tc.h); got != tc.want {
+			t.Errorf("step %d: seen(%d) = %v; want %v", i, tc.h, got, tc.want)
+		}
+	}
+	var zero doorkeeper
+	for _, h := range []uint64{h1, h1, h2} {
+		if !zero.seen(h) {
+			t.Errorf("the zero doorkeeper took %d for new", h)
+		}
+	}
+}
