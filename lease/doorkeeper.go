@@ -18,15 +18,21 @@ import (
 // keys with one 64-bit hash are taken for one (a lease a sight early).
 // Neither changes what is admitted: an exact decision and a lease take
 // their tokens from the same bucket. It holds about as many keys as the
-// table, 8 bytes each, and takes no lock.
+// table, 8 bytes each, up to maxDoorkeeperSlots, and takes no lock.
 type doorkeeper struct {
 	slots []atomic.Uint64
 	mask  uint64
 }
 
-// newDoorkeeper returns a doorkeeper of at least n slots (a power of two).
+// maxDoorkeeperSlots bounds a doorkeeper at 8 MiB: it is allocated whole
+// when the table is made, and a table's bound may be far larger than the
+// keys it will ever hold (a larger table forgets first sights sooner).
+const maxDoorkeeperSlots = 1 << 20
+
+// newDoorkeeper returns a doorkeeper of at least n slots (a power of two),
+// at most maxDoorkeeperSlots.
 func newDoorkeeper(n int) doorkeeper {
-	size := uint64(1) << bits.Len64(uint64(max(n, 2)-1))
+	size := uint64(1) << bits.Len64(uint64(min(max(n, 2), maxDoorkeeperSlots)-1))
 	return doorkeeper{slots: make([]atomic.Uint64, size), mask: size - 1}
 }
 

@@ -49,6 +49,9 @@ func TestDoorkeeperSlots(t *testing.T) {
 			t.Errorf("step %d: seen(%d) = %v; want %v", i, tc.h, got, tc.want)
 		}
 	}
+	if n := len(newDoorkeeper(1 << 40).slots); n != maxDoorkeeperSlots {
+		t.Errorf("%d slots for a table of 2^40 keys; want the bound, %d", n, maxDoorkeeperSlots)
+	}
 	var zero doorkeeper
 	for _, h := range []uint64{h1, h1, h2} {
 		if !zero.seen(h) {
