@@ -136,7 +136,8 @@ func WithoutLease() Option {
 // unused leased tokens are refunded), possibly before the whole table is
 // full. A key gets local state only when it repeats: the Client also
 // remembers the keys it was lately asked for, in 8 bytes per key of the
-// bound (rounded up to a power of two: 1 MiB by default, 8 MiB at most).
+// bound (rounded up to a power of two: 1 MiB by default, 8 MiB at most),
+// made when a Limiter with leases first decides.
 // Default 100,000.
 func WithMaxKeys(n int) Option {
 	return engineOption{"WithMaxKeys", func(c *config) error {

@@ -12,12 +12,14 @@ import (
 )
 
 // miss decides a request the lease protocol could not decide locally
-// (a.Status is Miss): the caller joins the refill of its key, one per key
-// at a time (concurrent misses of a key share one Redis call), and collects
-// its decision from the tokens it brings. When refills keep going to other
-// callers first, it asks Redis for exactly its n instead. While the breaker
-// is not closed, a caller never waits for a refill another caller runs
-// (it may be the probe): the failure policy decides for it at once.
+// (a.Status is Miss, or Exact for a key not seen lately, which goes to
+// Redis for exactly its n with no refill): the caller joins the refill of
+// its key, one per key at a time (concurrent misses of a key share one
+// Redis call), and collects its decision from the tokens it brings. When
+// refills keep going to other callers first, it asks Redis for exactly its
+// n instead. While the breaker is not closed, a caller never waits for a
+// refill another caller runs (it may be the probe): the failure policy
+// decides for it at once.
 func (l *Limiter) miss(ctx context.Context, key string, n int64, a lease.Answer) (Decision, error) {
 	l.refunds.addReturn(a.Evicted)
 	brk, rkey := l.route(l.namer, key)

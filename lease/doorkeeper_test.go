@@ -36,9 +36,9 @@ func TestDoorkeeperFirstSightIsExact(t *testing.T) {
 // whose slot another took is new again; the zero doorkeeper has seen
 // every key.
 func TestDoorkeeperSlots(t *testing.T) {
-	d := newDoorkeeper(3) // 4 slots
-	if len(d.slots) != 4 {
-		t.Fatalf("%d slots for 3; want 4", len(d.slots))
+	d := doorkeeper{size: doorkeeperSize(3)} // 4 slots
+	if d.size != 4 {
+		t.Fatalf("%d slots for 3; want 4", d.size)
 	}
 	const h1, h2 = 2, 2 + 8 // one slot: (h|1)>>1 & 3 is 1 for both
 	for i, tc := range []struct {
@@ -49,7 +49,10 @@ func TestDoorkeeperSlots(t *testing.T) {
 			t.Errorf("step %d: seen(%d) = %v; want %v", i, tc.h, got, tc.want)
 		}
 	}
-	if n := len(newDoorkeeper(1 << 40).slots); n != maxDoorkeeperSlots {
+	if d.slots.Load() == nil || len(*d.slots.Load()) != 4 {
+		t.Error("the slots were not made at the first look")
+	}
+	if n := doorkeeperSize(1 << 40); n != maxDoorkeeperSlots {
 		t.Errorf("%d slots for a table of 2^40 keys; want the bound, %d", n, maxDoorkeeperSlots)
 	}
 	var zero doorkeeper

@@ -21,6 +21,9 @@ import (
 //	Leased   admitted from the lease; if a.Prefetch, refill a.Ticket in
 //	         the background (Plan, Complete), then call Prefetched
 //	Cached   denied by the negative cache
+//	Exact    a key not seen lately (see doorkeeper): ask the authority for
+//	         exactly n outside any lease; a.Ticket is empty, and the key
+//	         has no local state until it comes back
 //	Miss     Join(a.Ticket), then wait for the refill of the key (one
 //	         caller runs it: r := Plan(t, now), ask the authority,
 //	         Complete(r, grant, now)); then Collect(t, outcome, now):
@@ -114,7 +117,8 @@ const (
 	// Miss: undecided; Join the Ticket and wait for a refill of the key.
 	Miss
 	// Exact: undecided; ask the authority for exactly n tokens outside the
-	// lease (refills of the key keep going to other callers first).
+	// lease: from Decide, a key not seen lately (no Ticket); from Collect,
+	// refills of the key keep going to other callers first.
 	Exact
 )
 
@@ -123,8 +127,9 @@ type Answer struct {
 	Status     Status
 	Remaining  int64         // tokens left for the key, best knowledge (decided answers)
 	RetryAfter time.Duration // denied answers: until the request can be admitted
-	// Ticket is the caller's place in a refill of its key (Miss, Exact),
-	// or the prefetch it claimed (Leased with Prefetch).
+	// Ticket is the caller's place in a refill of its key (Miss, and Exact
+	// from Collect), or the prefetch it claimed (Leased with Prefetch). It
+	// is empty otherwise: Exact from Decide has none.
 	Ticket Ticket
 	// Prefetch asks the caller of a Leased answer to refill Ticket in the
 	// background before the lease runs dry, then to call Prefetched.
@@ -185,8 +190,9 @@ type Refill struct {
 const maxTries = 4
 
 // Decide answers a request for n tokens of key at now: admitted from the
-// lease, denied by the negative cache, or a Miss to be refilled. It never
-// blocks; a lease hit does not allocate.
+// lease, denied by the negative cache, Exact for a key not seen lately (see
+// doorkeeper), or a Miss to be refilled. It never blocks; a lease hit does
+// not allocate.
 func (ls *Leases) Decide(key string, n, now int64) Answer {
 	e := ls.table.Get(ls, key)
 	if e != nil {

@@ -84,7 +84,7 @@ const minCapacity = numShards
 // gets more than its share of keys evicts before the table as a whole is full.
 func newTable(maxKeys int) *table {
 	maxKeys = max(maxKeys, minCapacity)
-	t := &table{seed: maphash.MakeSeed(), door: newDoorkeeper(maxKeys)}
+	t := &table{seed: maphash.MakeSeed(), door: doorkeeper{size: doorkeeperSize(maxKeys)}}
 	for i := range t.shards {
 		t.shards[i].m = make(map[tkey]*entry)
 		t.shards[i].max = maxKeys / numShards
