@@ -106,8 +106,7 @@ local now = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
 
 -- arg reads the arguments of the call at ARGV[j + 1] of the general form:
 -- its limit k, want, min and share_ppm (nil where one is bad), and the
--- last ARGV it read. (The exact-only form's, one cost per call, are read
--- in place: a function call per call is a cost worth sparing.)
+-- last ARGV it read. (The exact-only form has one cost per call.)
 local function arg(j)
   local k, want = tonumber(ARGV[j + 1]), int(ARGV[j + 2])
   if k and k > L then
@@ -121,13 +120,9 @@ end
 local first = 2 + 3 * L -- the last ARGV before the calls'
 local j = first
 if exact_only then
-  -- A cost is an integer in [1, burst] (a NaN or an infinity fails % 1).
-  local burst = BURST[1]
   for i = first + 1, first + n do
-    local want = tonumber(ARGV[i])
-    if not want or want % 1 ~= 0 or want < 1 or want > burst then
-      return redis.error_reply(BAD)
-    end
+    local want = int(ARGV[i])
+    if not want or want > BURST[1] then return redis.error_reply(BAD) end
   end
   j = first + n
 else
