@@ -7,6 +7,7 @@ require (
 	github.com/leaselimit/leaselimit v0.2.0
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/tsenart/vegeta/v12 v12.13.0
+	go.uber.org/goleak v1.3.0
 )
 
 require (

@@ -21,6 +21,7 @@ import (
 	"os/signal"
 	"runtime"
 	"runtime/pprof"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -110,7 +111,7 @@ func run() error {
 		goroutines = flag.Int("goroutines", 64, "concurrent callers per cell")
 		short      = flag.Bool("short", false, "1s cells and a 100ms warm-up, for CI")
 		warmup     = flag.Duration("warmup", 5*time.Second, "how long the first three workloads (those that need not start from a full bucket) run on their own keys before each measurement, so leases reach their steady size")
-		only       = flag.String("designs", strings.Join(design.Names, ","), "comma-separated designs to run")
+		only       = flag.String("designs", strings.Join(design.Names, ","), "comma-separated designs to run; the layers ("+strings.Join(design.Layers, ",")+") run only when named")
 		ctxTimeout = flag.Bool("context-timeout", false, "create every client with go-redis's ContextTimeoutEnabled (leaselimit then calls Redis on the caller's goroutine)")
 		which      = flag.String("workloads", "", "run only the workloads whose name starts with one of these comma-separated prefixes (default: all)")
 		cpuProfile = flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file (run one design on one workload to profile that cell)")
@@ -210,14 +211,9 @@ func pickDesigns(list string) ([]string, error) {
 	var out []string
 	for _, name := range strings.Split(list, ",") {
 		name = strings.TrimSpace(name)
-		found := false
-		for _, d := range design.Names {
-			if d == name {
-				found = true
-			}
-		}
-		if !found {
-			return nil, fmt.Errorf("unknown design %q (want some of %s)", name, strings.Join(design.Names, ","))
+		if !slices.Contains(design.Names, name) && !slices.Contains(design.Layers, name) {
+			return nil, fmt.Errorf("unknown design %q (want some of %s, or of the layers %s)", name,
+				strings.Join(design.Names, ","), strings.Join(design.Layers, ","))
 		}
 		out = append(out, name)
 	}
@@ -413,6 +409,8 @@ func printTable(cfg config, version string, groups [][]*setup) {
 	fmt.Fprintln(w, "\"of lean_floor\" is each design's rate as a share of it, the physical floor on the machine at hand.")
 	fmt.Fprintln(w, "lean_contract is the floor with only what leaselimit's contract adds (its key names, resend safety per batch, a cost per call in")
 	fmt.Fprintln(w, "and two values back; design/leancontract.go): its share of the floor is what the contract costs, not leaselimit's code.")
+	fmt.Fprintln(w, "leaselimit_authority and leaselimit_path, when named, build exact mode up one layer at a time (design/layers.go):")
+	fmt.Fprintln(w, "the contract's batching with leaselimit's authority package, then with its Redis path; leaselimit_exact adds the Limiter.")
 	fmt.Fprintln(w, "Ratios: each round runs every design for one slice, in an order rotated each round; a design's ratio is taken")
 	fmt.Fprintln(w, "against the baseline's rate in the same round, and the median of the rounds is reported with their range.")
 	fmt.Fprintln(w, "Redis CPU/decision is the server's used_cpu_sys + used_cpu_user (INFO cpu) over the slices, per decision;")

@@ -87,12 +87,16 @@ func New(name string, client *redis.Client, limit policy.Limit) (Decider, error)
 		return newLeanHandoff(client, limit)
 	case LeanContract:
 		return newLeanContract(client, limit)
+	case LeaselimitAuthority:
+		return newAuthorityLayer(client, limit)
+	case LeaselimitPath:
+		return newPathLayer(client, limit)
 	case LeaselimitExact:
 		return NewLeaselimit(client, limit, leaselimit.WithoutLease(), leaselimit.WithPrefix("ll-exact"))
 	case LeaselimitLease:
 		return NewLeaselimit(client, limit, leaselimit.WithPrefix("ll-lease"))
 	}
-	return nil, fmt.Errorf("design: unknown design %q (want one of %v)", name, Names)
+	return nil, fmt.Errorf("design: unknown design %q (want one of %v or %v)", name, Names, Layers)
 }
 
 // leaseDecider adapts a leaselimit.Limiter of a Client of its own.

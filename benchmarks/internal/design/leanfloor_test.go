@@ -13,8 +13,8 @@ import (
 	"github.com/leaselimit/leaselimit/policy"
 )
 
-// TestLeanFloorIsATokenBucket: the floor, its hand-off variant and the
-// lean contract decide as a token bucket does, in order within a batch,
+// TestLeanFloorIsATokenBucket: the floor, its hand-off variant, the
+// lean contract and the layers decide as a token bucket does, in order within a batch,
 // when their callers come one at a time and in a flood: a burst of 100 on
 // one key admits exactly 100 of 6,400 concurrent calls (a refill of one
 // token an hour adds none during the test), and separate keys have
@@ -24,7 +24,7 @@ func TestLeanFloorIsATokenBucket(t *testing.T) {
 	ctx := context.Background()
 	c := NewClient(srv.Addr, nil)
 	defer c.Close()
-	for _, name := range []string{LeanFloor, LeanHandoff, LeanContract} {
+	for _, name := range append([]string{LeanFloor, LeanHandoff, LeanContract}, Layers...) {
 		t.Run(name, func(t *testing.T) {
 			d, err := New(name, c, policy.Limit{Name: "lean", Rate: 1, Period: time.Hour, Burst: 5})
 			if err != nil {
