@@ -1313,8 +1313,8 @@ func runQuotaLedger(t *testing.T, seed int64, round time.Duration) {
 		wg.Wait()
 
 		// The window's bucket holds at most what the ledger leaves it
-		// (less by what leases hold or lost: a quota's unused lease
-		// tokens are not given back).
+		// (less by what leases hold, or lost at a window's end: a lease
+		// outstanding then gives nothing to the next window).
 		c := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 		check, err := leaselimit.New(c, quota, leaselimit.WithoutLease(), leaselimit.WithTimeout(5*time.Second))
 		if err != nil {

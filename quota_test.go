@@ -179,3 +179,114 @@ func TestQuotaLeaseEndsWithTheWindow(t *testing.T) {
 		t.Errorf("a lease of the last hour's tokens served in the next hour: %+v", d)
 	}
 }
+
+// TestQuotaInMultiLimitLeaseGoesBack: a multi-limit's lease gives its
+// unused tokens back to every member, a calendar quota's within its
+// window, as a quota's own lease does. (Its quota members once dropped
+// them: 35 of a daily 1000 lost per 200 decisions and Close.)
+func TestQuotaInMultiLimitLeaseGoesBack(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	daily := policy.Quota("multi-daily", 1000, policy.Day, time.UTC)
+	bucket := policy.Limit{Name: "multi-bucket", Rate: 1000, Period: 24 * time.Hour, Burst: 1000}
+	if end, _ := daily.Calendar.Window(time.Now()); time.Until(end) < time.Minute {
+		t.Skip("less than a minute to midnight UTC: the quota's window would end during the test")
+	}
+	c, err := leaselimit.NewClient(srv.Client(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim := c.Limiter(daily, bucket)
+	leased := 0
+	for i := range 200 {
+		d, err := lim.Allow(ctx, "k")
+		if err != nil || !d.Allowed {
+			t.Fatalf("Allow #%d = %+v, %v", i, d, err)
+		}
+		if d.Source == leaselimit.SourceLease {
+			leased++
+		}
+	}
+	if leased == 0 {
+		t.Fatal("no decision came from a lease: nothing to give back")
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	check, err := leaselimit.NewClient(srv.Client(t), leaselimit.WithoutLease())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer check.Close()
+	q, err := check.Limiter(daily).Peek(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := check.Limiter(bucket).Peek(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if q.Remaining != 800 {
+		t.Errorf("after 200 admitted and Close the quota holds %d; want 800 (the lease's unused tokens back)", q.Remaining)
+	}
+	if b.Remaining < 800 || b.Remaining > 801 { // a token a day refills every 86 s
+		t.Errorf("after 200 admitted and Close the token bucket holds %d; want 800", b.Remaining)
+	}
+}
+
+// TestQuotaInMultiLimitLeaseStaysInItsWindow: a multi-limit's lease
+// outstanding when its quota's window ends gives nothing to the next
+// window's bucket (that would create tokens), though its token bucket
+// member takes its tokens back.
+func TestQuotaInMultiLimitLeaseStaysInItsWindow(t *testing.T) {
+	m, c := newMini(t)
+	ctx := context.Background()
+	hourly := policy.Quota("multi-hourly", 1000, policy.Hour, nil)
+	bucket := policy.Limit{Name: "multi-hourly-bucket", Rate: 1, Period: time.Hour, Burst: 100_000}
+	clk := newFakeClock()
+	lc, err := leaselimit.NewClient(c, leaselimit.WithClock(clk), leaselimit.WithLease(policy.Lease{TTL: time.Minute, IdleTTL: 2 * time.Minute}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim := lc.Limiter(hourly, bucket)
+	end, _ := hourly.Calendar.Window(time.Now())
+	m.SetTime(end.Add(-2 * time.Second))
+	admitted, leased := int64(0), 0
+	for i := 0; i < 5000 && leased < 100; i++ {
+		clk.Add(100 * time.Microsecond) // slow start grows a lease over refills in time
+		d, err := lim.Allow(ctx, "k")
+		if err != nil || !d.Allowed {
+			t.Fatalf("Allow #%d = %+v, %v", i, d, err)
+		}
+		admitted++
+		if d.Source == leaselimit.SourceLease {
+			leased++
+		}
+	}
+	if leased < 100 {
+		t.Fatalf("%d decisions from a lease; want a lease that served 100", leased)
+	}
+	m.SetTime(end.Add(time.Second)) // the next hour: a full quota of 1000
+	clk.Add(3 * time.Second)
+	exact := mustNew(t, c, hourly, leaselimit.WithoutLease())
+	if d, err := exact.AllowN(ctx, "k", 10); err != nil || !d.Allowed {
+		t.Fatalf("AllowN(10) in the new hour = %+v, %v", d, err)
+	}
+	if err := lc.Close(); err != nil { // gives the lease back
+		t.Fatal(err)
+	}
+	q, err := exact.Peek(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if q.Remaining != 990 {
+		t.Errorf("the new hour's quota holds %d; want 990 (the last hour's lease given back into it would make more)", q.Remaining)
+	}
+	b, err := mustNew(t, c, bucket, leaselimit.WithoutLease()).Peek(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := bucket.Burst - admitted; b.Remaining != want {
+		t.Errorf("the token bucket holds %d; want %d (%d admitted, the lease's unused tokens back)", b.Remaining, want, admitted)
+	}
+}

@@ -95,8 +95,8 @@ func (q *refundQueue) addReturn(r *lease.Return) {
 }
 
 // returned is the adjustments that give r back, without ids: to its
-// limit's bucket, or to every bucket of a multi-limit's lease (whose quota
-// members drop them: the Window is not theirs).
+// limit's bucket, or to every bucket of a multi-limit's lease, a quota's
+// within the window its tokens came from (r.Windows).
 func (q *refundQueue) returned(r lease.Return) []authority.Refund {
 	if r.Limits == nil {
 		return []authority.Refund{{Key: q.auth.Key(r.Limit, r.Key), Limit: r.Limit, Tokens: r.Tokens, Since: r.Since, Window: r.Window}}
@@ -104,6 +104,9 @@ func (q *refundQueue) returned(r lease.Return) []authority.Refund {
 	rs := make([]authority.Refund, len(r.Limits))
 	for i, l := range r.Limits {
 		rs[i] = authority.Refund{Key: q.auth.Key(l, r.Key), Limit: l, Tokens: r.Tokens, Since: r.Since}
+		if i < len(r.Windows) {
+			rs[i].Window = r.Windows[i] // a quota's; 0 (none) for a token bucket
+		}
 	}
 	return rs
 }

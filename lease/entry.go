@@ -189,6 +189,7 @@ func (e *entry) AddPending(n int64) {
 // lease (see entry.since): where they go back to.
 type held struct {
 	tokens, since, window int64
+	windows               []int64 // a multi-limit's: each member's window end (see entry.windows)
 }
 
 // Expire takes back the tokens of e's lease when it has expired at now and
@@ -225,7 +226,13 @@ func (e *entry) drainHeld() held {
 func (e *entry) takeAll() held {
 	t := e.tokens.Swap(0) + e.reserved.Swap(0)
 	e.level = 0
-	return held{tokens: max(t, 0), since: e.since, window: e.window}
+	return e.holding(max(t, 0))
+}
+
+// holding is n tokens taken out of e's lease, stamped as the lease is;
+// e.mu must be held.
+func (e *entry) holding(n int64) held {
+	return held{tokens: n, since: e.since, window: e.window, windows: e.windows}
 }
 
 // stampGrant records the stamps of granted tokens joining the lease (see

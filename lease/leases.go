@@ -164,10 +164,14 @@ type Return struct {
 	// Since and Window say where the tokens came from (authority.Refund's
 	// fields of the same names): the server's clock at or before their
 	// grant, and for a calendar quota the end of their window (for a
-	// multi-limit's lease, the soonest of its quotas' ends, which only
-	// keeps the lease from outliving it: its quota members do not take
-	// tokens back).
+	// multi-limit's lease, the soonest of its quotas' ends, which keeps
+	// the lease from outliving it).
 	Since, Window int64
+	// Windows, for a multi-limit's lease with a calendar quota among its
+	// Limits, is each member's window end (0 for a token bucket): each
+	// quota takes its tokens back only within that window, as a quota's
+	// own lease does. Nil when unknown: the quotas then take none back.
+	Windows []int64
 }
 
 // Refill is one refill of a key's lease: what to ask the authority for.
@@ -301,7 +305,7 @@ func (ls *Leases) Complete(r Refill, g authority.Grant, now int64) (o Outcome, b
 		back = append(back, r.e.back(stale))
 	}
 	if evicted > 0 {
-		back = append(back, r.e.back(held{tokens: evicted, since: g.At, window: o.Window}))
+		back = append(back, r.e.back(held{tokens: evicted, since: g.At, window: o.Window, windows: ls.sizer.memberWindows(o)}))
 	}
 	return o, back
 }
@@ -463,7 +467,7 @@ func (ls *Leases) Surrender(key string, now int64) Return {
 	n := max(e.tokens.Swap(0), 0)
 	e.level -= n
 	e.denyUntil.Store(0)
-	return e.back(held{tokens: n, since: e.since, window: e.window})
+	return e.back(e.holding(n))
 }
 
 // Stamp is what key's lease says of where its tokens came from (see

@@ -1,6 +1,7 @@
 package lease
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -81,7 +82,7 @@ func TestGiveKeepsStamps(t *testing.T) {
 		t.Errorf("Give of 3 stamped 600: lease %d since %d; want 13 since 500", e.Tokens(), e.since)
 	}
 	h := e.drainHeld()
-	if h != (held{tokens: 13, since: 500, window: 1000}) {
+	if h.tokens != 13 || h.since != 500 || h.window != 1000 || h.windows != nil {
 		t.Errorf("drained %+v; want 13 tokens since 500 of window 1000", h)
 	}
 }
@@ -237,4 +238,68 @@ func TestQuotaReservedTokensEndWithTheirWindow(t *testing.T) {
 			t.Errorf("%v: Collect after the window's end = %v; want %v", tc.limit, got.Status, tc.want)
 		}
 	}
+}
+
+// TestMultiLimitReturnCarriesWindows: a multi-limit's unused lease tokens
+// go back with each member's window end (0 for a token bucket), so that its
+// calendar quotas take them back within their windows: on Surrender, on
+// expiry (Sweep), on Drain (Close), and for a grant that lands after its
+// key was forgotten. Regression: the Return carried one Window, the
+// soonest, which no quota member's refund could use, so the quotas kept
+// none of the tokens.
+func TestMultiLimitReturnCarriesWindows(t *testing.T) {
+	bucket := policy.Limit{Name: "b", Rate: 1000, Period: time.Second, Burst: 100_000}
+	daily := policy.Quota("d", 1_000_000, policy.Day, nil)
+	settings := policy.Lease{TTL: time.Minute, IdleTTL: time.Hour}
+	ls := NewGroup(refillTable(1000), "b+d", []policy.Limit{bucket, daily}, settings, 1)
+	const at = int64(1_000_000_000) // the server's clock at the grant, µs
+	g := authority.Grant{Granted: 10, Remaining: 500_000, At: at, Multi: &authority.Multi{Denied: -1,
+		Parts: []authority.Part{{Remaining: 99_990, ResetAfter: 10 * time.Millisecond}, {Remaining: 500_000, ResetAfter: 2 * time.Hour}}}}
+	want := []int64{0, at + (2 * time.Hour).Microseconds()}
+	now := int64(s)
+	// leased gives key a lease of g's 10 tokens.
+	leased := func(key string) {
+		t.Helper()
+		a := ls.Decide(key, 1, now)
+		if a.Status != Miss {
+			t.Fatalf("Decide(%q) = %+v; want Miss", key, a)
+		}
+		o := Outcome{Granted: g.Granted, Remaining: g.Remaining, At: g.At, Window: ls.window(g), Parts: g.Multi}
+		ls.sizer.Install(a.Ticket.e, request{Want: 10, Min: 1}, o, now)
+		if n := a.Ticket.e.Tokens(); n != 10 {
+			t.Fatalf("lease of %q holds %d; want 10", key, n)
+		}
+	}
+	check := func(how string, r Return) {
+		t.Helper()
+		if r.Tokens != 10 || len(r.Limits) != 2 || !slices.Equal(r.Windows, want) {
+			t.Errorf("%s: %+v; want 10 tokens to both members, windows %v", how, r, want)
+		}
+	}
+
+	leased("surrendered")
+	check("Surrender", ls.Surrender("surrendered", now))
+
+	leased("expired")
+	rs := tableOf(ls).Sweep(now + int64(settings.TTL))
+	if len(rs) != 1 {
+		t.Fatalf("Sweep after the TTL = %+v; want the expired lease", rs)
+	}
+	check("Sweep", rs[0])
+
+	leased("drained")
+	if rs = tableOf(ls).Drain(); len(rs) != 1 {
+		t.Fatalf("Drain = %+v; want the live lease", rs)
+	}
+	check("Drain", rs[0])
+
+	a := ls.Decide("forgotten", 1, now)
+	ls.Join(a.Ticket)
+	r := ls.Plan(a.Ticket, now)
+	ls.Forget("forgotten")
+	_, back := ls.Complete(r, authority.Grant{Granted: 10, Remaining: g.Remaining, At: at, Multi: g.Multi}, now)
+	if len(back) != 1 {
+		t.Fatalf("Complete for a forgotten key returned %+v; want its grant", back)
+	}
+	check("a grant for a forgotten key", back[0])
 }

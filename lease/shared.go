@@ -40,7 +40,7 @@ func (t *Table) Len() int { return t.t.Len() }
 func (e *entry) back(h held) Return {
 	r := Return{Key: e.key, Tokens: h.tokens, Since: h.since, Window: h.window}
 	if e.owner != nil {
-		r.Limit, r.Limits = e.owner.limit, e.owner.members
+		r.Limit, r.Limits, r.Windows = e.owner.limit, e.owner.members, h.windows
 	}
 	return r
 }
