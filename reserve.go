@@ -238,7 +238,7 @@ func (l *Limiter) settleLocally(ls *lease.Leases, ms []*member, key string, n in
 		}
 		return ls.Give(key, n, st.refund.since, st.windowFor(ms[0].limit, n), now)
 	}
-	return ls.Charge(key, -n, now)
+	return ls.Charge(key, -n, st.charge.since, now)
 }
 
 // Cancel gives the whole estimate back: Settle(ctx, 0).

@@ -11,6 +11,7 @@ import (
 	"github.com/leaselimit/leaselimit/breaker"
 	"github.com/leaselimit/leaselimit/internal/redistest"
 	"github.com/leaselimit/leaselimit/policy"
+	"github.com/redis/go-redis/v9"
 )
 
 // peekRemaining returns Peek's Remaining for key, failing the test on error.
@@ -245,4 +246,71 @@ func TestReserveAboveBurst(t *testing.T) {
 			t.Errorf("%s after Cancel of a clamped reservation: %+v, %v; want %d left", x.Name, d, err, x.Burst)
 		}
 	}
+}
+
+// TestOldExcessNotChargedToFreshLease: a reservation taken before a Reset
+// and settled above its estimate after it is not charged to the fresh
+// bucket (docs/semantics.md), even when this instance holds a lease of the
+// fresh bucket to pay it from. On a real redis-server. Regression: the
+// excess came out of that lease, 20 of the fresh bucket's tokens.
+func TestOldExcessNotChargedToFreshLease(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	limit := policy.Limit{Name: "old-excess", Rate: 1, Period: 24 * time.Hour, Burst: 10_000}
+	c, err := leaselimit.NewClient(srv.Client(t), leaselimit.WithTimeout(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim := c.Limiter(limit)
+	for range 3 { // a first sight is exact; then a lease
+		if d, err := lim.Allow(ctx, "k"); err != nil || !d.Allowed {
+			t.Fatalf("Allow = %+v, %v", d, err)
+		}
+	}
+	res, err := lim.Reserve(ctx, "k", 10)
+	if err != nil || !res.Decision().Allowed {
+		t.Fatalf("Reserve(10) = %+v, %v", res.Decision(), err)
+	}
+	if err := lim.Reset(ctx, "k"); err != nil {
+		t.Fatal(err)
+	}
+	admitted, leased := int64(0), 0
+	for range 300 { // the fresh bucket's, through a lease of it
+		d, err := lim.Allow(ctx, "k")
+		if err != nil || !d.Allowed {
+			t.Fatalf("Allow = %+v, %v", d, err)
+		}
+		admitted++
+		if d.Source == leaselimit.SourceLease {
+			leased++
+		}
+	}
+	if leased == 0 {
+		t.Fatal("no lease of the fresh bucket: nothing to pay the excess from")
+	}
+	if err := res.Settle(ctx, 30); err != nil { // 20 over the estimate, of the old generation
+		t.Fatal(err)
+	}
+	if err := c.Close(); err != nil { // the lease goes back to the fresh bucket
+		t.Fatal(err)
+	}
+	if got, want := bucketHolds(t, srv.Client(t), limit, "k"), limit.Burst-admitted; got != want {
+		t.Errorf("the fresh bucket holds %d after %d admitted in its generation; want %d (the old reservation's excess is not its to pay)", got, admitted, want)
+	}
+}
+
+// bucketHolds is what key's bucket under limit holds, read through a
+// Client of its own that leases nothing.
+func bucketHolds(t *testing.T, rdb redis.UniversalClient, limit policy.Limit, key string) int64 {
+	t.Helper()
+	check, err := leaselimit.NewClient(rdb, leaselimit.WithoutLease())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer check.Close()
+	d, err := check.Limiter(limit).Peek(context.Background(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d.Remaining
 }

@@ -123,12 +123,15 @@ func (e *entry) Give(n, since, window, now int64) bool {
 }
 
 // Charge takes n tokens out of a live lease, for an excess settled against
-// it; it reports false, taking nothing, for an expired lease or fewer
-// tokens.
-func (e *entry) Charge(n, now int64) bool {
+// it; it reports false, taking nothing, for an expired lease, fewer tokens,
+// and for an excess whose tokens may be older than the lease's (since is
+// their stamp, as Give's): a reservation taken before a Reset must not be
+// charged to a lease of the fresh bucket, which would charge the fresh
+// bucket (the authority drops such a charge).
+func (e *entry) Charge(n, since, now int64) bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if now >= e.expires.Load() || e.removed.Load() {
+	if now >= e.expires.Load() || e.removed.Load() || since == 0 || since < e.since {
 		return false
 	}
 	ok, _ := e.Take(n, now)

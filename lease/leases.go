@@ -496,16 +496,18 @@ func (ls *Leases) Stamps(key string) (Stamp, bool) {
 
 // Charge takes n tokens of key's live lease at now, for a reservation's
 // excess, when that is the same as charging the bucket: the lease's
-// unused tokens all go back to it. A lease that holds a calendar quota's
+// unused tokens all go back to it, and they are of the reservation's
+// generation (since, its tokens' stamp, is no older than the lease's: see
+// entry.Charge). A lease that holds a calendar quota's
 // tokens never pays a charge: what it holds when its window ends is not
 // given back (the next window started full), so a charge paid from it
 // would cost the quota nothing.
-func (ls *Leases) Charge(key string, n, now int64) bool {
+func (ls *Leases) Charge(key string, n, since, now int64) bool {
 	e := ls.table.Get(ls, key)
 	if e == nil || n <= 0 || ls.quota() {
 		return false
 	}
-	return e.Charge(n, now)
+	return e.Charge(n, since, now)
 }
 
 // quota reports whether a calendar quota is among the limits.

@@ -111,8 +111,29 @@ func TestChargeNeverFromAQuotaLease(t *testing.T) {
 		ls.Join(a.Ticket)
 		r := ls.Plan(a.Ticket, 1*s)
 		ls.Complete(r, authority.Grant{Granted: 10, Remaining: 500, At: 5, ResetAfter: time.Minute}, 1*s)
-		if got := ls.Charge("k", 4, 2*s); got != tc.want {
+		if got := ls.Charge("k", 4, 5, 2*s); got != tc.want {
 			t.Errorf("%s: Charge(4) from a lease of 10 = %v; want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+// TestChargeKeepsGenerations: an excess comes out of a live lease only
+// when its reservation's tokens are no older than the lease's (as a
+// surplus joins one): the excess of a reservation taken before a Reset is
+// not paid from a lease of the fresh bucket, which would charge the fresh
+// bucket; nor is one whose tokens' stamp is unknown.
+func TestChargeKeepsGenerations(t *testing.T) {
+	ls := New(refillTable(64), policy.PerSecond(1000), policy.Lease{}, 1)
+	a := ls.Decide("k", 1, 1*s)
+	ls.Join(a.Ticket)
+	r := ls.Plan(a.Ticket, 1*s)
+	ls.Complete(r, authority.Grant{Granted: 10, Remaining: 500, At: 500}, 1*s) // the fresh bucket's, granted at 500
+	for _, tc := range []struct {
+		since int64
+		want  bool
+	}{{499, false}, {0, false}, {500, true}, {600, true}} {
+		if got := ls.Charge("k", 1, tc.since, 2*s); got != tc.want {
+			t.Errorf("Charge(1) of a reservation stamped %d from a lease stamped 500 = %v; want %v", tc.since, got, tc.want)
 		}
 	}
 }
