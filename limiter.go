@@ -71,11 +71,17 @@ func (l *Limiter) Allow(ctx context.Context, key string) (Decision, error) {
 // unavailable the failure policy decides (SourceFallback, nil error), within
 // the time budget of WithTimeout.
 func (l *Limiter) AllowN(ctx context.Context, key string, n int64) (Decision, error) {
+	return l.allowCounted(ctx, key, n, false)
+}
+
+// allowCounted is AllowN, traced and counted; exact makes the decision by
+// asking Redis for exactly n tokens even in lease mode (see Reserve).
+func (l *Limiter) allowCounted(ctx context.Context, key string, n int64, exact bool) (Decision, error) {
 	var span trace.Span
 	if l.tel.Tracing() {
 		ctx, span = l.tel.StartDecision(ctx)
 	}
-	d, err := l.decide(ctx, key, n)
+	d, err := l.decide(ctx, key, n, exact)
 	if err == nil {
 		l.tel.CountDecision(ctx, d.Allowed && !d.ShadowDenied, int(d.Source), d.Shadow)
 	}
@@ -87,8 +93,8 @@ func (l *Limiter) AllowN(ctx context.Context, key string, n int64) (Decision, er
 
 // decide is one decision as the caller gets it: allowN's, admitted anyway
 // for a key in shadow (see WithShadow).
-func (l *Limiter) decide(ctx context.Context, key string, n int64) (Decision, error) {
-	d, err := l.allowN(ctx, key, n)
+func (l *Limiter) decide(ctx context.Context, key string, n int64, exact bool) (Decision, error) {
+	d, err := l.allowN(ctx, key, n, exact)
 	if err == nil && l.enforce < 1 && !l.enforced(key) {
 		d = shadowed(d)
 	}
@@ -157,8 +163,9 @@ func (l *Limiter) route(namer authority.Namer, key string) (brk *circuit.Breaker
 }
 
 // allowN is one decision: validated, then made by the lease protocol (or,
-// in exact mode, by Redis), asking Redis when the protocol says so.
-func (l *Limiter) allowN(ctx context.Context, key string, n int64) (Decision, error) {
+// in exact mode or when exact is set, by Redis), asking Redis when the
+// protocol says so.
+func (l *Limiter) allowN(ctx context.Context, key string, n int64, exact bool) (Decision, error) {
 	if err := l.usable(); err != nil {
 		return Decision{Source: SourceNone}, err
 	}
@@ -169,7 +176,7 @@ func (l *Limiter) allowN(ctx context.Context, key string, n int64) (Decision, er
 	if err := l.check(key, n); err != nil {
 		return Decision{Source: SourceNone}, err
 	}
-	if l.cfg.noLease {
+	if l.cfg.noLease || exact {
 		return l.allowExact(ctx, key, n)
 	}
 	a := l.leases.Decide(key, n, l.clock.now())
@@ -249,7 +256,7 @@ func (l *Limiter) WaitN(ctx context.Context, key string, n int64) (err error) {
 		}
 	}()
 	for {
-		d, err = l.decide(ctx, key, n)
+		d, err = l.decide(ctx, key, n, false)
 		if err != nil {
 			return err
 		}

@@ -125,6 +125,11 @@ func (l *Limiter) stampOf(d Decision, key string, taken time.Time, pre lease.Sta
 // more), and Settle charges the rest, into debt of at most one Burst, as
 // for any cost above what was taken.
 //
+// On a key this instance holds no lease of yet, Reserve decides exactly (one
+// Redis call, as a key's first decision is), so that the reservation's
+// tokens carry the time of their grant: what bounds where a surplus may go
+// back (see docs/semantics.md, the ledger).
+//
 // A Reservation never settled stays settled at its estimate. One whose
 // tokens the failure policy granted (Decision.Source is SourceFallback: no
 // tokens were taken from the bucket) is charged its estimate once Redis
@@ -141,7 +146,12 @@ func (l *Limiter) Reserve(ctx context.Context, key string, estimate int64) (*Res
 	taken := time.Now()
 	pre, known := l.leases.Stamps(key)
 	estimate = min(estimate, l.maxCost) // the rest is charged at Settle
-	d, err := l.AllowN(ctx, key, estimate)
+	// Without a stamped lease of key to read now, nothing would bound the
+	// generation of tokens a lease made meanwhile hands out (a reading
+	// after the take may be of a later grant), and a surplus of unknown
+	// generation is dropped for as long as a Reset's mark lives: such a
+	// reservation is decided exactly, its tokens stamped by their grant.
+	d, err := l.allowCounted(ctx, key, estimate, !known)
 	if err != nil {
 		return nil, err
 	}
