@@ -308,11 +308,7 @@ func bucketHolds(t *testing.T, rdb redis.UniversalClient, limit policy.Limit, ke
 		t.Fatal(err)
 	}
 	defer check.Close()
-	d, err := check.Limiter(limit).Peek(context.Background(), key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return d.Remaining
+	return peekRemaining(t, check.Limiter(limit), key)
 }
 
 // TestCancelAfterResetGoesBack: after a Reset, a reservation on a key this
