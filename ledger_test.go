@@ -219,6 +219,61 @@ func TestResetThenSurplusOnTheSameInstance(t *testing.T) {
 	}
 }
 
+// TestPrefetchAfterResetGoesBack: a lease's prefetch that Redis runs
+// after another instance's Reset lands on a lease still holding the old
+// generation's tokens; at Close the prefetched tokens, taken from the fresh
+// bucket, go back to it. On a real redis-server. Regression: the lease
+// stamped them with its older tokens' time, and the fresh bucket dropped
+// them with the old ones (a lease's worth lost per Reset; the fleet
+// accounting test once admitted 48 of a fresh burst of 49).
+func TestPrefetchAfterResetGoesBack(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	l := policy.Limit{Name: "prefetch-after-reset", Rate: 1, Period: 24 * time.Hour, Burst: 10_000}
+	leased := mustNew(t, srv.Client(t), l, leaselimit.WithLease(policy.Lease{TTL: time.Hour, IdleTTL: time.Hour}))
+	exact := mustNew(t, srv.Client(t), l, leaselimit.WithoutLease(), leaselimit.WithTimeout(5*time.Second))
+	allow := func() leaselimit.Decision {
+		t.Helper()
+		d, err := leased.Allow(ctx, "k")
+		if err != nil || !d.Allowed {
+			t.Fatalf("Allow = %+v, %v", d, err)
+		}
+		return d
+	}
+	// A lease grown by use, then the bucket at rest: no refill in flight.
+	for range 500 {
+		allow()
+	}
+	for level, prev := peekRemaining(t, exact, "k"), int64(-1); level != prev; level, prev = peekRemaining(t, exact, "k"), level {
+	}
+	if err := exact.Reset(ctx, "k"); err != nil {
+		t.Fatal(err)
+	}
+	// Spend the old lease until a refill reaches the fresh bucket: a
+	// prefetch, while the lease still holds old tokens.
+	var after int64
+	for peekRemaining(t, exact, "k") == l.Burst {
+		if after == l.Burst {
+			t.Fatal("no refill reached the fresh bucket")
+		}
+		if d := allow(); d.Source != leaselimit.SourceLease {
+			t.Skipf("admission %d after the Reset came from %v, not the old lease: no prefetch landed on old tokens this run", after+1, d.Source)
+		}
+		after++
+	}
+	took := l.Burst - peekRemaining(t, exact, "k")
+	if err := leased.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// The fresh bucket lost at most the admissions after the Reset (fewer
+	// when they came from the old lease), not the prefetch.
+	got := peekRemaining(t, exact, "k")
+	t.Logf("%d admitted after the Reset; the prefetch took %d; after Close the fresh bucket holds %d", after, took, got)
+	if got < l.Burst-after || got > l.Burst {
+		t.Errorf("after Close the fresh bucket holds %d; want between %d and %d: the prefetch's %d tokens taken from it went back as old ones", got, l.Burst-after, l.Burst, took)
+	}
+}
+
 // TestSettleWhileConnectionsRefused: exact mode, two reservations of 10,
 // then connections are refused for 1.5s (Redis up, its data kept):
 // Settle(60) and Settle(0) return nil and are applied once Redis can be

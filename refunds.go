@@ -98,14 +98,18 @@ func (q *refundQueue) addReturn(r *lease.Return) {
 // limit's bucket, or to every bucket of a multi-limit's lease, a quota's
 // within the window its tokens came from (r.Windows).
 func (q *refundQueue) returned(r lease.Return) []authority.Refund {
-	if r.Limits == nil {
-		return []authority.Refund{{Key: q.auth.Key(r.Limit, r.Key), Limit: r.Limit, Tokens: r.Tokens, Since: r.Since, Window: r.Window}}
-	}
-	rs := make([]authority.Refund, len(r.Limits))
-	for i, l := range r.Limits {
-		rs[i] = authority.Refund{Key: q.auth.Key(l, r.Key), Limit: l, Tokens: r.Tokens, Since: r.Since}
-		if i < len(r.Windows) {
-			rs[i].Window = r.Windows[i] // a quota's; 0 (none) for a token bucket
+	var rs []authority.Refund
+	for _, p := range r.Stamped() {
+		if p.Limits == nil {
+			rs = append(rs, authority.Refund{Key: q.auth.Key(p.Limit, p.Key), Limit: p.Limit, Tokens: p.Tokens, Since: p.Since, Window: p.Window})
+			continue
+		}
+		for i, l := range p.Limits {
+			rf := authority.Refund{Key: q.auth.Key(l, p.Key), Limit: l, Tokens: p.Tokens, Since: p.Since}
+			if i < len(p.Windows) {
+				rf.Window = p.Windows[i] // a quota's; 0 (none) for a token bucket
+			}
+			rs = append(rs, rf)
 		}
 	}
 	return rs

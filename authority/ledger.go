@@ -102,8 +102,8 @@ func (r *Redis) adjustCall(rf *Refund, n int64) ([]string, []any) {
 
 // RefundAll applies several adjustments in one pipeline (on a Cluster,
 // go-redis splits it by node). Adjustments without an ID to one key are
-// merged when they agree (the same sign, window and generation stamp, the
-// earliest kept), each merged one gets an ID; adjustments with an ID (sent
+// merged when they agree (the same sign, window and stamp), each merged
+// one gets an ID; adjustments with an ID (sent
 // before) go as they are. Entries with Tokens 0 are skipped; Tokens are
 // capped as Apply caps them. It returns the adjustments that failed, with
 // their IDs, to be sent again under them (see ResendWithin).
@@ -144,14 +144,14 @@ func (r *Redis) RefundAll(ctx context.Context, refunds []Refund) []Failed {
 // mergeRefunds merges the adjustments without an ID that can be applied as
 // one: to one key, of one sign (a refund into a full bucket is capped at
 // its burst and a charge after it still counts; netted, the charge would
-// vanish), one window, and stamped with the earliest Since (a merged
-// adjustment is dropped if any of its tokens predate a Reset, which can
-// only under-admit).
+// vanish), one window and one Since. Stamps differ between grants, and a
+// Reset may lie between two of them: merged under the earlier, the later
+// grant's tokens would be dropped with the older ones.
 func mergeRefunds(refunds []Refund) []Refund {
 	type group struct {
-		key    string
-		window int64
-		charge bool
+		key           string
+		window, since int64
+		charge        bool
 	}
 	merged := make(map[group]int, len(refunds))
 	items := make([]Refund, 0, len(refunds))
@@ -163,10 +163,9 @@ func mergeRefunds(refunds []Refund) []Refund {
 			items = append(items, rf)
 			continue
 		}
-		g := group{rf.Key, rf.Window, rf.Tokens < 0}
+		g := group{rf.Key, rf.Window, rf.Since, rf.Tokens < 0}
 		if i, ok := merged[g]; ok {
 			items[i].Tokens += rf.Tokens
-			items[i].Since = min(items[i].Since, rf.Since)
 			continue
 		}
 		merged[g] = len(items)

@@ -99,6 +99,52 @@ func TestRefundAllAssignsIDs(t *testing.T) {
 	checkTokens(t, b, key, hourly, 55)
 }
 
+// acrossReset takes n tokens of key's bucket, resets it, moves the
+// server's clock on and takes m tokens of the fresh bucket: the grants on
+// either side of the Reset's mark.
+func acrossReset(t *testing.T, b *backend, r *Redis, key string, l policy.Limit, n, m int64) (before, after Grant) {
+	t.Helper()
+	ctx := context.Background()
+	before, err := r.Acquire(ctx, key, l, n, n, 1)
+	if err != nil || before.Granted != n || before.At == 0 {
+		t.Fatalf("take %d = %+v, %v", n, before, err)
+	}
+	mark, err := r.Reset(ctx, key)
+	if err != nil || mark < before.At {
+		t.Fatalf("Reset = %d, %v; want a mark at or after %d", mark, err, before.At)
+	}
+	if b.exact() {
+		b.setTime(t, t0.Add(time.Millisecond)) // the server's clock moves on
+	}
+	after, err = r.Acquire(ctx, key, l, m, m, 1)
+	if err != nil || after.Granted != m || after.At <= mark {
+		t.Fatalf("take %d after the Reset = %+v, %v; want granted, stamped after %d", m, after, err, mark)
+	}
+	return before, after
+}
+
+// TestRefundAllKeepsGenerationsApart: two adjustments of one key in one
+// RefundAll, one of tokens taken before a Reset and one after it (a
+// lease's older tokens and a prefetch that Redis ran after the Reset): the
+// later one goes back to the fresh bucket. Regression: they were merged
+// under the earlier stamp and both dropped.
+func TestRefundAllKeepsGenerationsApart(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, nb backendFactory) {
+		b := nb(t)
+		r := b.newAuthority(t, testPrefix)
+		l := policy.Limit{Name: "gen-apart", Rate: 1, Period: time.Hour, Burst: 20}
+		key := r.Key(l, "k")
+		before, after := acrossReset(t, b, r, key, l, 5, 8)
+		if failed := r.RefundAll(context.Background(), []Refund{
+			{Key: key, Limit: l, Tokens: 7, Since: after.At},
+			{Key: key, Limit: l, Tokens: 5, Since: before.At},
+		}); len(failed) != 0 {
+			t.Fatal(failed[0].Err)
+		}
+		checkTokens(t, b, key, l, 19) // 12 after the take, 7 back; the older 5 dropped
+	})
+}
+
 // TestResetStartsAGeneration: tokens that left a bucket before its Reset
 // are not given back to the fresh bucket, nor charged to it; tokens taken
 // after it are (issue 24, item 7: Reserve(10), Reset, 10 Allows, Cancel,
@@ -107,24 +153,9 @@ func TestResetStartsAGeneration(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, nb backendFactory) {
 		b := nb(t)
 		r := b.newAuthority(t, testPrefix)
-		ctx := context.Background()
 		l := policy.Limit{Name: "gen", Rate: 1, Period: time.Hour, Burst: 20}
 		key := r.Key(l, "k")
-		before, err := r.Acquire(ctx, key, l, 10, 10, 1) // the reservation
-		if err != nil || before.Granted != 10 || before.At == 0 {
-			t.Fatalf("reserve 10 = %+v, %v", before, err)
-		}
-		mark, err := r.Reset(ctx, key)
-		if err != nil || mark < before.At {
-			t.Fatalf("Reset = %d, %v; want a mark at or after %d", mark, err, before.At)
-		}
-		if b.exact() {
-			b.setTime(t, t0.Add(time.Millisecond)) // the server's clock moves on
-		}
-		after, err := r.Acquire(ctx, key, l, 10, 10, 1) // 10 Allows
-		if err != nil || after.Granted != 10 || after.At <= mark {
-			t.Fatalf("take 10 after the Reset = %+v, %v; want granted, stamped after %d", after, err, mark)
-		}
+		before, after := acrossReset(t, b, r, key, l, 10, 10) // the reservation, then 10 Allows
 		// Cancel the reservation: its tokens left the old bucket.
 		if w := apply(t, r, Refund{Key: key, Limit: l, Tokens: 10, Since: before.At}); w != 10 {
 			t.Errorf("cancel of a reservation from before the Reset: %d left; want 10 (dropped)", w)
@@ -138,7 +169,7 @@ func TestResetStartsAGeneration(t *testing.T) {
 		if w := apply(t, r, Refund{Key: key, Limit: l, Tokens: 4, Since: after.At}); w != 14 {
 			t.Errorf("refund of tokens taken after the Reset: %d left; want 14", w)
 		}
-		if g, _ := r.Acquire(ctx, key, l, 15, 15, 1); g.Granted != 0 {
+		if g, _ := r.Acquire(context.Background(), key, l, 15, 15, 1); g.Granted != 0 {
 			t.Errorf("15 more after the Reset = %+v; want denied: 20 is the burst", g)
 		}
 	})

@@ -50,6 +50,14 @@ type entry struct {
 	// the lease is empty, the next grant sets them afresh.
 	since  int64
 	window int64
+	// fresh of the lease's tokens were granted at or after freshSince
+	// (later than since): the newest grants, kept apart from the older
+	// tokens they joined. A prefetch that Redis runs after a Reset lands on
+	// a lease still holding the old generation's tokens; stamped with
+	// since alone, its tokens would go back as old ones and be dropped
+	// (tokens lost to the fresh bucket). Returns give back the fresh part
+	// first (see holding): spent tokens count as the older ones.
+	fresh, freshSince int64
 	// windows, for a multi-limit's lease, are its members' window ends
 	// (0 for a token bucket member): fixed for the lease's life, since a
 	// grant of another window never joins it (see sizer.Install).
@@ -134,6 +142,11 @@ func (e *entry) Charge(n, since, now int64) bool {
 	if now >= e.expires.Load() || e.removed.Load() || since == 0 || since < e.since {
 		return false
 	}
+	if since < e.freshSince && e.tokens.Load()+e.reserved.Load()-n < e.fresh {
+		// The excess would come out of the fresh part, which may be of a
+		// newer generation than the reservation's tokens.
+		return false
+	}
 	ok, _ := e.Take(n, now)
 	return ok
 }
@@ -193,6 +206,7 @@ func (e *entry) AddPending(n int64) {
 type held struct {
 	tokens, since, window int64
 	windows               []int64 // a multi-limit's: each member's window end (see entry.windows)
+	fresh, freshSince     int64   // of tokens, fresh were granted at or after freshSince (see entry.fresh)
 }
 
 // Expire takes back the tokens of e's lease when it has expired at now and
@@ -229,23 +243,47 @@ func (e *entry) drainHeld() held {
 func (e *entry) takeAll() held {
 	t := e.tokens.Swap(0) + e.reserved.Swap(0)
 	e.level = 0
-	return e.holding(max(t, 0))
+	h := e.holding(max(t, 0))
+	e.fresh, e.freshSince = 0, 0
+	return h
 }
 
-// holding is n tokens taken out of e's lease, stamped as the lease is;
-// e.mu must be held.
+// holding is n tokens taken out of e's lease, stamped as the lease is: as
+// many of its fresh tokens as there are (see entry.fresh), the rest as its
+// older ones. e.mu must be held.
 func (e *entry) holding(n int64) held {
-	return held{tokens: n, since: e.since, window: e.window, windows: e.windows}
+	h := held{tokens: n, since: e.since, window: e.window, windows: e.windows}
+	if f := min(n, e.fresh); f > 0 {
+		h.fresh, h.freshSince = f, e.freshSince
+		e.fresh -= f
+	}
+	return h
 }
 
 // stampGrant records the stamps of granted tokens joining the lease (see
-// entry.since): an empty lease takes the grant's; one still holding tokens
-// keeps the earlier since (a lower bound of them all) and, for a calendar
-// quota, must be of the same window (see sizer.Install). e.mu must be held.
-func (e *entry) stampGrant(at, window int64, windows []int64) {
-	if e.tokens.Load()+e.reserved.Load() <= 0 {
+// entry.since and entry.fresh): an empty lease takes the grant's. One still
+// holding tokens keeps the earlier since (a lower bound of them all) and,
+// for a calendar quota, must be of the same window (see sizer.Install); a
+// later grant becomes its fresh part, or joins it. Once the lease holds no
+// more than its fresh part (the older tokens are spent), that part becomes
+// the older one and the grant the fresh one. e.mu must be held.
+func (e *entry) stampGrant(at, granted, window int64, windows []int64) {
+	held := e.tokens.Load() + e.reserved.Load()
+	switch {
+	case held <= 0:
 		e.since, e.window, e.windows = at, window, windows
-		return
+		e.fresh, e.freshSince = 0, 0
+	case at == 0 || at <= e.since:
+		// An unknown time (0), or no later than the older tokens: a
+		// lower bound of them all.
+		e.since = min(e.since, at)
+	case e.fresh <= 0:
+		e.fresh, e.freshSince = granted, at
+	case held <= e.fresh && at > e.freshSince:
+		e.since = e.freshSince
+		e.fresh, e.freshSince = granted, at
+	default:
+		e.fresh += granted
+		e.freshSince = min(e.freshSince, at)
 	}
-	e.since = min(e.since, at)
 }

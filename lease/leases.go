@@ -172,6 +172,26 @@ type Return struct {
 	// quota takes its tokens back only within that window, as a quota's
 	// own lease does. Nil when unknown: the quotas then take none back.
 	Windows []int64
+	// Fresh of the Tokens were granted at or after FreshSince, later than
+	// Since (0: none): they go back stamped so (see Stamped), to the
+	// bucket's generation they came from though the rest may be older.
+	Fresh, FreshSince int64
+}
+
+// Stamped splits r into the returns of one stamp each that give it back:
+// its fresh tokens stamped FreshSince, then the rest stamped Since.
+func (r Return) Stamped() []Return {
+	if r.Fresh <= 0 {
+		return []Return{r}
+	}
+	fresh, older := r, r
+	fresh.Tokens, fresh.Since = r.Fresh, r.FreshSince
+	older.Tokens -= r.Fresh
+	fresh.Fresh, fresh.FreshSince, older.Fresh, older.FreshSince = 0, 0, 0, 0
+	if older.Tokens <= 0 {
+		return []Return{fresh}
+	}
+	return []Return{fresh, older}
 }
 
 // Refill is one refill of a key's lease: what to ask the authority for.

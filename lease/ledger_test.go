@@ -324,3 +324,68 @@ func TestMultiLimitReturnCarriesWindows(t *testing.T) {
 	}
 	check("a grant for a forgotten key", back[0])
 }
+
+// TestFreshGrantKeepsItsStamp: a grant landing on a lease that still holds
+// older tokens (a prefetch that Redis ran after a Reset) goes back stamped
+// with its own time, not the older tokens' (which the fresh bucket drops),
+// and only the older tokens pay an older reservation's excess. Spent tokens
+// count as the older ones; once only the fresh part is left it becomes the
+// older one.
+func TestFreshGrantKeepsItsStamp(t *testing.T) {
+	z := newSizer(policy.PerSecond(1000), policy.Lease{TTL: time.Minute, IdleTTL: time.Hour})
+	e := &entry{key: "k"}
+	ls := over(z, e)
+	install := func(granted, at int64) {
+		t.Helper()
+		z.Install(e, request{Want: granted, Min: 1}, Outcome{Granted: granted, Remaining: bigRemaining, At: at}, 1*s)
+	}
+	take := func(n int64) {
+		t.Helper()
+		if ok, _ := e.Take(n, 1*s); !ok {
+			t.Fatalf("Take(%d) from a lease of %d failed", n, e.Tokens())
+		}
+	}
+	type part struct{ tokens, since int64 }
+	stamped := func(how string, r Return, want ...part) {
+		t.Helper()
+		var got []part
+		for _, p := range r.Stamped() {
+			got = append(got, part{p.Tokens, p.Since})
+		}
+		if !slices.Equal(got, want) {
+			t.Errorf("%s: %+v goes back as %+v; want %+v", how, r, got, want)
+		}
+	}
+
+	install(10, 500)
+	take(7)
+	install(8, 900) // 3 tokens of 500 left: the 8 are the fresh part
+	stamped("3 older, 8 fresh", ls.Surrender("k", 1*s), part{8, 900}, part{3, 500})
+
+	install(10, 500)
+	take(7)
+	install(8, 900)
+	take(4) // 7 left, all of them counted fresh
+	install(5, 1200)
+	stamped("after the older tokens are spent", ls.Surrender("k", 1*s), part{5, 1200}, part{7, 900})
+
+	install(10, 500)
+	take(7)
+	install(8, 900)
+	r := ls.Surrender("k", 1*s)
+	if r.Tokens != 11 {
+		t.Fatalf("Surrender = %+v; want 11 tokens", r)
+	}
+	install(10, 500)
+	take(7)
+	install(8, 900)
+	for _, tc := range []struct {
+		since int64
+		want  bool
+	}{{500, true}, {500, false}, {900, true}} {
+		if got := ls.Charge("k", 2, tc.since, 1*s); got != tc.want {
+			t.Errorf("Charge(2) of a reservation stamped %d from a lease of %d tokens, 8 fresh of 900 = %v; want %v", tc.since, e.Tokens()+e.Reserved(), got, tc.want)
+		}
+	}
+	stamped("after the charges", ls.Surrender("k", 1*s), part{7, 900})
+}

@@ -38,7 +38,7 @@ func (t *Table) Len() int { return t.t.Len() }
 // back returns tokens taken out of e as a Return to the bucket of e's
 // limit, with their stamps.
 func (e *entry) back(h held) Return {
-	r := Return{Key: e.key, Tokens: h.tokens, Since: h.since, Window: h.window}
+	r := Return{Key: e.key, Tokens: h.tokens, Since: h.since, Window: h.window, Fresh: h.fresh, FreshSince: h.freshSince}
 	if e.owner != nil {
 		r.Limit, r.Limits, r.Windows = e.owner.limit, e.owner.members, h.windows
 	}

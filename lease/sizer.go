@@ -289,7 +289,7 @@ func (z sizer) Install(e *entry, req request, o Outcome, now int64) (refund int6
 	if e.tokens.Load()+e.reserved.Load() > 0 && (now >= e.expires.Load() || e.window != o.Window) {
 		stale = e.takeAll()
 	}
-	e.stampGrant(o.At, o.Window, z.memberWindows(o))
+	e.stampGrant(o.At, o.Granted, o.Window, z.memberWindows(o))
 	// Reserve for the callers counted in the plan.
 	part := min(req.Need, o.Granted)
 	e.lastNeed = part
