@@ -135,16 +135,16 @@ func (e *entry) Give(n, since, window, now int64) bool {
 // and for an excess whose tokens may be older than the lease's (since is
 // their stamp, as Give's): a reservation taken before a Reset must not be
 // charged to a lease of the fresh bucket, which would charge the fresh
-// bucket (the authority drops such a charge).
+// bucket (the authority drops such a charge). The excess of a reservation
+// no older than the lease's older tokens is paid here even when those are
+// spent and it comes out of the fresh part (see entry.fresh), which keeps a
+// settlement against a live lease off Redis: should a Reset lie between
+// the two, the fresh bucket pays that excess (under-admission by at most
+// the excess, never more tokens).
 func (e *entry) Charge(n, since, now int64) bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if now >= e.expires.Load() || e.removed.Load() || since == 0 || since < e.since {
-		return false
-	}
-	if since < e.freshSince && e.tokens.Load()+e.reserved.Load()-n < e.fresh {
-		// The excess would come out of the fresh part, which may be of a
-		// newer generation than the reservation's tokens.
 		return false
 	}
 	ok, _ := e.Take(n, now)
