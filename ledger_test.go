@@ -1,6 +1,7 @@
 package leaselimit_test
 
 import (
+	"bytes"
 	"context"
 	"testing"
 	"time"
@@ -271,6 +272,99 @@ func TestPrefetchAfterResetGoesBack(t *testing.T) {
 	t.Logf("%d admitted after the Reset; the prefetch took %d; after Close the fresh bucket holds %d", after, took, got)
 	if got < l.Burst-after || got > l.Burst {
 		t.Errorf("after Close the fresh bucket holds %d; want between %d and %d: the prefetch's %d tokens taken from it went back as old ones", got, l.Burst-after, l.Burst, took)
+	}
+}
+
+// TestLateRefillAfterResetStaysOld: a lease refill that Redis ran before
+// another instance's Reset, whose reply arrives after the lease has been
+// refilled from the fresh bucket and handed out to reservations, joins the
+// lease as older tokens: the fresh bucket gets back, at Close and at the
+// reservations' Cancel, no more than it gave. On a real redis-server,
+// behind a proxy that holds the late reply. Regression: the lease's fresh
+// part still counted tokens the reservations had taken, and the late
+// tokens went back as fresh (296 tokens created in a bucket of 10,000; found
+// by an adversarial review).
+func TestLateRefillAfterResetStaysOld(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	l := policy.Limit{Name: "late-refill", Rate: 1, Period: 24 * time.Hour, Burst: 10_000}
+	px := redistest.NewProxy(t, srv.Addr)
+	leased := mustNew(t, redis.NewClient(&redis.Options{Addr: px.Addr}), l, leaselimit.WithTimeout(5*time.Second),
+		leaselimit.WithLease(policy.Lease{TTL: time.Minute, IdleTTL: time.Hour, Prefetch: -1}))
+	exact := mustNew(t, srv.Client(t), l, leaselimit.WithoutLease(), leaselimit.WithTimeout(5*time.Second))
+	const key = "k"
+	ok := func(d leaselimit.Decision, err error) {
+		t.Helper()
+		if err != nil || !d.Allowed {
+			t.Fatalf("decision %+v, %v", d, err)
+		}
+	}
+	reserve := func(n int64) *leaselimit.Reservation {
+		t.Helper()
+		r, err := leased.Reserve(ctx, key, n)
+		if err != nil || !r.Decision().Allowed || r.Decision().Source != leaselimit.SourceLease {
+			t.Fatalf("Reserve(%d) = %+v, %v; want it from the lease", n, r.Decision(), err)
+		}
+		return r
+	}
+	bucket := func() int64 { t.Helper(); return peekRemaining(t, exact, key) }
+	for range 300 {
+		ok(leased.Allow(ctx, key))
+	}
+	// The next refill runs on Redis now; its caller gives up on the reply.
+	px.HoldReplies(func(chunk []byte) bool {
+		return bytes.Contains(chunk, []byte("EVALSHA")) || bytes.Contains(chunk, []byte("evalsha"))
+	})
+	for i := 0; ; i++ {
+		short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		_, err := leased.Allow(short, key)
+		cancel()
+		if err != nil {
+			break
+		}
+		if i == int(l.Burst) {
+			t.Fatal("no refill was held")
+		}
+	}
+	if err := exact.Reset(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	ok(exact.AllowN(ctx, key, 5000))
+	// Two refills from the fresh bucket, each handed out to a reservation
+	// but for one token.
+	ok(leased.Allow(ctx, key))
+	first := 5000 - bucket()
+	r1 := reserve(first - 2)
+	ok(leased.AllowN(ctx, key, 2))
+	second := 5000 - first - bucket()
+	r2 := reserve(second - 2)
+	// The late reply lands in the lease (Peek counts it).
+	px.ReleaseReplies()
+	for deadline := time.Now().Add(time.Minute); ; {
+		d, err := leased.Peek(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Remaining-bucket() > 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the late reply never reached the lease")
+		}
+	}
+	if err := leased.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range []*leaselimit.Reservation{r1, r2} {
+		if err := r.Cancel(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The fresh bucket gave 5000 to the exact instance and the two
+	// refills to the lease; of those, 3 tokens were admitted and the rest
+	// came back. Nothing of the late refill may.
+	if got, want := bucket(), l.Burst-5000-3; got != want {
+		t.Errorf("the fresh bucket holds %d; want %d: %d tokens of a refill run before the Reset given to it", got, want, got-want)
 	}
 }
 

@@ -110,7 +110,10 @@ func (l *Limiter) stampOf(d Decision, key string, taken time.Time, pre lease.Sta
 	st.charge = origin{since: post.Since, window: post.Window}
 	st.chargeParts = post.Windows
 	if known {
-		st.refund = origin{since: pre.Since, window: pre.Window}
+		// A grant older than the lease's tokens (a late reply) may have
+		// joined it meanwhile: a surplus is then of unknown generation,
+		// treated as older (dropped after a Reset).
+		st.refund = origin{since: pre.Floor(post), window: pre.Window}
 		st.refundParts = pre.Windows
 		st.charge.since = pre.Since
 	}
@@ -138,8 +141,9 @@ func (l *Limiter) stampOf(d Decision, key string, taken time.Time, pre lease.Sta
 func (l *Limiter) Reserve(ctx context.Context, key string, estimate int64) (*Reservation, error) {
 	// Read before the tokens are taken: a quota's window read early can
 	// only make a surplus be dropped (under-admission), read late it could
-	// put an old window's tokens into a new one; and a lease's Since only
-	// grows, so what it says now holds for every token it hands out later.
+	// put an old window's tokens into a new one; and a lease's Since
+	// only grows but for a late grant, which stampOf sees in a second
+	// reading, so what it says now holds for the tokens taken next.
 	if err := l.usable(); err != nil {
 		return nil, err
 	}

@@ -58,6 +58,12 @@ type entry struct {
 	// (tokens lost to the fresh bucket). Returns give back the fresh part
 	// first (see holding): spent tokens count as the older ones.
 	fresh, freshSince int64
+	// lowered counts the times since went down (a grant older than the
+	// lease's tokens joined it, or took an empty lease over): a reader of
+	// since before a take and again after it knows the take's tokens are
+	// no older than the first reading only if it did not change (see
+	// Leases.Stamps).
+	lowered int64
 	// windows, for a multi-limit's lease, are its members' window ends
 	// (0 for a token bucket member): fixed for the lease's life, since a
 	// grant of another window never joins it (see sizer.Install).
@@ -125,7 +131,10 @@ func (e *entry) Give(n, since, window, now int64) bool {
 	if now >= e.expires.Load() || e.removed.Load() || since == 0 || since < e.since || window != e.window {
 		return false
 	}
-	e.tokens.Add(n)
+	// The fresh part is what is left of it before the surplus joins the
+	// older tokens (see stampGrant: read after the add, a lower bound).
+	before := e.tokens.Add(n) - n + e.reserved.Load()
+	e.fresh = min(e.fresh, max(before, 0))
 	e.level += n
 	return true
 }
@@ -260,26 +269,42 @@ func (e *entry) holding(n int64) held {
 	return h
 }
 
-// stampGrant records the stamps of granted tokens joining the lease (see
-// entry.since and entry.fresh): an empty lease takes the grant's. One still
-// holding tokens keeps the earlier since (a lower bound of them all) and,
-// for a calendar quota, must be of the same window (see sizer.Install); a
-// later grant becomes its fresh part, or joins it. Once the lease holds no
-// more than its fresh part (the older tokens are spent), that part becomes
-// the older one and the grant the fresh one. e.mu must be held.
-func (e *entry) stampGrant(at, granted, window int64, windows []int64) {
-	held := e.tokens.Load() + e.reserved.Load()
-	switch {
-	case held <= 0:
+// stampGrant records the stamps of granted tokens that joined the lease
+// (see entry.since and entry.fresh); before is what the lease held just
+// before they joined, or less. The ledger counts spent tokens as the
+// older ones first: of the tokens held before, the fresh part is what is
+// left of it (at most before). A lease that held nothing takes the
+// grant's stamps. One still holding tokens keeps the earlier since (a
+// lower bound of them all) and, for a calendar quota, must be of the same
+// window (see sizer.Install); a later grant becomes its fresh part, or
+// joins it. Once the lease held no more than its fresh part (the older
+// tokens are spent), that part becomes the older one and the grant the
+// fresh one. e.mu must be held.
+//
+// before is a lower bound because takes run without the lock: reading it
+// after the grant joined counts every take before that moment, and a
+// take after it spends the older tokens first. Read before the grant
+// joined, it could count tokens spent meanwhile as still in the lease,
+// and the fresh part would claim them (tokens of an older generation
+// given back to the fresh bucket).
+func (e *entry) stampGrant(at, granted, before, window int64, windows []int64) {
+	if at < e.since {
+		e.lowered++
+	}
+	if before <= 0 {
 		e.since, e.window, e.windows = at, window, windows
 		e.fresh, e.freshSince = 0, 0
-	case at == 0 || at <= e.since:
+		return
+	}
+	e.fresh = min(e.fresh, before)
+	switch {
+	case at <= e.since:
 		// An unknown time (0), or no later than the older tokens: a
 		// lower bound of them all.
-		e.since = min(e.since, at)
+		e.since = at
 	case e.fresh <= 0:
 		e.fresh, e.freshSince = granted, at
-	case held <= e.fresh && at > e.freshSince:
+	case before <= e.fresh && at > e.freshSince:
 		e.since = e.freshSince
 		e.fresh, e.freshSince = granted, at
 	default:

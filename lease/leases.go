@@ -492,14 +492,31 @@ func (ls *Leases) Surrender(key string, now int64) Return {
 
 // Stamp is what key's lease says of where its tokens came from (see
 // Return), read under its lock: Since, at or before the grant of every
-// token it holds now or will hold (a lease's Since only grows, but for an
-// unknown 0); Window, the calendar window of its tokens (a lease's Window only
-// moves forward); Windows, for a multi-limit, its members' window ends
-// (see entry.windows; read-only). A reader before and after a take
-// brackets the taken tokens' stamps.
+// token it holds now (it grows, but for a grant older than the lease's
+// tokens, a late reply or one of unknown time 0, which Lowered counts);
+// Window, the calendar window of its tokens (a lease's Window only moves
+// forward); Windows, for a multi-limit, its members' window ends (see
+// entry.windows; read-only). A reader before and after a take brackets
+// the taken tokens' stamps.
 type Stamp struct {
 	Since, Window int64
 	Windows       []int64
+	// Lowered counts the times the lease's Since went down (a grant
+	// older than its tokens joined it): readings before and after a take
+	// with the same Lowered and no lower Since after bound the taken
+	// tokens by the first Since.
+	Lowered int64
+}
+
+// Floor is what bounds from below the grant times of tokens taken from a
+// lease between reading s and reading after: s.Since, unless the lease's
+// Since went down meanwhile (a grant older than its tokens joined it, and
+// the take may have had some of them): 0, unknown.
+func (s Stamp) Floor(after Stamp) int64 {
+	if after.Lowered != s.Lowered || after.Since < s.Since {
+		return 0
+	}
+	return s.Since
 }
 
 // Stamps returns key's lease's Stamp, and whether key has a lease that
@@ -511,7 +528,7 @@ func (ls *Leases) Stamps(key string) (Stamp, bool) {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return Stamp{Since: e.since, Window: e.window, Windows: e.windows}, e.since != 0
+	return Stamp{Since: e.since, Window: e.window, Windows: e.windows, Lowered: e.lowered}, e.since != 0
 }
 
 // Charge takes n tokens of key's live lease at now, for a reservation's

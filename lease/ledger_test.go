@@ -1,6 +1,7 @@
 package lease
 
 import (
+	"math/rand/v2"
 	"slices"
 	"testing"
 	"time"
@@ -369,6 +370,27 @@ func TestFreshGrantKeepsItsStamp(t *testing.T) {
 	install(5, 1200)
 	stamped("after the older tokens are spent", ls.Surrender("k", 1*s), part{5, 1200}, part{7, 900})
 
+	// A surplus joins the older tokens: once the fresh part is spent, it
+	// goes back as older, however large the fresh part was.
+	install(10, 500)
+	take(7)
+	install(8, 900)
+	take(10) // 1 left, of the fresh part
+	if !ls.Give("k", 5, 500, 0, 1*s) {
+		t.Fatal("a surplus stamped 500 did not join a lease whose older tokens are of 500")
+	}
+	stamped("a surplus after the fresh part was spent", ls.Surrender("k", 1*s), part{1, 900}, part{5, 500})
+
+	// A late grant (Redis ran it before a Reset at 1050) joins the older
+	// tokens: the fresh part is what is left of it, not the 10 it was, so
+	// the late tokens never go back stamped 1100.
+	install(2, 1000)
+	install(10, 1100)
+	take(11) // 1 left
+	install(5, 800)
+	install(4, 1200) // joins what is left of the fresh part, 1 of 1100
+	stamped("a late grant after the fresh part was spent", ls.Surrender("k", 1*s), part{5, 1100}, part{5, 800})
+
 	install(10, 500)
 	take(7)
 	install(8, 900)
@@ -381,4 +403,119 @@ func TestFreshGrantKeepsItsStamp(t *testing.T) {
 		}
 	}
 	stamped("after the charges", ls.Surrender("k", 1*s), part{5, 900})
+}
+
+// TestLeaseStampsAgainstTokens drives one lease through random grants
+// (their times out of order, some unknown), takes, reservations (a late
+// grant may land between Reserve's reading of the stamps and its take),
+// surpluses given back, charges and returns, beside a model that keeps
+// every token with its grant's time and spends the oldest first. For
+// every time X a Reset might have marked, a return gives the fresh bucket
+// (stamps after X) no more tokens than the lease can hold of grants after
+// X, and a reservation's refund bound is no later than any token the
+// lease held when it took.
+func TestLeaseStampsAgainstTokens(t *testing.T) {
+	for seed := range uint64(3000) {
+		rng := rand.New(rand.NewPCG(seed, 0x57a3))
+		z := newSizer(policy.PerSecond(1000), policy.Lease{TTL: time.Minute, IdleTTL: time.Hour})
+		e := &entry{key: "k"}
+		ls := over(z, e)
+		var model []int64 // the lease's tokens, each its grant's time, oldest first
+		var parked [][]int64
+		took := func(n int64) []int64 { // the oldest n, out of the model
+			slices.Sort(model)
+			out := slices.Clone(model[:n])
+			model = model[n:]
+			return out
+		}
+		install := func() {
+			g, at := 1+rng.Int64N(10), rng.Int64N(100) // 0: unknown
+			z.Install(e, request{Want: g, Min: 1}, Outcome{Granted: g, Remaining: bigRemaining, At: at}, 1*s)
+			for range g {
+				model = append(model, at)
+			}
+		}
+		var log []string
+		fail := func(format string, args ...any) {
+			t.Helper()
+			t.Fatalf("seed %d after %v: "+format, append([]any{seed, log}, args...)...)
+		}
+		for range 4 + rng.IntN(16) {
+			n := int64(len(model))
+			switch op := rng.IntN(7); {
+			case op < 2:
+				install()
+				log = append(log, "install")
+			case op == 2 && n > 0:
+				k := 1 + rng.Int64N(n)
+				if ok, _ := e.Take(k, 1*s); !ok {
+					fail("Take(%d) of %d failed", k, n)
+				}
+				took(k)
+				log = append(log, "take")
+			case op == 3 && n > 0:
+				pre, known := ls.Stamps("k")
+				if rng.IntN(3) == 0 {
+					install() // lands between the reading and the take
+				}
+				k := 1 + rng.Int64N(int64(len(model)))
+				oldest := slices.Min(model)
+				if ok, _ := e.Take(k, 1*s); !ok {
+					fail("Take(%d) failed", k)
+				}
+				taken := took(k)
+				for rng.IntN(2) == 0 {
+					install() // more land before the second reading
+				}
+				post, _ := ls.Stamps("k")
+				bound := pre.Floor(post)
+				if !known {
+					bound = 0
+				}
+				if bound > oldest {
+					fail("a reservation bounded by %d took from a lease holding a token of %d", bound, oldest)
+				}
+				parked = append(parked, append(taken, bound))
+				log = append(log, "reserve")
+			case op == 4 && len(parked) > 0:
+				r := parked[len(parked)-1]
+				parked = parked[:len(parked)-1]
+				tokens, bound := r[:len(r)-1], r[len(r)-1]
+				back := 1 + rng.Int64N(int64(len(tokens))) // the surplus: the newest of them, the rest spent
+				if ls.Give("k", back, bound, 0, 1*s) {
+					model = append(model, tokens[int64(len(tokens))-back:]...)
+				}
+				log = append(log, "give")
+			case op == 5 && n > 0:
+				pre, _ := ls.Stamps("k")
+				if ls.Charge("k", 1, pre.Since, 1*s) {
+					took(1)
+				}
+				log = append(log, "charge")
+			case op == 6:
+				r := ls.Surrender("k", 1*s)
+				if r.Tokens != n {
+					fail("Surrender returned %d tokens; the lease held %d", r.Tokens, n)
+				}
+				for x := range int64(100) {
+					var back, held int64
+					for _, p := range r.Stamped() {
+						if p.Since > x {
+							back += p.Tokens
+						}
+					}
+					for _, at := range model {
+						if at > x {
+							held++
+						}
+					}
+					if back > held {
+						fail("a return gives %d tokens stamped after %d; the lease held %d granted after it (%+v)", back, x, held, r)
+					}
+				}
+				model = model[:0]
+				log = append(log, "surrender")
+			}
+		}
+	}
 }

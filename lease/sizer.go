@@ -289,12 +289,14 @@ func (z sizer) Install(e *entry, req request, o Outcome, now int64) (refund int6
 	if e.tokens.Load()+e.reserved.Load() > 0 && (now >= e.expires.Load() || e.window != o.Window) {
 		stale = e.takeAll()
 	}
-	e.stampGrant(o.At, o.Granted, o.Window, z.memberWindows(o))
 	// Reserve for the callers counted in the plan.
 	part := min(req.Need, o.Granted)
 	e.lastNeed = part
 	e.reserved.Add(part)
 	e.level = e.tokens.Add(o.Granted - part)
+	// What the lease held before, at most: takes run without the lock
+	// (see entry.stampGrant).
+	e.stampGrant(o.At, o.Granted, e.level+e.reserved.Load()-o.Granted, o.Window, z.memberWindows(o))
 	// After the tokens are in, so that lease + remote never reads low.
 	e.remote.Store(o.Remaining)
 	exp := now + int64(z.settings.TTL)

@@ -39,6 +39,7 @@ type Proxy struct {
 	blackhole atomic.Bool                         // drop everything read while set
 	drop      atomic.Pointer[func(c []byte) bool] // DropReplies' match; nil: off
 	drops     atomic.Int64                        // connections DropReplies matched
+	hold      atomic.Pointer[holding]             // HoldReplies' match and release; nil: off
 
 	mu       sync.Mutex
 	ln       net.Listener // nil while refusing (and after Close)
@@ -68,9 +69,17 @@ type proxyConn struct {
 	// answered >= sent and nothing being written has no request in flight.
 	sent, answered int64
 	writing        bool
-	unframed       bool // a direction is not RESP (or lost data): nothing is known
-	retiring       bool // Refuse: forward no more requests, close once answered
-	dropping       bool // DropReplies matched: drop the replies, cut once answered
+	unframed       bool            // a direction is not RESP (or lost data): nothing is known
+	retiring       bool            // Refuse: forward no more requests, close once answered
+	dropping       bool            // DropReplies matched: drop the replies, cut once answered
+	held           <-chan struct{} // HoldReplies matched: forward replies once it is closed
+}
+
+// holding is one HoldReplies: its match, and the channel ReleaseReplies
+// closes.
+type holding struct {
+	match   func(c []byte) bool
+	release chan struct{}
 }
 
 // setServer records the dialed server side. It reports false (and closes
@@ -278,6 +287,24 @@ func (p *Proxy) DropReplies(match func(chunk []byte) bool) {
 	p.drop.Store(&match)
 }
 
+// HoldReplies holds back the replies of the first connection on which a
+// request chunk that match accepts is forwarded: the target runs the
+// request (and every later one on that connection), and the proxy keeps
+// their replies until ReleaseReplies, then forwards them in order. It
+// models a reply that arrives late though Redis applied the call long
+// before. One connection is held per HoldReplies.
+func (p *Proxy) HoldReplies(match func(chunk []byte) bool) {
+	p.hold.Store(&holding{match: match, release: make(chan struct{})})
+}
+
+// ReleaseReplies forwards the replies HoldReplies held, and turns holding
+// off.
+func (p *Proxy) ReleaseReplies() {
+	if h := p.hold.Swap(nil); h != nil {
+		close(h.release)
+	}
+}
+
 // AnyRequest matches every request, for DropReplies.
 func AnyRequest([]byte) bool { return true }
 
@@ -421,6 +448,10 @@ func (p *Proxy) forwardRequests(pc *proxyConn, server net.Conn, chunk []byte) bo
 	if m := p.drop.Load(); m != nil {
 		matched = (*m)(chunk)
 	}
+	var held <-chan struct{}
+	if h := p.hold.Load(); h != nil && h.match(chunk) && p.hold.CompareAndSwap(h, &holding{match: func([]byte) bool { return false }, release: h.release}) {
+		held = h.release // this connection's, the first matched
+	}
 	pc.mu.Lock()
 	if pc.retiring || pc.closed {
 		// Refused: this request never reaches the target.
@@ -432,6 +463,9 @@ func (p *Proxy) forwardRequests(pc *proxyConn, server net.Conn, chunk []byte) bo
 		return open
 	}
 	pc.writing = true
+	if held != nil {
+		pc.held = held
+	}
 	if matched && !pc.dropping {
 		pc.dropping = true
 		p.drops.Add(1)
@@ -493,8 +527,18 @@ func (p *Proxy) forwardReplies(pc *proxyConn, chunk []byte) bool {
 		pc.mu.Unlock()
 		return open
 	}
+	held := pc.held
 	pc.mu.Unlock()
 
+	if held != nil {
+		select {
+		case <-held:
+		case <-pc.done:
+			return false
+		case <-p.ctx.Done():
+			return false
+		}
+	}
 	_, werr := pc.client.Write(chunk)
 
 	pc.mu.Lock()

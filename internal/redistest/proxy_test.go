@@ -396,3 +396,37 @@ func TestProxyDropReplies(t *testing.T) {
 		t.Fatalf("INCR after DropReplies(nil) = %d, %v; want %d", got, err, applied+1)
 	}
 }
+
+// TestProxyHoldReplies: the held connection's request is applied at once,
+// its reply comes only after ReleaseReplies; other connections are not
+// held.
+func TestProxyHoldReplies(t *testing.T) {
+	s := redistest.Start(t)
+	p := redistest.NewProxy(t, s.Addr)
+	c := redis.NewClient(&redis.Options{Addr: p.Addr})
+	t.Cleanup(func() { c.Close() })
+	ctx := ctxTimeout(t, 30*time.Second)
+	if err := c.Ping(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	p.HoldReplies(func(chunk []byte) bool { return bytes.Contains(bytes.ToLower(chunk), []byte("incr")) })
+	held := make(chan int64, 1)
+	go func() { held <- c.Incr(ctx, "n").Val() }()
+	for deadline := time.Now().Add(10 * time.Second); s.Do(t, "GET", "n") != "1"; {
+		if time.Now().After(deadline) {
+			t.Fatal("the held INCR was not applied")
+		}
+	}
+	if got, err := c.Incr(ctx, "m").Result(); err != nil || got != 1 {
+		t.Fatalf("INCR on another connection while one is held = %d, %v; want 1", got, err)
+	}
+	select {
+	case v := <-held:
+		t.Fatalf("the held INCR returned %d before ReleaseReplies", v)
+	default:
+	}
+	p.ReleaseReplies()
+	if v := <-held; v != 1 {
+		t.Errorf("the held INCR returned %d after ReleaseReplies; want 1", v)
+	}
+}
