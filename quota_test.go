@@ -277,3 +277,45 @@ func TestQuotaInMultiLimitLeaseStaysInItsWindow(t *testing.T) {
 		t.Errorf("the token bucket holds %d; want %d (%d admitted, the lease's unused tokens back)", b.Remaining, want, admitted)
 	}
 }
+
+// TestQuotaCancelInTheNextWindow: a reservation made just after the hour,
+// on an instance whose lease of the quota ended with the last hour, gives
+// its tokens back into the new hour on Cancel. Regression: Reserve took
+// the expired lease's stamps for the reservation's, the last hour's
+// window, and the refund was dropped (990 of 1000; found by an
+// adversarial review on a real redis-server).
+func TestQuotaCancelInTheNextWindow(t *testing.T) {
+	m, c := newMini(t)
+	ctx := context.Background()
+	hourly := policy.Quota("cancel-next-hour", 1000, policy.Hour, nil)
+	clk := newFakeClock()
+	lc, err := leaselimit.NewClient(c, leaselimit.WithClock(clk), leaselimit.WithTimeout(5*time.Second),
+		leaselimit.WithLease(policy.Lease{TTL: time.Minute, IdleTTL: 2 * time.Minute}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim := lc.Limiter(hourly)
+	end, _ := hourly.Calendar.Window(time.Now())
+	m.SetTime(end.Add(-2 * time.Second))
+	for i := range 50 {
+		clk.Add(100 * time.Microsecond)
+		if d, err := lim.Allow(ctx, "k"); err != nil || !d.Allowed {
+			t.Fatalf("Allow #%d in the last hour = %+v, %v", i, d, err)
+		}
+	}
+	m.SetTime(end.Add(time.Second))
+	clk.Add(3 * time.Second)
+	res, err := lim.Reserve(ctx, "k", 10)
+	if err != nil || !res.Decision().Allowed {
+		t.Fatalf("Reserve(10) in the new hour = %+v, %v", res.Decision(), err)
+	}
+	if err := res.Cancel(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := lc.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if got := bucketHolds(t, c, hourly, "k"); got != hourly.Burst {
+		t.Errorf("the new hour holds %d after Reserve(10), Cancel and Close; want %d", got, hourly.Burst)
+	}
+}

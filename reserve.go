@@ -106,7 +106,7 @@ func (l *Limiter) stampOf(d Decision, key string, taken time.Time, pre lease.Sta
 	// for); a lease made for this request has no earlier reading. The
 	// window: a surplus goes back to the earliest, an excess is charged to
 	// the latest.
-	post, _ := l.leases.Stamps(key)
+	post, _ := l.leases.Stamps(key, l.clock.now())
 	st.charge = origin{since: post.Since, window: post.Window}
 	st.chargeParts = post.Windows
 	if known {
@@ -128,10 +128,11 @@ func (l *Limiter) stampOf(d Decision, key string, taken time.Time, pre lease.Sta
 // more), and Settle charges the rest, into debt of at most one Burst, as
 // for any cost above what was taken.
 //
-// On a key this instance holds no lease of yet, Reserve decides exactly (one
-// Redis call, as a key's first decision is), so that the reservation's
-// tokens carry the time of their grant: what bounds where a surplus may go
-// back (see docs/semantics.md, the ledger).
+// On a key this instance holds no live lease of (none yet, or one that
+// expired, as a calendar quota's does at the boundary), Reserve decides
+// exactly (one Redis call, as the refill would be), so that the
+// reservation's tokens carry the time and window of their grant: what
+// bounds where a surplus may go back (see docs/semantics.md, the ledger).
 //
 // A Reservation never settled stays settled at its estimate. One whose
 // tokens the failure policy granted (Decision.Source is SourceFallback: no
@@ -148,7 +149,7 @@ func (l *Limiter) Reserve(ctx context.Context, key string, estimate int64) (*Res
 		return nil, err
 	}
 	taken := time.Now()
-	pre, known := l.leases.Stamps(key)
+	pre, known := l.leases.Stamps(key, l.clock.now())
 	estimate = min(estimate, l.maxCost) // the rest is charged at Settle
 	// Without a stamped lease of key to read now, nothing would bound the
 	// generation of tokens a lease made meanwhile hands out (a reading

@@ -269,7 +269,8 @@ func Reduced(l policy.Limit) (rate, period int64) {
 // (see spec in common.lua): its rate and period reduced, or, for a
 // calendar quota, "w" and the end (µs) of the window that holds now on this
 // process's clock, then the end of the window after it. Redis's clock picks
-// one of the two windows, so clocks that differ by less than a window agree.
+// one of the two windows, so clocks behind Redis's by less than a window
+// agree (one ahead of it names the next window early: see docs/semantics.md).
 func spec(l policy.Limit) (any, any) {
 	if !l.IsQuota() {
 		return Reduced(l)

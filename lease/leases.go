@@ -520,15 +520,17 @@ func (s Stamp) Floor(after Stamp) int64 {
 }
 
 // Stamps returns key's lease's Stamp, and whether key has a lease that
-// was ever stamped.
-func (ls *Leases) Stamps(key string) (Stamp, bool) {
+// was ever stamped and is live at now: the stamps of an expired lease say
+// nothing of the tokens its next refill brings (a calendar quota's, of the
+// next window).
+func (ls *Leases) Stamps(key string, now int64) (Stamp, bool) {
 	e := ls.table.Get(ls, key)
 	if e == nil {
 		return Stamp{}, false
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return Stamp{Since: e.since, Window: e.window, Windows: e.windows, Lowered: e.lowered}, e.since != 0
+	return Stamp{Since: e.since, Window: e.window, Windows: e.windows, Lowered: e.lowered}, e.since != 0 && now < e.expires.Load()
 }
 
 // Charge takes n tokens of key's live lease at now, for a reservation's

@@ -187,8 +187,11 @@ func TestSurrender(t *testing.T) {
 	if e.Tokens() != 0 || e.Reserved() != 2 || e.denyUntil.Load() != 0 {
 		t.Errorf("after Surrender: %d tokens, %d reserved, denyUntil %d; want 0, 2, 0", e.Tokens(), e.Reserved(), e.denyUntil.Load())
 	}
-	if st, ok := ls.Stamps("k"); !ok || st.Since != 42 {
+	if st, ok := ls.Stamps("k", 1*s); !ok || st.Since != 42 {
 		t.Errorf("Stamps = %+v, %v; want Since 42, true", st, ok)
+	}
+	if st, ok := ls.Stamps("k", e.expires.Load()); ok {
+		t.Errorf("Stamps of the expired lease = %+v, true; want false: its next refill's tokens are not its own", st)
 	}
 }
 
@@ -454,7 +457,7 @@ func TestLeaseStampsAgainstTokens(t *testing.T) {
 				took(k)
 				log = append(log, "take")
 			case op == 3 && n > 0:
-				pre, known := ls.Stamps("k")
+				pre, known := ls.Stamps("k", 1*s)
 				if rng.IntN(3) == 0 {
 					install() // lands between the reading and the take
 				}
@@ -467,7 +470,7 @@ func TestLeaseStampsAgainstTokens(t *testing.T) {
 				for rng.IntN(2) == 0 {
 					install() // more land before the second reading
 				}
-				post, _ := ls.Stamps("k")
+				post, _ := ls.Stamps("k", 1*s)
 				bound := pre.Floor(post)
 				if !known {
 					bound = 0
@@ -487,7 +490,7 @@ func TestLeaseStampsAgainstTokens(t *testing.T) {
 				}
 				log = append(log, "give")
 			case op == 5 && n > 0:
-				pre, _ := ls.Stamps("k")
+				pre, _ := ls.Stamps("k", 1*s)
 				if ls.Charge("k", 1, pre.Since, 1*s) {
 					took(1)
 				}

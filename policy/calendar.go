@@ -118,10 +118,13 @@ func (c Calendar) Window(t time.Time) (end, next time.Time) {
 	y, m, d := t.Date()
 	switch c.Every {
 	case Hour:
-		end = time.Date(y, m, d, t.Hour()+1, 0, 0, 0, loc)
-		if !end.After(t) { // a repeated hour at the end of summer time
-			end = t.Truncate(time.Hour).Add(time.Hour)
-		}
+		// From the start of t's local hour, in absolute time: t less its
+		// minutes and seconds past the hour. time.Date would read the
+		// next o'clock in one of the two offsets of the hour repeated at
+		// the end of summer time, which made that hour's window two
+		// hours long (01:30 EDT ended at 02:00 EST).
+		start := t.Add(-(time.Duration(t.Minute())*time.Minute + time.Duration(t.Second())*time.Second + time.Duration(t.Nanosecond())))
+		end = start.Add(time.Hour)
 		next = end.Add(time.Hour)
 	case Day:
 		end = time.Date(y, m, d+1, 0, 0, 0, 0, loc)

@@ -11,6 +11,17 @@ func TestCalendarWindow(t *testing.T) {
 	if err != nil {
 		t.Skip("no time zone database:", err)
 	}
+	kolkata, err := time.LoadLocation("Asia/Kolkata")
+	if err != nil {
+		t.Skip("no time zone database:", err)
+	}
+	utc := func(s string) time.Time {
+		v, err := time.Parse("2006-01-02 15:04", s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
 	at := func(s string, loc *time.Location) time.Time {
 		v, err := time.ParseInLocation("2006-01-02 15:04", s, loc)
 		if err != nil {
@@ -31,6 +42,14 @@ func TestCalendarWindow(t *testing.T) {
 		{Calendar{Every: Week}, at("2026-12-07 00:00", time.UTC), at("2026-12-14 00:00", time.UTC), at("2026-12-21 00:00", time.UTC)}, // a Monday
 		{Calendar{Every: Month}, at("2026-12-31 23:59", time.UTC), at("2027-01-01 00:00", time.UTC), at("2027-02-01 00:00", time.UTC)},
 		{Calendar{Every: Month, Location: ny}, at("2027-01-31 22:00", ny), at("2027-02-01 00:00", ny), at("2027-03-01 00:00", ny)},
+		// The hour repeated when summer time ends in New York (01:00 EDT
+		// to 01:00 EST, 05:00Z to 06:00Z) is two hours, each an hour long.
+		{Calendar{Every: Hour, Location: ny}, utc("2026-11-01 05:30"), utc("2026-11-01 06:00"), utc("2026-11-01 07:00")},
+		{Calendar{Every: Hour, Location: ny}, utc("2026-11-01 06:30"), utc("2026-11-01 07:00"), utc("2026-11-01 08:00")},
+		// The hour skipped when it starts: 01:30 EST ends at 03:00 EDT.
+		{Calendar{Every: Hour, Location: ny}, utc("2027-03-14 06:30"), utc("2027-03-14 07:00"), utc("2027-03-14 08:00")},
+		// A zone half an hour off UTC: its hours start at half past.
+		{Calendar{Every: Hour, Location: kolkata}, utc("2026-12-01 15:42"), utc("2026-12-01 16:30"), utc("2026-12-01 17:30")},
 	} {
 		end, next := tc.c.Window(tc.t)
 		if !end.Equal(tc.end) || !next.Equal(tc.next) {
