@@ -25,7 +25,7 @@ local b = {}
 local g, denied, retry = want, 0, 0
 for i = 1, #KEYS do
   local base = 3 + 3 * (i - 1)
-  local cal, a, bb = spec(base + 1)
+  local cal, a, bb, s = spec(base + 1)
   local burst = int(base + 3)
   if cal == nil or not burst or want > burst or burst > HUGE then
     return redis.error_reply('ERR leaselimit: invalid acquire_all arguments')
@@ -33,7 +33,7 @@ for i = 1, #KEYS do
   local found, e, w, f, last, rid, tail = load(KEYS[i])
   if e then return e end
   if not found then w, f, last, rid, tail = burst, 0, now, '-', '' end
-  w, f, last = advance(cal, w, f, last, now, a, bb, burst)
+  w, f, last = advance(cal, w, f, last, now, a, bb, burst, s)
   b[i] = {w = w, f = f, last = last, rid = rid, tail = tail, cal = cal, a = a, b = bb, burst = burst}
   if w < min then
     local due = wait(cal, min - w, f, last, now, a, bb)

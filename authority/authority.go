@@ -267,16 +267,21 @@ func Reduced(l policy.Limit) (rate, period int64) {
 
 // spec returns the two script arguments that say what kind of bucket l is
 // (see spec in common.lua): its rate and period reduced, or, for a
-// calendar quota, "w" and the end (µs) of the window that holds now on this
-// process's clock, then the end of the window after it. Redis's clock picks
-// one of the two windows, so clocks behind Redis's by less than a window
-// agree (one ahead of it names the next window early: see docs/semantics.md).
+// calendar quota, "w<end>:<start>" of the window that holds now on this
+// process's clock (µs), then the end of the window after it. Redis's clock
+// picks the window: the one before, that one or the next, so clocks that
+// differ from Redis's by less than a window, ahead or behind, agree.
 func spec(l policy.Limit) (any, any) {
 	if !l.IsQuota() {
 		return Reduced(l)
 	}
-	end, next := l.Calendar.Window(wallClock())
-	return "w" + strconv.FormatInt(end.UnixMicro(), 10), next.UnixMicro()
+	return quotaSpec(l.Calendar)
+}
+
+// quotaSpec is a calendar quota's two script arguments now (see spec).
+func quotaSpec(c policy.Calendar) (string, int64) {
+	start, end, next := c.Bounds(wallClock())
+	return "w" + strconv.FormatInt(end.UnixMicro(), 10) + ":" + strconv.FormatInt(start.UnixMicro(), 10), next.UnixMicro()
 }
 
 // wallClock is this process's clock, which picks a calendar quota's windows

@@ -58,8 +58,8 @@ func newLimitArgs(l policy.Limit) *limitArgs {
 	la := &limitArgs{quota: l.IsQuota(), cal: l.Calendar, burst: l.Burst}
 	bad := l.Burst < 1 || l.Burst > huge
 	if la.quota {
-		end, next := l.Calendar.Window(wallClock())
-		bad = bad || end.UnixMicro() < 1 || !next.After(end)
+		start, end, next := l.Calendar.Bounds(wallClock())
+		bad = bad || start.UnixMicro() < 1 || !end.After(start) || !next.After(end)
 		la.head[2] = l.Burst
 	} else if bad = bad || l.Rate < 1 || l.PeriodMicros() < 1; !bad {
 		rate, period := Reduced(l)
@@ -79,8 +79,8 @@ func (la *limitArgs) header(args []any) []any {
 	if !la.quota {
 		return append(args, la.head[:]...)
 	}
-	end, next := la.cal.Window(wallClock())
-	return append(args, "w"+strconv.FormatInt(end.UnixMicro(), 10), next.UnixMicro(), la.head[2])
+	w, next := quotaSpec(la.cal)
+	return append(args, w, next, la.head[2])
 }
 
 // check checks a single-limit call's arguments and finds its limit's. It

@@ -20,10 +20,11 @@
 --            (L = -1: one limit, and every call exact; see below):
 --              r, p, burst       a token bucket: r tokens every p µs (the
 --                                rate and period reduced by their gcd)
---              'w<end>', next, burst
---                                a calendar quota: the ends (µs, the
---                                client's clock) of its window and of the
---                                next one, as spec in common.lua reads them
+--              'w<end>:<start>', next, burst
+--                                a calendar quota: the end and start (µs,
+--                                the client's clock) of its window and the
+--                                end of the next one, as spec in
+--                                common.lua reads them
 --            then, per call, in KEYS order:
 --              k, want           an exact call (min = want, share 1) under
 --                                limit k (1 <= k <= L)
@@ -82,16 +83,17 @@ if done then return done end
 
 -- The limits: CAL[k] tells a calendar quota; A, B are r and p, or the
 -- two window ends.
-local CAL, A, B, BURST = {}, {}, {}, {}
+local CAL, A, B, S, BURST = {}, {}, {}, {}, {}
 for k = 1, L do
   local i = 3 * k
   local a, b, burst = ARGV[i], int(ARGV[i + 1]), int(ARGV[i + 2])
-  if string.byte(a, 1) == 119 then -- 'w'
-    a = tonumber(string.sub(a, 2))
-    if a == nil or a ~= a or a % 1 ~= 0 or a < 1 or a >= MAX or not b or b <= a then
+  if string.byte(a, 1) == 119 then -- 'w<end>:<start>', as quota_ends in common.lua reads it
+    local e, st = string.match(a, '^w(%d+):(%d+)$')
+    a, st = tonumber(e), tonumber(st)
+    if a == nil or st == nil or st < 1 or a <= st or a >= MAX or not b or b <= a then
       return redis.error_reply(BAD)
     end
-    CAL[k] = true
+    CAL[k], S[k] = true, st
   else
     a = int(a)
     CAL[k] = false
@@ -220,7 +222,8 @@ for c = 1, n do
     -- window ahead of the client's.
     if cal then
       if now >= last then
-        local cur = a
+        local cur = S[k]
+        if now >= cur then cur = a end
         if now >= a then cur = b end
         if now >= cur then cur = now + (b - a) end
         w, last = burst, cur

@@ -105,17 +105,28 @@ local function refill(w, f, last, now, r, p, burst)
   return w, f, last
 end
 
+-- quota_ends reads a calendar quota's 'w<end>:<start>' (see spec): the
+-- end and the start of the client's window, or nil.
+local function quota_ends(v)
+  local e, s = string.match(v, '^w(%d+):(%d+)$')
+  e, s = tonumber(e), tonumber(s)
+  if e == nil or s == nil or s < 1 or e <= s or e >= MAX then return nil end
+  return e, s
+end
+
 -- spec reads the kind of a bucket at ARGV[i] and ARGV[i+1]: r and p of a
--- token bucket, or 'w<end>' and next for a calendar quota (the ends, in µs
--- on the client's clock, of the window it is in and of the one after; this
--- server's clock picks one of the two). It returns cal (a calendar quota or
--- not) and the two numbers, or nil.
+-- token bucket, or 'w<end>:<start>' and next for a calendar quota (in µs
+-- on the client's clock, the end and the start of the window it is in and
+-- the end of the one after; this server's clock picks one of the three
+-- ends: the start is the end of the window before). It returns cal (a
+-- calendar quota or not) and the two numbers, and a quota's start; or nil.
 local function spec(i)
   local a = ARGV[i]
   if a ~= nil and string.byte(a, 1) == 119 then -- 'w'
-    local e, n = tonumber(string.sub(a, 2)), int(i + 1)
-    if e == nil or e ~= e or e % 1 ~= 0 or e < 1 or e >= MAX or not n or n <= e then return nil end
-    return true, e, n
+    local e, s = quota_ends(a)
+    local n = int(i + 1)
+    if not e or not n or n <= e then return nil end
+    return true, e, n, s
   end
   local r, p = int(i), int(i + 1)
   if not (r and p) then return nil end
@@ -124,12 +135,15 @@ end
 
 -- advance brings a bucket (w + f/p tokens at last) to now. A token bucket
 -- refills (a, b are r, p). For a calendar quota (a, b are the ends of two
--- windows) last is the end of the window w belongs to: once it has passed,
--- the bucket is full again (a debt is forgiven), for the window now is in.
-local function advance(cal, w, f, last, now, a, b, burst)
+-- windows, s the start of the first) last is the end of the window w
+-- belongs to: once it has passed, the bucket is full again (a debt is
+-- forgiven), for the window now is in: the one before the client's when
+-- this server's clock is behind it.
+local function advance(cal, w, f, last, now, a, b, burst, s)
   if not cal then return refill(w, f, last, now, a, b, burst) end
   if now >= last then
-    local cur = a
+    local cur = s
+    if now >= s then cur = a end
     if now >= a then cur = b end
     -- This server's clock is more than a window ahead of the client's:
     -- a window of the usual length from now, so the bucket ends in the

@@ -53,7 +53,7 @@ const refTakeSrc = `
 -- bucket's last reset (see refund.lua). A resent call's stored reply has
 -- four elements: when its tokens left is not known.
 local function take(key, base, now)
-  local cal, a, b = spec(base + 1)
+  local cal, a, b, s = spec(base + 1)
   local burst, want, min, share = int(base + 3), int(base + 4), int(base + 5), int(base + 6)
   if cal == nil or not (burst and want and min and share)
       or share > 1000000 or min > want or want > burst or burst > HUGE then
@@ -74,7 +74,7 @@ local function take(key, base, now)
   end
   local w, f, last = burst, 0, now
   if found then w, f, last = bw, bf, bt end
-  w, f, last = advance(cal, w, f, last, now, a, b, burst)
+  w, f, last = advance(cal, w, f, last, now, a, b, burst, s)
 
   local granted = 0
   if w >= min then

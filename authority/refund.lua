@@ -36,7 +36,7 @@
 -- and floored at -burst: a bucket owes at most one burst, which later
 -- requests wait out. A missing key is full: a refund has nothing to do. A
 -- bucket that becomes full is deleted, since a missing key reads as full.
-local cal, a, b = spec(1)
+local cal, a, b, s = spec(1)
 local burst = int(3)
 local n, window, since, life = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), int(7)
 if cal == nil or not (burst and n and window and since and life) or n ~= n or n % 1 ~= 0 or n == 0
@@ -52,7 +52,7 @@ if err then return err end
 if not found then
   w0, f0, t0, rid, tail = burst, 0, now, '-', ''
 end
-local w, f, last = advance(cal, w0, f0, t0, now, a, b, burst)
+local w, f, last = advance(cal, w0, f0, t0, now, a, b, burst, s)
 
 -- report is the reply for an adjustment not applied: the bucket as it is.
 local function report()

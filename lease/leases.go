@@ -506,14 +506,16 @@ type Stamp struct {
 	// with the same Lowered and no lower Since after bound the taken
 	// tokens by the first Since.
 	Lowered int64
+	e       *entry // the entry read: a key evicted and seen again has a new one, whose Lowered starts afresh
 }
 
 // Floor is what bounds from below the grant times of tokens taken from a
 // lease between reading s and reading after: s.Since, unless the lease's
 // Since went down meanwhile (a grant older than its tokens joined it, and
-// the take may have had some of them): 0, unknown.
+// the take may have had some of them) or the key's lease was made anew (it
+// was evicted, taking that count with it): 0, unknown.
 func (s Stamp) Floor(after Stamp) int64 {
-	if after.Lowered != s.Lowered || after.Since < s.Since {
+	if after.e != s.e || after.Lowered != s.Lowered || after.Since < s.Since {
 		return 0
 	}
 	return s.Since
@@ -530,7 +532,7 @@ func (ls *Leases) Stamps(key string, now int64) (Stamp, bool) {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return Stamp{Since: e.since, Window: e.window, Windows: e.windows, Lowered: e.lowered}, e.since != 0 && now < e.expires.Load()
+	return Stamp{Since: e.since, Window: e.window, Windows: e.windows, Lowered: e.lowered, e: e}, e.since != 0 && now < e.expires.Load()
 }
 
 // Charge takes n tokens of key's live lease at now, for a reservation's

@@ -1,6 +1,7 @@
 package lease
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -520,5 +521,49 @@ func TestLeaseStampsAgainstTokens(t *testing.T) {
 				log = append(log, "surrender")
 			}
 		}
+	}
+}
+
+// TestFloorAcrossEviction: a reservation's readings of its lease's stamps
+// before and after its take bound its tokens only if both are of one lease:
+// a key evicted and made again between them has a new entry, whose count
+// of lowered stamps starts afresh. Here a late grant (500, before a Reset
+// at 700) joins the lease between the first reading (1000) and the take,
+// then the key is evicted and refilled at 2000 before the second reading.
+// Found by an adversarial review: the bound was 1000, and the surplus of
+// tokens granted at 500 would have gone back to the fresh bucket.
+func TestFloorAcrossEviction(t *testing.T) {
+	settings := policy.Lease{TTL: time.Minute, IdleTTL: time.Hour}
+	tb := NewTable(minCapacity, settings) // one entry per shard
+	ls := New(tb, policy.PerSecond(1000), settings, 1)
+	now := 1 * s
+	grant := func(e *entry, g, at int64) {
+		ls.sizer.Install(e, request{Want: g, Min: 1}, Outcome{Granted: g, Remaining: bigRemaining, At: at}, now)
+	}
+	other := ""
+	for i := 0; other == ""; i++ {
+		if k := fmt.Sprint("o", i); tb.t.shard(k) == tb.t.shard("k") {
+			other = k
+		}
+	}
+	first, _ := ls.getOrCreate("k", now)
+	grant(first, 2, 1000)
+	pre, known := ls.Stamps("k", now)
+	if !known || pre.Since != 1000 {
+		t.Fatalf("Stamps = %+v, %v; want Since 1000", pre, known)
+	}
+	grant(first, 10, 500)
+	if a := ls.Decide("k", 10, now); a.Status != Leased {
+		t.Fatalf("Decide(10) = %+v; want it from the lease", a)
+	}
+	now += 10 * s
+	if _, ev := ls.getOrCreate(other, now); ev.Tokens == 0 || !first.Removed() {
+		t.Fatalf("k was not evicted (%+v)", ev)
+	}
+	again, _ := ls.getOrCreate("k", now)
+	grant(again, 5, 2000)
+	post, _ := ls.Stamps("k", now)
+	if floor := pre.Floor(post); floor > 500 {
+		t.Errorf("Floor = %d for a take of tokens granted at 500 (readings %d and %d of two leases)", floor, pre.Since, post.Since)
 	}
 }

@@ -113,6 +113,14 @@ func (c Calendar) validate(l Limit) error {
 // the window after it, in c's Location (so a day ends at that zone's
 // midnight, whatever its offset that day).
 func (c Calendar) Window(t time.Time) (end, next time.Time) {
+	_, end, next = c.Bounds(t)
+	return end, next
+}
+
+// Bounds returns the start of the window of c that holds t (the end of the
+// one before it), its end, and the end of the window after it, in c's
+// Location.
+func (c Calendar) Bounds(t time.Time) (start, end, next time.Time) {
 	loc := c.location()
 	t = t.In(loc)
 	y, m, d := t.Date()
@@ -123,24 +131,24 @@ func (c Calendar) Window(t time.Time) (end, next time.Time) {
 		// next o'clock in one of the two offsets of the hour repeated at
 		// the end of summer time, which made that hour's window two
 		// hours long (01:30 EDT ended at 02:00 EST).
-		start := t.Add(-(time.Duration(t.Minute())*time.Minute + time.Duration(t.Second())*time.Second + time.Duration(t.Nanosecond())))
+		start = t.Add(-(time.Duration(t.Minute())*time.Minute + time.Duration(t.Second())*time.Second + time.Duration(t.Nanosecond())))
 		end = start.Add(time.Hour)
 		next = end.Add(time.Hour)
 	case Day:
+		start = time.Date(y, m, d, 0, 0, 0, 0, loc)
 		end = time.Date(y, m, d+1, 0, 0, 0, 0, loc)
 		next = time.Date(y, m, d+2, 0, 0, 0, 0, loc)
 	case Week:
-		untilMonday := (8 - int(t.Weekday())) % 7
-		if untilMonday == 0 {
-			untilMonday = 7
-		}
-		end = time.Date(y, m, d+untilMonday, 0, 0, 0, 0, loc)
-		next = time.Date(y, m, d+untilMonday+7, 0, 0, 0, 0, loc)
+		sinceMonday := (int(t.Weekday()) + 6) % 7
+		start = time.Date(y, m, d-sinceMonday, 0, 0, 0, 0, loc)
+		end = time.Date(y, m, d-sinceMonday+7, 0, 0, 0, 0, loc)
+		next = time.Date(y, m, d-sinceMonday+14, 0, 0, 0, 0, loc)
 	case Month:
+		start = time.Date(y, m, 1, 0, 0, 0, 0, loc)
 		end = time.Date(y, m+1, 1, 0, 0, 0, 0, loc)
 		next = time.Date(y, m+2, 1, 0, 0, 0, 0, loc)
 	}
-	return end, next
+	return start, end, next
 }
 
 // zones maps a time zone's name to the one *time.Location Canonical gives

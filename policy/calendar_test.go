@@ -55,6 +55,11 @@ func TestCalendarWindow(t *testing.T) {
 		if !end.Equal(tc.end) || !next.Equal(tc.next) {
 			t.Errorf("%v Window(%v) = %v, %v; want %v, %v", tc.c.Every, tc.t, end, next, tc.end, tc.next)
 		}
+		// The window starts where the one before it ends, at or before t.
+		start, _, _ := tc.c.Bounds(tc.t)
+		if prev, _ := tc.c.Window(start.Add(-time.Nanosecond)); !prev.Equal(start) || start.After(tc.t) {
+			t.Errorf("%v Bounds(%v) starts %v; the window before ends %v", tc.c.Every, tc.t, start, prev)
+		}
 	}
 	end, _ := Calendar{Every: Day, Location: ny}.Window(at("2026-11-01 10:00", ny))
 	if d := end.Sub(at("2026-11-01 00:00", ny)); d != 25*time.Hour {
