@@ -510,13 +510,14 @@ func (r *Redis) acquireWith(ctx context.Context, as []*Acquisition) []*Acquisiti
 }
 
 // multiKey reports whether one script may take several keys: every key
-// lives on the one node (not a Cluster or Ring).
+// lives on the one node. Only a *redis.Client (a single node, or Sentinel's
+// failover client) says so: a Cluster or Ring does not, nor does a client
+// of the user's own type (a wrapper around a ClusterClient would otherwise
+// send keys of many slots in one script: CROSSSLOT), which pays one
+// script per user key's hash tag instead.
 func (r *Redis) multiKey() bool {
-	switch r.client.(type) {
-	case *redis.ClusterClient, *redis.Ring:
-		return false
-	}
-	return true
+	_, single := r.client.(*redis.Client)
+	return single
 }
 
 // exact takes exactly n tokens or none: Acquire(ctx, key, l, n, n, 1).

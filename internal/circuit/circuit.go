@@ -9,11 +9,12 @@
 // up; a budget miss while the process was behind is not Redis's),
 // connection refused or reset, a closed pool, and Redis replies that mean
 // the server cannot serve now (LOADING, BUSY, READONLY, MASTERDOWN,
-// CLUSTERDOWN, TRYAGAIN, MISCONF, NOREPLICAS, OOM). Not counted: success, a
-// caller's context.Canceled, NOSCRIPT (the authority reloads the script and
-// retries), and errors that are leaselimit's own bugs (the authority's
-// ErrScript and ErrReply), which the Client returns to the caller instead
-// of hiding them behind the failure policy.
+// CLUSTERDOWN, MISCONF, NOREPLICAS, OOM). Not counted: success, a caller's
+// context.Canceled, NOSCRIPT (the authority reloads the script and
+// retries), a Redis Cluster slot moving between nodes (see Moving), and
+// errors that are leaselimit's own bugs (the authority's ErrScript and
+// ErrReply), which the Client returns to the caller instead of hiding them
+// behind the failure policy.
 package circuit
 
 import (
@@ -202,7 +203,30 @@ func Unreachable(err error) bool {
 
 // unavailable are the codes of Redis error replies that mean the server
 // cannot serve now.
-var unavailable = []string{"LOADING", "BUSY", "READONLY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "MISCONF", "NOREPLICAS", "OOM"}
+var unavailable = []string{"LOADING", "BUSY", "READONLY", "MASTERDOWN", "CLUSTERDOWN", "MISCONF", "NOREPLICAS", "OOM"}
+
+// moving are the codes of the Redis Cluster replies that say the call's
+// slot is moving between nodes (see Moving).
+var moving = []string{"MOVED ", "ASK ", "TRYAGAIN"}
+
+// Moving reports whether err is a Redis Cluster reply that says the call's
+// slot is moving between nodes (a reshard), left once go-redis's
+// redirects ran out: MOVED, ASK, or TRYAGAIN (a multi-key call during a
+// migration, as leaselimit's are: their resend-safety keys never exist
+// beforehand). The call was not made; the node is healthy. The failure
+// policy decides for it, and the breaker does not count it, so the
+// node's other slots keep going to Redis.
+func Moving(err error) bool {
+	if err == nil {
+		return false
+	}
+	for _, code := range moving {
+		if redis.HasErrorPrefix(err, code) {
+			return true
+		}
+	}
+	return false
+}
 
 // Counts reports whether err counts as a Redis failure: by its type or
 // sentinel (a timeout, a network error, a closed or exhausted pool, a

@@ -79,8 +79,13 @@ func TestClassification(t *testing.T) {
 		{"READONLY", replyError("READONLY You can't write against a read only replica."), true, false},
 		{"MASTERDOWN", replyError("MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'."), true, false},
 		{"CLUSTERDOWN", replyError("CLUSTERDOWN The cluster is down"), true, false},
-		{"TRYAGAIN", replyError("TRYAGAIN Multiple keys request during rehashing of slot"), true, false},
 		{"OOM", replyError("OOM command not allowed when used memory > 'maxmemory'."), true, false},
+
+		// A Cluster slot moving between nodes: the node is healthy (see
+		// TestMoving).
+		{"TRYAGAIN", replyError("TRYAGAIN Multiple keys request during rehashing of slot"), false, false},
+		{"MOVED", replyError("MOVED 280 127.0.0.1:41169"), false, false},
+		{"ASK", replyError("ASK 1000 127.0.0.1:41170"), false, false},
 
 		// NOSCRIPT: the authority reloads the script and retries.
 		{"NOSCRIPT", replyError("NOSCRIPT No matching script. Please use EVAL."), false, true},
@@ -440,4 +445,24 @@ func TestConcurrent(t *testing.T) {
 		t.Error("never tripped under 90% failures")
 	}
 	t.Logf("%d trips, %d transitions", tr.opens(), len(tr.list()))
+}
+
+// TestMoving: the replies that say a Cluster slot is moving between nodes,
+// and nothing else.
+func TestMoving(t *testing.T) {
+	for _, err := range []error{
+		replyError("TRYAGAIN Multiple keys request during rehashing of slot"),
+		replyError("MOVED 280 127.0.0.1:41169"),
+		replyError("ASK 1000 127.0.0.1:41170"),
+		fmt.Errorf("wrapped: %w", replyError("ASK 1000 127.0.0.1:41170")),
+	} {
+		if !circuit.Moving(err) {
+			t.Errorf("Moving(%v) = false; want true", err)
+		}
+	}
+	for _, err := range []error{nil, replyError("CLUSTERDOWN The cluster is down"), replyError("ERR ASKING is not allowed"), errors.New("MOVED, but not a reply")} {
+		if circuit.Moving(err) {
+			t.Errorf("Moving(%v) = true; want false", err)
+		}
+	}
 }
