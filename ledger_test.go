@@ -228,14 +228,73 @@ func TestResetThenSurplusOnTheSameInstance(t *testing.T) {
 // them with the old ones (a lease's worth lost per Reset; the fleet
 // accounting test once admitted 48 of a fresh burst of 49).
 func TestPrefetchAfterResetGoesBack(t *testing.T) {
+	pr := prefetchAfterReset(t)
+	if err := pr.leased.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// The fresh bucket lost at most the admissions after the Reset (fewer
+	// when they came from the old lease), not the prefetch.
+	got := peekRemaining(t, pr.exact, "k")
+	t.Logf("%d admitted after the Reset; the prefetch took %d; after Close the fresh bucket holds %d", pr.after, pr.took, got)
+	if got < pr.limit.Burst-pr.after || got > pr.limit.Burst {
+		t.Errorf("after Close the fresh bucket holds %d; want between %d and %d: the prefetch's %d tokens taken from it went back as old ones", got, pr.limit.Burst-pr.after, pr.limit.Burst, pr.took)
+	}
+}
+
+// TestExcessOfFreshTokensCharged: a reservation that takes all of a lease
+// holding old tokens and a prefetch made after another instance's Reset
+// has tokens of the fresh bucket; settled above its estimate, its excess is
+// charged to the fresh bucket. On a real redis-server. Regression: the
+// excess was stamped with the lease's older tokens' time, and the fresh
+// bucket forgave it, admitting that much more than its burst (found by an
+// adversarial review).
+func TestExcessOfFreshTokensCharged(t *testing.T) {
+	pr := prefetchAfterReset(t)
+	ctx := context.Background()
+	// Take a chunk of the fresh bucket, so that Peek on the lease
+	// instance (the bucket and its lease, at most a burst) tells its lease.
+	if d, err := pr.exact.AllowN(ctx, "k", 5000); err != nil || !d.Allowed {
+		t.Fatalf("AllowN(5000) = %+v, %v", d, err)
+	}
+	bucket := peekRemaining(t, pr.exact, "k")
+	held := peekRemaining(t, pr.leased, "k") - bucket
+	r, err := pr.leased.Reserve(ctx, "k", held)
+	if err != nil || !r.Decision().Allowed || r.Decision().Source != leaselimit.SourceLease {
+		t.Fatalf("Reserve(%d), the whole lease = %+v, %v", held, r.Decision(), err)
+	}
+	if err := r.Settle(ctx, held+5); err != nil {
+		t.Fatal(err)
+	}
+	if err := pr.leased.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := peekRemaining(t, pr.exact, "k"), bucket-5; got != want {
+		t.Errorf("the fresh bucket holds %d; want %d: the excess of 5 of a reservation of its tokens was not charged", got, want)
+	}
+}
+
+// prefetched is a lease instance whose lease holds the old generation's
+// tokens and a prefetch of the fresh bucket (see prefetchAfterReset).
+type prefetched struct {
+	leased, exact *leaselimit.Limiter
+	limit         policy.Limit
+	after, took   int64 // admissions after the Reset; the prefetch's tokens
+}
+
+// prefetchAfterReset grows a lease of key "k" on a real redis-server,
+// resets the key on another instance, and spends the lease until a
+// prefetch reaches the fresh bucket while the lease still holds old
+// tokens.
+func prefetchAfterReset(t *testing.T) prefetched {
+	t.Helper()
 	srv := redistest.Start(t)
 	ctx := context.Background()
-	l := policy.Limit{Name: "prefetch-after-reset", Rate: 1, Period: 24 * time.Hour, Burst: 10_000}
-	leased := mustNew(t, srv.Client(t), l, leaselimit.WithLease(policy.Lease{TTL: time.Hour, IdleTTL: time.Hour}))
-	exact := mustNew(t, srv.Client(t), l, leaselimit.WithoutLease(), leaselimit.WithTimeout(5*time.Second))
+	pr := prefetched{limit: policy.Limit{Name: "prefetch-after-reset", Rate: 1, Period: 24 * time.Hour, Burst: 10_000}}
+	pr.leased = mustNew(t, srv.Client(t), pr.limit, leaselimit.WithLease(policy.Lease{TTL: time.Hour, IdleTTL: time.Hour}))
+	pr.exact = mustNew(t, srv.Client(t), pr.limit, leaselimit.WithoutLease(), leaselimit.WithTimeout(5*time.Second))
 	allow := func() leaselimit.Decision {
 		t.Helper()
-		d, err := leased.Allow(ctx, "k")
+		d, err := pr.leased.Allow(ctx, "k")
 		if err != nil || !d.Allowed {
 			t.Fatalf("Allow = %+v, %v", d, err)
 		}
@@ -245,34 +304,22 @@ func TestPrefetchAfterResetGoesBack(t *testing.T) {
 	for range 500 {
 		allow()
 	}
-	for level, prev := peekRemaining(t, exact, "k"), int64(-1); level != prev; level, prev = peekRemaining(t, exact, "k"), level {
+	for level, prev := peekRemaining(t, pr.exact, "k"), int64(-1); level != prev; level, prev = peekRemaining(t, pr.exact, "k"), level {
 	}
-	if err := exact.Reset(ctx, "k"); err != nil {
+	if err := pr.exact.Reset(ctx, "k"); err != nil {
 		t.Fatal(err)
 	}
-	// Spend the old lease until a refill reaches the fresh bucket: a
-	// prefetch, while the lease still holds old tokens.
-	var after int64
-	for peekRemaining(t, exact, "k") == l.Burst {
-		if after == l.Burst {
+	for peekRemaining(t, pr.exact, "k") == pr.limit.Burst {
+		if pr.after == pr.limit.Burst {
 			t.Fatal("no refill reached the fresh bucket")
 		}
 		if d := allow(); d.Source != leaselimit.SourceLease {
-			t.Skipf("admission %d after the Reset came from %v, not the old lease: no prefetch landed on old tokens this run", after+1, d.Source)
+			t.Skipf("admission %d after the Reset came from %v, not the old lease: no prefetch landed on old tokens this run", pr.after+1, d.Source)
 		}
-		after++
+		pr.after++
 	}
-	took := l.Burst - peekRemaining(t, exact, "k")
-	if err := leased.Close(); err != nil {
-		t.Fatal(err)
-	}
-	// The fresh bucket lost at most the admissions after the Reset (fewer
-	// when they came from the old lease), not the prefetch.
-	got := peekRemaining(t, exact, "k")
-	t.Logf("%d admitted after the Reset; the prefetch took %d; after Close the fresh bucket holds %d", after, took, got)
-	if got < l.Burst-after || got > l.Burst {
-		t.Errorf("after Close the fresh bucket holds %d; want between %d and %d: the prefetch's %d tokens taken from it went back as old ones", got, l.Burst-after, l.Burst, took)
-	}
+	pr.took = pr.limit.Burst - peekRemaining(t, pr.exact, "k")
+	return pr
 }
 
 // TestLateRefillAfterResetStaysOld: a lease refill that Redis ran before

@@ -100,14 +100,17 @@ func (l *Limiter) stampOf(d Decision, key string, taken time.Time, pre lease.Sta
 		}
 		return st
 	}
-	// The generation: the lease's Since before the take bounds the tokens
-	// from below, for a refund and a charge alike (tokens that may predate
-	// a Reset are not the fresh bucket's to take back or to be charged
-	// for); a lease made for this request has no earlier reading. The
-	// window: a surplus goes back to the earliest, an excess is charged to
-	// the latest.
+	// The generation: a surplus goes back to the oldest generation the
+	// tokens may be of (the lease's Since before the take bounds them
+	// from below: tokens that may predate a Reset are not the fresh
+	// bucket's to take back), an excess is charged to the newest (the
+	// lease's newest grant by the reading after the take: the fresh
+	// bucket pays for what may be its tokens, and only an excess of
+	// tokens all older than a Reset is forgiven). A lease made for this
+	// request has no earlier reading. The window: a surplus goes back to
+	// the earliest, an excess is charged to the latest.
 	post, _ := l.leases.Stamps(key, l.clock.now())
-	st.charge = origin{since: post.Since, window: post.Window}
+	st.charge = origin{since: pre.Ceiling(post), window: post.Window}
 	st.chargeParts = post.Windows
 	if known {
 		// A grant older than the lease's tokens (a late reply) may have
@@ -115,7 +118,6 @@ func (l *Limiter) stampOf(d Decision, key string, taken time.Time, pre lease.Sta
 		// treated as older (dropped after a Reset).
 		st.refund = origin{since: pre.Floor(post), window: pre.Window}
 		st.refundParts = pre.Windows
-		st.charge.since = pre.Since
 	}
 	return st
 }
@@ -251,7 +253,7 @@ func (l *Limiter) settleLocally(ls *lease.Leases, ms []*member, key string, n in
 		if !sameWindow(ms, st.taken, time.Now()) {
 			return false // a calendar quota's tokens of an earlier window: gone
 		}
-		return ls.Give(key, n, st.refund.since, st.windowFor(ms[0].limit, n), now)
+		return ls.Give(key, n, st.refund.since, st.charge.since, st.windowFor(ms[0].limit, n), now)
 	}
 	return ls.Charge(key, -n, st.charge.since, now)
 }

@@ -1,6 +1,7 @@
 package lease
 
 import (
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -64,6 +65,12 @@ type entry struct {
 	// no older than the first reading only if it did not change (see
 	// Leases.Stamps).
 	lowered int64
+	// newest is the latest grant time of any token the lease has held
+	// (an upper bound; math.MaxInt64 when a grant's time was unknown): a
+	// reservation's excess is charged to the newest generation its tokens
+	// may be of (see Stamp.Ceiling). It never goes down, so a reading
+	// after a take bounds what the take had.
+	newest int64
 	// windows, for a multi-limit's lease, are its members' window ends
 	// (0 for a token bucket member): fixed for the lease's life, since a
 	// grant of another window never joins it (see sizer.Install).
@@ -119,18 +126,28 @@ func (e *entry) Take(n, now int64) (ok bool, left int64) {
 	}
 }
 
+// upperOf is a grant time as an upper bound: at, or math.MaxInt64 for an
+// unknown time (0).
+func upperOf(at int64) int64 {
+	if at == 0 {
+		return math.MaxInt64
+	}
+	return at
+}
+
 // Give adds n tokens to a live lease; it reports false for an expired one,
 // and for tokens that may be older than the lease's own or of another
 // calendar window (since and window are their stamps, see entry.since):
 // tokens taken before a Reset must not join a lease of the fresh bucket,
 // where they would be spent, not dropped. e.mu orders it against expiry,
 // which takes the tokens back.
-func (e *entry) Give(n, since, window, now int64) bool {
+func (e *entry) Give(n, since, newest, window, now int64) bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if now >= e.expires.Load() || e.removed.Load() || since == 0 || since < e.since || window != e.window {
 		return false
 	}
+	e.newest = max(e.newest, upperOf(newest))
 	// The fresh part is what is left of it before the surplus joins the
 	// older tokens (see stampGrant: read after the add, a lower bound).
 	before := e.tokens.Add(n) - n + e.reserved.Load()
@@ -291,6 +308,7 @@ func (e *entry) stampGrant(at, granted, before, window int64, windows []int64) {
 	if at < e.since {
 		e.lowered++
 	}
+	e.newest = max(e.newest, upperOf(at))
 	if before <= 0 {
 		e.since, e.window, e.windows = at, window, windows
 		e.fresh, e.freshSince = 0, 0

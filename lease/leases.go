@@ -1,6 +1,7 @@
 package lease
 
 import (
+	"math"
 	"sync/atomic"
 	"time"
 
@@ -453,9 +454,10 @@ func (ls *Leases) Outstanding(key string, now int64) int64 {
 // Give puts n tokens (taken from the bucket already and not used, such as
 // the surplus of a settled reservation) into key's live lease at now, to be
 // spent here or returned with the lease. since and window stamp them (see
-// Return): tokens of another calendar window than the lease's do not join
-// it. It reports false, changing nothing, when they cannot join.
-func (ls *Leases) Give(key string, n, since, window, now int64) bool {
+// Return), and newest bounds their grant times from above (see
+// Stamp.Ceiling): tokens of another calendar window than the lease's do
+// not join it. It reports false, changing nothing, when they cannot join.
+func (ls *Leases) Give(key string, n, since, newest, window, now int64) bool {
 	e := ls.table.Get(ls, key)
 	if e == nil || n <= 0 {
 		return false
@@ -466,7 +468,7 @@ func (ls *Leases) Give(key string, n, since, window, now int64) bool {
 		// with a quota's window (see Leases.window).
 		window = 0
 	}
-	return e.Give(n, since, window, now)
+	return e.Give(n, since, newest, window, now)
 }
 
 // Surrender takes the unspent tokens of key's live lease out at now, to go
@@ -506,7 +508,24 @@ type Stamp struct {
 	// with the same Lowered and no lower Since after bound the taken
 	// tokens by the first Since.
 	Lowered int64
-	e       *entry // the entry read: a key evicted and seen again has a new one, whose Lowered starts afresh
+	// Newest is the latest grant time of any token the lease has held
+	// (math.MaxInt64 when unknown); it never goes down (see Ceiling).
+	Newest int64
+	e      *entry // the entry read: a key evicted and seen again has a new one, whose Lowered starts afresh
+}
+
+// Ceiling is what bounds from above the grant times of tokens taken from a
+// lease between reading s and reading after: the lease's newest grant by
+// the second reading, or math.MaxInt64 (unknown, the current generation's)
+// when the key's lease was made anew meanwhile. A reservation's excess is
+// charged to the newest generation its tokens may be of: charged to a
+// fresh bucket for tokens of an older one, it under-admits; forgiven for
+// tokens of the fresh one, it would over-admit.
+func (s Stamp) Ceiling(after Stamp) int64 {
+	if after.e != s.e || after.e == nil {
+		return math.MaxInt64
+	}
+	return max(s.Newest, after.Newest)
 }
 
 // Floor is what bounds from below the grant times of tokens taken from a
@@ -532,7 +551,7 @@ func (ls *Leases) Stamps(key string, now int64) (Stamp, bool) {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return Stamp{Since: e.since, Window: e.window, Windows: e.windows, Lowered: e.lowered, e: e}, e.since != 0 && now < e.expires.Load()
+	return Stamp{Since: e.since, Window: e.window, Windows: e.windows, Lowered: e.lowered, Newest: e.newest, e: e}, e.since != 0 && now < e.expires.Load()
 }
 
 // Charge takes n tokens of key's live lease at now, for a reservation's

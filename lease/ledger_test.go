@@ -2,6 +2,7 @@ package lease
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -71,17 +72,17 @@ func TestGiveKeepsStamps(t *testing.T) {
 	z := newSizer(policy.Quota("q", 1000, policy.Hour, time.UTC), policy.Lease{TTL: time.Minute, IdleTTL: time.Hour})
 	e := &entry{key: "k"}
 	z.Install(e, request{Want: 10, Min: 1}, Outcome{Granted: 10, Remaining: bigRemaining, At: 500, Window: 1000}, 1*s)
-	if e.Give(3, 600, 2000, 2*s) {
+	if e.Give(3, 600, 600, 2000, 2*s) {
 		t.Error("Give of another window's surplus joined the lease")
 	}
-	if e.Give(3, 50, 1000, 2*s) {
+	if e.Give(3, 50, 50, 1000, 2*s) {
 		t.Error("Give of a surplus older than the lease (before a Reset, maybe) joined it")
 	}
-	if e.Give(3, 0, 1000, 2*s) {
+	if e.Give(3, 0, 0, 1000, 2*s) {
 		t.Error("Give of a surplus of an unknown stamp joined the lease")
 	}
-	if !e.Give(3, 600, 1000, 2*s) || e.Tokens() != 13 || e.since != 500 {
-		t.Errorf("Give of 3 stamped 600: lease %d since %d; want 13 since 500", e.Tokens(), e.since)
+	if !e.Give(3, 600, 700, 1000, 2*s) || e.Tokens() != 13 || e.since != 500 || e.newest != 700 {
+		t.Errorf("Give of 3 stamped 600 to 700: lease %d since %d newest %d; want 13 since 500 newest 700 (an excess taken from them may be of 700)", e.Tokens(), e.since, e.newest)
 	}
 	h := e.drainHeld()
 	if h.tokens != 13 || h.since != 500 || h.window != 1000 || h.windows != nil {
@@ -380,7 +381,7 @@ func TestFreshGrantKeepsItsStamp(t *testing.T) {
 	take(7)
 	install(8, 900)
 	take(10) // 1 left, of the fresh part
-	if !ls.Give("k", 5, 500, 0, 1*s) {
+	if !ls.Give("k", 5, 500, 500, 0, 1*s) {
 		t.Fatal("a surplus stamped 500 did not join a lease whose older tokens are of 500")
 	}
 	stamped("a surplus after the fresh part was spent", ls.Surrender("k", 1*s), part{1, 900}, part{5, 500})
@@ -463,7 +464,7 @@ func TestLeaseStampsAgainstTokens(t *testing.T) {
 					install() // lands between the reading and the take
 				}
 				k := 1 + rng.Int64N(int64(len(model)))
-				oldest := slices.Min(model)
+				oldest, newest := slices.Min(model), slices.Max(model)
 				if ok, _ := e.Take(k, 1*s); !ok {
 					fail("Take(%d) failed", k)
 				}
@@ -479,14 +480,21 @@ func TestLeaseStampsAgainstTokens(t *testing.T) {
 				if bound > oldest {
 					fail("a reservation bounded by %d took from a lease holding a token of %d", bound, oldest)
 				}
-				parked = append(parked, append(taken, bound))
+				ceiling := pre.Ceiling(post)
+				if !known {
+					ceiling = math.MaxInt64
+				}
+				if ceiling < newest {
+					fail("a reservation's excess charged as of %d took from a lease holding a token of %d", ceiling, newest)
+				}
+				parked = append(parked, append(taken, bound, ceiling))
 				log = append(log, "reserve")
 			case op == 4 && len(parked) > 0:
 				r := parked[len(parked)-1]
 				parked = parked[:len(parked)-1]
-				tokens, bound := r[:len(r)-1], r[len(r)-1]
+				tokens, bound, ceiling := r[:len(r)-2], r[len(r)-2], r[len(r)-1]
 				back := 1 + rng.Int64N(int64(len(tokens))) // the surplus: the newest of them, the rest spent
-				if ls.Give("k", back, bound, 0, 1*s) {
+				if ls.Give("k", back, bound, ceiling, 0, 1*s) {
 					model = append(model, tokens[int64(len(tokens))-back:]...)
 				}
 				log = append(log, "give")
