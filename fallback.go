@@ -30,11 +30,7 @@ func (l *Limiter) onError(ctx context.Context, brk *circuit.Breaker, key string,
 		return l.fallback(ctx, brk, key, n, telemetry.ReasonSaturated), nil
 	case ctx.Err() != nil && !errors.Is(err, circuit.ErrBudget) && !errors.Is(err, breaker.ErrOpen):
 		return Decision{Source: SourceNone}, ctx.Err()
-	case circuit.Moving(err):
-		// A Cluster slot moving between nodes: no call was made, and the
-		// node is healthy (the breaker does not count it).
-		return l.fallback(ctx, brk, key, n, telemetry.ReasonError), nil
-	case !circuit.Counts(err) && !errors.Is(err, breaker.ErrOpen) && !circuit.Excluded(err):
+	case !circuit.NoAnswer(err) && !errors.Is(err, breaker.ErrOpen) && !circuit.Excluded(err):
 		// Redis answered, but not with a decision: NOPERM (an ACL that is
 		// too narrow), WRONGTYPE (another program's key under our prefix)
 		// and the like. That is misconfiguration, not an outage: say so

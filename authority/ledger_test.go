@@ -99,12 +99,15 @@ func TestRefundAllAssignsIDs(t *testing.T) {
 	checkTokens(t, b, key, hourly, 55)
 }
 
-// acrossReset takes n tokens of key's bucket, resets it, moves the
-// server's clock on and takes m tokens of the fresh bucket: the grants on
-// either side of the Reset's mark.
-func acrossReset(t *testing.T, b *backend, r *Redis, key string, l policy.Limit, n, m int64) (before, after Grant) {
+// acrossReset takes n tokens of a bucket of burst 20 named name on b,
+// resets it, moves the server's clock on and takes m tokens of the fresh
+// bucket: the grants on either side of the Reset's mark.
+func acrossReset(t *testing.T, b *backend, name string, n, m int64) (r *Redis, key string, l policy.Limit, before, after Grant) {
 	t.Helper()
 	ctx := context.Background()
+	r = b.newAuthority(t, testPrefix)
+	l = policy.Limit{Name: name, Rate: 1, Period: time.Hour, Burst: 20}
+	key = r.Key(l, "k")
 	before, err := r.Acquire(ctx, key, l, n, n, 1)
 	if err != nil || before.Granted != n || before.At == 0 {
 		t.Fatalf("take %d = %+v, %v", n, before, err)
@@ -120,7 +123,7 @@ func acrossReset(t *testing.T, b *backend, r *Redis, key string, l policy.Limit,
 	if err != nil || after.Granted != m || after.At <= mark {
 		t.Fatalf("take %d after the Reset = %+v, %v; want granted, stamped after %d", m, after, err, mark)
 	}
-	return before, after
+	return r, key, l, before, after
 }
 
 // TestRefundAllKeepsGenerationsApart: two adjustments of one key in one
@@ -131,10 +134,7 @@ func acrossReset(t *testing.T, b *backend, r *Redis, key string, l policy.Limit,
 func TestRefundAllKeepsGenerationsApart(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, nb backendFactory) {
 		b := nb(t)
-		r := b.newAuthority(t, testPrefix)
-		l := policy.Limit{Name: "gen-apart", Rate: 1, Period: time.Hour, Burst: 20}
-		key := r.Key(l, "k")
-		before, after := acrossReset(t, b, r, key, l, 5, 8)
+		r, key, l, before, after := acrossReset(t, b, "gen-apart", 5, 8)
 		if failed := r.RefundAll(context.Background(), []Refund{
 			{Key: key, Limit: l, Tokens: 7, Since: after.At},
 			{Key: key, Limit: l, Tokens: 5, Since: before.At},
@@ -152,10 +152,7 @@ func TestRefundAllKeepsGenerationsApart(t *testing.T) {
 func TestResetStartsAGeneration(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, nb backendFactory) {
 		b := nb(t)
-		r := b.newAuthority(t, testPrefix)
-		l := policy.Limit{Name: "gen", Rate: 1, Period: time.Hour, Burst: 20}
-		key := r.Key(l, "k")
-		before, after := acrossReset(t, b, r, key, l, 10, 10) // the reservation, then 10 Allows
+		r, key, l, before, after := acrossReset(t, b, "gen", 10, 10) // the reservation, then 10 Allows
 		// Cancel the reservation: its tokens left the old bucket.
 		if w := apply(t, r, Refund{Key: key, Limit: l, Tokens: 10, Since: before.At}); w != 10 {
 			t.Errorf("cancel of a reservation from before the Reset: %d left; want 10 (dropped)", w)

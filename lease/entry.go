@@ -158,10 +158,10 @@ func (e *entry) Give(n, since, newest, window, now int64) bool {
 
 // Charge takes n tokens out of a live lease, for an excess settled against
 // it; it reports false, taking nothing, for an expired lease, fewer tokens,
-// and for an excess whose tokens may be older than the lease's (since is
-// their stamp, as Give's): a reservation taken before a Reset must not be
-// charged to a lease of the fresh bucket, which would charge the fresh
-// bucket (the authority drops such a charge). The excess of a reservation
+// and for an excess whose tokens are all older than the lease's (since is
+// the newest grant time they may be of: see Stamp.Ceiling): a reservation
+// taken before a Reset must not be charged to a lease of the fresh bucket,
+// which would charge the fresh bucket (the authority drops such a charge). The excess of a reservation
 // no older than the lease's older tokens is paid here even when those are
 // spent and it comes out of the fresh part (see entry.fresh), which keeps a
 // settlement against a live lease off Redis: should a Reset lie between

@@ -557,8 +557,8 @@ func (ls *Leases) Stamps(key string, now int64) (Stamp, bool) {
 // Charge takes n tokens of key's live lease at now, for a reservation's
 // excess, when that is the same as charging the bucket: the lease's
 // unused tokens all go back to it, and they are of the reservation's
-// generation (since, its tokens' stamp, is no older than the lease's: see
-// entry.Charge). A lease that holds a calendar quota's
+// generation (since, the newest grant time its tokens may be of, is no
+// older than the lease's: see entry.Charge). A lease that holds a calendar quota's
 // tokens never pays a charge: what it holds when its window ends is not
 // given back (the next window started full), so a charge paid from it
 // would cost the quota nothing.

@@ -228,6 +228,12 @@ func Moving(err error) bool {
 	return false
 }
 
+// NoAnswer reports whether err says that Redis gave the call no answer to
+// decide by, so that the failure policy decides: an outage (see Counts),
+// or a Cluster slot moving between nodes (see Moving), which the breaker
+// does not count.
+func NoAnswer(err error) bool { return Counts(err) || Moving(err) }
+
 // Counts reports whether err counts as a Redis failure: by its type or
 // sentinel (a timeout, a network error, a closed or exhausted pool, a
 // broken connection), or by the code of a Redis error reply.

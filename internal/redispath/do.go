@@ -96,7 +96,7 @@ func (p *Path) doError(err error) error {
 		return nil
 	case errors.Is(err, authority.ErrScript), errors.Is(err, authority.ErrReply):
 		return fmt.Errorf("leaselimit: %w", err)
-	case circuit.Counts(err), circuit.Moving(err):
+	case circuit.NoAnswer(err):
 		return fmt.Errorf("%w: %w", p.unavailable, err)
 	}
 	return fmt.Errorf("leaselimit: redis: %w", err)
