@@ -1216,17 +1216,21 @@ func TestACLLeastPrivilege(t *testing.T) {
 
 // TestClusterSlotMigration: while one slot of a master is migrating (as
 // redis-cli --cluster reshard leaves it while it moves keys), a call on a
-// key of that slot cannot run (Redis answers a multi-key script there with
-// ASK or TRYAGAIN) and goes to the failure policy without an error, and
-// the master's other slots keep deciding at Redis: the breaker does not
-// count the moving slot against its node. Regression: TRYAGAIN counted as
-// an outage of the node, whose breaker opened, and MOVED or ASK came back
-// to callers as errors (found by an adversarial review).
+// key of that slot is still decided at Redis, exactly: by the source while
+// the bucket is there, by the target once MIGRATE moved it. Redis refuses
+// leaselimit's usual two-key script there (ASK or TRYAGAIN: its batch key
+// never exists beforehand), and the call is made again on the bucket alone.
+// The master's other slots keep deciding at Redis, and its breaker stays
+// closed. Regressions: TRYAGAIN counted as an outage of the node, whose
+// breaker opened, and MOVED or ASK came back to callers as errors; then
+// the moving slot's calls went to the failure policy, which under FailOpen
+// admitted them all (both found by adversarial reviews).
 func TestClusterSlotMigration(t *testing.T) {
 	c := redistest.StartCluster(t, 3, 1)
 	ctx := context.Background()
-	l := policy.Limit{Name: "migrating", Rate: 1, Period: 24 * time.Hour, Burst: 1000}
-	lim := mustNew(t, c.Client(t), l, leaselimit.WithoutLease(), leaselimit.WithFailureMode(policy.FailClosed))
+	const burst = 40
+	l := policy.Limit{Name: "migrating", Rate: 1, Period: 24 * time.Hour, Burst: burst}
+	lim := mustNew(t, c.Client(t), l, leaselimit.WithoutLease(), leaselimit.WithFailureMode(policy.FailOpen))
 	slotOf := func(key string) int64 {
 		s, _ := c.Nodes[0].Do(t, "CLUSTER", "KEYSLOT", bucketKey(l, key)).(int64)
 		return s
@@ -1260,17 +1264,28 @@ func TestClusterSlotMigration(t *testing.T) {
 			s.Do(t, "CLUSTER", "SETSLOT", slot, "STABLE")
 		}
 	})
-	fallbacks := 0
-	for i := range 30 {
-		d, err := lim.Allow(ctx, moving)
-		if err != nil {
-			t.Fatalf("Allow #%d on the migrating slot: %v; want the failure policy's decision", i, err)
-		}
-		if d.Source == leaselimit.SourceFallback {
-			fallbacks++
+	admitted := 1
+	decide := func(phase string, n int) {
+		t.Helper()
+		for i := range n {
+			d, err := lim.Allow(ctx, moving)
+			if err != nil || d.Source != leaselimit.SourceAuthority {
+				t.Fatalf("Allow #%d on the migrating slot, %s = %+v, %v; want decided at Redis", i, phase, d, err)
+			}
+			if d.Allowed {
+				admitted++
+			}
 		}
 	}
-	t.Logf("%d of 30 decisions on the migrating slot went to the failure policy", fallbacks)
+	decide("its bucket on the source", 15)
+	src.Do(t, "MIGRATE", "127.0.0.1", dst.Port, "", 0, 5000, "KEYS", bucketKey(l, moving))
+	if n, _ := dst.Do(t, "CLUSTER", "COUNTKEYSINSLOT", slot).(int64); n != 1 {
+		t.Fatalf("the target holds %d keys of the slot after MIGRATE; want the bucket", n)
+	}
+	decide("its bucket on the target", 30)
+	if admitted != burst {
+		t.Errorf("%d admitted across the migration; want the burst, %d", admitted, burst)
+	}
 	for i := range 30 {
 		d, err := lim.Allow(ctx, other)
 		if err != nil || d.Source != leaselimit.SourceAuthority {

@@ -35,6 +35,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/leaselimit/leaselimit/internal/circuit"
 	"github.com/leaselimit/leaselimit/internal/cowmap"
 	"github.com/leaselimit/leaselimit/policy"
 	"github.com/redis/go-redis/v9"
@@ -386,8 +387,9 @@ const maxPerScript = 64
 // number of live batch keys small (one per invocation that granted).
 const batchLife = 5 * time.Second
 
-// batchLifeArg is batchLife as the script's argument, boxed once.
-var batchLifeArg any = batchLife.Milliseconds()
+// batchLifeArg is batchLife as the script's argument, boxed once;
+// unkeyedArg is the argument of an invocation without a batch key.
+var batchLifeArg, unkeyedArg any = batchLife.Milliseconds(), int64(0)
 
 // AcquireAll makes several acquire calls at once, each with its own outcome
 // in its Grant and Err. Multi-limit calls (With set) are acquire_all calls,
@@ -436,6 +438,43 @@ func (r *Redis) AcquireAll(ctx context.Context, as []*Acquisition) {
 		r.runAll(ctx, batchScript, invs)
 	}
 	for _, b := range batches {
+		b.decode()
+	}
+	r.acquireMoving(ctx, batches)
+}
+
+// acquireMoving makes again the calls of the batches a Redis Cluster
+// refused because their slot is migrating (circuit.Moving: a script on a
+// key that does not exist yet, as a batch key never does, is refused on
+// both nodes while the slot moves): one invocation per bucket and without
+// a batch key, which the node that holds the bucket serves (go-redis
+// follows its ASK), so that these calls stay exact while Redis answers
+// rather than go to the failure policy. Such an invocation is not safe to
+// resend: should go-redis resend it, it takes twice (under-admission).
+func (r *Redis) acquireMoving(ctx context.Context, batches []*batch) {
+	var again []*invocation
+	var redo []*batch
+	for _, b := range batches {
+		if !circuit.Moving(b.cmd.Err()) {
+			continue
+		}
+		calls := b.calls // grouped: the calls on one key are together
+		for len(calls) > 0 {
+			n := 1
+			for n < len(calls) && calls[n].Key == calls[0].Key {
+				n++
+			}
+			nb := r.batchOf(calls[:n], false)
+			redo = append(redo, nb)
+			again = append(again, &nb.invocation)
+			calls = calls[n:]
+		}
+	}
+	if len(redo) == 0 {
+		return
+	}
+	r.runAll(ctx, batchScript, again)
+	for _, b := range redo {
 		b.decode()
 	}
 }

@@ -111,14 +111,15 @@ type batch struct {
 
 // newBatch builds the invocation of calls with the calls on each key
 // together (see grouped and batchOf).
-func (r *Redis) newBatch(calls []*Acquisition) *batch { return r.batchOf(grouped(calls)) }
+func (r *Redis) newBatch(calls []*Acquisition) *batch { return r.batchOf(grouped(calls), true) }
 
 // batchOf builds the invocation of calls (at most maxPerScript, checked):
 // the batch key, then the calls' keys; the limits' headers, each once,
 // then each call's limit index and cost (and min and share_ppm when it is
 // not exact), or its cost alone when the batch has one limit and only
-// exact calls, as most have.
-func (r *Redis) batchOf(calls []*Acquisition) *batch {
+// exact calls, as most have. Without keyed, the invocation has no batch
+// key (batch.lua's window_ms 0): it is not safe to resend.
+func (r *Redis) batchOf(calls []*Acquisition, keyed bool) *batch {
 	var lims [maxPerScript]*limitArgs
 	var idx [maxPerScript]int64
 	nl, extra := 0, 0
@@ -138,10 +139,14 @@ func (r *Redis) batchOf(calls []*Acquisition) *batch {
 	}
 	exactOnly := nl == 1 && extra == 0
 	args := make([]any, 0, 2+3*nl+2*len(calls)+extra)
+	life := batchLifeArg
+	if !keyed {
+		life = unkeyedArg
+	}
 	if exactOnly {
-		args = append(args, batchLifeArg, int64(-1))
+		args = append(args, life, int64(-1))
 	} else {
-		args = append(args, batchLifeArg, int64(nl))
+		args = append(args, life, int64(nl))
 	}
 	for _, la := range lims[:nl] {
 		args = la.header(args)
@@ -156,10 +161,15 @@ func (r *Redis) batchOf(calls []*Acquisition) *batch {
 			args = append(args, idx[i]+int64(nl), a.Want, a.Min, ppm(a.Share))
 		}
 	}
-	keys := make([]string, 1+len(calls))
-	keys[0] = r.prefix + ":batch:{" + hashTag(calls[0].Key) + "}:" + r.nextID("b")
-	for i, a := range calls {
-		keys[1+i] = a.Key
+	var keys []string
+	if keyed {
+		keys = make([]string, 1, 1+len(calls))
+		keys[0] = r.prefix + ":batch:{" + hashTag(calls[0].Key) + "}:" + r.nextID("b")
+	} else {
+		keys = make([]string, 0, len(calls))
+	}
+	for _, a := range calls {
+		keys = append(keys, a.Key)
 	}
 	return &batch{calls: calls, exactOnly: exactOnly, invocation: invocation{keys: keys, args: args}}
 }

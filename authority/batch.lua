@@ -9,6 +9,12 @@
 --            ARGV[1] ms. An invocation that finds it returns that reply and
 --            takes nothing: go-redis resends a pipeline whose connection
 --            broke, and the resent invocation must not take tokens twice.
+--            With window_ms 0 there is no batch key, and KEYS[i] is the
+--            bucket of call i: the form for a Redis Cluster slot in
+--            migration, where a script on a key that does not exist yet
+--            (a batch key never does) is refused (TRYAGAIN), but one on a
+--            single bucket is served by the node that holds it. A resent
+--            invocation of that form takes again (under-admission only).
 -- KEYS[1+i]  the bucket of call i (see common.lua). A key may appear more
 --            than once. Calls on one key that come one after another (the
 --            client puts them together) are decided in order on one reading
@@ -70,16 +76,20 @@ local function refused(cmd, r)
 end
 
 local window, L = int(ARGV[1]), int(ARGV[2])
+local keyed = ARGV[1] ~= '0' -- KEYS[1] is the batch key
+local base = keyed and 1 or 0 -- KEYS[base + i] is call i's bucket
 local exact_only = ARGV[2] == '-1' -- one limit, every call exact
 if exact_only then L = 1 end
-local n = #KEYS - 1
-if not (window and L) or n < 1 or #ARGV < 2 + 3 * L then
+local n = #KEYS - base
+if not ((window or not keyed) and L) or n < 1 or #ARGV < 2 + 3 * L then
   return redis.error_reply(BAD)
 end
 
-local done = redis.pcall('GET', KEYS[1])
-if type(done) == 'table' then return redis.error_reply(refused('GET', done)) end
-if done then return done end
+if keyed then
+  local done = redis.pcall('GET', KEYS[1])
+  if type(done) == 'table' then return redis.error_reply(refused('GET', done)) end
+  if done then return done end
+end
 
 -- The limits: CAL[k] tells a calendar quota; A, B are r and p, or the
 -- two window ends.
@@ -184,7 +194,7 @@ for c = 1, n do
   else
     k, want, min, share, j = arg(j)
   end
-  local kc = KEYS[c + 1]
+  local kc = KEYS[c + base]
   if kc ~= key then
     local e = flush()
     if e then return redis.error_reply(e) end
@@ -266,7 +276,7 @@ if e then return redis.error_reply(e) end
 
 local reply = table.concat(out)
 if errs then reply = reply .. '\n' .. table.concat(errs, '\n') end
-if any then
+if any and keyed then
   local r = redis.pcall('SET', KEYS[1], reply, 'PX', string.format('%d', window))
   if type(r) == 'table' and r.err then return redis.error_reply(refused('SET', r)) end
 end

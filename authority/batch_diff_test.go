@@ -340,7 +340,7 @@ func suiteBatchKeyComesBack(t *testing.T, nb backendFactory) {
 			t.Fatal(c.Err)
 		}
 	}
-	bt := r.batchOf(as)
+	bt := r.batchOf(as, true)
 	reply, err := b.client.Eval(ctx, batchScript.src, bt.keys, bt.args...).Text()
 	if err != nil {
 		t.Fatal(err)

@@ -109,3 +109,70 @@ func suiteBatchResend(t *testing.T, nb backendFactory) {
 }
 
 func TestBatchResend(t *testing.T) { forEachBackend(t, suiteBatchResend) }
+
+// suiteBatchUnkeyed: a batch without a batch key (the form sent for a
+// Cluster slot in migration; see acquireMoving) decides as the usual form
+// does, and writes nothing but its buckets; having no stored reply, a
+// resent one takes again.
+func suiteBatchUnkeyed(t *testing.T, nb backendFactory) {
+	ctx := context.Background()
+	b := nb(t)
+	r := b.newAuthority(t, testPrefix)
+	tb := policy.Limit{Name: "unkeyed", Rate: 1, Period: time.Hour, Burst: 10}
+	quota := policy.Quota("unkeyed-q", 10, policy.Day, time.UTC)
+	run := func(keyed bool, user string) []Grant {
+		t.Helper()
+		var as []*Acquisition
+		for i, l := range []policy.Limit{tb, tb, quota, tb} {
+			a := &Acquisition{Key: r.Key(l, user), Limit: l, Want: int64(4 + i), Min: 2, Share: 0.5}
+			if i%2 == 0 {
+				a.Min = a.Want
+			}
+			if !r.check(a) {
+				t.Fatal(a.Err)
+			}
+			as = append(as, a)
+		}
+		bt := r.batchOf(grouped(as), keyed)
+		r.runAll(ctx, batchScript, []*invocation{&bt.invocation})
+		bt.decode()
+		gs := make([]Grant, len(as))
+		for i, a := range as {
+			if a.Err != nil {
+				t.Fatalf("keyed=%v call %d: %v", keyed, i, a.Err)
+			}
+			gs[i] = a.Grant
+		}
+		return gs
+	}
+	keyed, unkeyed := run(true, "a"), run(false, "b")
+	for i := range keyed {
+		k, u := keyed[i], unkeyed[i]
+		k.At, u.At = 0, 0 // two script runs, two readings of the clock
+		if k.Granted != u.Granted || k.Remaining != u.Remaining {
+			t.Errorf("call %d: unkeyed %+v, keyed %+v; want the same grant", i, unkeyed[i], keyed[i])
+		}
+	}
+	if unkeyed[0].Granted != 4 || unkeyed[1].Granted != 3 || unkeyed[2].Granted != 6 {
+		t.Errorf("unkeyed grants %+v; want 4, 3 and 6", unkeyed)
+	}
+	for _, k := range b.allKeys(t) {
+		if strings.Contains(k, ":batch:{"+hashTag(r.Key(tb, "b"))) {
+			t.Errorf("an unkeyed batch wrote %s", k)
+		}
+	}
+	// No stored reply: the same invocation sent again takes again.
+	a := &Acquisition{Key: r.Key(tb, "c"), Limit: tb, Want: 6, Min: 6, Share: 1}
+	if !r.check(a) {
+		t.Fatal(a.Err)
+	}
+	bt := r.batchOf([]*Acquisition{a}, false)
+	for i, want := range []int64{6, 0} {
+		r.runAll(ctx, batchScript, []*invocation{&bt.invocation})
+		if bt.decode(); a.Err != nil || a.Grant.Granted != want {
+			t.Errorf("unkeyed send #%d = %+v, %v; want %d granted", i+1, a.Grant, a.Err, want)
+		}
+	}
+}
+
+func TestBatchUnkeyed(t *testing.T) { forEachBackend(t, suiteBatchUnkeyed) }
