@@ -1218,8 +1218,9 @@ func TestACLLeastPrivilege(t *testing.T) {
 // redis-cli --cluster reshard leaves it while it moves keys), a call on a
 // key of that slot is still decided at Redis, exactly: by the source while
 // the bucket is there, by the target once MIGRATE moved it. Redis refuses
-// leaselimit's usual two-key script there (ASK or TRYAGAIN: its batch key
-// never exists beforehand), and the call is made again on the bucket alone.
+// leaselimit's usual scripts there (ASK or TRYAGAIN: their resend keys
+// never exist beforehand), and the call is made again on its buckets alone
+// (a multi-limit's too, its buckets being on one node).
 // The master's other slots keep deciding at Redis, and its breaker stays
 // closed. Regressions: TRYAGAIN counted as an outage of the node, whose
 // breaker opened, and MOVED or ASK came back to callers as errors; then
@@ -1231,6 +1232,8 @@ func TestClusterSlotMigration(t *testing.T) {
 	const burst = 40
 	l := policy.Limit{Name: "migrating", Rate: 1, Period: 24 * time.Hour, Burst: burst}
 	lim := mustNew(t, c.Client(t), l, leaselimit.WithoutLease(), leaselimit.WithFailureMode(policy.FailOpen))
+	daily := policy.Limit{Name: "migrating-daily", Rate: 1000, Period: 24 * time.Hour, Burst: 1000}
+	both := lim.For(l, daily) // a multi-limit: its buckets move together
 	slotOf := func(key string) int64 {
 		s, _ := c.Nodes[0].Do(t, "CLUSTER", "KEYSLOT", bucketKey(l, key)).(int64)
 		return s
@@ -1251,7 +1254,7 @@ func TestClusterSlotMigration(t *testing.T) {
 		}
 	}
 	for _, key := range []string{moving, other} {
-		if d, err := lim.Allow(ctx, key); err != nil || d.Source != leaselimit.SourceAuthority {
+		if d, err := both.Allow(ctx, key); err != nil || d.Source != leaselimit.SourceAuthority {
 			t.Fatalf("Allow(%q) before the migration = %+v, %v", key, d, err)
 		}
 	}
@@ -1268,7 +1271,11 @@ func TestClusterSlotMigration(t *testing.T) {
 	decide := func(phase string, n int) {
 		t.Helper()
 		for i := range n {
-			d, err := lim.Allow(ctx, moving)
+			on := lim
+			if i%3 == 0 { // a multi-limit call, on both buckets
+				on = both
+			}
+			d, err := on.Allow(ctx, moving)
 			if err != nil || d.Source != leaselimit.SourceAuthority {
 				t.Fatalf("Allow #%d on the migrating slot, %s = %+v, %v; want decided at Redis", i, phase, d, err)
 			}
@@ -1278,9 +1285,9 @@ func TestClusterSlotMigration(t *testing.T) {
 		}
 	}
 	decide("its bucket on the source", 15)
-	src.Do(t, "MIGRATE", "127.0.0.1", dst.Port, "", 0, 5000, "KEYS", bucketKey(l, moving))
-	if n, _ := dst.Do(t, "CLUSTER", "COUNTKEYSINSLOT", slot).(int64); n != 1 {
-		t.Fatalf("the target holds %d keys of the slot after MIGRATE; want the bucket", n)
+	src.Do(t, "MIGRATE", "127.0.0.1", dst.Port, "", 0, 5000, "KEYS", bucketKey(l, moving), bucketKey(daily, moving))
+	if n, _ := dst.Do(t, "CLUSTER", "COUNTKEYSINSLOT", slot).(int64); n != 2 {
+		t.Fatalf("the target holds %d keys of the slot after MIGRATE; want the two buckets", n)
 	}
 	decide("its bucket on the target", 30)
 	if admitted != burst {

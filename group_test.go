@@ -1,10 +1,12 @@
 package leaselimit_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"math/rand"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -63,6 +65,48 @@ func TestMultiLimitAllOrNothing(t *testing.T) {
 				t.Errorf("the burst limit holds %d after 10 admitted and 5 denied; want 10 (denials take nothing)", p.Remaining)
 			}
 		})
+	}
+}
+
+// TestMultiLimitResent: a multi-limit call whose reply is lost after Redis
+// applied it, and which go-redis therefore sends again on a new connection,
+// takes its tokens once: the resent call finds its first reply (see
+// acquire_all.lua's resend key). Regression: it took them twice, so each
+// lost reply cost the key a request's tokens.
+func TestMultiLimitResent(t *testing.T) {
+	srv := redistest.Start(t)
+	proxy := redistest.NewProxy(t, srv.Addr)
+	ctx := context.Background()
+	perHour := policy.Limit{Name: "resent-hour", Rate: 20, Period: time.Hour, Burst: 20}
+	daily := policy.Quota("resent-day", 10, policy.Day, time.UTC)
+	root := mustNew(t, redisClient(t, proxy.Addr), perHour, leaselimit.WithoutLease())
+	both := root.For(perHour, daily)
+	// Another key first, so that Redis has the script cached: the dropped
+	// call must be one Redis applied, not a NOSCRIPT.
+	if d, err := both.Allow(ctx, "warm-up"); err != nil || !d.Allowed {
+		t.Fatalf("warm-up Allow = %+v, %v", d, err)
+	}
+	var matched atomic.Bool
+	proxy.DropReplies(func(chunk []byte) bool {
+		// The first script call only: the resend goes through.
+		return bytes.Contains(bytes.ToLower(chunk), []byte("evalsha")) && matched.CompareAndSwap(false, true)
+	})
+	d, err := both.Allow(ctx, "user")
+	proxy.DropReplies(nil)
+	if err != nil || !d.Allowed || d.Source != leaselimit.SourceAuthority {
+		t.Fatalf("Allow with its first reply lost = %+v, %v; want admitted at Redis", d, err)
+	}
+	if proxy.DroppedReplies() == 0 {
+		t.Fatal("no reply was dropped: the test did not test")
+	}
+	for _, l := range []policy.Limit{perHour, daily} {
+		p, err := root.For(l).Peek(ctx, "user")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.Remaining != l.Burst-1 {
+			t.Errorf("%s holds %d after one request whose reply was lost once; want %d (taken once)", l.Name, p.Remaining, l.Burst-1)
+		}
 	}
 }
 

@@ -2,11 +2,16 @@
 -- at once, or from none: a request under several limits ("20/s and
 -- 10,000/day") that one of them denies takes nothing from the others.
 --
--- KEYS     the buckets (see common.lua); on a Cluster they share a hash
---          slot (their hash tag is the digest of one user key).
--- ARGV     want, min, share_ppm (as for a call of batch.lua), then r, p (or a
---          calendar quota's windows, see spec), burst for each key, in KEYS
---          order.
+-- KEYS     the resend key, "<prefix>:batch:{<hash tag>}:<id>" (see batch.lua's
+--          batch key: it holds the reply of a call that granted, so that
+--          one go-redis resends returns it and takes nothing), then the
+--          buckets (see common.lua); on a Cluster they all share a hash slot
+--          (their hash tag is the digest of one user key). With window_ms 0
+--          there is no resend key (the form for a Cluster slot in
+--          migration, see batch.lua): KEYS are the buckets.
+-- ARGV     window_ms (how long the resend key keeps the reply), want, min,
+--          share_ppm (as for a call of batch.lua), then r, p (or a calendar
+--          quota's windows, see spec), burst for each bucket, in KEYS order.
 -- Returns  {granted, denied, retry_after_us, then remaining_i, reset_after_us_i
 --          for each key, then now}: now (µs, the server's clock) stamps the
 --          grant for the ledger (see refund.lua); denied is 0 when granted, else the (1-based) index
@@ -15,22 +20,36 @@
 --          same g tokens from every bucket, min <= g <= want, and no more than
 --          max(min, floor(tokens * share)) of any one. A denial writes nothing.
 --          A bucket's tail (see common.lua) is passed through as it is.
-local want, min, share = int(1), int(2), int(3)
-if not (want and min and share) or share > 1000000 or min > want or #ARGV ~= 3 + 3 * #KEYS or #KEYS < 1 then
-  return redis.error_reply('ERR leaselimit: invalid acquire_all arguments')
+local BAD = 'ERR leaselimit: invalid acquire_all arguments'
+local window, want, min, share = int(1), int(2), int(3), int(4)
+local keyed = ARGV[1] ~= '0' -- KEYS[1] is the resend key
+local o = keyed and 1 or 0 -- KEYS[o + i] is bucket i
+local n = #KEYS - o
+if not ((window or not keyed) and want and min and share) or share > 1000000 or min > want
+    or #ARGV ~= 4 + 3 * n or n < 1 then
+  return redis.error_reply(BAD)
+end
+if keyed then
+  local done, err = call('GET', KEYS[1])
+  if err then return err end
+  if done then -- a resend: the first reply, nothing taken
+    local out = {}
+    for v in string.gmatch(done, '%d+') do out[#out + 1] = tonumber(v) end
+    return out
+  end
 end
 local now, err = now_us()
 if err then return err end
 local b = {}
 local g, denied, retry = want, 0, 0
-for i = 1, #KEYS do
-  local base = 3 + 3 * (i - 1)
+for i = 1, n do
+  local base = 4 + 3 * (i - 1)
   local cal, a, bb, s = spec(base + 1)
   local burst = int(base + 3)
   if cal == nil or not burst or want > burst or burst > HUGE then
-    return redis.error_reply('ERR leaselimit: invalid acquire_all arguments')
+    return redis.error_reply(BAD)
   end
-  local found, e, w, f, last, rid, tail = load(KEYS[i])
+  local found, e, w, f, last, rid, tail = load(KEYS[o + i])
   if e then return e end
   if not found then w, f, last, rid, tail = burst, 0, now, '-', '' end
   w, f, last = advance(cal, w, f, last, now, a, bb, burst, s)
@@ -45,17 +64,23 @@ for i = 1, #KEYS do
 end
 if denied > 0 then g = 0 end
 local out = {g, denied, retry}
-for i = 1, #KEYS do
+for i = 1, n do
   local x = b[i]
   local w = x.w - g
   local reset = 0
   if w < x.burst then reset = wait(x.cal, x.burst - w, x.f, x.last, now, x.a, x.b) end
   if g > 0 then
-    err = store(KEYS[i], w, x.f, x.last, x.rid, x.tail, ttl_ms(reset))
+    err = store(KEYS[o + i], w, x.f, x.last, x.rid, x.tail, ttl_ms(reset))
     if err then return err end
   end
   out[3 + 2 * i - 1] = math.max(w, 0)
   out[3 + 2 * i] = reset
 end
-out[4 + 2 * #KEYS] = now
+out[4 + 2 * n] = now
+if g > 0 and keyed then
+  local text = {}
+  for i, v in ipairs(out) do text[i] = int_str(v) end
+  local _, serr = call('SET', KEYS[1], table.concat(text, ' '), 'PX', int_str(window))
+  if serr then return serr end
+end
 return out

@@ -319,8 +319,7 @@ type Acquisition struct {
 	// With, if set, are more buckets the same tokens are taken from, all
 	// or none, in one script call (acquire_all.lua): a request under
 	// several limits. On a Cluster they must share Key's hash slot (keys of
-	// one user key do: see Key). Such a call is not resend-safe: a resent
-	// one takes its tokens twice, which can only under-admit.
+	// one user key do: see Key).
 	With []Member
 
 	Grant Grant
@@ -354,7 +353,7 @@ func (r *Redis) prepare(a *Acquisition) bool {
 		return false
 	}
 	rate, period := spec(l)
-	a.args = append(make([]any, 0, 3+3*(1+len(a.With))), a.Want, a.Min, ppm(a.Share), rate, period, l.Burst)
+	a.args = append(make([]any, 0, 4+3*(1+len(a.With))), batchLifeArg, a.Want, a.Min, ppm(a.Share), rate, period, l.Burst)
 	for _, m := range a.With {
 		if a.Want > m.Limit.Burst {
 			a.Err = fmt.Errorf("%w: acquire want=%d burst=%d", ErrScript, a.Want, m.Limit.Burst)
@@ -366,14 +365,24 @@ func (r *Redis) prepare(a *Acquisition) bool {
 	return true
 }
 
-// keys returns the buckets a takes from: Key, then With's.
-func (a *Acquisition) keys() []string {
-	ks := make([]string, 0, 1+len(a.With))
+// multiInvocation is the acquire_all call of a multi-limit call a (its
+// arguments prepared): a fresh resend key (see acquire_all.lua), then the
+// buckets a takes from, Key then With's. Without keyed it has no resend
+// key (window_ms 0): the form for a Cluster slot in migration, not safe to
+// resend.
+func (r *Redis) multiInvocation(a *Acquisition, keyed bool) *invocation {
+	ks := make([]string, 0, 2+len(a.With))
+	args := a.args
+	if keyed {
+		ks = append(ks, r.prefix+":batch:{"+hashTag(a.Key)+"}:"+r.nextID("b"))
+	} else {
+		args = append([]any{unkeyedArg}, args[1:]...)
+	}
 	ks = append(ks, a.Key)
 	for _, m := range a.With {
 		ks = append(ks, m.Key)
 	}
-	return ks
+	return &invocation{keys: ks, args: args}
 }
 
 // maxPerScript bounds the calls one batch invocation decides: Redis runs a
@@ -528,14 +537,28 @@ func (r *Redis) acquireWith(ctx context.Context, as []*Acquisition) []*Acquisiti
 		}
 		if r.prepare(a) {
 			multi = append(multi, a)
-			invs = append(invs, &invocation{keys: a.keys(), args: a.args})
+			invs = append(invs, r.multiInvocation(a, true))
 		}
 	}
 	if len(rest) == len(as) {
 		return as
 	}
-	if len(multi) > 0 {
-		r.runAll(ctx, acquireAllScript, invs)
+	if len(multi) == 0 {
+		return rest
+	}
+	r.runAll(ctx, acquireAllScript, invs)
+	// A Cluster slot in migration refuses the script while its resend key
+	// does not exist (see acquireMoving): such calls go again without it,
+	// and the node serves them when it holds every bucket.
+	var again []*invocation
+	for i, a := range multi {
+		if circuit.Moving(invs[i].cmd.Err()) {
+			invs[i] = r.multiInvocation(a, false)
+			again = append(again, invs[i])
+		}
+	}
+	if len(again) > 0 {
+		r.runAll(ctx, acquireAllScript, again)
 	}
 	for i, a := range multi {
 		v, err := invs[i].cmd.Result()

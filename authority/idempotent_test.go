@@ -176,3 +176,80 @@ func suiteBatchUnkeyed(t *testing.T, nb backendFactory) {
 }
 
 func TestBatchUnkeyed(t *testing.T) { forEachBackend(t, suiteBatchUnkeyed) }
+
+// suiteMultiResend: a multi-limit call sent twice (as go-redis does when a
+// connection breaks after the write) takes its tokens once and returns the
+// same reply, stamp included; a denial stores nothing, and the form without
+// a resend key (a Cluster slot in migration) takes again.
+func suiteMultiResend(t *testing.T, nb backendFactory) {
+	ctx := context.Background()
+	b := nb(t)
+	r := b.newAuthority(t, testPrefix)
+	perMin := policy.Limit{Name: "m-min", Rate: 1, Period: time.Hour, Burst: 10}
+	daily := policy.Quota("m-day", 7, policy.Day, time.UTC)
+	call := func(user string, want int64) *Acquisition {
+		t.Helper()
+		a := &Acquisition{Key: r.Key(perMin, user), Limit: perMin, Want: want, Min: want, Share: 1,
+			With: []Member{{Key: r.Key(daily, user), Limit: daily}}}
+		if !r.prepare(a) {
+			t.Fatal(a.Err)
+		}
+		return a
+	}
+	send := func(in *invocation) Grant {
+		t.Helper()
+		r.runAll(ctx, acquireAllScript, []*invocation{in})
+		v, err := in.cmd.Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		g, err := decodeAll(v, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return g
+	}
+	a := call("u", 4)
+	in := r.multiInvocation(a, true)
+	first := send(in)
+	state := b.value(t, a.Key) + "|" + b.value(t, a.With[0].Key)
+	again := send(in)
+	if first.Granted != 4 || first.Remaining != 3 || first.At == 0 {
+		t.Fatalf("first send = %+v; want 4 granted, 3 left (the quota's), stamped", first)
+	}
+	if again.Granted != first.Granted || again.Remaining != first.Remaining || again.At != first.At ||
+		again.ResetAfter != first.ResetAfter {
+		t.Errorf("resent call = %+v; the first %+v: want the same", again, first)
+	}
+	if got := b.value(t, a.Key) + "|" + b.value(t, a.With[0].Key); got != state {
+		t.Errorf("resent call changed the buckets from %s to %s", state, got)
+	}
+	if ttl := b.pttl(t, in.keys[0]); ttl <= 0 || ttl > batchLife {
+		t.Errorf("resend key TTL %v; want (0, %v]", ttl, batchLife)
+	}
+	// A denial (the quota has 3 left) stores nothing.
+	keysBefore := b.allKeys(t)
+	if g := send(r.multiInvocation(call("u", 5), true)); g.Granted != 0 || g.Multi.Denied != 1 {
+		t.Errorf("over the quota = %+v; want a denial by the quota", g)
+	}
+	if got := b.allKeys(t); strings.Join(got, ",") != strings.Join(keysBefore, ",") {
+		t.Errorf("a denial wrote keys: %v, before %v", got, keysBefore)
+	}
+	// Without a resend key: nothing stored, and a resend takes again.
+	u := r.multiInvocation(call("v", 3), false)
+	if len(u.keys) != 2 {
+		t.Fatalf("unkeyed invocation keys %v; want the two buckets", u.keys)
+	}
+	for i, want := range []int64{3, 3, 0} {
+		if g := send(u); g.Granted != want {
+			t.Errorf("unkeyed send #%d = %+v; want %d granted", i+1, g, want)
+		}
+	}
+	for _, k := range b.allKeys(t) {
+		if strings.Contains(k, ":batch:{"+hashTag(r.Key(perMin, "v"))) {
+			t.Errorf("an unkeyed call wrote %s", k)
+		}
+	}
+}
+
+func TestMultiResend(t *testing.T) { forEachBackend(t, suiteMultiResend) }
