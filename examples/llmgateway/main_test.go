@@ -20,7 +20,10 @@ func TestGatewaySettles(t *testing.T) {
 	mr.SetTime(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)) // no refill during the test
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	defer rdb.Close()
-	c, err := leaselimit.NewClient(rdb, leaselimit.WithoutLease())
+	// A budget of 10 s, not the default 100 ms: under -race on a loaded
+	// machine a miniredis script call can take longer, and the failure
+	// policy would then decide instead of the embedded Redis.
+	c, err := leaselimit.NewClient(rdb, leaselimit.WithoutLease(), leaselimit.WithTimeout(10*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
