@@ -1258,6 +1258,13 @@ func TestClusterSlotMigration(t *testing.T) {
 			t.Fatalf("Allow(%q) before the migration = %+v, %v", key, d, err)
 		}
 	}
+	// A reservation on a third bucket of the moving key, settled while the
+	// slot migrates with an excess, which must be charged at once.
+	settled := policy.Limit{Name: "migrating-settled", Rate: 1, Period: 24 * time.Hour, Burst: 100}
+	rsv, err := lim.For(settled).Reserve(ctx, moving, 10)
+	if err != nil || !rsv.Decision().Allowed {
+		t.Fatalf("Reserve before the migration = %+v, %v", rsv.Decision(), err)
+	}
 	slot := slotOf(moving)
 	id := func(s *redistest.Server) string { v, _ := s.Do(t, "CLUSTER", "MYID").(string); return v }
 	dst.Do(t, "CLUSTER", "SETSLOT", slot, "IMPORTING", id(src))
@@ -1292,6 +1299,14 @@ func TestClusterSlotMigration(t *testing.T) {
 	decide("its bucket on the target", 30)
 	if admitted != burst {
 		t.Errorf("%d admitted across the migration; want the burst, %d", admitted, burst)
+	}
+	// The excess of 25 is charged while the slot migrates (on the bucket
+	// alone: the usual form, with its id key, is refused), not queued.
+	if err := rsv.Settle(ctx, 35); err != nil {
+		t.Fatalf("Settle while the slot migrates: %v", err)
+	}
+	if p, err := lim.For(settled).Peek(ctx, moving); err != nil || p.Remaining != 65 {
+		t.Errorf("Peek after Settle(35) of a reservation of 10 = %+v, %v; want 65 left", p, err)
 	}
 	for i := range 30 {
 		d, err := lim.Allow(ctx, other)

@@ -34,10 +34,10 @@ const maxQueuedRefunds = 100_000
 // An adjustment is applied once, by its own id (see authority.Refund.ID),
 // so one whose outcome is unknown can be sent again; what the queue must
 // know is whether a failed send may have reached Redis (see reachedRedis):
-// one that did not is kept until Redis answers; one that may have is sent
-// again under its id for as long as Redis remembers the id
+// one that did not is kept until Redis answers; a refund that may have is
+// sent again under its id for as long as Redis remembers the id
 // (authority.ResendWithin from its first such send), then dropped and
-// counted.
+// counted; a charge is sent again until Redis answers (see expired).
 type refundQueue struct {
 	auth  *authority.Redis
 	path  *redispath.Path
@@ -133,11 +133,14 @@ func (q *refundQueue) failed(rf authority.Refund, err error, reached int64) {
 	q.put(queued{Refund: rf, reached: reached})
 }
 
-// expired reports whether a may have reached Redis so long ago (see
-// refundQueue) that Redis may have forgotten its id: it must never be sent
-// again.
+// expired reports whether a is a refund that may have reached Redis so
+// long ago (see refundQueue) that Redis may have forgotten its id: it must
+// never be sent again, as a refund applied twice creates tokens. A charge
+// never expires so: applied twice it under-admits, but never made it
+// over-admits (a Cluster slot left in migration refused it for minutes,
+// and the fleet took 19 tokens of a burst of 10).
 func (a queued) expired(now int64) bool {
-	return a.reached != 0 && time.Duration(now-a.reached) >= authority.ResendWithin
+	return a.Tokens > 0 && a.reached != 0 && time.Duration(now-a.reached) >= authority.ResendWithin
 }
 
 // sendable drops and counts the adjustments of qs that must not be sent

@@ -69,7 +69,7 @@ func droppedTokens(t *testing.T, reader *sdkmetric.ManualReader) int64 {
 // TestRefundQueueFlush: refunds whose breaker holds calls back stay queued
 // for the next round; one whose send failed once it may have reached Redis
 // is sent again under its id (applied once) for authority.ResendWithin,
-// then dropped and counted.
+// then dropped and counted; a charge is kept until Redis answers.
 func TestRefundQueueFlush(t *testing.T) {
 	m, c := newMini(t, &redis.Options{MaxRetries: -1})
 	reader := sdkmetric.NewManualReader()
@@ -146,6 +146,22 @@ func TestRefundQueueFlush(t *testing.T) {
 	}
 	if got := droppedTokens(t, reader); got != 4 {
 		t.Errorf("dropped = %d tokens; want the 4 of the send that kept failing", got)
+	}
+
+	// A charge failing as long is kept, and made once Redis answers: never
+	// made, it would over-admit; made twice, it only under-admits.
+	m.SetError("LOADING Redis is loading the dataset in memory")
+	l2.refunds.add(authority.Refund{Key: k2, Limit: l2.limit, Tokens: -5})
+	l2.refunds.flush()
+	clk.add(10 * authority.ResendWithin)
+	l2.refunds.flush()
+	m.SetError("")
+	if got := len(l2.refunds.queue); got != 1 {
+		t.Fatalf("%d adjustments queued after a charge failed past ResendWithin; want the charge kept", got)
+	}
+	l2.refunds.flush()
+	if v, err := l2.Peek(context.Background(), "k"); err != nil || v.Remaining != 49 {
+		t.Errorf("Peek after the charge = %+v, %v; want 49 (54 - 5)", v, err)
 	}
 }
 

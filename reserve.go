@@ -188,10 +188,11 @@ func (r *Reservation) Decision() Decision { return r.decision }
 // While Redis cannot be reached the adjustment is queued, with the
 // refunds, and applied when it is back, once (it has its own id; see the
 // ledger in docs/semantics.md): one that never reached Redis waits until Redis
-// answers, one whose outcome is unknown is sent again under its id for
-// authority.ResendWithin, then dropped and counted:
-// ratelimit.lease.refunds.dropped for a surplus, ratelimit.settle.charges.dropped
-// for an excess. Its tokens go back only to the generation (see Reset) and
+// answers; a surplus whose outcome is unknown is sent again under its id for
+// authority.ResendWithin, then dropped and counted on
+// ratelimit.lease.refunds.dropped, and an excess until Redis answers (past
+// the id's life it may be charged twice: under-admission, where dropping
+// it would over-admit). Its tokens go back only to the generation (see Reset) and
 // the calendar window they were taken from. After the Client's Close,
 // Settle makes its one call on the caller's goroutine and returns its
 // error.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/leaselimit/leaselimit/internal/circuit"
 	"github.com/leaselimit/leaselimit/policy"
 )
 
@@ -82,8 +83,12 @@ func (r *Redis) Apply(ctx context.Context, rf *Refund) (int64, error) {
 	if rf.ID == "" {
 		rf.ID = r.nextID("r")
 	}
-	keys, args := r.adjustCall(rf, n)
+	keys, args := r.adjustCall(rf, n, true)
 	v, err := r.runKeys(ctx, refundScript, keys, args...)
+	if n < 0 && circuit.Moving(err) {
+		keys, args = r.adjustCall(rf, n, false)
+		v, err = r.runKeys(ctx, refundScript, keys, args...)
+	}
 	if err != nil {
 		return 0, err
 	}
@@ -92,9 +97,16 @@ func (r *Redis) Apply(ctx context.Context, rf *Refund) (int64, error) {
 }
 
 // adjustCall returns the refund script's keys and arguments for rf, n
-// tokens.
-func (r *Redis) adjustCall(rf *Refund, n int64) ([]string, []any) {
+// tokens. Without keyed, for a charge refused on a Cluster slot in
+// migration (circuit.Moving), it is the form on the bucket alone, which
+// the node holding it serves: without the adjustment's id and the reset
+// mark (see refund.lua). A charge is never given up for that: a charge not
+// made over-admits, one made twice (a resend) under-admits.
+func (r *Redis) adjustCall(rf *Refund, n int64, keyed bool) ([]string, []any) {
 	rate, period := spec(rf.Limit)
+	if !keyed {
+		return []string{rf.Key}, []any{rate, period, rf.Limit.Burst, n, rf.Window, rf.Since, 0}
+	}
 	keys := []string{rf.Key, markKey(rf.Key), idKey(rf.Key, rf.ID)}
 	args := []any{rate, period, rf.Limit.Burst, n, rf.Window, rf.Since, IDLife.Milliseconds()}
 	return keys, args
@@ -120,7 +132,7 @@ func (r *Redis) RefundAll(ctx context.Context, refunds []Refund) []Failed {
 		if rf.ID == "" {
 			rf.ID = r.nextID("r")
 		}
-		keys, args := r.adjustCall(rf, n)
+		keys, args := r.adjustCall(rf, n, true)
 		invs = append(invs, &invocation{keys: keys, args: args})
 		sent = append(sent, rf)
 	}
@@ -128,6 +140,17 @@ func (r *Redis) RefundAll(ctx context.Context, refunds []Refund) []Failed {
 		return nil
 	}
 	r.runAll(ctx, refundScript, invs)
+	var moving []*invocation // charges refused on a slot in migration
+	for i, in := range invs {
+		if n := clampAdjust(sent[i].Tokens, sent[i].Limit); n < 0 && circuit.Moving(in.cmd.Err()) {
+			keys, args := r.adjustCall(sent[i], n, false)
+			invs[i] = &invocation{keys: keys, args: args}
+			moving = append(moving, invs[i])
+		}
+	}
+	if len(moving) > 0 {
+		r.runAll(ctx, refundScript, moving)
+	}
 	var failed []Failed
 	for i, in := range invs {
 		err := in.cmd.Err()

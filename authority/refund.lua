@@ -5,7 +5,14 @@
 -- KEYS[1]  the bucket (see common.lua)
 -- KEYS[2]  the bucket's reset mark (see reset.lua)
 -- KEYS[3]  the adjustment's id key: it exists once the adjustment was
---          applied (or dropped), for ARGV[8] ms
+--          applied (or dropped), for ARGV[7] ms.
+--          A charge may come with KEYS[1] alone and ARGV[7] 0: the form for
+--          a Redis Cluster slot in migration, where a script on a key that
+--          does not exist yet (an id key never does) is refused, but one on
+--          a single bucket is served by the node that holds it. It is
+--          applied without the id (a resend charges again) and without the
+--          mark (tokens taken before a Reset are charged to the fresh
+--          bucket): both can only under-admit.
 -- ARGV     r, p (or a calendar quota's windows), burst (as in batch.lua's headers),
 --          n (an integer: 1 <= n <= burst to refund, -2·burst <= n <= -1 to
 --          charge), window, since, the id key's life in ms.
@@ -39,8 +46,10 @@
 local cal, a, b, s = spec(1)
 local burst = int(3)
 local n, window, since, life = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), int(7)
-if cal == nil or not (burst and n and window and since and life) or n ~= n or n % 1 ~= 0 or n == 0
-    or n > burst or n < -2 * burst or burst > HUGE or window ~= window or since ~= since then
+local keyed = ARGV[7] ~= '0' -- KEYS[2] and KEYS[3]: the mark and the id key
+if cal == nil or not (burst and n and window and since and (life or not keyed)) or n ~= n or n % 1 ~= 0 or n == 0
+    or n > burst or n < -2 * burst or burst > HUGE or window ~= window or since ~= since
+    or #KEYS ~= (keyed and 3 or 1) or (not keyed and n > 0) then
   return redis.error_reply('ERR leaselimit: invalid refund arguments')
 end
 
@@ -63,15 +72,17 @@ end
 
 -- Once: SET NX both checks and records the id, so that nothing can run
 -- between the two.
-local fresh
-fresh, err = call('SET', KEYS[3], '1', 'NX', 'PX', int_str(life))
-if err then return err end
-if not fresh then return report() end
+if keyed then
+  local fresh
+  fresh, err = call('SET', KEYS[3], '1', 'NX', 'PX', int_str(life))
+  if err then return err end
+  if not fresh then return report() end
 
-local mark
-mark, err = call('GET', KEYS[2])
-if err then return err end
-if mark and since <= tonumber(mark) then return report() end
+  local mark
+  mark, err = call('GET', KEYS[2])
+  if err then return err end
+  if mark and since <= tonumber(mark) then return report() end
+end
 if cal and window ~= last then return report() end
 if not found and n > 0 then return {burst, 0} end
 

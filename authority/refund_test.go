@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -292,6 +293,61 @@ func suiteRefund(t *testing.T, nb backendFactory) {
 }
 
 func TestRefund(t *testing.T) { forEachBackend(t, suiteRefund) }
+
+// suiteChargeUnkeyed: the refund script's form on the bucket alone (for a
+// Cluster slot in migration; see adjustCall) charges, ignoring the reset
+// mark and the id (a resend charges again: under-admission), and accepts
+// only charges: a refund without its id and mark could create tokens.
+func suiteChargeUnkeyed(t *testing.T, nb backendFactory) {
+	ctx := context.Background()
+	b := nb(t)
+	r := b.newAuthority(t, testPrefix)
+	l := policy.Limit{Name: "unkeyed", Rate: 1, Period: time.Hour, Burst: 10}
+	key := r.Key(l, "k")
+	mustExact(t, r, key, l, 2)
+	run := func(rf *Refund, n int64, keyed bool) (any, error) {
+		keys, args := r.adjustCall(rf, n, keyed)
+		return r.runKeys(ctx, refundScript, keys, args...)
+	}
+	// A Reset after the tokens were taken: the usual form forgives a
+	// charge of them, the form on the bucket alone charges it.
+	if _, err := r.Reset(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	mustExact(t, r, key, l, 1)
+	old := &Refund{Key: key, Limit: l, Tokens: -3, Since: 1, ID: "charge-1"}
+	if _, err := run(old, -3, true); err != nil {
+		t.Fatal(err)
+	}
+	checkTokens(t, b, key, l, 9)
+	for i, want := range []int64{6, 3} {
+		if _, err := run(old, -3, false); err != nil {
+			t.Fatalf("unkeyed charge #%d: %v", i+1, err)
+		}
+		checkTokens(t, b, key, l, want)
+	}
+	ids := 0
+	for _, k := range b.allKeys(t) {
+		if strings.Contains(k, ":adj:") {
+			ids++
+		}
+	}
+	if ids != 1 {
+		t.Errorf("%d id keys after one keyed and two unkeyed charges (%v); want the keyed one's", ids, b.allKeys(t))
+	}
+	// A refund (or any other list of keys) in that form is refused.
+	if _, err := run(&Refund{Key: key, Limit: l, Tokens: 2, ID: "refund-1"}, 2, false); !errors.Is(err, ErrScript) {
+		t.Errorf("an unkeyed refund = %v; want ErrScript", err)
+	}
+	keys, args := r.adjustCall(old, -3, true)
+	args[len(args)-1] = 0
+	if _, err := r.runKeys(ctx, refundScript, keys, args...); !errors.Is(err, ErrScript) {
+		t.Errorf("an unkeyed charge with three keys = %v; want ErrScript", err)
+	}
+	checkTokens(t, b, key, l, 3)
+}
+
+func TestChargeUnkeyed(t *testing.T) { forEachBackend(t, suiteChargeUnkeyed) }
 
 // TestRefundMatchesModel runs random interleavings of Exact and refundOne on
 // miniredis and compares replies, stored state and TTL with the model.
