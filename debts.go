@@ -123,9 +123,11 @@ func (b *debtBook) move(q *refundQueue, path *redispath.Path, all bool) {
 		if c.rkey == "" {
 			c.rkey = c.namer.Key(c.key)
 		}
-		// Since 0: the server's clock at the admissions is unknown, so the
-		// charge applies only to a bucket not Reset since (see
-		// authority.Refund.Since).
+		// Since 0: the server's clock at the admissions is unknown, and the
+		// charge is made whatever Reset came before (see
+		// authority.Refund.Since): admitted after the Reset, those tokens are
+		// the fresh bucket's, and one before it is charged to it too
+		// (under-admission, never over).
 		q.add(q.adjustment(c.rkey, c.limit, -c.tokens, c.window, 0))
 	}
 }

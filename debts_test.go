@@ -52,12 +52,15 @@ func TestFallbackAdmissionsAreCharged(t *testing.T) {
 		lease bool
 		multi bool
 		down  int64 // admissions tried while Redis is down
+		reset bool  // the key is Reset first: its mark must not forgive the debt
 	}{
-		{"open-exact", policy.FailOpen, false, false, 25},
-		{"open-lease", policy.FailOpen, true, false, 25},
-		{"local-exact", policy.FailLocal, false, false, 25},
-		{"open-multi", policy.FailOpen, false, true, 25},
-		{"open-past-burst", policy.FailOpen, false, false, 130},
+		{"open-exact", policy.FailOpen, false, false, 25, false},
+		{"open-lease", policy.FailOpen, true, false, 25, false},
+		{"local-exact", policy.FailLocal, false, false, 25, false},
+		{"open-multi", policy.FailOpen, false, true, 25, false},
+		{"open-past-burst", policy.FailOpen, false, false, 130, false},
+		{"open-after-reset", policy.FailOpen, false, false, 25, true},
+		{"local-lease-after-reset", policy.FailLocal, true, false, 25, true},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -76,6 +79,11 @@ func TestFallbackAdmissionsAreCharged(t *testing.T) {
 				view = lim.For(a, b)
 			}
 			ctx := context.Background()
+			if tc.reset {
+				if err := mustNew(t, direct, a, leaselimit.WithoutLease()).Reset(ctx, "k"); err != nil {
+					t.Fatal(err)
+				}
+			}
 			var taken, owed int64 // from the bucket; admitted by the policy
 			allow := func(phase string) {
 				d, err := view.Allow(ctx, "k")

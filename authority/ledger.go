@@ -46,8 +46,8 @@ type Refund struct {
 	// Since is the server's clock (Unix µs) at or before the moment the
 	// tokens left the bucket (a Grant's At, or an earlier one): the
 	// adjustment is applied only if the bucket was not Reset since. 0
-	// means unknown: applied only to a bucket never Reset (within
-	// MarkLife).
+	// means unknown: a refund is applied only to a bucket never Reset
+	// (within MarkLife), a charge always (forgiven, it would over-admit).
 	Since int64
 	// ID is the adjustment's own id, set by Apply or RefundAll when it is
 	// empty: a resend under the same id is not applied twice.

@@ -31,7 +31,8 @@
 --     adjustment's own id (KEYS[3]), within that key's life.
 --   generation: Reset (reset.lua) records when it emptied the bucket; an
 --     adjustment of tokens that left before (since not after the mark) is
---     dropped: the fresh bucket never had them.
+--     dropped: the fresh bucket never had them. A charge of unknown time
+--     (since 0) is made: a doubt costs under-admission, never over.
 --   window: a calendar quota's tokens of an earlier window (that window has
 --     reset since) or of an unknown one are dropped: adding them to this
 --     window's full bucket would create tokens, and charging this window
@@ -81,7 +82,9 @@ if keyed then
   local mark
   mark, err = call('GET', KEYS[2])
   if err then return err end
-  if mark and since <= tonumber(mark) then return report() end
+  -- A charge of unknown time (since 0: the failure policy's admissions)
+  -- goes to the bucket as it is: forgiven, it would over-admit.
+  if mark and since <= tonumber(mark) and (n > 0 or since > 0) then return report() end
 end
 if cal and window ~= last then return report() end
 if not found and n > 0 then return {burst, 0} end
