@@ -131,6 +131,50 @@ func TestFallbackAdmissionsAreCharged(t *testing.T) {
 	}
 }
 
+// TestFallbackReservationSettled: a reservation the failure policy granted
+// is charged its estimate once Redis answers, and its Settle adds an
+// excess to that charge (a surplus is not given back). Regression: Settle
+// did nothing, and Reserve(10) then Settle(90) left 90 tokens in a bucket
+// of 100 (found by an adversarial review).
+func TestFallbackReservationSettled(t *testing.T) {
+	srv := redistest.Start(t)
+	direct := srv.Client(t)
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name         string
+		actual, want int64 // the settled cost; the bucket after Close
+	}{
+		{"excess", 90, 10},
+		{"surplus", 3, 90},
+		{"past-burst", 250, -100}, // a debt past one Burst is forgiven
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			proxy := redistest.NewProxy(t, srv.Addr)
+			c := redis.NewClient(&redis.Options{Addr: proxy.Addr, DialerRetries: 1})
+			t.Cleanup(func() { _ = c.Close() })
+			l := debtLimit("debt-settle-"+tc.name, 100)
+			lim := mustNew(t, c, l, leaselimit.WithFailureMode(policy.FailOpen), leaselimit.WithTimeout(200*time.Millisecond),
+				leaselimit.WithBreaker(breaker.Settings{OpenFor: 20 * time.Millisecond}), leaselimit.WithoutLease())
+			proxy.Refuse(true)
+			r, err := lim.Reserve(ctx, "k", 10)
+			if err != nil || !r.Decision().Allowed || r.Decision().Source != leaselimit.SourceFallback {
+				t.Fatalf("Reserve with Redis down = %+v, %v; want admitted by the failure policy", r.Decision(), err)
+			}
+			if err := r.Settle(ctx, tc.actual); err != nil {
+				t.Fatalf("Settle(%d): %v", tc.actual, err)
+			}
+			proxy.Refuse(false)
+			waitReachable(t, c, "the client")
+			if err := lim.Close(); err != nil {
+				t.Fatalf("Close: %v", err)
+			}
+			if got := level(t, direct, l, "k"); got != tc.want {
+				t.Errorf("the bucket holds %d after Reserve(10) by the policy and Settle(%d); want %d", got, tc.actual, tc.want)
+			}
+		})
+	}
+}
+
 // TestFallbackChargedWhileRunning: the janitor charges the policy's
 // admissions once the breaker is closed again, without waiting for Close.
 func TestFallbackChargedWhileRunning(t *testing.T) {

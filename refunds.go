@@ -272,7 +272,8 @@ func (q *refundQueue) final() error {
 		q.tel.CountRefund(context.Background(), n)
 	}
 	if len(failed) > 0 {
-		return fmt.Errorf("leaselimit: refund on close: %w", failed[0].Err)
+		// Say what was lost: a charge dropped here was admitted uncounted.
+		return fmt.Errorf("leaselimit: close: %d adjustments not sent, dropped (refunds under-admit, charges were admitted uncounted): %w", len(failed), failed[0].Err)
 	}
 	return nil
 }

@@ -139,8 +139,8 @@ func (l *Limiter) stampOf(d Decision, key string, taken time.Time, pre lease.Sta
 // A Reservation never settled stays settled at its estimate. One whose
 // tokens the failure policy granted (Decision.Source is SourceFallback: no
 // tokens were taken from the bucket) is charged its estimate once Redis
-// answers again, like every admission of the policy, and settling it does
-// nothing more: the policy decided for the whole request.
+// answers again, like every admission of the policy; its Settle adds an
+// excess to that charge, and gives no surplus back.
 func (l *Limiter) Reserve(ctx context.Context, key string, estimate int64) (*Reservation, error) {
 	// Read before the tokens are taken: a quota's window read early can
 	// only make a surplus be dropped (under-admission), read late it could
@@ -164,7 +164,7 @@ func (l *Limiter) Reserve(ctx context.Context, key string, estimate int64) (*Res
 	}
 	st := l.stampOf(d, key, taken, pre, known)
 	r := &Reservation{lim: l, key: key, estimate: estimate, decision: d, stamp: st}
-	if !d.Allowed || d.ShadowDenied || d.Source == SourceFallback {
+	if !d.Allowed || d.ShadowDenied {
 		r.settled.Store(true) // nothing was taken from the bucket
 	}
 	return r, nil
@@ -205,7 +205,35 @@ func (r *Reservation) Settle(ctx context.Context, actual int64) error {
 	if !r.settled.CompareAndSwap(false, true) {
 		return nil
 	}
+	if r.decision.Source == SourceFallback {
+		return r.oweExcess(context.WithoutCancel(ctx), actual-r.estimate)
+	}
 	return r.lim.adjust(context.WithoutCancel(ctx), r.key, r.estimate-actual, r.stamp)
+}
+
+// oweExcess settles a reservation the failure policy granted: its estimate
+// is owed already (see Limiter.fallback), and an excess is owed too, to be
+// charged once Redis answers (not charged, the fleet would admit it past
+// the bound). A surplus is not given back: the policy's admission is
+// charged as it was made (under-admission). After Close, the charge is one
+// call on the caller's goroutine.
+func (r *Reservation) oweExcess(ctx context.Context, excess int64) error {
+	l := r.lim
+	if excess <= 0 {
+		return nil
+	}
+	if !l.path.IsClosed() {
+		l.owe(r.key, excess, r.stamp.taken)
+		return nil
+	}
+	var first error
+	for _, m := range l.members {
+		rf := authority.Refund{Key: m.namer.Key(r.key), Limit: m.limit, Tokens: -excess, Window: windowOf(m.limit, r.stamp.taken)}
+		if err := l.adjustAfterClose(ctx, rf); err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
 }
 
 // adjustAfterClose makes an adjustment once the Client is closed: one
