@@ -61,16 +61,23 @@ func newDebtBook(max int, tel *recorder.Recorder, log *logger, clock localClock)
 // owe records n tokens of key's bucket under limit (named by namer) that a
 // failure policy admitted at wall.
 func (b *debtBook) owe(namer authority.Namer, key string, limit policy.Limit, n int64, wall time.Time) {
+	if n <= 0 {
+		return // a debt is never negative: it would go out as a refund
+	}
+	// A charge beyond two Bursts is capped by the script anyway (and debt
+	// beyond one Burst forgiven). Capping n before the sum keeps the sum
+	// from overflowing: a Settle(math.MaxInt64) of a policy's reservation
+	// added to a debt wrapped to a large negative number, which went out
+	// as a refund of a whole Burst.
+	n = min(n, 2*limit.Burst)
 	k := debtKey{namer: namer, key: key, window: windowOf(limit, wall)}
 	b.mu.Lock()
 	d, ok := b.owed[k]
 	switch {
 	case ok:
-		// A charge beyond two Bursts is capped by the script anyway (and
-		// debt beyond one Burst forgiven): the sum never overflows.
-		d.tokens = min(d.tokens+n, 2*limit.Burst)
+		d.tokens = min(d.tokens+n, 2*limit.Burst) // both at most 2·MaxRate
 	case len(b.owed) < b.max:
-		b.owed[k] = &debt{limit: limit, tokens: min(n, 2*limit.Burst)}
+		b.owed[k] = &debt{limit: limit, tokens: n}
 	default:
 		b.mu.Unlock()
 		b.tel.CountDroppedCharge(context.Background(), n)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"log/slog"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -143,10 +144,14 @@ func TestFallbackReservationSettled(t *testing.T) {
 	for _, tc := range []struct {
 		name         string
 		actual, want int64 // the settled cost; the bucket after Close
+		before       int   // the policy's admissions of the key before the Reserve
 	}{
-		{"excess", 90, 10},
-		{"surplus", 3, 90},
-		{"past-burst", 250, -100}, // a debt past one Burst is forgiven
+		{"excess", 90, 10, 0},
+		{"surplus", 3, 90, 0},
+		{"past-burst", 250, -100, 0}, // a debt past one Burst is forgiven
+		// Owed already, a huge excess overflowed the debt's sum, which went
+		// out as a refund of a whole Burst.
+		{"huge", math.MaxInt64, -100, 3},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			proxy := redistest.NewProxy(t, srv.Addr)
@@ -156,6 +161,11 @@ func TestFallbackReservationSettled(t *testing.T) {
 			lim := mustNew(t, c, l, leaselimit.WithFailureMode(policy.FailOpen), leaselimit.WithTimeout(200*time.Millisecond),
 				leaselimit.WithBreaker(breaker.Settings{OpenFor: 20 * time.Millisecond}), leaselimit.WithoutLease())
 			proxy.Refuse(true)
+			for range tc.before {
+				if d, err := lim.Allow(ctx, "k"); err != nil || d.Source != leaselimit.SourceFallback {
+					t.Fatalf("Allow with Redis down = %+v, %v; want the failure policy's decision", d, err)
+				}
+			}
 			r, err := lim.Reserve(ctx, "k", 10)
 			if err != nil || !r.Decision().Allowed || r.Decision().Source != leaselimit.SourceFallback {
 				t.Fatalf("Reserve with Redis down = %+v, %v; want admitted by the failure policy", r.Decision(), err)
