@@ -126,8 +126,11 @@ func (l *Limiter) jointOutstanding(key string) int64 {
 // lease they share.
 //
 // Reset makes one Redis call per limit (a script that deletes the bucket
-// and marks the reset). While Redis is unavailable it returns
-// an error wrapping ErrUnavailable and changes nothing here.
+// and marks the reset), once: go-redis's resends of it change nothing.
+// While Redis is unavailable it returns an error wrapping ErrUnavailable
+// and changes nothing here; the error does not tell that Redis made no
+// reset (a reply past the time budget, or lost, may be of one made), and
+// a Reset called again starts another generation.
 //
 // Reset starts the bucket's next generation: tokens taken from it before
 // and given back after (a Reservation settled later, another instance's

@@ -1,6 +1,7 @@
 package leaselimit_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"sync/atomic"
@@ -304,5 +305,59 @@ func TestPeekResetUnavailable(t *testing.T) {
 	}
 	if err := lim.Reset(ctx, "k"); !errors.Is(err, leaselimit.ErrUnavailable) {
 		t.Errorf("Reset with Redis down = %v; want ErrUnavailable", err)
+	}
+}
+
+// TestResetResent: go-redis sends a call again when its connection breaks
+// after Redis ran it. A Reset whose replies are lost twice runs three
+// times at Redis, and must start one generation: the bucket spent after
+// the first run stays spent (it was deleted again by each resend, and the
+// fleet admitted a fresh burst per resend).
+func TestResetResent(t *testing.T) {
+	srv := redistest.Start(t)
+	proxy := redistest.NewProxy(t, srv.Addr)
+	ctx := context.Background()
+	l := policy.Limit{Name: "reset-resent", Rate: 1, Period: 24 * time.Hour, Burst: 20}
+	other := mustNew(t, srv.Client(t), l, leaselimit.WithoutLease())
+	resetter := mustNew(t, redisClient(t, proxy.Addr), l, leaselimit.WithoutLease(), leaselimit.WithTimeout(2*time.Second))
+	if err := resetter.Reset(ctx, "warm-up"); err != nil { // the script cached: no NOSCRIPT below
+		t.Fatal(err)
+	}
+	if d, err := other.AllowN(ctx, "k", l.Burst); err != nil || !d.Allowed {
+		t.Fatalf("AllowN(Burst) = %+v, %v", d, err)
+	}
+	var lost atomic.Int32
+	proxy.DropReplies(func(chunk []byte) bool {
+		// The first two script calls only: the third send goes through.
+		return bytes.Contains(bytes.ToLower(chunk), []byte("evalsha")) && lost.Add(1) <= 2
+	})
+	// Spend the fresh bucket while the Reset's resends are under way: a
+	// resend that deletes it again shows as a full bucket after it.
+	spent := make(chan int64, 1)
+	go func() {
+		var n int64
+		for lost.Load() < 3 {
+			if d, err := other.Allow(ctx, "k"); err == nil && d.Allowed {
+				n++
+			}
+		}
+		spent <- n
+	}()
+	err := resetter.Reset(ctx, "k")
+	proxy.DropReplies(nil)
+	lost.Store(3)
+	n := <-spent
+	if err != nil {
+		t.Fatalf("Reset with two replies lost = %v; want nil (go-redis resends)", err)
+	}
+	if proxy.DroppedReplies() < 2 {
+		t.Fatalf("%d replies dropped; want 2: the test did not test", proxy.DroppedReplies())
+	}
+	p, err := other.Peek(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n+p.Remaining != l.Burst {
+		t.Errorf("after one Reset: %d admitted and %d left; want %d in all (one fresh burst)", n, p.Remaining, l.Burst)
 	}
 }

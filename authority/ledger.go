@@ -69,6 +69,10 @@ func markKey(key string) string { return key + ":reset" }
 // bucket.
 func idKey(key, id string) string { return key + ":adj:" + id }
 
+// resetKey is the key that records a Reset call as made on key's bucket,
+// with the mark it set.
+func resetKey(key, id string) string { return key + ":rst:" + id }
+
 // Apply applies one adjustment in one script call: a refund for
 // rf.Tokens > 0 (capped at the burst), a charge for rf.Tokens < 0 that
 // may take the bucket into debt, at most one burst of it (later requests
@@ -201,7 +205,10 @@ func mergeRefunds(refunds []Refund) []Refund {
 // next generation: tokens taken from it before are never given back to it
 // (see refund.lua). It returns the server's clock at the reset (Unix µs).
 func (r *Redis) Reset(ctx context.Context, key string) (int64, error) {
-	v, err := r.runKeys(ctx, resetScript, []string{key, markKey(key)}, MarkLife.Milliseconds())
+	// The id makes the call once: go-redis resends a call whose
+	// connection broke, and a reset run twice deletes the fresh bucket.
+	id := resetKey(key, r.nextID("z"))
+	v, err := r.runKeys(ctx, resetScript, []string{key, markKey(key), id}, MarkLife.Milliseconds(), IDLife.Milliseconds())
 	if err != nil {
 		return 0, err
 	}
