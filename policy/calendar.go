@@ -67,7 +67,7 @@ func (i CalendarUnit) nominal() time.Duration {
 // zero Calendar is none: the Limit is a token bucket.
 type Calendar struct {
 	Every    CalendarUnit
-	Location *time.Location // nil: UTC
+	Location *time.Location // nil: UTC; else a named zone (the name is its identity, see Canonical)
 }
 
 // Quota returns a calendar quota of tokens per window, reset at every
@@ -101,6 +101,9 @@ func (c Calendar) validate(l Limit) error {
 		// Every instance must agree on the boundaries, and the name is part
 		// of the bucket's Redis key: "Local" is a different zone on each machine.
 		return fmt.Errorf("%w: %s: time.Local differs from machine to machine; name the zone (time.LoadLocation)", ErrInvalidLimit, l.Name)
+	}
+	if err := validateZone(l); err != nil {
+		return err
 	}
 	if l.Rate != l.Burst || l.Period != c.Every.nominal() {
 		return fmt.Errorf("%w: %s: a calendar quota has Rate = Burst (the tokens of a window) and Period %v; build it with policy.Quota",
@@ -161,13 +164,57 @@ var zones cowmap.Map[string, *time.Location]
 // each loaded its own Location (time.LoadLocation returns a new one every
 // time); other limits are returned as they are. leaselimit canonicalises
 // every limit it is given.
+//
+// A Location without a name, or whose name this package already keeps for
+// a zone of other offsets, is returned as it is, and Validate refuses it:
+// the name is the zone's identity here and in the bucket's Redis key, so
+// two zones under one name would share windows and buckets.
 func (l Limit) Canonical() Limit {
 	loc := l.Calendar.Location
-	if loc == nil {
+	if loc == nil || loc.String() == "" {
 		return l
 	}
-	l.Calendar.Location = zones.LoadOrMake(loc.String(), func() *time.Location { return loc })
+	kept := zones.LoadOrMake(loc.String(), func() *time.Location { return loc })
+	if kept != loc && !sameOffsets(kept, loc) {
+		return l
+	}
+	l.Calendar.Location = kept
 	return l
+}
+
+// validateZone refuses a Location that cannot name its zone: one without a
+// name (time.Parse of a numeric offset gives one, as does
+// time.FixedZone("", offset)), and one whose name this package keeps for a
+// zone of other offsets (see Canonical).
+func validateZone(l Limit) error {
+	loc := l.Calendar.Location
+	if loc == nil {
+		return nil
+	}
+	name := loc.String()
+	if name == "" {
+		return fmt.Errorf("%w: %s: the calendar's Location has no name, and the name is the zone's identity in the bucket's Redis key; name it (time.FixedZone(\"UTC+9\", 9*3600), or time.LoadLocation)", ErrInvalidLimit, l.Name)
+	}
+	if kept, ok := zones.Load(name); ok && kept != loc && !sameOffsets(kept, loc) {
+		return fmt.Errorf("%w: %s: the zone name %q already names a zone of other offsets in this process; one name must mean one zone on every instance", ErrInvalidLimit, l.Name, name)
+	}
+	return nil
+}
+
+// sameOffsets reports whether a and b have the same UTC offset at a few
+// instants over the coming year (quarterly, which meets both sides of a
+// summer time): enough to tell two zones apart that merely share a name.
+func sameOffsets(a, b *time.Location) bool {
+	t := time.Now()
+	for range 4 {
+		_, oa := t.In(a).Zone()
+		_, ob := t.In(b).Zone()
+		if oa != ob {
+			return false
+		}
+		t = t.Add(91 * 24 * time.Hour)
+	}
+	return true
 }
 
 // location is c's Location, UTC for nil.

@@ -77,6 +77,7 @@ func TestQuotaValidate(t *testing.T) {
 		{Name: "long", Rate: 10, Period: time.Hour, Burst: 10, Calendar: Calendar{Every: Day}},
 		{Name: "zone", Rate: 10, Period: time.Hour, Burst: 10, Calendar: Calendar{Location: time.UTC}},
 		{Name: "odd", Rate: 10, Period: time.Hour, Burst: 10, Calendar: Calendar{Every: CalendarUnit(9)}},
+		Quota("unnamed", 10, Day, time.FixedZone("", 9*3600)),
 	}
 	for _, l := range bad {
 		if err := l.Validate(); !errors.Is(err, ErrInvalidLimit) {
@@ -127,5 +128,36 @@ func TestResetAfter(t *testing.T) {
 		if got := tc.l.ResetAfter(tc.remaining, now); got != tc.want {
 			t.Errorf("%v: ResetAfter(%d) = %v; want %v", tc.l, tc.remaining, got, tc.want)
 		}
+	}
+}
+
+// TestZoneNameIsItsIdentity: the zone's name is its identity (in the
+// bucket's Redis key, and in Canonical), so a Location without a name
+// (time.Parse of a numeric offset gives one) is refused, and so is a
+// second zone of other offsets under a name already kept. Both were
+// taken for whichever zone of that name came first: a -05:00 day
+// enforced as a +09:00 one, 14 hours off.
+func TestZoneNameIsItsIdentity(t *testing.T) {
+	ts, err := time.Parse(time.RFC3339, "2026-12-03T10:00:00+09:00")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := Quota("parsed", 10, Day, ts.Location()).Canonical().Validate(); !errors.Is(err, ErrInvalidLimit) {
+		t.Errorf("a quota in time.Parse's unnamed zone: Validate = %v; want ErrInvalidLimit", err)
+	}
+	first := Quota("named", 10, Day, time.FixedZone("TestZone+9", 9*3600)).Canonical()
+	if err := first.Validate(); err != nil {
+		t.Fatalf("a quota in a named fixed zone: %v", err)
+	}
+	same := Quota("named", 10, Day, time.FixedZone("TestZone+9", 9*3600)).Canonical()
+	if same != first || same.Validate() != nil {
+		t.Errorf("the same zone under the same name: %v (%v); want %v", same, same.Validate(), first)
+	}
+	other := Quota("named", 10, Day, time.FixedZone("TestZone+9", -5*3600)).Canonical()
+	if _, off := time.Now().In(other.Calendar.Location).Zone(); off != -5*3600 {
+		t.Errorf("Canonical swapped a -05:00 zone for the +09:00 one of its name (offset %d)", off)
+	}
+	if err := other.Validate(); !errors.Is(err, ErrInvalidLimit) {
+		t.Errorf("another zone under a name kept: Validate = %v; want ErrInvalidLimit", err)
 	}
 }
