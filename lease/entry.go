@@ -90,11 +90,11 @@ func (e *entry) Key() string { return e.key }
 func (e *entry) Tokens() int64 { return e.tokens.Load() }
 
 // fallbackBucket returns e's FailLocal bucket, creating it on first use.
-func (e *entry) fallbackBucket() *localBucket {
+func (e *entry) fallbackBucket(make func() *localBucket) *localBucket {
 	if b := e.fallback.Load(); b != nil {
 		return b
 	}
-	e.fallback.CompareAndSwap(nil, new(localBucket))
+	e.fallback.CompareAndSwap(nil, make())
 	return e.fallback.Load()
 }
 

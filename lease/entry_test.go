@@ -969,8 +969,8 @@ func TestEntryAccessors(t *testing.T) {
 	if e.Remote() != 0 {
 		t.Errorf("Remote() = %d after a denial reporting 0", e.Remote())
 	}
-	b := e.fallbackBucket()
-	if b == nil || e.fallbackBucket() != b {
+	b := e.fallbackBucket(newFull)
+	if b == nil || e.fallbackBucket(newFull) != b {
 		t.Errorf("localBucket() is not stable")
 	}
 	if got := z.settings; got != (policy.Lease{}).WithDefaults() {
@@ -986,7 +986,7 @@ func TestLocalCreatedOnce(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			got[i] = e.fallbackBucket()
+			got[i] = e.fallbackBucket(newFull)
 		}()
 	}
 	wg.Wait()
@@ -1018,3 +1018,6 @@ func TestEntryNoAllocs(t *testing.T) {
 		t.Errorf("Denied/NeedsPrefetch/Touch allocate %v times per call", a)
 	}
 }
+
+// newFull makes a full FailLocal bucket, as a key's first one is.
+func newFull() *localBucket { return new(localBucket) }

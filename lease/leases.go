@@ -48,6 +48,10 @@ type Leases struct {
 	// then the multi-limit's envelope (see NewGroup).
 	members []policy.Limit
 	salt    uint64 // this limit's, so its keys and another's are apart in the doorkeeper
+	// forgotUntil is when (unix ns) the last FailLocal bucket the table
+	// evicted before it refilled would have refilled: until then a new
+	// one starts empty (see newLocalBucket).
+	forgotUntil atomic.Int64
 	// Every lease hit reads the fields above; the memory allocator may put
 	// an entry, written on every hit, right after this struct, sharing its
 	// last cache line (measured: +16% on a hot key). The pad keeps them
@@ -421,7 +425,7 @@ type Local struct {
 func (ls *Leases) AllowLocal(key string, n, now int64) Local {
 	e, ev := ls.getOrCreate(key, now)
 	e.Touch(now)
-	ok, rem, retry := e.fallbackBucket().Allow(ls.local, n, now)
+	ok, rem, retry := e.fallbackBucket(func() *localBucket { return ls.newLocalBucket(now) }).Allow(ls.local, n, now)
 	return Local{Allowed: ok, Remaining: rem, RetryAfter: retry, Evicted: evicted(ev)}
 }
 
@@ -680,6 +684,9 @@ func (ls *Leases) getOrCreate(key string, now int64) (*entry, Return) {
 	if ev == nil {
 		return e, Return{}
 	}
+	if ev.owner != nil {
+		ev.owner.forgetFallback(ev, now)
+	}
 	return e, ev.back(ev.drainHeld())
 }
 
@@ -688,4 +695,35 @@ func (ls *Leases) getOrCreate(key string, now int64) (*entry, Return) {
 func (ls *Leases) holdsFallback(e *entry, now int64) bool {
 	b := e.fallback.Load()
 	return b != nil && !b.Full(ls.local, now)
+}
+
+// forgetFallback notes that the table evicted e at now: a FailLocal bucket
+// it held that had not refilled is forgotten, and its key may come back
+// with a new one. The table is bounded, and during an outage every key
+// asked holds one, so the eviction cannot be refused.
+func (ls *Leases) forgetFallback(e *entry, now int64) {
+	b := e.fallback.Load()
+	if b == nil {
+		return
+	}
+	if d := b.untilFull(ls.local, now); d > 0 {
+		until := now + int64(min(d, time.Duration(math.MaxInt64-now)))
+		for last := ls.forgotUntil.Load(); until > last && !ls.forgotUntil.CompareAndSwap(last, until); last = ls.forgotUntil.Load() {
+		}
+	}
+}
+
+// newLocalBucket returns a key's new FailLocal bucket at now: full, unless
+// a bucket the table forgot before it refilled would not have refilled by
+// now, when it starts empty and fills at the share's rate. Which key's
+// bucket was forgotten is not known, and a full one for that key would
+// hand it a fresh burst per eviction: a fleet cycling keys through a small
+// table admitted thousands of times its share on one key. A doubt costs
+// under-admission: keys first seen while the table thrashes in an outage
+// start with nothing.
+func (ls *Leases) newLocalBucket(now int64) *localBucket {
+	if now < ls.forgotUntil.Load() {
+		return emptyBucket(now)
+	}
+	return new(localBucket)
 }

@@ -2,6 +2,7 @@ package lease
 
 import (
 	"fmt"
+	"strconv"
 	"testing"
 	"time"
 
@@ -237,6 +238,45 @@ func TestProtocolHeldAndLastKnown(t *testing.T) {
 	}
 	if _, ok := ls.AllowLeased("k", 1, now+int64(policy.DefaultLease().TTL)); ok {
 		t.Error("AllowLeased served from an expired lease")
+	}
+}
+
+// TestLocalShareEvicted: a key whose FailLocal bucket the table evicts
+// before it refilled comes back with an empty bucket, not a full one, as
+// long as the forgotten bucket would not have refilled; then new buckets
+// start full again. Evicted and made anew full, a key cycled through a
+// small table got a fresh share per eviction (13,834 admissions in 3 s
+// where the share allowed 2, in an adversarial review).
+func TestLocalShareEvicted(t *testing.T) {
+	l := policy.PerMinute(60)          // share of 4 instances: 15/min, burst 15
+	ls := newLeases(l, minCapacity, 4) // one entry per shard
+	now := int64(s)
+	for range 15 {
+		if b := ls.AllowLocal("hot", 1, now); !b.Allowed {
+			t.Fatalf("local request denied within the share: %+v", b)
+		}
+	}
+	// Other keys until the hot one is evicted.
+	for i := 0; tableOf(ls).Len() > 0 && ls.table.Get(ls, "hot") != nil; i++ {
+		if i > 100*minCapacity {
+			t.Fatal("the hot key was never evicted")
+		}
+		ls.AllowLocal("other-"+strconv.Itoa(i), 1, now)
+	}
+	if b := ls.AllowLocal("hot", 1, now); b.Allowed {
+		t.Fatalf("the hot key, evicted with its share spent, was admitted at once: %+v", b)
+	}
+	// The share refills at 15/min: one token per 4 s.
+	if b := ls.AllowLocal("hot", 1, now+int64(4*time.Second)); !b.Allowed {
+		t.Errorf("the hot key's new bucket did not refill at the share's rate: %+v", b)
+	}
+	// Once the forgotten buckets would have refilled (a minute), a new key
+	// starts full.
+	later := now + int64(time.Minute) + int64(time.Second)
+	for i := range 15 {
+		if b := ls.AllowLocal("new", 1, later); !b.Allowed {
+			t.Fatalf("a new key after the forgotten buckets refilled: request %d denied: %+v", i, b)
+		}
 	}
 }
 

@@ -119,12 +119,26 @@ func Share(l policy.Limit, fleet int) policy.Limit {
 
 // Full reports whether b, under limit l, has refilled to its burst by now:
 // its state then says nothing a fresh bucket would not.
-func (b *localBucket) Full(l policy.Limit, now int64) bool {
+func (b *localBucket) Full(l policy.Limit, now int64) bool { return b.untilFull(l, now) == 0 }
+
+// untilFull returns how long b, under limit l, takes from now to refill to
+// its burst: 0 when it has.
+func (b *localBucket) untilFull(l policy.Limit, now int64) time.Duration {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if !b.inited {
-		return true
+		return 0
 	}
-	w, _, _ := refilled(l, b.w, b.f, b.last, now/int64(time.Microsecond))
-	return w >= uint64(l.Burst)
+	w, f, _ := refilled(l, b.w, b.f, b.last, now/int64(time.Microsecond))
+	if w >= uint64(l.Burst) {
+		return 0
+	}
+	r, p := reduced(l)
+	return untilTokens(uint64(l.Burst)-w, f, r, p)
+}
+
+// emptyBucket returns a bucket that holds no token at now: see
+// Leases.newLocalBucket.
+func emptyBucket(now int64) *localBucket {
+	return &localBucket{last: now / int64(time.Microsecond), inited: true}
 }
