@@ -43,6 +43,14 @@ func New(client redis.UniversalClient, limit policy.Limit, opts ...Option) (*Lim
 // failure policy or enforcement.
 func (l *Limiter) For(limit policy.Limit, more ...policy.Limit) *Limiter {
 	f := l.limiter(limit, more)
+	if l.err != nil && f.err == nil && errors.As(l.err, new(optionError)) {
+		// A view With refused gives Limiters that refuse too: the view it
+		// did not become is not a view to serve (part of it applied, it
+		// could shadow every decision and say nothing).
+		v := *l.viewOf(f, l.view)
+		v.owner, v.err = false, l.err
+		return &v
+	}
 	switch {
 	case f.limitSet == l.limitSet && l.err == nil:
 		return l

@@ -257,3 +257,23 @@ func TestPlanUpgradeFleet(t *testing.T) {
 		t.Errorf("pro admitted %.0f < 80%% of its bound %.0f: the new plan's bucket is not being used", got, bound)
 	}
 }
+
+// TestForOfARefusedView: For on a view that With refused gives Limiters
+// that refuse too. It gave the part of the view applied before the
+// refused option, with no error: With(WithShadow(), WithEnforce(7)) then
+// For(other) shadowed every decision and said nothing.
+func TestForOfARefusedView(t *testing.T) {
+	_, c := newMini(t)
+	a := policy.Limit{Name: "a", Rate: 1, Period: time.Hour, Burst: 1}
+	b := policy.Limit{Name: "b", Rate: 1, Period: time.Hour, Burst: 1}
+	root := mustNew(t, c, a)
+	bad := root.With(leaselimit.WithShadow(), leaselimit.WithEnforce(7))
+	if _, err := bad.Allow(context.Background(), "k"); err == nil {
+		t.Fatal("a view with WithEnforce(7) decided")
+	}
+	for _, l := range []*leaselimit.Limiter{bad.For(b), bad.For(a, b)} {
+		if d, err := l.Allow(context.Background(), "k"); err == nil {
+			t.Errorf("For on a refused view decided %+v; want the view's error", d)
+		}
+	}
+}
