@@ -83,3 +83,24 @@ func TestLogger(t *testing.T) {
 	}
 	t.Logf("log:\n%s", out.buf.String())
 }
+
+// TestOutageLoggedByDefault: with no WithLogger, the failure policy
+// taking over is written to slog.Default(): under the default FailOpen an
+// outage let every request through with nothing to tell an operator.
+func TestOutageLoggedByDefault(t *testing.T) {
+	var out logBuffer
+	old := slog.Default()
+	slog.SetDefault(slog.New(slog.NewTextHandler(&out, nil)))
+	t.Cleanup(func() { slog.SetDefault(old) })
+	m, c := newMini(t)
+	lim := mustNew(t, c, policy.PerSecond(10).WithName("unlogged"), leaselimit.WithTimeout(200*time.Millisecond))
+	m.SetError("LOADING Redis is loading the dataset in memory")
+	for range 5 {
+		if d, err := lim.Allow(context.Background(), "k"); err != nil || !d.Allowed || d.Source != leaselimit.SourceFallback {
+			t.Fatalf("Allow with Redis loading = %+v, %v; want FailOpen's admission", d, err)
+		}
+	}
+	if out.count("the failure policy decides") != 1 {
+		t.Errorf("the default logger got no line (or many) for an outage FailOpen answered:\n%s", out.buf.String())
+	}
+}

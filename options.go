@@ -67,6 +67,10 @@ func defaultConfig() config {
 		fleetSize: 1,
 		clock:     systemClock{},
 		view:      view{mode: policy.FailOpen, enforce: 1},
+		// An outage the failure policy answers must be seen: under the
+		// default FailOpen, without a line nothing told an operator that
+		// every request passed unlimited.
+		logger: slog.Default(),
 	}
 }
 
@@ -227,7 +231,9 @@ func WithKeyRedactor(redact func(key string) string) Option {
 // transitions, the failure policy taking over after a healthy period,
 // READONLY replies, Redis replies that mean misconfiguration, and an
 // instance too saturated to read its replies. Each kind is written at most
-// once every 10 seconds: never a line per decision. Default: no logging.
+// once every 10 seconds: never a line per decision. Default: slog.Default()
+// as NewClient finds it, so that an outage the failure policy answers is
+// never silent; WithLogger(slog.New(slog.DiscardHandler)) turns it off.
 // go-redis's own lines (its logger is process-wide, and leaselimit leaves
 // it alone) can be routed to the same logger: see telemetry.NewRedisLogger.
 func WithLogger(log *slog.Logger) Option {
