@@ -1,6 +1,7 @@
 package leaselimit
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/leaselimit/leaselimit/policy"
@@ -81,8 +82,13 @@ func (l *Limiter) With(opts ...Option) *Limiter {
 	return &v
 }
 
+// ErrInvalidOption is wrapped by the error of every call of a view that
+// With refused (an option of the Client, or an invalid value): a mistake
+// in the program, like policy.ErrInvalidLimit, not an outage to retry.
+var ErrInvalidOption = errors.New("leaselimit: invalid option")
+
 // optionError is the error of a view made with an option it cannot take:
 // the caller's mistake, like an invalid limit (see callerError).
 type optionError struct{ error }
 
-func (e optionError) Unwrap() error { return e.error }
+func (e optionError) Unwrap() []error { return []error{ErrInvalidOption, e.error} }

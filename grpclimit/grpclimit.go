@@ -39,7 +39,9 @@ package grpclimit
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"net"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"time"
@@ -113,6 +115,15 @@ type config struct {
 	cost    func(ctx context.Context, fullMethod string) int64
 	limited func(fullMethod string) bool
 	outage  codes.Code
+	logger  *slog.Logger
+}
+
+// WithLogger sets where the interceptors log a call they could not rate
+// limit (the Limiter's error, a panic in the key or cost function): never
+// the key or the caller's address. Default slog.Default(). A client's own
+// cancellation is not logged.
+func WithLogger(l *slog.Logger) Option {
+	return func(c *config) { c.logger = l }
 }
 
 // WithCost sets the tokens a call takes (default 1); 0 lets it through
@@ -183,7 +194,7 @@ type interceptor struct {
 }
 
 func newInterceptor(lim Limiter, key KeyFunc, opts []Option) *interceptor {
-	if lim == nil || key == nil {
+	if ll, ok := lim.(*leaselimit.Limiter); lim == nil || ok && ll == nil || key == nil {
 		panic("grpclimit: nil Limiter or KeyFunc")
 	}
 	in := &interceptor{lim: lim, key: key, cfg: config{limited: limitedByDefault, outage: codes.Unavailable}}
@@ -194,6 +205,9 @@ func newInterceptor(lim Limiter, key KeyFunc, opts []Option) *interceptor {
 	}
 	if in.cfg.limited == nil {
 		in.cfg.limited = limitedByDefault
+	}
+	if in.cfg.logger == nil {
+		in.cfg.logger = slog.Default()
 	}
 	if in.cfg.outage == codes.OK {
 		panic("grpclimit: WithOutageCode(codes.OK) would let refused calls through")
@@ -210,7 +224,16 @@ func newInterceptor(lim Limiter, key KeyFunc, opts []Option) *interceptor {
 
 // decide takes the call's tokens. It returns the metadata to send (nil for
 // none) and the error that refuses the call, if any.
-func (in *interceptor) decide(ctx context.Context, fullMethod string) (metadata.MD, error) {
+func (in *interceptor) decide(ctx context.Context, fullMethod string) (md metadata.MD, err error) {
+	defer func() {
+		// grpc-go recovers no handler's panic: one in the key or cost
+		// function, the user's code, took the whole server down.
+		if p := recover(); p != nil {
+			in.cfg.logger.LogAttrs(ctx, slog.LevelError, "grpclimit: panic in the key or cost function",
+				slog.String("method", fullMethod), slog.Any("panic", p), slog.String("stack", string(debug.Stack())))
+			md, err = nil, status.Error(codes.Internal, "the call could not be rate limited")
+		}
+	}()
 	n := int64(1)
 	if in.cfg.cost != nil {
 		if n = in.cfg.cost(ctx, fullMethod); n == 0 {
@@ -225,12 +248,16 @@ func (in *interceptor) decide(ctx context.Context, fullMethod string) (metadata.
 		return nil, status.Error(codes.InvalidArgument, "the call does not identify its client as this service's rate limit requires")
 	}
 	d, err := in.lim.AllowN(ctx, key, n)
+	if err != nil && !errors.Is(err, leaselimit.ErrInvalidKey) && !(errors.Is(err, leaselimit.ErrInvalidCost) && n > 0) && ctx.Err() == nil {
+		in.cfg.logger.LogAttrs(ctx, slog.LevelError, "grpclimit: limiter error",
+			slog.String("policy", in.lim.Limit().Name), slog.String("method", fullMethod), slog.String("error", err.Error()))
+	}
 	switch {
 	case errors.Is(err, leaselimit.ErrInvalidKey):
 		return nil, status.Error(codes.InvalidArgument, "the call's rate-limit key is not valid")
 	case errors.Is(err, leaselimit.ErrInvalidCost) && n > 0:
 		return nil, in.refusedForever(n)
-	case errors.Is(err, leaselimit.ErrInvalidCost), errors.Is(err, policy.ErrInvalidLimit):
+	case errors.Is(err, leaselimit.ErrInvalidCost), errors.Is(err, policy.ErrInvalidLimit), errors.Is(err, leaselimit.ErrInvalidOption):
 		return nil, status.Error(codes.Internal, "the call could not be rate limited")
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return nil, status.FromContextError(err).Err()

@@ -2,7 +2,9 @@ package grpclimit_test
 
 import (
 	"context"
+	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"slices"
 	"strings"
@@ -678,4 +680,83 @@ func TestCostAboveBurst(t *testing.T) {
 	if _, err := tsc.EmptyCall(keyed("k"), empty); status.Code(err) != codes.Internal {
 		t.Errorf("call of cost -1 = %v; want Internal", err)
 	}
+}
+
+// logBuffer is a strings.Builder safe for a slog handler and a test.
+type logBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// TestKeyFuncPanic: a panic in the key function (the user's code) fails
+// the call with Internal and is logged; the server keeps serving. grpc-go
+// recovers no handler panic, and it took the whole process down.
+func TestKeyFuncPanic(t *testing.T) {
+	var out logBuffer
+	lim := scripted{leaselimit.Decision{Allowed: true, Limit: policy.Limit{Name: "api", Rate: 1, Period: time.Second, Burst: 1}}}
+	key := func(ctx context.Context, method string) (string, error) {
+		if md, _ := metadata.FromIncomingContext(ctx); len(md.Get("x-key")) > 0 && md.Get("x-key")[0] == "boom" {
+			panic("the key function's bug")
+		}
+		return "k", nil
+	}
+	conn := serveWith(t, lim, key, []grpclimit.Option{grpclimit.WithLogger(slog.New(slog.NewTextHandler(&out, nil)))})
+	tc := testgrpc.NewTestServiceClient(conn)
+	for _, call := range []func(context.Context) error{
+		func(ctx context.Context) error { _, err := tc.EmptyCall(ctx, empty); return err },
+		func(ctx context.Context) error { return stream(ctx, tc) },
+	} {
+		if err := call(keyed("boom")); status.Code(err) != codes.Internal {
+			t.Errorf("a call whose key function panics = %v; want Internal", err)
+		}
+		if err := call(keyed("fine")); err != nil {
+			t.Errorf("the next call = %v; want served", err)
+		}
+	}
+	if !strings.Contains(out.String(), "panic in the key or cost function") {
+		t.Errorf("the panic was not logged:\n%s", out.String())
+	}
+}
+
+// TestLimiterErrorLogged: a call the Limiter could not decide is logged
+// (a closed Client, an invalid limit): they answered Unavailable or
+// Internal with nothing in any log.
+func TestLimiterErrorLogged(t *testing.T) {
+	srv := redistest.Start(t)
+	var out logBuffer
+	c := newClient(t, srv)
+	lim := c.Limiter(policy.Limit{Name: "closed-api", Rate: 1, Period: time.Second, Burst: 1})
+	conn := serveWith(t, lim, grpclimit.MetadataKey("x-key"), []grpclimit.Option{grpclimit.WithLogger(slog.New(slog.NewTextHandler(&out, nil)))})
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := testgrpc.NewTestServiceClient(conn).EmptyCall(keyed("k"), empty); status.Code(err) != codes.Unavailable {
+		t.Errorf("a call on a closed Client = %v; want Unavailable", err)
+	}
+	if !strings.Contains(out.String(), "limiter error") || !strings.Contains(out.String(), "closed-api") {
+		t.Errorf("the limiter's error was not logged with its policy:\n%s", out.String())
+	}
+}
+
+// TestNilLimiterPanicsClearly: a nil *leaselimit.Limiter gets the
+// interceptors' own panic message (it was dereferenced).
+func TestNilLimiterPanicsClearly(t *testing.T) {
+	defer func() {
+		if r := recover(); r == nil || !strings.Contains(fmt.Sprint(r), "nil Limiter") {
+			t.Errorf("UnaryServerInterceptor((*leaselimit.Limiter)(nil)) = %v; want a panic naming the nil Limiter", r)
+		}
+	}()
+	grpclimit.UnaryServerInterceptor((*leaselimit.Limiter)(nil), grpclimit.PeerKey())
 }

@@ -235,6 +235,14 @@ type middleware struct {
 	limiters limiterCache     // WithLimiterFunc's Limiters
 }
 
+// nilLimiter reports whether l is nil, also as a nil *leaselimit.Limiter
+// in the interface: a plan missing from a map of them, which
+// WithLimiterFunc's own example returns, panicked on every request.
+func nilLimiter(l Limiter) bool {
+	ll, ok := l.(*leaselimit.Limiter)
+	return l == nil || ok && ll == nil
+}
+
 // multiLimiter is a Limiter that may enforce several limits together;
 // *leaselimit.Limiter is one.
 type multiLimiter interface {
@@ -260,7 +268,7 @@ func describe(lim Limiter) (pf *fields.Policy, group []*fields.Policy) {
 // documentation for the response header fields, denials, errors and
 // composition. It panics if lim or key is nil. It calls lim.Limit() once.
 func Middleware(lim Limiter, key KeyFunc, opts ...Option) func(http.Handler) http.Handler {
-	if lim == nil {
+	if nilLimiter(lim) {
 		panic("httplimit: Middleware with a nil Limiter")
 	}
 	if key == nil {
@@ -317,7 +325,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		lim, pf, group = m.tiered.For(l), m.policies.get(l), nil
 	}
 	if m.cfg.limiter != nil {
-		if l := m.cfg.limiter(r); l != nil {
+		if l := m.cfg.limiter(r); !nilLimiter(l) {
 			pf, group = m.limiters.get(l)
 			lim = l
 		}
@@ -439,7 +447,7 @@ func (m *middleware) limiterError(w http.ResponseWriter, r *http.Request, err er
 		m.cfg.logger.LogAttrs(r.Context(), slog.LevelError, "httplimit: limiter error",
 			slog.String("policy", m.policy.Limit.Name), slog.String("error", err.Error()))
 	}
-	if errors.Is(err, leaselimit.ErrInvalidCost) || errors.Is(err, policy.ErrInvalidLimit) {
+	if errors.Is(err, leaselimit.ErrInvalidCost) || errors.Is(err, policy.ErrInvalidLimit) || errors.Is(err, leaselimit.ErrInvalidOption) {
 		writeProblem(w, problem{
 			Type:   "about:blank",
 			Title:  http.StatusText(http.StatusInternalServerError),

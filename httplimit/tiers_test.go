@@ -2,6 +2,7 @@ package httplimit_test
 
 import (
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"regexp"
@@ -156,11 +157,10 @@ func TestLimiterFunc(t *testing.T) {
 	pro := policy.Limit{Name: "pro", Rate: 100, Period: time.Minute, Burst: 50}
 	plans := map[string]*leaselimit.Limiter{"free": c.Limiter(free, daily), "pro": c.Limiter(pro, daily)}
 	fallback := c.Limiter(policy.Limit{Name: "anon", Rate: 1, Period: time.Minute, Burst: 1})
+	// As WithLimiterFunc's example: a plan missing from the map is a nil
+	// *leaselimit.Limiter in the interface, which panicked on every request.
 	h := httplimit.Middleware(fallback, httplimit.Header("X-User"), httplimit.WithLimiterFunc(func(r *http.Request) httplimit.Limiter {
-		if l, ok := plans[r.Header.Get("X-Plan")]; ok {
-			return l
-		}
-		return nil
+		return plans[r.Header.Get("X-Plan")]
 	}))(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {}))
 	call := func(user, plan string) *httptest.ResponseRecorder { return callAs(h, user, plan) }
 	for i, want := range []struct {
@@ -200,4 +200,29 @@ func TestLimitFuncAndLimiterFunc(t *testing.T) {
 	httplimit.Middleware(lim, httplimit.Header("X-User"),
 		httplimit.WithLimitFunc(func(*http.Request) policy.Limit { return policy.PerSecond(2) }),
 		httplimit.WithLimiterFunc(func(*http.Request) httplimit.Limiter { return lim }))
+}
+
+// TestNilLimiterRefused: Middleware panics with its own message on a nil
+// *leaselimit.Limiter, as on a nil Limiter (it dereferenced it).
+func TestNilLimiterRefused(t *testing.T) {
+	defer func() {
+		if r := recover(); r == nil || !strings.Contains(fmt.Sprint(r), "nil Limiter") {
+			t.Errorf("Middleware((*leaselimit.Limiter)(nil)) = %v; want a panic naming the nil Limiter", r)
+		}
+	}()
+	httplimit.Middleware((*leaselimit.Limiter)(nil), httplimit.Header("X-User"))
+}
+
+// TestViewOptionErrorIsNotAnOutage: a view With refused is a mistake in
+// the program, answered 500 like an invalid limit, not 503 with a
+// Retry-After that asks clients to retry it forever.
+func TestViewOptionErrorIsNotAnOutage(t *testing.T) {
+	_, rdb := newRedis(t)
+	c := newClient(t, rdb)
+	bad := c.Limiter(policy.Limit{Name: "bad", Rate: 1, Period: time.Minute, Burst: 1}).With(leaselimit.WithTimeout(time.Second))
+	h := httplimit.Middleware(bad, httplimit.Header("X-User"), httplimit.WithLogger(slog.New(slog.DiscardHandler)))(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	rec := callAs(h, "ann", "")
+	if rec.Code != http.StatusInternalServerError || rec.Header().Get(httplimit.HeaderRetryAfter) != "" {
+		t.Errorf("a view With refused: %d, Retry-After %q; want 500 without Retry-After", rec.Code, rec.Header().Get(httplimit.HeaderRetryAfter))
+	}
 }
