@@ -41,6 +41,7 @@ import (
 	"errors"
 	"log/slog"
 	"net"
+	"net/netip"
 	"runtime/debug"
 	"strconv"
 	"strings"
@@ -92,8 +93,11 @@ func MetadataKey(name string) KeyFunc {
 	}
 }
 
-// PeerKey keys calls by the peer's address without its port (the client's
-// IP for TCP; the whole address for other transports).
+// PeerKey keys calls by the peer's address without its port: for TCP the
+// client's IP, an IPv4 address whole and an IPv6 one by its /64
+// ("2001:db8:1:2::/64", as httplimit.ClientIP; keyed by whole address, a
+// client with a /64 had 2^64 buckets); the whole address for other
+// transports.
 func PeerKey() KeyFunc {
 	return func(ctx context.Context, _ string) (string, error) {
 		p, ok := peer.FromContext(ctx)
@@ -101,12 +105,25 @@ func PeerKey() KeyFunc {
 			return "", ErrNoKey
 		}
 		a := p.Addr.String()
-		if host, _, err := net.SplitHostPort(a); err == nil {
+		host, _, err := net.SplitHostPort(a)
+		if err != nil {
+			return a, nil
+		}
+		ip, err := netip.ParseAddr(host)
+		if err != nil {
 			return host, nil
 		}
-		return a, nil
+		if ip = ip.Unmap().WithZone(""); ip.Is4() {
+			return ip.String(), nil
+		}
+		return netip.PrefixFrom(ip, clientV6Bits).Masked().String(), nil
 	}
 }
+
+// clientV6Bits is the prefix length by which PeerKey keys an IPv6 client,
+// as httplimit.ClientIP does: a /64 is the smallest block a network gives
+// one customer.
+const clientV6Bits = 64
 
 // Option configures the server interceptors.
 type Option func(*config)

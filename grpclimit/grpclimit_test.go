@@ -27,6 +27,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/reflection"
 	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/grpc/status"
@@ -759,4 +760,25 @@ func TestNilLimiterPanicsClearly(t *testing.T) {
 		}
 	}()
 	grpclimit.UnaryServerInterceptor((*leaselimit.Limiter)(nil), grpclimit.PeerKey())
+}
+
+// TestPeerKey: an IPv4 peer is keyed by its address, an IPv6 one by its
+// /64 (keyed by whole address, a client with a /64 had 2^64 buckets).
+func TestPeerKey(t *testing.T) {
+	for _, tc := range []struct {
+		addr net.Addr
+		want string
+	}{
+		{&net.TCPAddr{IP: net.ParseIP("203.0.113.7"), Port: 443}, "203.0.113.7"},
+		{&net.TCPAddr{IP: net.ParseIP("::ffff:203.0.113.7"), Port: 443}, "203.0.113.7"},
+		{&net.TCPAddr{IP: net.ParseIP("2001:db8:1:2::1"), Port: 443}, "2001:db8:1:2::/64"},
+		{&net.TCPAddr{IP: net.ParseIP("2001:db8:1:2:ffff::9"), Port: 443}, "2001:db8:1:2::/64"},
+		{&net.TCPAddr{IP: net.ParseIP("fe80::1"), Port: 443, Zone: "eth0"}, "fe80::/64"},
+		{&net.UnixAddr{Name: "/run/app.sock", Net: "unix"}, "/run/app.sock"},
+	} {
+		ctx := peer.NewContext(context.Background(), &peer.Peer{Addr: tc.addr})
+		if got, err := grpclimit.PeerKey()(ctx, "/x.Svc/M"); err != nil || got != tc.want {
+			t.Errorf("PeerKey of %v = %q, %v; want %q", tc.addr, got, err, tc.want)
+		}
+	}
 }

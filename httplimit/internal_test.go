@@ -1,6 +1,8 @@
 package httplimit
 
 import (
+	"net/http"
+	"net/netip"
 	"strings"
 	"testing"
 )
@@ -23,5 +25,7 @@ func FuzzParseForwarded(f *testing.F) {
 			}
 		}
 		parseAddr(s)
+		// The walk ends, whatever the line holds.
+		forwardedChain(http.Header{"Forwarded": {s, s}}, func(netip.Addr, bool) bool { return true })
 	})
 }

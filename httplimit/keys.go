@@ -27,8 +27,9 @@ func (e *KeyError) Error() string {
 
 func (e *KeyError) Unwrap() error { return e.Err }
 
-// ClientIP keys requests by the client's IP address (IPv4-mapped IPv6
-// addresses in their IPv4 form, without zone).
+// ClientIP keys requests by the client's IP address: an IPv4 address
+// (IPv4-mapped IPv6 addresses in their IPv4 form) whole, an IPv6 address
+// by its /64 ("2001:db8:1:2::/64"; a /64 is the smallest block a network gives one customer), without zone.
 //
 // By default that is the connection's peer, r.RemoteAddr; X-Forwarded-For is
 // ignored, since any client can send it. When the peer is inside one of the
@@ -70,8 +71,11 @@ func ClientIP(trusted ...netip.Prefix) KeyFunc {
 // Forwarded field instead of X-Forwarded-For, with the same walk from the
 // right past trusted hops. Quoted values, ports, "[IPv6]" and obfuscated or
 // "unknown" identifiers are understood (the last two stop the walk, as a
-// non-address does in ClientIP). A field line that does not parse stops the
-// walk at the trusted hop before it. It warns once, as ClientIP does, when
+// non-address does in ClientIP). Elements are read from the right, each
+// on its own, so a malformed part the client wrote to the left of its
+// proxy's element is never read; an element that does not parse, reached
+// in the walk, stops it at the trusted hop before it. It warns once, as
+// ClientIP does, when
 // requests arrive through a proxy whose forwarding field it does not read.
 func ClientIPForwarded(trusted ...netip.Prefix) KeyFunc {
 	return clientIP(trusted, forwardedChain, forwardedReader)
@@ -194,11 +198,11 @@ func clientIP(trusted []netip.Prefix, chain chainFunc, rd reader) KeyFunc {
 		}
 		if len(prefixes) == 0 || !isTrusted(peer) {
 			warn.untrustedPeer(r, peer)
-			return peer.String(), nil
+			return clientKey(peer), nil
 		}
 		if len(r.Header[warn.key]) == 0 {
 			warn.trustedPeer(r, peer)
-			return peer.String(), nil
+			return clientKey(peer), nil
 		}
 		client := peer
 		chain(r.Header, func(a netip.Addr, ok bool) bool {
@@ -208,8 +212,24 @@ func clientIP(trusted []netip.Prefix, chain chainFunc, rd reader) KeyFunc {
 			client = a
 			return isTrusted(a)
 		})
-		return client.String(), nil
+		return clientKey(client), nil
 	}
+}
+
+// clientV6Bits is the prefix length by which ClientIP and ClientIPForwarded
+// (and grpclimit.PeerKey) key an IPv6 client: a /64 is the smallest block
+// a network gives one customer, and every address in it is the same
+// client's for the taking (keyed by whole address, one with a /64 had 2^64
+// buckets).
+const clientV6Bits = 64
+
+// clientKey is the key of a client at a: an IPv4 address whole, an IPv6
+// one by its /64 (see clientV6Bits).
+func clientKey(a netip.Addr) string {
+	if a.Is4() {
+		return a.String()
+	}
+	return netip.PrefixFrom(a, clientV6Bits).Masked().String()
 }
 
 // parseAddr parses an address as found in RemoteAddr, X-Forwarded-For or a
@@ -258,27 +278,63 @@ func xffChain(h http.Header, visit func(netip.Addr, bool) bool) {
 	}
 }
 
-// forwardedChain walks the "for" values of Forwarded from the right. Each
-// field line is parsed on its own; a line that does not parse, or an element
-// without "for", stops the walk.
+// forwardedChain walks the "for" values of Forwarded from the right, one
+// element at a time: the proxies append theirs to the right of what the
+// client wrote, so an element is read only when every one to its right
+// named a trusted hop. An element that does not parse, or has no "for",
+// stops the walk where it is. (Parsed whole, a line the client made
+// malformed on its own side, left of its proxy's well-formed element, was
+// refused entirely, and the request took the proxy's bucket: a second
+// bucket for that client.)
 func forwardedChain(h http.Header, visit func(netip.Addr, bool) bool) {
 	lines := h["Forwarded"]
 	for i := len(lines) - 1; i >= 0; i-- {
-		fors, ok := parseForwarded(lines[i])
-		if !ok {
-			visit(netip.Addr{}, false)
-			return
-		}
-		for j := len(fors) - 1; j >= 0; j-- {
-			a, ok := netip.Addr{}, fors[j] != ""
+		rest := lines[i]
+		for strings.TrimSpace(rest) != "" {
+			fors, before, ok := lastElement(rest)
+			if !ok {
+				visit(netip.Addr{}, false)
+				return
+			}
+			rest = before
+			if len(fors) == 0 {
+				continue // an empty list member
+			}
+			a, ok := netip.Addr{}, fors[0] != ""
 			if ok {
-				a, ok = parseAddr(fors[j])
+				a, ok = parseAddr(fors[0])
 			}
 			if !visit(a, ok) {
 				return
 			}
 		}
 	}
+}
+
+// maxElementCommas bounds the commas lastElement tries, so that a line of
+// many commas the client wrote costs linear time, not quadratic.
+const maxElementCommas = 16
+
+// lastElement splits the last element off the Forwarded list s: its "for"
+// value (none for an empty member; "" for an element without "for") and
+// what is left of it. The element is the shortest tail after a comma that
+// parses as one element: a comma inside a quoted string is passed over. ok
+// is false when no tail within maxElementCommas commas does.
+func lastElement(s string) (fors []string, before string, ok bool) {
+	p := len(s)
+	for range maxElementCommas {
+		p = strings.LastIndexByte(s[:p], ',')
+		if fors, ok := parseForwarded(s[p+1:]); ok && len(fors) <= 1 {
+			if p < 0 {
+				return fors, "", true
+			}
+			return fors, s[:p], true
+		}
+		if p < 0 {
+			break
+		}
+	}
+	return nil, "", false
 }
 
 // parseForwarded returns the "for" value of each element of one Forwarded

@@ -47,8 +47,12 @@ func TestClientIP(t *testing.T) {
 	}{
 		{"peer", httplimit.ClientIP(), "203.0.113.7:5555", nil, "203.0.113.7"},
 		{"peer without port", httplimit.ClientIP(), "203.0.113.7", nil, "203.0.113.7"},
-		{"peer v6", httplimit.ClientIP(), "[2001:db8:c::1]:443", nil, "2001:db8:c::1"},
-		{"peer v6 zone", httplimit.ClientIP(), "[fe80::1%eth0]:443", nil, "fe80::1"},
+		{"peer v6", httplimit.ClientIP(), "[2001:db8:c::1]:443", nil, "2001:db8:c::/64"},
+		{"peer v6 zone", httplimit.ClientIP(), "[fe80::1%eth0]:443", nil, "fe80::/64"},
+		// An IPv6 client is keyed by its /64: every address in it is the
+		// client's for the taking.
+		{"peer v6, another address of its /64", httplimit.ClientIP(), "[2001:db8:c::ffff:1]:443", nil, "2001:db8:c::/64"},
+		{"peer v6, another /64", httplimit.ClientIP(), "[2001:db8:c:1::1]:443", nil, "2001:db8:c:1::/64"},
 		{"peer 4in6", httplimit.ClientIP(), "[::ffff:203.0.113.7]:1", nil, "203.0.113.7"},
 
 		// Not trusted by default: a spoofed X-Forwarded-For is ignored.
@@ -61,8 +65,8 @@ func TestClientIP(t *testing.T) {
 		// From a trusted peer: honoured.
 		{"one proxy", trusting, "10.0.0.1:1", xff("203.0.113.7"), "203.0.113.7"},
 		{"one proxy, port in entry", trusting, "10.0.0.1:1", xff("203.0.113.7:4711"), "203.0.113.7"},
-		{"one proxy, v6 entry", trusting, "10.0.0.1:1", xff("2001:db8:c::9"), "2001:db8:c::9"},
-		{"one proxy, bracketed v6 entry", trusting, "10.0.0.1:1", xff("[2001:db8:c::9]:80"), "2001:db8:c::9"},
+		{"one proxy, v6 entry", trusting, "10.0.0.1:1", xff("2001:db8:c::9"), "2001:db8:c::/64"},
+		{"one proxy, bracketed v6 entry", trusting, "10.0.0.1:1", xff("[2001:db8:c::9]:80"), "2001:db8:c::/64"},
 		{"v6 proxy", trusting, "[fd00::5]:1", xff("203.0.113.7"), "203.0.113.7"},
 		{"4in6 proxy", trusting, "[::ffff:10.1.2.3]:1", xff("203.0.113.7"), "203.0.113.7"},
 		{"trusted peer, no header", trusting, "10.0.0.1:1", nil, "10.0.0.1"},
@@ -105,8 +109,8 @@ func TestClientIPForwarded(t *testing.T) {
 		{"one proxy", trusting, "10.0.0.1:1", fwd("for=203.0.113.7;proto=https;by=10.0.0.1"), "203.0.113.7"},
 		{"case-insensitive name", trusting, "10.0.0.1:1", fwd("For=203.0.113.7"), "203.0.113.7"},
 		{"quoted v4 with port", trusting, "10.0.0.1:1", fwd(`for="203.0.113.7:4711"`), "203.0.113.7"},
-		{"quoted v6", trusting, "10.0.0.1:1", fwd(`for="[2001:db8:c::17]"`), "2001:db8:c::17"},
-		{"quoted v6 with port", trusting, "10.0.0.1:1", fwd(`for="[2001:db8:c::17]:4711"`), "2001:db8:c::17"},
+		{"quoted v6", trusting, "10.0.0.1:1", fwd(`for="[2001:db8:c::17]"`), "2001:db8:c::/64"},
+		{"quoted v6 with port", trusting, "10.0.0.1:1", fwd(`for="[2001:db8:c::17]:4711"`), "2001:db8:c::/64"},
 		{"quoted-pair", trusting, "10.0.0.1:1", fwd(`for="203.0.113.\7"`), "203.0.113.7"},
 		{"two hops", trusting, "10.0.0.1:1", fwd("for=6.6.6.6, for=203.0.113.7, for=10.0.0.2;by=10.0.0.1"), "203.0.113.7"},
 		{"hops in field lines", trusting, "10.0.0.1:1", fwd("for=6.6.6.6", `for=203.0.113.7;host="a,b"`, "for=10.0.0.2"), "203.0.113.7"},
@@ -115,7 +119,14 @@ func TestClientIPForwarded(t *testing.T) {
 		{"obfuscated behind a hop", trusting, "10.0.0.1:1", fwd("for=_hidden, for=10.0.0.2"), "10.0.0.2"},
 		{"element without for", trusting, "10.0.0.1:1", fwd("for=203.0.113.7, proto=http"), "10.0.0.1"},
 		{"syntax error in the client's line", trusting, "10.0.0.1:1", fwd(`for="6.6.6.6`, "for=203.0.113.7"), "203.0.113.7"},
-		{"syntax error in the proxy's line", trusting, "10.0.0.1:1", fwd(`for="6.6.6.6, for=203.0.113.7`), "10.0.0.1"},
+		// The client's malformed part, left of its proxy's element in one
+		// line, is never read: parsed whole, the line was refused and the
+		// request took the proxy's bucket, a second one for that client.
+		{"syntax error left in the proxy's line", trusting, "10.0.0.1:1", fwd(`for="6.6.6.6, for=203.0.113.7`), "203.0.113.7"},
+		{"for twice left in the proxy's line", trusting, "10.0.0.1:1", fwd("for=1.1.1.1;for=2.2.2.2, for=203.0.113.7"), "203.0.113.7"},
+		{"syntax error reached behind a hop", trusting, "10.0.0.1:1", fwd(`for="6.6.6.6, for=10.0.0.2`), "10.0.0.2"},
+		{"many commas reached behind a hop", trusting, "10.0.0.1:1", fwd(`for="` + strings.Repeat(",", 1000) + `, for=10.0.0.2`), "10.0.0.2"},
+		{"quoted comma", trusting, "10.0.0.1:1", fwd(`for=203.0.113.7;host="a,b", for=10.0.0.2`), "203.0.113.7"},
 		{"for twice in one element", trusting, "10.0.0.1:1", fwd("for=6.6.6.6;for=203.0.113.7"), "10.0.0.1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

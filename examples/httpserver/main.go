@@ -11,7 +11,7 @@
 // -period, -burst, -daily), what decides while Redis is unavailable
 // (-failure-mode open, closed or local, with -fleet-size instances sharing
 // the limits) and how long a Redis call may take before it does (-timeout).
-// Behind a load balancer, -trusted-proxies 10.0.0.0/8,fd00::/8 honours
+// Behind a load balancer, -trusted-proxies 10.0.5.0/24 (its own subnet) honours
 // X-Forwarded-For from those peers; without it every client shares the
 // proxy's bucket, and the server logs a warning the first time a forwarded
 // request arrives. SIGINT or SIGTERM stops it gracefully: requests in
