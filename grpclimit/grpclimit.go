@@ -284,6 +284,11 @@ func (in *interceptor) decide(ctx context.Context, fullMethod string) (md metada
 	if d.Shadow {
 		return nil, nil // a shadow limit leaves the call alone
 	}
+	if d.Limit == (policy.Limit{}) {
+		// A Limiter of the user's that names no limit: the refusal names
+		// the Limiter's, as httplimit does ("" otherwise).
+		d.Limit = in.lim.Limit()
+	}
 	if d.Allowed {
 		return in.fields(d, true), nil
 	}

@@ -782,3 +782,23 @@ func TestPeerKey(t *testing.T) {
 		}
 	}
 }
+
+// unnamed is a Limiter whose denials name no limit.
+type unnamed struct{ l policy.Limit }
+
+func (u unnamed) AllowN(context.Context, string, int64) (leaselimit.Decision, error) {
+	return leaselimit.Decision{RetryAfter: time.Second, Source: leaselimit.SourceAuthority}, nil
+}
+func (u unnamed) Limit() policy.Limit { return u.l }
+
+// TestRefusalNamesTheLimiter: a denial whose decision names no limit is
+// named after the Limiter's (it said `rate limit "" exceeded`).
+func TestRefusalNamesTheLimiter(t *testing.T) {
+	l := policy.Limit{Name: "custom", Rate: 1, Period: time.Second, Burst: 1}
+	conn := serve(t, unnamed{l})
+	_, err := testgrpc.NewTestServiceClient(conn).EmptyCall(keyed("k"), empty)
+	qf := quotaFailure(err)
+	if status.Code(err) != codes.ResourceExhausted || qf == nil || len(qf.Violations) != 1 || qf.Violations[0].Subject != "custom" {
+		t.Errorf("a denial naming no limit = %v (%v); want ResourceExhausted with a QuotaFailure on \"custom\"", err, qf)
+	}
+}

@@ -96,7 +96,7 @@ func addFields(h http.Header, ps []*fields.Policy, d leaselimit.Decision, outage
 			tight = d.Limit
 		}
 		remaining, t := fields.Of(tight, d)
-		reset := fields.CeilSeconds(d.ResetAfter)
+		reset := fields.CeilSeconds(fields.ResetAfter(tight, d))
 		if !d.Allowed {
 			reset = max(reset, t)
 		}

@@ -90,18 +90,43 @@ func Count(ps []*Policy, d leaselimit.Decision) int {
 // decided).
 func Member(ps []*Policy, i int, d leaselimit.Decision) string {
 	if Count(ps, d) == 1 {
-		tight := ps[0].Limit
+		p, tight := ps[0], ps[0].Limit
 		if len(ps) > 1 {
-			tight = d.Limit
+			// The member is named after the limit that decided (under
+			// FailLocal, its share): named after the first, an outage's
+			// daily share read as the burst limit's numbers.
+			p, tight = named(ps, d.Limit), d.Limit
 		}
 		r, t := Of(tight, d)
-		return ps[0].RateLimit(r, t)
+		return p.RateLimit(r, t)
 	}
 	p := d.Parts[i]
 	part := leaselimit.Decision{Allowed: d.Allowed || p.Limit != d.Limit, Remaining: p.Remaining,
 		ResetAfter: p.ResetAfter, RetryAfter: d.RetryAfter}
 	r, t := Of(p.Limit, part)
 	return ps[i].RateLimit(r, t)
+}
+
+// named returns the policy of ps whose limit has l's name, or the first.
+func named(ps []*Policy, l policy.Limit) *Policy {
+	for _, p := range ps {
+		if p.Limit.Name == l.Name {
+			return p
+		}
+	}
+	return ps[0]
+}
+
+// ResetAfter is how long until tight's bucket is full, as decision d
+// says: its part's ResetAfter when d has parts (d.ResetAfter is the
+// longest of them all, another limit's for a multi-limit), else d's own.
+func ResetAfter(tight policy.Limit, d leaselimit.Decision) time.Duration {
+	for _, p := range d.Parts {
+		if p.Limit == tight {
+			return p.ResetAfter
+		}
+	}
+	return d.ResetAfter
 }
 
 // AppendString appends s as a Structured Field String (RFC 9651, Section
