@@ -26,6 +26,8 @@ package leaselimit_test
 //     because a lease may serve tokens of an older generation after a
 //     Reset, as documented: the lease-mode instance's admissions are not
 //     attributed; its settlements and its lease returned at Close are.)
+//     A fifth instance only resets, through a proxy that drops the first
+//     reply of half its Resets after Redis ran them (go-redis resends).
 //     Then a fixed sequence: reservations and a lease in one generation, a
 //     Reset, part of the fresh bucket taken, the old reservations settled
 //     and the lease returned, the bucket drained: exactly Burst admitted.
@@ -868,6 +870,13 @@ type resetModel struct {
 	gens   map[int64]*resetGen
 	room   atomic.Int64 // charges left
 	direct atomic.Int64 // admissions counted in a generation
+	// Over the whole run: every exact-mode admission, in a known
+	// generation or across a Reset, and every surplus settled. Each
+	// generation pays at most Burst plus what it is given back, so the
+	// run admits at most Burst per generation plus the surpluses: a Reset
+	// that ran twice (go-redis resends it) gives one generation a second
+	// burst within the call, where no admission is attributed.
+	all, back atomic.Int64
 }
 
 func (m *resetModel) gen(g int64) *resetGen {
@@ -883,6 +892,7 @@ func (m *resetModel) gen(g int64) *resetGen {
 // generation was between lo and hi, and checks the bound of a generation
 // it certainly belongs to.
 func (m *resetModel) admit(lo, hi, n int64, what string) {
+	m.all.Add(n)
 	if lo != hi {
 		return // across a Reset: which bucket paid is not known
 	}
@@ -901,6 +911,7 @@ func (m *resetModel) admit(lo, hi, n int64, what string) {
 // giveBack records a settlement's surplus s for every generation that both
 // the reservation and the settlement may belong to.
 func (m *resetModel) giveBack(rlo, rhi, slo, s int64) {
+	m.back.Add(s)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for g := max(rlo, slo); g <= rhi; g++ {
@@ -940,6 +951,16 @@ func runResetLedger(t *testing.T, srv *redistest.Server, seed int64, round time.
 		t.Cleanup(func() { _ = lim.Close() })
 	}
 	leaseLim := lims[exactN]
+	// A fifth instance makes only Resets, through a proxy that drops the
+	// first reply of some of them after Redis ran it: go-redis sends the
+	// Reset again, which must start no second generation.
+	proxy := redistest.NewProxy(t, srv.Addr)
+	resetter, err := leaselimit.New(redisClient(t, proxy.Addr), limit, leaselimit.WithTimeout(5*time.Second), leaselimit.WithoutLease())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = resetter.Close() })
+	var resent atomic.Int64
 	t.Logf("seed %d: burst %d", seed, limit.Burst)
 
 	reset := func(lim *leaselimit.Limiter) {
@@ -1047,11 +1068,28 @@ func runResetLedger(t *testing.T, srv *redistest.Server, seed int64, round time.
 	start := time.Now()
 	for time.Since(start) < round {
 		time.Sleep(time.Duration(5+rng.IntN(30)) * time.Millisecond)
-		reset(lims[rng.IntN(len(lims))])
+		switch i := rng.IntN(len(lims) + 2); {
+		case i < len(lims):
+			reset(lims[i])
+		case i == len(lims):
+			reset(resetter)
+		default:
+			var dropped atomic.Bool
+			proxy.DropReplies(func([]byte) bool { return dropped.CompareAndSwap(false, true) })
+			reset(resetter)
+			proxy.DropReplies(nil)
+			if dropped.Load() {
+				resent.Add(1)
+			}
+		}
 	}
 	stop.Store(true)
 	wg.Wait()
-	t.Logf("seed %d: %d operations, %d Resets, %d tokens admitted in a known generation", seed, ops.Load(), m.done.Load(), m.direct.Load())
+	t.Logf("seed %d: %d operations, %d Resets (%d with a reply dropped), %d tokens admitted in a known generation", seed, ops.Load(), m.done.Load(), resent.Load(), m.direct.Load())
+	if bound := limit.Burst*(m.done.Load()+1) + m.back.Load(); m.all.Load() > bound {
+		v.add("over %d Resets the fleet's exact-mode instances admitted %d tokens; %d generations of a burst of %d and %d tokens of surplus allow %d: a Reset started more than one generation",
+			m.done.Load(), m.all.Load(), m.done.Load()+1, limit.Burst, m.back.Load(), bound)
+	}
 
 	// Then, in a fixed order: reservations and a lease of one generation,
 	// a Reset, part of the fresh bucket taken, the old reservations settled
