@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"math/rand/v2"
 	"strconv"
@@ -27,6 +28,10 @@ func TestMain(m *testing.M) {
 	// and go-redis logs every failed dial: one line per kind every 10 s
 	// (what an operator gets) keeps a failing test's own output readable.
 	redis.SetLogger(telemetry.NewRedisLogger(nil))
+	// Likewise each Client logs its outages to slog.Default(), and the
+	// tests make thousands of Clients: the tests of the lines set their
+	// own logger.
+	slog.SetDefault(slog.New(slog.DiscardHandler))
 	goleak.VerifyTestMain(m)
 }
 
