@@ -48,6 +48,7 @@ import (
 	"time"
 
 	"github.com/leaselimit/leaselimit"
+	"github.com/leaselimit/leaselimit/internal/clientaddr"
 	"github.com/leaselimit/leaselimit/internal/fields"
 	"github.com/leaselimit/leaselimit/policy"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -113,17 +114,9 @@ func PeerKey() KeyFunc {
 		if err != nil {
 			return host, nil
 		}
-		if ip = ip.Unmap().WithZone(""); ip.Is4() {
-			return ip.String(), nil
-		}
-		return netip.PrefixFrom(ip, clientV6Bits).Masked().String(), nil
+		return clientaddr.Key(ip.Unmap().WithZone("")), nil
 	}
 }
-
-// clientV6Bits is the prefix length by which PeerKey keys an IPv6 client,
-// as httplimit.ClientIP does: a /64 is the smallest block a network gives
-// one customer.
-const clientV6Bits = 64
 
 // Option configures the server interceptors.
 type Option func(*config)
@@ -188,8 +181,10 @@ func HealthOrReflection(fullMethod string) bool {
 	if !ok {
 		return false
 	}
-	service, _, ok := strings.Cut(rest, "/")
-	if !ok {
+	service, method, ok := strings.Cut(rest, "/")
+	if !ok || strings.Contains(method, "/") {
+		// grpc-go routes on the last '/': "/grpc.health.v1.Health/../x.Svc/M"
+		// is no method of the health service.
 		return false
 	}
 	switch service {

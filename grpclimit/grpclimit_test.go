@@ -352,6 +352,7 @@ func TestHealthOrReflection(t *testing.T) {
 		"/my.grpc.health.v1.Health/Check":             false,
 		"grpc.health.v1.Health/Check":                 false,
 		"/grpc.health.v1.Health":                      false,
+		"/grpc.health.v1.Health/../x.Svc/M":           false, // grpc-go routes on the last '/'
 		"":                                            false,
 	} {
 		if got := grpclimit.HealthOrReflection(m); got != want {

@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+
+	"github.com/leaselimit/leaselimit/internal/clientaddr"
 )
 
 // KeyError is a KeyFunc error whose Detail may be shown to the client; the
@@ -29,7 +31,7 @@ func (e *KeyError) Unwrap() error { return e.Err }
 
 // ClientIP keys requests by the client's IP address: an IPv4 address
 // (IPv4-mapped IPv6 addresses in their IPv4 form) whole, an IPv6 address
-// by its /64 ("2001:db8:1:2::/64"; a /64 is the smallest block a network gives one customer), without zone.
+// by its /64 ("2001:db8:1:2::/64"; a /64 is the smallest block a network gives one customer; the IPv4 address inside a NAT64 one), without zone.
 //
 // By default that is the connection's peer, r.RemoteAddr; X-Forwarded-For is
 // ignored, since any client can send it. When the peer is inside one of the
@@ -198,11 +200,11 @@ func clientIP(trusted []netip.Prefix, chain chainFunc, rd reader) KeyFunc {
 		}
 		if len(prefixes) == 0 || !isTrusted(peer) {
 			warn.untrustedPeer(r, peer)
-			return clientKey(peer), nil
+			return clientaddr.Key(peer), nil
 		}
 		if len(r.Header[warn.key]) == 0 {
 			warn.trustedPeer(r, peer)
-			return clientKey(peer), nil
+			return clientaddr.Key(peer), nil
 		}
 		client := peer
 		chain(r.Header, func(a netip.Addr, ok bool) bool {
@@ -212,24 +214,8 @@ func clientIP(trusted []netip.Prefix, chain chainFunc, rd reader) KeyFunc {
 			client = a
 			return isTrusted(a)
 		})
-		return clientKey(client), nil
+		return clientaddr.Key(client), nil
 	}
-}
-
-// clientV6Bits is the prefix length by which ClientIP and ClientIPForwarded
-// (and grpclimit.PeerKey) key an IPv6 client: a /64 is the smallest block
-// a network gives one customer, and every address in it is the same
-// client's for the taking (keyed by whole address, one with a /64 had 2^64
-// buckets).
-const clientV6Bits = 64
-
-// clientKey is the key of a client at a: an IPv4 address whole, an IPv6
-// one by its /64 (see clientV6Bits).
-func clientKey(a netip.Addr) string {
-	if a.Is4() {
-		return a.String()
-	}
-	return netip.PrefixFrom(a, clientV6Bits).Masked().String()
 }
 
 // parseAddr parses an address as found in RemoteAddr, X-Forwarded-For or a

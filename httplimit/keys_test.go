@@ -53,6 +53,7 @@ func TestClientIP(t *testing.T) {
 		// client's for the taking.
 		{"peer v6, another address of its /64", httplimit.ClientIP(), "[2001:db8:c::ffff:1]:443", nil, "2001:db8:c::/64"},
 		{"peer v6, another /64", httplimit.ClientIP(), "[2001:db8:c:1::1]:443", nil, "2001:db8:c:1::/64"},
+		{"peer through NAT64", httplimit.ClientIP(), "[64:ff9b::203.0.113.7]:443", nil, "203.0.113.7"},
 		{"peer 4in6", httplimit.ClientIP(), "[::ffff:203.0.113.7]:1", nil, "203.0.113.7"},
 
 		// Not trusted by default: a spoofed X-Forwarded-For is ignored.
