@@ -105,11 +105,23 @@ func (l *Limiter) policyDecision(brk *circuit.Breaker, key string, n, now int64,
 		// denies keeps the tokens the first gave (during an outage several
 		// limits can under-admit locally, never over-admit).
 		var d Decision
-		for _, m := range l.members {
-			if d = l.local(m, brk, key, n, now, wall); !d.Allowed {
-				break
+		for i, m := range l.members {
+			md := l.local(m, brk, key, n, now, wall)
+			if !md.Allowed {
+				return md
 			}
+			if len(l.members) == 1 {
+				return md
+			}
+			// Admitted by every share: the decision is the one with the
+			// least room, with each share as a part (the last share's,
+			// reported alone, hid the one that refuses next).
+			if i == 0 || md.Remaining < d.Remaining {
+				d.Limit, d.Remaining, d.ResetAfter = md.Limit, md.Remaining, md.ResetAfter
+			}
+			d.Parts = append(d.Parts, Part{Limit: md.Limit, Remaining: md.Remaining, ResetAfter: md.ResetAfter})
 		}
+		d.Allowed, d.Source = true, SourceFallback
 		return d
 	}
 	// FailOpen. Remaining is the best knowledge: what Redis last said for a

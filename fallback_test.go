@@ -49,6 +49,32 @@ func TestFailLocalReportsShare(t *testing.T) {
 	}
 }
 
+// TestFailLocalSeveralLimits: a request admitted by every limit's share
+// reports the share with the least room, and each share as a part. It
+// reported the last share alone: a daily share's 49 where the per-second
+// share, with 1 left, refused the next request.
+func TestFailLocalSeveralLimits(t *testing.T) {
+	m, c := newMini(t)
+	clk := newFakeClock()
+	ctx := context.Background()
+	perSecond := policy.Limit{Name: "ps", Rate: 10, Period: time.Second, Burst: 10}
+	daily := policy.Quota("daily", 100, policy.Day, nil)
+	root := mustNew(t, c, perSecond, leaselimit.WithClock(clk),
+		leaselimit.WithFailureMode(policy.FailLocal), leaselimit.WithFleetSize(2),
+		leaselimit.WithBreaker(breaker.Settings{Failures: 1, OpenFor: time.Hour}))
+	both := root.For(perSecond, daily)
+	m.Close()
+	for i := int64(1); i <= 4; i++ {
+		d, err := both.Allow(ctx, "k")
+		if err != nil || !d.Allowed || d.Source != leaselimit.SourceFallback {
+			t.Fatalf("Allow #%d with Redis down = %+v, %v; want FailLocal's admission", i, d, err)
+		}
+		if d.Limit.Name != "ps" || d.Remaining != 5-i || len(d.Parts) != 2 || d.Parts[1].Limit.Name != "daily" || d.Parts[1].Remaining != 50-i {
+			t.Errorf("Allow #%d = %+v; want the per-second share (%d left) as the decision, and both shares as parts", i, d, 5-i)
+		}
+	}
+}
+
 // TestClockForBreakerRetry: under WithClock, a FailClosed denial's
 // RetryAfter (until the breaker lets a probe through) is on that clock, and
 // the open breaker holds Peek and Reset back too.
