@@ -45,6 +45,7 @@ import (
 	"runtime/debug"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/leaselimit/leaselimit"
@@ -106,15 +107,18 @@ func PeerKey() KeyFunc {
 			return "", ErrNoKey
 		}
 		a := p.Addr.String()
-		host, _, err := net.SplitHostPort(a)
-		if err != nil {
-			return a, nil
+		host, _, splitErr := net.SplitHostPort(a)
+		if splitErr != nil {
+			host = strings.TrimSuffix(strings.TrimPrefix(a, "["), "]") // an IP address without a port
 		}
 		ip, err := netip.ParseAddr(host)
-		if err != nil {
-			return host, nil
+		switch {
+		case err == nil:
+			return clientaddr.Key(ip.Unmap().WithZone("")), nil
+		case splitErr != nil:
+			return a, nil // another transport's address
 		}
-		return clientaddr.Key(ip.Unmap().WithZone("")), nil
+		return host, nil
 	}
 }
 
@@ -202,7 +206,8 @@ type interceptor struct {
 	lim    Limiter
 	key    KeyFunc
 	cfg    config
-	policy []*fields.Policy // one per limit of lim
+	policy []*fields.Policy       // one per limit of lim
+	logged [logKinds]atomic.Int64 // unix ns of the last line of each kind
 }
 
 func newInterceptor(lim Limiter, key KeyFunc, opts []Option) *interceptor {
@@ -237,15 +242,47 @@ func newInterceptor(lim Limiter, key KeyFunc, opts []Option) *interceptor {
 // decide takes the call's tokens. It returns the metadata to send (nil for
 // none) and the error that refuses the call, if any.
 func (in *interceptor) decide(ctx context.Context, fullMethod string) (md metadata.MD, err error) {
+	finished := false
 	defer func() {
 		// grpc-go recovers no handler's panic: one in the key or cost
-		// function, the user's code, took the whole server down.
-		if p := recover(); p != nil {
-			in.cfg.logger.LogAttrs(ctx, slog.LevelError, "grpclimit: panic in the key or cost function",
-				slog.String("method", fullMethod), slog.Any("panic", p), slog.String("stack", string(debug.Stack())))
-			md, err = nil, status.Error(codes.Internal, "the call could not be rate limited")
+		// function or a Limiter of the user's took the whole server down.
+		// finished, not recover's value, tells: panic(nil) recovers as nil
+		// under GODEBUG=panicnil=1, and the call went through undecided.
+		if finished {
+			return
 		}
+		p := recover()
+		if in.due(logPanic) {
+			in.cfg.logger.LogAttrs(ctx, slog.LevelError, "grpclimit: panic in the key function, the cost function or the Limiter; the call gets Internal (logged at most once per 10s)",
+				slog.String("method", fullMethod), slog.Any("panic", p), slog.String("stack", string(debug.Stack())))
+		}
+		md, err = nil, status.Error(codes.Internal, "the call could not be rate limited")
 	}()
+	md, err = in.decideCall(ctx, fullMethod)
+	finished = true
+	return md, err
+}
+
+// The kinds of log lines, each written at most once per logEvery: a
+// client can make every call fail (a panic on its metadata), and a line
+// with a stack per call would flood the log.
+const (
+	logPanic = iota
+	logLimiterError
+	logKinds
+)
+
+const logEvery = 10 * time.Second
+
+// due reports whether a line of kind may be written now, and claims it.
+func (in *interceptor) due(kind int) bool {
+	now := time.Now().UnixNano()
+	last := in.logged[kind].Load()
+	return (last == 0 || now-last >= int64(logEvery)) && in.logged[kind].CompareAndSwap(last, now)
+}
+
+// decideCall is decide without its recovery.
+func (in *interceptor) decideCall(ctx context.Context, fullMethod string) (metadata.MD, error) {
 	n := int64(1)
 	if in.cfg.cost != nil {
 		if n = in.cfg.cost(ctx, fullMethod); n == 0 {
@@ -260,8 +297,8 @@ func (in *interceptor) decide(ctx context.Context, fullMethod string) (md metada
 		return nil, status.Error(codes.InvalidArgument, "the call does not identify its client as this service's rate limit requires")
 	}
 	d, err := in.lim.AllowN(ctx, key, n)
-	if err != nil && !errors.Is(err, leaselimit.ErrInvalidKey) && !(errors.Is(err, leaselimit.ErrInvalidCost) && n > 0) && ctx.Err() == nil {
-		in.cfg.logger.LogAttrs(ctx, slog.LevelError, "grpclimit: limiter error",
+	if err != nil && !errors.Is(err, leaselimit.ErrInvalidKey) && !(errors.Is(err, leaselimit.ErrInvalidCost) && n > 0) && ctx.Err() == nil && in.due(logLimiterError) {
+		in.cfg.logger.LogAttrs(ctx, slog.LevelError, "grpclimit: limiter error (logged at most once per 10s)",
 			slog.String("policy", in.lim.Limit().Name), slog.String("method", fullMethod), slog.String("error", err.Error()))
 	}
 	switch {

@@ -727,7 +727,7 @@ func TestKeyFuncPanic(t *testing.T) {
 			t.Errorf("the next call = %v; want served", err)
 		}
 	}
-	if !strings.Contains(out.String(), "panic in the key or cost function") {
+	if !strings.Contains(out.String(), "panic in the key function") {
 		t.Errorf("the panic was not logged:\n%s", out.String())
 	}
 }
@@ -774,8 +774,10 @@ func TestPeerKey(t *testing.T) {
 		{&net.TCPAddr{IP: net.ParseIP("::ffff:203.0.113.7"), Port: 443}, "203.0.113.7"},
 		{&net.TCPAddr{IP: net.ParseIP("2001:db8:1:2::1"), Port: 443}, "2001:db8:1:2::/64"},
 		{&net.TCPAddr{IP: net.ParseIP("2001:db8:1:2:ffff::9"), Port: 443}, "2001:db8:1:2::/64"},
-		{&net.TCPAddr{IP: net.ParseIP("fe80::1"), Port: 443, Zone: "eth0"}, "fe80::/64"},
+		{&net.TCPAddr{IP: net.ParseIP("fe80::1"), Port: 443, Zone: "eth0"}, "fe80::1"}, // link-local: no network's /64
 		{&net.UnixAddr{Name: "/run/app.sock", Net: "unix"}, "/run/app.sock"},
+		{&net.IPAddr{IP: net.ParseIP("2001:db8:1:2::7")}, "2001:db8:1:2::/64"}, // no port
+		{&net.IPAddr{IP: net.ParseIP("203.0.113.7")}, "203.0.113.7"},
 	} {
 		ctx := peer.NewContext(context.Background(), &peer.Peer{Addr: tc.addr})
 		if got, err := grpclimit.PeerKey()(ctx, "/x.Svc/M"); err != nil || got != tc.want {
@@ -801,5 +803,18 @@ func TestRefusalNamesTheLimiter(t *testing.T) {
 	qf := quotaFailure(err)
 	if status.Code(err) != codes.ResourceExhausted || qf == nil || len(qf.Violations) != 1 || qf.Violations[0].Subject != "custom" {
 		t.Errorf("a denial naming no limit = %v (%v); want ResourceExhausted with a QuotaFailure on \"custom\"", err, qf)
+	}
+}
+
+// TestKeyFuncPanicNil: a key function that panics with nil fails the call
+// too. Under GODEBUG=panicnil=1 recover returns nil for it, and the call
+// went through undecided.
+func TestKeyFuncPanicNil(t *testing.T) {
+	lim := scripted{leaselimit.Decision{Allowed: false, Limit: policy.Limit{Name: "api", Rate: 1, Period: time.Second, Burst: 1}, RetryAfter: time.Second}}
+	var nilValue any
+	key := func(context.Context, string) (string, error) { panic(nilValue) }
+	conn := serveWith(t, lim, key, []grpclimit.Option{grpclimit.WithLogger(slog.New(slog.DiscardHandler))})
+	if _, err := testgrpc.NewTestServiceClient(conn).EmptyCall(keyed("k"), empty); status.Code(err) != codes.Internal {
+		t.Errorf("a call whose key function panics with nil = %v; want Internal", err)
 	}
 }

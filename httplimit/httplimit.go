@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"reflect"
 	"strconv"
 
 	"github.com/leaselimit/leaselimit"
@@ -235,12 +236,22 @@ type middleware struct {
 	limiters limiterCache     // WithLimiterFunc's Limiters
 }
 
-// nilLimiter reports whether l is nil, also as a nil *leaselimit.Limiter
-// in the interface: a plan missing from a map of them, which
-// WithLimiterFunc's own example returns, panicked on every request.
+// nilLimiter reports whether l is nil, also as a nil pointer (or map,
+// func...) in the interface: a plan missing from a map of
+// *leaselimit.Limiter, which WithLimiterFunc's own example returns,
+// panicked on every request.
 func nilLimiter(l Limiter) bool {
-	ll, ok := l.(*leaselimit.Limiter)
-	return l == nil || ok && ll == nil
+	if l == nil {
+		return true
+	}
+	if ll, ok := l.(*leaselimit.Limiter); ok {
+		return ll == nil
+	}
+	switch v := reflect.ValueOf(l); v.Kind() {
+	case reflect.Pointer, reflect.Map, reflect.Func, reflect.Chan, reflect.Slice, reflect.Interface:
+		return v.IsNil()
+	}
+	return false
 }
 
 // multiLimiter is a Limiter that may enforce several limits together;

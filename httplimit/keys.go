@@ -297,30 +297,46 @@ func forwardedChain(h http.Header, visit func(netip.Addr, bool) bool) {
 	}
 }
 
-// maxElementCommas bounds the commas lastElement tries, so that a line of
-// many commas the client wrote costs linear time, not quadratic.
-const maxElementCommas = 16
-
 // lastElement splits the last element off the Forwarded list s: its "for"
 // value (none for an empty member; "" for an element without "for") and
-// what is left of it. The element is the shortest tail after a comma that
-// parses as one element: a comma inside a quoted string is passed over. ok
-// is false when no tail within maxElementCommas commas does.
+// what is left of it. The element runs from the last comma outside a
+// quoted string, found in one scan from the right (the line's right end,
+// the proxy's, is outside quotes; a '"' after an odd number of '\\' is
+// escaped). ok is false when that tail is not one element. (A budget of
+// commas tried, the first cut, stopped at an element whose quoted value
+// held more of them, and the client got its proxy's bucket.)
 func lastElement(s string) (fors []string, before string, ok bool) {
-	p := len(s)
-	for range maxElementCommas {
-		p = strings.LastIndexByte(s[:p], ',')
-		if fors, ok := parseForwarded(s[p+1:]); ok && len(fors) <= 1 {
-			if p < 0 {
-				return fors, "", true
+	p, quoted := len(s)-1, false
+	for ; p >= 0; p-- {
+		switch s[p] {
+		case '"':
+			escapes := 0
+			for p-1-escapes >= 0 && s[p-1-escapes] == '\\' {
+				escapes++
 			}
-			return fors, s[:p], true
+			if escapes%2 == 1 {
+				p -= escapes // an escaped quote, inside a string
+				continue
+			}
+			quoted = !quoted
+			continue
+		case ',':
+			if quoted {
+				continue
+			}
+		default:
+			continue
 		}
-		if p < 0 {
-			break
-		}
+		break
 	}
-	return nil, "", false
+	fors, ok = parseForwarded(s[p+1:])
+	if !ok || len(fors) > 1 {
+		return nil, "", false
+	}
+	if p < 0 {
+		return fors, "", true
+	}
+	return fors, s[:p], true
 }
 
 // parseForwarded returns the "for" value of each element of one Forwarded

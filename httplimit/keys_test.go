@@ -48,7 +48,7 @@ func TestClientIP(t *testing.T) {
 		{"peer", httplimit.ClientIP(), "203.0.113.7:5555", nil, "203.0.113.7"},
 		{"peer without port", httplimit.ClientIP(), "203.0.113.7", nil, "203.0.113.7"},
 		{"peer v6", httplimit.ClientIP(), "[2001:db8:c::1]:443", nil, "2001:db8:c::/64"},
-		{"peer v6 zone", httplimit.ClientIP(), "[fe80::1%eth0]:443", nil, "fe80::/64"},
+		{"peer v6 zone", httplimit.ClientIP(), "[fe80::1%eth0]:443", nil, "fe80::1"}, // link-local: whole
 		// An IPv6 client is keyed by its /64: every address in it is the
 		// client's for the taking.
 		{"peer v6, another address of its /64", httplimit.ClientIP(), "[2001:db8:c::ffff:1]:443", nil, "2001:db8:c::/64"},
@@ -128,6 +128,8 @@ func TestClientIPForwarded(t *testing.T) {
 		{"syntax error reached behind a hop", trusting, "10.0.0.1:1", fwd(`for="6.6.6.6, for=10.0.0.2`), "10.0.0.2"},
 		{"many commas reached behind a hop", trusting, "10.0.0.1:1", fwd(`for="` + strings.Repeat(",", 1000) + `, for=10.0.0.2`), "10.0.0.2"},
 		{"quoted comma", trusting, "10.0.0.1:1", fwd(`for=203.0.113.7;host="a,b", for=10.0.0.2`), "203.0.113.7"},
+		{"many quoted commas", trusting, "10.0.0.1:1", fwd(`for=203.0.113.7;host="a` + strings.Repeat(",", 100) + `b"`), "203.0.113.7"},
+		{"escaped quotes", trusting, "10.0.0.1:1", fwd(`for=6.6.6.6, for=203.0.113.7;host="a\",\\", for=10.0.0.2`), "203.0.113.7"},
 		{"for twice in one element", trusting, "10.0.0.1:1", fwd("for=6.6.6.6;for=203.0.113.7"), "10.0.0.1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

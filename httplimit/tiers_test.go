@@ -1,6 +1,7 @@
 package httplimit_test
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -224,5 +225,30 @@ func TestViewOptionErrorIsNotAnOutage(t *testing.T) {
 	rec := callAs(h, "ann", "")
 	if rec.Code != http.StatusInternalServerError || rec.Header().Get(httplimit.HeaderRetryAfter) != "" {
 		t.Errorf("a view With refused: %d, Retry-After %q; want 500 without Retry-After", rec.Code, rec.Header().Get(httplimit.HeaderRetryAfter))
+	}
+}
+
+// userLimiter is a Limiter type of the user's.
+type userLimiter struct{ lim *leaselimit.Limiter }
+
+func (u *userLimiter) AllowN(ctx context.Context, key string, n int64) (leaselimit.Decision, error) {
+	return u.lim.AllowN(ctx, key, n)
+}
+func (u *userLimiter) Limit() policy.Limit { return u.lim.Limit() }
+
+// TestLimiterFuncNilOfTheUsersType: a nil pointer of the user's own
+// Limiter type leaves the request to Middleware's Limiter too (it panicked
+// on every request).
+func TestLimiterFuncNilOfTheUsersType(t *testing.T) {
+	_, rdb := newRedis(t)
+	c := newClient(t, rdb, leaselimit.WithoutLease())
+	base := c.Limiter(policy.Limit{Name: "base", Rate: 1, Period: time.Minute, Burst: 1})
+	var none *userLimiter
+	h := httplimit.Middleware(base, httplimit.Header("X-User"), httplimit.WithLimiterFunc(func(*http.Request) httplimit.Limiter { return none }))(
+		http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	for i, want := range []int{200, 429} {
+		if rec := callAs(h, "ann", ""); rec.Code != want {
+			t.Errorf("request %d: %d; want %d (the base Limiter's)", i, rec.Code, want)
+		}
 	}
 }
