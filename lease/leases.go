@@ -426,6 +426,13 @@ func (ls *Leases) AllowLocal(key string, n, now int64) Local {
 	e, ev := ls.getOrCreate(key, now)
 	e.Touch(now)
 	ok, rem, retry := e.fallbackBucket(func() *localBucket { return ls.newLocalBucket(now) }).Allow(ls.local, n, now)
+	if e.Removed() {
+		// Evicted while this call took from its bucket (or made it): the
+		// eviction may have found it full, and the key made anew. Noted
+		// now, the next new buckets start empty; a key made anew in
+		// between is over by at most the calls in flight at the eviction.
+		ls.forgetFallback(e, now)
+	}
 	return Local{Allowed: ok, Remaining: rem, RetryAfter: retry, Evicted: evicted(ev)}
 }
 
@@ -684,9 +691,6 @@ func (ls *Leases) getOrCreate(key string, now int64) (*entry, Return) {
 	if ev == nil {
 		return e, Return{}
 	}
-	if ev.owner != nil {
-		ev.owner.forgetFallback(ev, now)
-	}
 	return e, ev.back(ev.drainHeld())
 }
 
@@ -697,7 +701,8 @@ func (ls *Leases) holdsFallback(e *entry, now int64) bool {
 	return b != nil && !b.Full(ls.local, now)
 }
 
-// forgetFallback notes that the table evicted e at now: a FailLocal bucket
+// forgetFallback notes that the table evicted e at now (called with e's
+// shard locked, and again by a call that took from e's bucket after): a FailLocal bucket
 // it held that had not refilled is forgotten, and its key may come back
 // with a new one. The table is bounded, and during an outage every key
 // asked holds one, so the eviction cannot be refused.

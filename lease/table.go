@@ -132,6 +132,13 @@ func (t *table) GetOrCreate(owner *Leases, key string, now int64) (e, evicted *e
 	if len(s.m) >= s.max {
 		evicted = s.victim()
 		s.remove(evicted)
+		if evicted.owner != nil {
+			// Before the key can be made anew (this shard's lock is
+			// released after this call), so that its new FailLocal bucket
+			// sees the old one; after remove, so that a caller taking
+			// from the old one later sees it removed (see AllowLocal).
+			evicted.owner.forgetFallback(evicted, now)
+		}
 	}
 	e = &entry{owner: owner, key: key, seen: now} // not used since it was made
 	e.lastUse.Store(now)
