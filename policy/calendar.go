@@ -174,6 +174,12 @@ func (l Limit) Canonical() Limit {
 	if loc == nil || loc.String() == "" {
 		return l
 	}
+	if l.IsQuota() && (loc == time.UTC || loc.String() == "UTC" && sameOffsets(loc, time.UTC)) {
+		// nil, as a nil Location is: the bucket's Redis key says UTC for
+		// both, and as two Limits they had a FailLocal share each.
+		l.Calendar.Location = nil
+		return l
+	}
 	kept := zones.LoadOrMake(loc.String(), func() *time.Location { return loc })
 	if kept != loc && !sameOffsets(kept, loc) {
 		return l
@@ -194,6 +200,10 @@ func validateZone(l Limit) error {
 	name := loc.String()
 	if name == "" {
 		return fmt.Errorf("%w: %s: the calendar's Location has no name, and the name is the zone's identity in the bucket's Redis key; name it (time.FixedZone(\"UTC+9\", 9*3600), or time.LoadLocation)", ErrInvalidLimit, l.Name)
+	}
+	if name == "UTC" && !sameOffsets(loc, time.UTC) {
+		// The name of a nil Location's key (see Canonical).
+		return fmt.Errorf("%w: %s: a zone named UTC must be UTC", ErrInvalidLimit, l.Name)
 	}
 	if kept, ok := zones.Load(name); ok && kept != loc && !sameOffsets(kept, loc) {
 		return fmt.Errorf("%w: %s: the zone name %q already names a zone of other offsets in this process; one name must mean one zone on every instance", ErrInvalidLimit, l.Name, name)

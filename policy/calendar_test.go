@@ -78,6 +78,7 @@ func TestQuotaValidate(t *testing.T) {
 		{Name: "zone", Rate: 10, Period: time.Hour, Burst: 10, Calendar: Calendar{Location: time.UTC}},
 		{Name: "odd", Rate: 10, Period: time.Hour, Burst: 10, Calendar: Calendar{Every: CalendarUnit(9)}},
 		Quota("unnamed", 10, Day, time.FixedZone("", 9*3600)),
+		Quota("fake-utc", 10, Day, time.FixedZone("UTC", 3600)),
 	}
 	for _, l := range bad {
 		if err := l.Validate(); !errors.Is(err, ErrInvalidLimit) {
@@ -103,6 +104,13 @@ func TestCanonical(t *testing.T) {
 	}
 	if ca, cb := qa.Canonical(), qb.Canonical(); ca != cb || ca.Calendar.Location.String() != "America/New_York" {
 		t.Errorf("Canonical: %v and %v differ", ca, cb)
+	}
+	// UTC, however written, is nil, as its Redis key says: two Limits of
+	// one bucket had a FailLocal share each (20 admitted of 10).
+	for _, utc := range []*time.Location{time.UTC, time.FixedZone("UTC", 0)} {
+		if c := Quota("utc", 10, Hour, utc).Canonical(); c != Quota("utc", 10, Hour, nil) {
+			t.Errorf("Canonical of a quota in %v = %v; want the nil Location's", utc, c)
+		}
 	}
 	for _, l := range []Limit{PerSecond(5), Quota("utc", 10, Hour, nil)} {
 		if c := l.Canonical(); c != l {
