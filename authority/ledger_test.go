@@ -2,6 +2,7 @@ package authority
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -279,3 +280,43 @@ func TestAcquireAllStamps(t *testing.T) {
 		t.Errorf("AcquireAll = %+v, %v; want 2 granted, stamped %d", a.Grant, a.Err, micros(t0))
 	}
 }
+
+// suiteResetOnce: a Reset's resend (the same id) returns the first run's
+// mark and deletes nothing; the form without an id (for a Cluster slot in
+// migration) resets again and leaves no id key.
+func suiteResetOnce(t *testing.T, nb backendFactory) {
+	ctx := context.Background()
+	b := nb(t)
+	r := b.newAuthority(t, testPrefix)
+	l := policy.Limit{Name: "reset-once", Rate: 1, Period: time.Hour, Burst: 10}
+	key := r.Key(l, "k")
+	id := resetKey(key, "z-test")
+	reset := func(keys ...string) int64 {
+		t.Helper()
+		life := IDLife.Milliseconds()
+		if len(keys) == 2 {
+			life = 0
+		}
+		v, err := r.runKeys(ctx, resetScript, keys, MarkLife.Milliseconds(), life)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v.(int64)
+	}
+	first := reset(key, markKey(key), id)
+	mustExact(t, r, key, l, 4)
+	if again := reset(key, markKey(key), id); again != first {
+		t.Errorf("a resent Reset returned mark %d; want the first run's %d", again, first)
+	}
+	checkTokens(t, b, key, l, 6) // not deleted again
+	reset(key, markKey(key))
+	mustExact(t, r, key, l, 1)
+	checkTokens(t, b, key, l, 9) // deleted: full again
+	for _, k := range b.allKeys(t) {
+		if strings.Contains(k, ":rst:") && k != id {
+			t.Errorf("the unkeyed Reset left an id key %q", k)
+		}
+	}
+}
+
+func TestResetOnce(t *testing.T) { forEachBackend(t, suiteResetOnce) }

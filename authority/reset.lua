@@ -3,9 +3,11 @@
 -- KEYS[1]  the bucket (see common.lua)
 -- KEYS[2]  its reset mark: the server's clock (µs) at the reset
 -- KEYS[3]  the reset's id key: it holds the mark this reset set, for
---          ARGV[2] ms
+--          ARGV[2] ms. Absent with ARGV[2] 0: the form for a Cluster slot
+--          in migration, where a key that does not exist yet (an id key
+--          never does) is refused; a resend of it resets again.
 -- ARGV[1]  the mark's life in ms
--- ARGV[2]  the id key's life in ms
+-- ARGV[2]  the id key's life in ms, or 0
 -- Returns  the mark.
 --
 -- The bucket is deleted (a missing bucket is full). The mark tells the
@@ -18,14 +20,18 @@
 -- after Redis ran it) finds its id key and returns the mark it set,
 -- changing nothing. Run twice, it would delete the fresh bucket again, and
 -- the fleet would admit its burst once more for every resend.
-local life, id_life = int(1), int(2)
-if not life or not id_life then
+local life, keyed = int(1), ARGV[2] ~= '0'
+local id_life = keyed and int(2)
+if not life or keyed and not id_life then
   return redis.error_reply('ERR leaselimit: invalid reset arguments')
 end
-local done, err = call('GET', KEYS[3])
-if err then return err end
-if done then
-  return tonumber(done)
+local done, err
+if keyed then
+  done, err = call('GET', KEYS[3])
+  if err then return err end
+  if done then
+    return tonumber(done)
+  end
 end
 local now, _
 now, err = now_us()
@@ -34,6 +40,8 @@ _, err = call('DEL', KEYS[1])
 if err then return err end
 _, err = call('SET', KEYS[2], int_str(now), 'PX', int_str(life))
 if err then return err end
-_, err = call('SET', KEYS[3], int_str(now), 'PX', int_str(id_life))
-if err then return err end
+if keyed then
+  _, err = call('SET', KEYS[3], int_str(now), 'PX', int_str(id_life))
+  if err then return err end
+end
 return now
