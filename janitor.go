@@ -3,6 +3,7 @@ package leaselimit
 import (
 	"time"
 
+	"github.com/leaselimit/leaselimit/breaker"
 	"github.com/leaselimit/leaselimit/internal/redispath"
 	"github.com/leaselimit/leaselimit/lease"
 )
@@ -19,6 +20,7 @@ type janitor struct {
 	log     *logger
 	clock   localClock
 	every   time.Duration
+	was     breaker.State // the breakers' state at the last tick
 	stop    chan struct{}
 	done    chan struct{}
 }
@@ -46,7 +48,12 @@ func (j *janitor) run() {
 			// Redis answers again: what the failure policy admitted
 			// meanwhile is charged before the next tick.
 		}
-		j.log.breakerState(j.path.State())
+		state := j.path.State()
+		if state == breaker.Closed && j.was != breaker.Closed {
+			j.table.OutageOver()
+		}
+		j.was = state
+		j.log.breakerState(state)
 		j.refunds.addReturns(j.table.Sweep(j.clock.now())...)
 		j.debts.move(j.refunds, j.path, false)
 		j.refunds.flush()

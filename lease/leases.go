@@ -52,6 +52,7 @@ type Leases struct {
 	// evicted before it refilled would have refilled: until then a new
 	// one starts empty (see newLocalBucket).
 	forgotUntil atomic.Int64
+	forgotIn    atomic.Uint64 // the table's outages count then
 	// Every lease hit reads the fields above; the memory allocator may put
 	// an entry, written on every hit, right after this struct, sharing its
 	// last cache line (measured: +16% on a hot key). The pad keeps them
@@ -712,6 +713,7 @@ func (ls *Leases) forgetFallback(e *entry, now int64) {
 		return
 	}
 	if d := b.untilFull(ls.local, now); d > 0 {
+		ls.forgotIn.Store(ls.table.outages.Load())
 		until := now + int64(min(d, time.Duration(math.MaxInt64-now)))
 		for last := ls.forgotUntil.Load(); until > last && !ls.forgotUntil.CompareAndSwap(last, until); last = ls.forgotUntil.Load() {
 		}
@@ -720,14 +722,15 @@ func (ls *Leases) forgetFallback(e *entry, now int64) {
 
 // newLocalBucket returns a key's new FailLocal bucket at now: full, unless
 // a bucket the table forgot before it refilled would not have refilled by
-// now, when it starts empty and fills at the share's rate. Which key's
+// now, in the same outage (see Table.OutageOver), when it starts empty
+// and fills at the share's rate. Which key's
 // bucket was forgotten is not known, and a full one for that key would
 // hand it a fresh burst per eviction: a fleet cycling keys through a small
 // table admitted thousands of times its share on one key. A doubt costs
 // under-admission: keys first seen while the table thrashes in an outage
 // start with nothing.
 func (ls *Leases) newLocalBucket(now int64) *localBucket {
-	if now < ls.forgotUntil.Load() {
+	if now < ls.forgotUntil.Load() && ls.forgotIn.Load() == ls.table.outages.Load() {
 		return emptyBucket(now)
 	}
 	return new(localBucket)

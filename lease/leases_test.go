@@ -272,6 +272,16 @@ func TestLocalShareEvicted(t *testing.T) {
 	if b := ls.AllowLocal("hot", 1, now+int64(4*time.Second)); !b.Allowed {
 		t.Errorf("the hot key's new bucket did not refill at the share's rate: %+v", b)
 	}
+	// After the outage (Table.OutageOver), a new key starts full: a
+	// bucket forgotten in one outage says nothing of the next (a spent one
+	// evicted by ordinary churn emptied every new key's share, in the next
+	// outage, up to a period later).
+	(&Table{t: ls.table}).OutageOver()
+	for i := range 15 {
+		if b := ls.AllowLocal("after-the-outage", 1, now); !b.Allowed {
+			t.Fatalf("a new key after the outage: request %d denied: %+v", i, b)
+		}
+	}
 	// Once the forgotten buckets would have refilled (a minute), a new key
 	// starts full.
 	later := now + int64(time.Minute) + int64(time.Second)

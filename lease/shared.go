@@ -32,6 +32,12 @@ func (t *Table) Drain() []Return {
 	return out
 }
 
+// OutageOver tells that Redis answers again: the FailLocal buckets the
+// table forgot during the outage no longer make new ones start empty (a
+// spent bucket evicted later, by ordinary churn, emptied every new key's
+// share in the next outage, up to a period later).
+func (t *Table) OutageOver() { t.t.outages.Add(1) }
+
 // Len returns how many keys have local state, over every limit.
 func (t *Table) Len() int { return t.t.Len() }
 

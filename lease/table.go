@@ -3,6 +3,7 @@ package lease
 import (
 	"hash/maphash"
 	"sync"
+	"sync/atomic"
 )
 
 const numShards = 64
@@ -16,6 +17,9 @@ type table struct {
 	seed   maphash.Seed
 	shards [numShards]shard
 	door   doorkeeper // the keys lately asked for and not held (see Seen)
+	// outages counts the outages over (see Table.OutageOver): a FailLocal
+	// bucket forgotten in one says nothing of the next.
+	outages atomic.Uint64
 }
 
 // tkey is an entry's place in the table: the protocol of its limit (nil in
