@@ -73,7 +73,7 @@ func NewClient(client redis.UniversalClient, opts ...Option) (*Client, error) {
 		auth:   auth,
 		table:  lease.NewTable(cfg.maxKeys, cfg.lease),
 		meters: meters,
-		log:    newLogger(cfg.logger, "prefix", cfg.prefix),
+		log:    newLogger(cfg.logger, new(logTimes), "prefix", cfg.prefix),
 		closed: make(chan struct{}, 1),
 	}
 	e.path = redispath.New(redispath.Config{Client: client, Auth: auth, Budget: cfg.timeout, Name: "leaselimit:" + cfg.prefix,

@@ -231,7 +231,8 @@ func WithKeyRedactor(redact func(key string) string) Option {
 // transitions, the failure policy taking over after a healthy period,
 // READONLY replies, Redis replies that mean misconfiguration, and an
 // instance too saturated to read its replies. Each kind is written at most
-// once every 10 seconds: never a line per decision. Default: slog.Default()
+// once every 10 seconds per Client, whatever the number of limits: never a
+// line per decision, nor per limit. Default: slog.Default()
 // as NewClient finds it, so that an outage the failure policy answers is
 // never silent; WithLogger(slog.New(slog.DiscardHandler)) turns it off.
 // go-redis's own lines (its logger is process-wide, and leaselimit leaves

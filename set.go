@@ -99,7 +99,7 @@ func (e *engine) newSet(members []*member) *limitSet {
 		namer:   members[0].namer,
 		maxCost: members[0].limit.Burst,
 		tel:     e.meters.WithLimit(name),
-		log:     newLogger(e.cfg.logger, "limit", name),
+		log:     e.log.forLimit(name),
 		sf:      new(singleflight.Group),
 	}
 	for _, m := range members[1:] {
