@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"strconv"
 	"sync"
@@ -179,6 +180,7 @@ func (d *demo) runDesign(ctx context.Context, ds *designResult) error {
 			opts = append(opts, leaselimit.WithoutLease())
 		}
 		opts = append(opts, d.tel.options(ds.id == "c" && i == 0)...)
+		opts = append(opts, instanceLog(i))
 		c, err := leaselimit.NewClient(d.be.newClient(), opts...)
 		if err != nil {
 			closeAll(limiters)
@@ -288,6 +290,7 @@ func (d *demo) act2(ctx context.Context) error {
 				leaselimit.WithBreaker(breaker.Settings{OpenFor: breakerOpenFor}),
 			}
 			opts = append(opts, d.tel.options(m == policy.FailLocal && i == 0)...)
+			opts = append(opts, instanceLog(i))
 			c, err := leaselimit.NewClient(d.be.newClient(), opts...)
 			if err != nil {
 				for _, ls := range limiters {
@@ -504,4 +507,16 @@ func (p *progress) done() {
 		fmt.Fprintln(p.w)
 		p.open = false
 	}
+}
+
+// instanceLog is the logger option of instance i of a fleet: the first
+// instance's lines (to slog.Default(), as a Client logs by default) stand
+// for the fleet's. In production each instance logs to its own output;
+// here the fleets share one terminal, and 24 copies of each line hid the
+// demo's table.
+func instanceLog(i int) leaselimit.Option {
+	if i == 0 {
+		return leaselimit.WithLogger(slog.Default())
+	}
+	return leaselimit.WithLogger(slog.New(slog.DiscardHandler))
 }
