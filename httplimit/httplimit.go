@@ -314,9 +314,6 @@ func Middleware(lim Limiter, key KeyFunc, opts ...Option) func(http.Handler) htt
 	if m.cfg.keyError == nil {
 		m.cfg.keyError = badKey
 	}
-	if m.cfg.limError == nil {
-		m.cfg.limError = m.limiterError
-	}
 	return func(next http.Handler) http.Handler {
 		if next == nil {
 			panic("httplimit: Middleware wrapping a nil http.Handler")
@@ -379,7 +376,11 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 			refuseForever(w, n, fields.Narrowest(policies))
 			return
 		}
-		m.cfg.limError(w, r, err)
+		if m.cfg.limError != nil {
+			m.cfg.limError(w, r, err)
+		} else {
+			m.limiterError(w, r, err, pf.Limit.Name)
+		}
 		return
 	}
 	if d.Limit == (policy.Limit{}) {
@@ -452,11 +453,13 @@ func badKey(w http.ResponseWriter, _ *http.Request, err error) {
 	})
 }
 
-// limiterError is the default error handler.
-func (m *middleware) limiterError(w http.ResponseWriter, r *http.Request, err error) {
+// limiterError is the default error handler; name is that of the limit of
+// the Limiter that decided the request (WithLimiterFunc's choice, not the
+// Middleware's own).
+func (m *middleware) limiterError(w http.ResponseWriter, r *http.Request, err error, name string) {
 	if r.Context().Err() == nil || !errors.Is(err, r.Context().Err()) {
 		m.cfg.logger.LogAttrs(r.Context(), slog.LevelError, "httplimit: limiter error",
-			slog.String("policy", m.policy.Limit.Name), slog.String("error", err.Error()))
+			slog.String("policy", name), slog.String("error", err.Error()))
 	}
 	if errors.Is(err, leaselimit.ErrInvalidCost) || errors.Is(err, policy.ErrInvalidLimit) || errors.Is(err, leaselimit.ErrInvalidOption) {
 		writeProblem(w, problem{

@@ -252,3 +252,21 @@ func TestLimiterFuncNilOfTheUsersType(t *testing.T) {
 		}
 	}
 }
+
+// TestLimiterErrorNamesThePlan: the default error handler's log line names
+// the limit of the Limiter WithLimiterFunc chose, not the Middleware's own.
+func TestLimiterErrorNamesThePlan(t *testing.T) {
+	_, rdb := newRedis(t)
+	c := newClient(t, rdb)
+	base := c.Limiter(policy.Limit{Name: "base", Rate: 1, Period: time.Minute, Burst: 1})
+	bad := c.Limiter(policy.Limit{Name: "plan-bad", Rate: 1, Period: time.Minute, Burst: 1}).With(leaselimit.WithTimeout(time.Second))
+	var out strings.Builder
+	h := httplimit.Middleware(base, httplimit.Header("X-User"), httplimit.WithLogger(slog.New(slog.NewTextHandler(&out, nil))),
+		httplimit.WithLimiterFunc(func(*http.Request) httplimit.Limiter { return bad }))(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	if rec := callAs(h, "ann", ""); rec.Code != http.StatusInternalServerError {
+		t.Fatalf("a plan's view With refused: %d; want 500", rec.Code)
+	}
+	if !strings.Contains(out.String(), "policy=plan-bad") {
+		t.Errorf("the log line does not name the plan's limit:\n%s", out.String())
+	}
+}
