@@ -14,6 +14,7 @@ import (
 
 	"github.com/leaselimit/leaselimit"
 	"github.com/leaselimit/leaselimit/breaker"
+	"github.com/leaselimit/leaselimit/internal/syncbuf"
 	"github.com/leaselimit/leaselimit/policy"
 	"github.com/leaselimit/leaselimit/telemetry"
 	"github.com/redis/go-redis/v9"
@@ -184,7 +185,7 @@ func fallbackReasons(t *testing.T, addr string, direct bool, calls int) reasonRu
 	c := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: direct})
 	t.Cleanup(func() { _ = c.Close() })
 	rig := newTelemetryRig(t)
-	var out logBuffer
+	var out syncbuf.Buffer
 	lim := mustNew(t, c, policy.PerSecond(10).WithName("reasons"), append(rig.opts(), leaselimit.WithoutLease(),
 		leaselimit.WithFailureMode(policy.FailOpen), leaselimit.WithTimeout(100*time.Millisecond),
 		leaselimit.WithLogger(slog.New(slog.NewTextHandler(&out, nil))))...)
@@ -206,9 +207,7 @@ func fallbackReasons(t *testing.T, addr string, direct bool, calls int) reasonRu
 		v, _ := attrOf(s, telemetry.AttrErrorType)
 		run.types[v.AsString()]++
 	}
-	out.mu.Lock()
-	run.log = out.buf.String()
-	out.mu.Unlock()
+	run.log = out.String()
 	return run
 }
 

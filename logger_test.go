@@ -1,38 +1,18 @@
 package leaselimit_test
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"strconv"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/leaselimit/leaselimit"
 	"github.com/leaselimit/leaselimit/breaker"
 	"github.com/leaselimit/leaselimit/internal/redistest"
+	"github.com/leaselimit/leaselimit/internal/syncbuf"
 	"github.com/leaselimit/leaselimit/policy"
 )
-
-// logBuffer is a bytes.Buffer safe for a slog handler and a test reading it.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) count(s string) int {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return strings.Count(b.buf.String(), s)
-}
 
 // TestLogger: WithLogger writes the breaker's transitions, the failure
 // policy taking over, and misconfiguration replies, each once however many
@@ -40,7 +20,7 @@ func (b *logBuffer) count(s string) int {
 func TestLogger(t *testing.T) {
 	srv := redistest.Start(t)
 	ctx := context.Background()
-	var out logBuffer
+	var out syncbuf.Buffer
 	l := policy.PerSecond(1000).WithName("logged")
 	lim := newBudgeted(t, srv.Client(t), l, leaselimit.WithoutLease(),
 		leaselimit.WithLogger(slog.New(slog.NewTextHandler(&out, nil))),
@@ -56,8 +36,8 @@ func TestLogger(t *testing.T) {
 			t.Fatal("Allow on a key holding a list: no error")
 		}
 	}
-	if n := out.count("not an outage"); n != 1 {
-		t.Errorf("%d misconfiguration lines for 20 errors; want 1:\n%s", n, out.buf.String())
+	if n := out.Count("not an outage"); n != 1 {
+		t.Errorf("%d misconfiguration lines for 20 errors; want 1:\n%s", n, out.String())
 	}
 
 	// An outage: many fallbacks, one line; the breaker opens, then closes.
@@ -70,26 +50,26 @@ func TestLogger(t *testing.T) {
 	srv.Resume(t)
 	if _, ok := waitUntil(5*time.Second, func() bool {
 		d, _ := lim.Allow(ctx, "k")
-		return d.Source == leaselimit.SourceAuthority && out.count("breaker closed") > 0
+		return d.Source == leaselimit.SourceAuthority && out.Count("breaker closed") > 0
 	}); !ok {
-		t.Fatalf("no authority decision and breaker-closed line after Redis came back:\n%s", out.buf.String())
+		t.Fatalf("no authority decision and breaker-closed line after Redis came back:\n%s", out.String())
 	}
 	for _, c := range []struct {
 		line string
 		want int
 	}{{"the failure policy decides", 1}, {"circuit breaker open", 1}, {"circuit breaker closed", 1}} {
-		if n := out.count(c.line); n != c.want {
+		if n := out.Count(c.line); n != c.want {
 			t.Errorf("%d lines with %q; want %d", n, c.line, c.want)
 		}
 	}
-	t.Logf("log:\n%s", out.buf.String())
+	t.Logf("log:\n%s", out.String())
 }
 
 // TestOutageLoggedByDefault: with no WithLogger, the failure policy
 // taking over is written to slog.Default(): under the default FailOpen an
 // outage let every request through with nothing to tell an operator.
 func TestOutageLoggedByDefault(t *testing.T) {
-	var out logBuffer
+	var out syncbuf.Buffer
 	old := slog.Default()
 	slog.SetDefault(slog.New(slog.NewTextHandler(&out, nil)))
 	t.Cleanup(func() { slog.SetDefault(old) })
@@ -101,8 +81,8 @@ func TestOutageLoggedByDefault(t *testing.T) {
 			t.Fatalf("Allow with Redis loading = %+v, %v; want FailOpen's admission", d, err)
 		}
 	}
-	if out.count("the failure policy decides") != 1 {
-		t.Errorf("the default logger got no line (or many) for an outage FailOpen answered:\n%s", out.buf.String())
+	if out.Count("the failure policy decides") != 1 {
+		t.Errorf("the default logger got no line (or many) for an outage FailOpen answered:\n%s", out.String())
 	}
 }
 
@@ -110,7 +90,7 @@ func TestOutageLoggedByDefault(t *testing.T) {
 // kind per Client, not one per limit: a service with a limit per tenant
 // wrote a line per tenant (2,000 lines in 0.6 s for 2,000 limits).
 func TestOneLinePerClient(t *testing.T) {
-	var out logBuffer
+	var out syncbuf.Buffer
 	m, c := newMini(t)
 	client, err := leaselimit.NewClient(c, leaselimit.WithTimeout(200*time.Millisecond), leaselimit.WithLogger(slog.New(slog.NewTextHandler(&out, nil))))
 	if err != nil {
@@ -124,7 +104,7 @@ func TestOneLinePerClient(t *testing.T) {
 			t.Fatalf("Allow with Redis loading = %+v, %v; want the failure policy's decision", d, err)
 		}
 	}
-	if n := out.count("the failure policy decides"); n != 1 {
+	if n := out.Count("the failure policy decides"); n != 1 {
 		t.Errorf("%d lines for an outage over 200 limits; want 1", n)
 	}
 }

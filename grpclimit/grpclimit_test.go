@@ -17,6 +17,7 @@ import (
 	"github.com/leaselimit/leaselimit/breaker"
 	"github.com/leaselimit/leaselimit/grpclimit"
 	"github.com/leaselimit/leaselimit/internal/redistest"
+	"github.com/leaselimit/leaselimit/internal/syncbuf"
 	"github.com/leaselimit/leaselimit/policy"
 	"go.uber.org/goleak"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -684,29 +685,11 @@ func TestCostAboveBurst(t *testing.T) {
 	}
 }
 
-// logBuffer is a strings.Builder safe for a slog handler and a test.
-type logBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // TestKeyFuncPanic: a panic in the key function (the user's code) fails
 // the call with Internal and is logged; the server keeps serving. grpc-go
 // recovers no handler panic, and it took the whole process down.
 func TestKeyFuncPanic(t *testing.T) {
-	var out logBuffer
+	var out syncbuf.Buffer
 	lim := scripted{leaselimit.Decision{Allowed: true, Limit: policy.Limit{Name: "api", Rate: 1, Period: time.Second, Burst: 1}}}
 	key := func(ctx context.Context, method string) (string, error) {
 		if md, _ := metadata.FromIncomingContext(ctx); len(md.Get("x-key")) > 0 && md.Get("x-key")[0] == "boom" {
@@ -737,7 +720,7 @@ func TestKeyFuncPanic(t *testing.T) {
 // Internal with nothing in any log.
 func TestLimiterErrorLogged(t *testing.T) {
 	srv := redistest.Start(t)
-	var out logBuffer
+	var out syncbuf.Buffer
 	c := newClient(t, srv)
 	lim := c.Limiter(policy.Limit{Name: "closed-api", Rate: 1, Period: time.Second, Burst: 1})
 	conn := serveWith(t, lim, grpclimit.MetadataKey("x-key"), []grpclimit.Option{grpclimit.WithLogger(slog.New(slog.NewTextHandler(&out, nil)))})

@@ -18,6 +18,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/leaselimit/leaselimit"
 	"github.com/leaselimit/leaselimit/httplimit"
+	"github.com/leaselimit/leaselimit/internal/syncbuf"
 	"github.com/leaselimit/leaselimit/policy"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
@@ -612,25 +613,12 @@ func TestKeyErrors(t *testing.T) {
 	})
 }
 
-// syncBuffer is a goroutine-safe log sink.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
-
 func TestLimiterErrors(t *testing.T) {
 	internal := errors.New("leaselimit: authority: unexpected reply from 10.1.2.3:6379 (auth=hunter2)")
 	f := &fakeLimiter{limit: policy.PerSecond(10).WithName("api"), decide: func(string, int64) (leaselimit.Decision, error) {
 		return leaselimit.Decision{}, internal
 	}}
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	logger := slog.New(slog.NewTextHandler(&logs, nil))
 	next := &okHandler{}
 	h := httplimit.Middleware(f, httplimit.Header("X-Api-Key"), httplimit.WithLogger(logger))(next)
@@ -674,7 +662,7 @@ func TestLimiterErrors(t *testing.T) {
 	})
 
 	t.Run("request context ended: not logged", func(t *testing.T) {
-		var logs syncBuffer
+		var logs syncbuf.Buffer
 		ctx, cancel := context.WithCancel(context.Background())
 		cancel()
 		f := &fakeLimiter{limit: policy.PerSecond(1), decide: func(string, int64) (leaselimit.Decision, error) {

@@ -12,11 +12,11 @@ import (
 	"reflect"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/leaselimit/leaselimit"
+	"github.com/leaselimit/leaselimit/internal/syncbuf"
 	"github.com/leaselimit/leaselimit/policy"
 	"go.uber.org/goleak"
 )
@@ -36,24 +36,6 @@ func (l lines) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// syncBuffer is a bytes.Buffer safe for the server's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // start runs the command with args on a free loopback port until the test
 // ends, and returns its base URL and its stderr.
 //
@@ -61,11 +43,11 @@ func (s *syncBuffer) String() string {
 // again): under -race on a loaded machine a miniredis script call can take
 // longer than 100ms, and the default failure policy (FailOpen) would then
 // admit the request, as designed, but not what the tests count.
-func start(t *testing.T, args ...string) (string, *syncBuffer) {
+func start(t *testing.T, args ...string) (string, *syncbuf.Buffer) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	out := make(lines, 16)
-	stderr := &syncBuffer{}
+	stderr := &syncbuf.Buffer{}
 	done := make(chan int, 1)
 	go func() {
 		done <- run(ctx, append([]string{"-addr", "127.0.0.1:0", "-timeout", "10s"}, args...), out, stderr)
