@@ -2,10 +2,10 @@ package leaselimit
 
 import (
 	"log/slog"
-	"sync/atomic"
 	"time"
 
 	"github.com/leaselimit/leaselimit/breaker"
+	"github.com/leaselimit/leaselimit/internal/throttle"
 )
 
 // logEvery is the least time between two lines of one kind: leaselimit logs
@@ -39,7 +39,7 @@ type logger struct {
 // loggers of one engine: a line per limit would be a line per tenant of a
 // service that makes a limit per tenant (2,000 lines in 0.6 s for 2,000
 // limits during an outage, in a review).
-type logTimes [logKinds]atomic.Int64
+type logTimes [logKinds]throttle.Gate
 
 func newLogger(out *slog.Logger, last *logTimes, key, value string) *logger {
 	if out == nil {
@@ -59,9 +59,7 @@ func (g *logger) forLimit(name string) *logger {
 
 // due reports whether a line of kind may be written now, and claims it.
 func (g *logger) due(kind int) bool {
-	now := time.Now().UnixNano()
-	last := g.last[kind].Load()
-	return (last == 0 || now-last >= int64(logEvery)) && g.last[kind].CompareAndSwap(last, now)
+	return g.last[kind].Due(logEvery)
 }
 
 // fallback logs that the failure policy decided, at most once per logEvery.

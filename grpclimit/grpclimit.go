@@ -45,12 +45,12 @@ import (
 	"runtime/debug"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/leaselimit/leaselimit"
 	"github.com/leaselimit/leaselimit/internal/clientaddr"
 	"github.com/leaselimit/leaselimit/internal/fields"
+	"github.com/leaselimit/leaselimit/internal/throttle"
 	"github.com/leaselimit/leaselimit/policy"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
@@ -206,8 +206,8 @@ type interceptor struct {
 	lim    Limiter
 	key    KeyFunc
 	cfg    config
-	policy []*fields.Policy       // one per limit of lim
-	logged [logKinds]atomic.Int64 // unix ns of the last line of each kind
+	policy []*fields.Policy        // one per limit of lim
+	logged [logKinds]throttle.Gate // one per kind of line
 }
 
 func newInterceptor(lim Limiter, key KeyFunc, opts []Option) *interceptor {
@@ -275,11 +275,7 @@ const (
 const logEvery = 10 * time.Second
 
 // due reports whether a line of kind may be written now, and claims it.
-func (in *interceptor) due(kind int) bool {
-	now := time.Now().UnixNano()
-	last := in.logged[kind].Load()
-	return (last == 0 || now-last >= int64(logEvery)) && in.logged[kind].CompareAndSwap(last, now)
-}
+func (in *interceptor) due(kind int) bool { return in.logged[kind].Due(logEvery) }
 
 // decideCall is decide without its recovery.
 func (in *interceptor) decideCall(ctx context.Context, fullMethod string) (metadata.MD, error) {
