@@ -87,6 +87,8 @@ func New(name string, client *redis.Client, limit policy.Limit) (Decider, error)
 		return newLeanHandoff(client, limit)
 	case LeanContract:
 		return newLeanContract(client, limit)
+	case LeanNecessary:
+		return newLeanNecessary(client, limit)
 	case LeaselimitAuthority:
 		return newAuthorityLayer(client, limit)
 	case LeaselimitPath:

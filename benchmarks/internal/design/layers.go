@@ -28,13 +28,21 @@ import (
 //
 // leaselimit_exact then adds the Limiter: its checks, routing, the
 // decision's span, metrics and Decision.
+//
+// One more design runs only when named: lean_necessary, lean_contract's
+// batches sent as lean_handoff sends them (long-lived senders, each caller
+// waiting at most the budget). It is the prototype that does only what
+// leaselimit's exact mode must do on a client with go-redis's default
+// options, and no more: a target it misses in a run is out of reach there.
 const (
 	LeaselimitAuthority = "leaselimit_authority"
 	LeaselimitPath      = "leaselimit_path"
+	LeanNecessary       = "lean_necessary"
 )
 
-// Layers lists the layer designs, in the order they build up.
-var Layers = []string{LeaselimitAuthority, LeaselimitPath}
+// Layers lists the designs that run only when named: the layers, in the
+// order they build up, then lean_necessary.
+var Layers = []string{LeaselimitAuthority, LeaselimitPath, LeanNecessary}
 
 // authorityLayer sends the floor's batches through authority.AcquireAll.
 type authorityLayer struct {

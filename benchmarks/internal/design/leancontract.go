@@ -74,12 +74,31 @@ type leanContract struct {
 }
 
 func newLeanContract(client *redis.Client, limit policy.Limit) (Decider, error) {
+	c, err := newContractBatches(client, limit, "ll-contr")
+	if err != nil {
+		return nil, err
+	}
+	return &leanDecider{send: c.send, keyOf: c.namer.Key}, nil
+}
+
+// newLeanNecessary returns the lean necessary design: the contract's
+// batches, sent as lean_handoff sends them (see leanhandoff.go).
+func newLeanNecessary(client *redis.Client, limit policy.Limit) (Decider, error) {
+	c, err := newContractBatches(client, limit, "ll-necss")
+	if err != nil {
+		return nil, err
+	}
+	return newHandoff(LeanNecessary, c.send, c.namer.Key), nil
+}
+
+// newContractBatches returns the sender of the contract's batches, its
+// keys under prefix: as long as the leaselimit designs' ("ll-exact"), so
+// that keys are the same length, and the design's own.
+func newContractBatches(client *redis.Client, limit policy.Limit, prefix string) (*leanContract, error) {
 	b, err := newLeanBatches(client, limit)
 	if err != nil {
 		return nil, err
 	}
-	// A prefix as long as the leaselimit designs' ("ll-exact").
-	const prefix = "ll-contr"
 	auth, err := authority.New(client, prefix)
 	if err != nil {
 		return nil, err
@@ -88,9 +107,8 @@ func newLeanContract(client *redis.Client, limit policy.Limit) (Decider, error) 
 	if _, err := rand.Read(rnd[:]); err != nil {
 		return nil, err
 	}
-	c := &leanContract{client: client, head: append([]any{leanContractLife}, b.args...),
-		namer: auth.Namer(limit), prefix: prefix, idBase: hex.EncodeToString(rnd[:]) + "-b"}
-	return &leanDecider{send: c.send, keyOf: c.namer.Key}, nil
+	return &leanContract{client: client, head: append([]any{leanContractLife}, b.args...),
+		namer: auth.Namer(limit), prefix: prefix, idBase: hex.EncodeToString(rnd[:]) + "-b"}, nil
 }
 
 // send runs one batch and hands each call its outcome.

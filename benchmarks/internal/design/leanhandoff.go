@@ -2,7 +2,7 @@ package design
 
 import (
 	"context"
-	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -23,11 +23,10 @@ import (
 // leanBudget is how long a caller waits for its outcome.
 const leanBudget = 100 * time.Millisecond
 
-// errLeanBudget is a call's error when its outcome did not come in time.
-var errLeanBudget = errors.New("design: lean_handoff: no reply within the budget")
-
 type leanHandoff struct {
-	leanBatches
+	name  string // the design's, for its errors
+	send  func(ctx context.Context, batch []*leanCall)
+	keyOf func(key string) string // the Redis key of a caller's key
 
 	mu      sync.Mutex
 	work    *sync.Cond
@@ -43,17 +42,23 @@ func newLeanHandoff(client *redis.Client, limit policy.Limit) (Decider, error) {
 	if err != nil {
 		return nil, err
 	}
-	h := &leanHandoff{leanBatches: b}
+	return newHandoff(LeanHandoff, b.send, func(key string) string { return "lean:" + key }), nil
+}
+
+// newHandoff returns design name's hand-off batching around send, which
+// runs one batch, and keyOf, which names a caller's key in Redis.
+func newHandoff(name string, send func(context.Context, []*leanCall), keyOf func(string) string) *leanHandoff {
+	h := &leanHandoff{name: name, send: send, keyOf: keyOf}
 	h.work = sync.NewCond(&h.mu)
-	return h, nil
+	return h
 }
 
 func (h *leanHandoff) Allow(ctx context.Context, key string) (Result, error) {
-	c := &leanCall{key: "lean:" + key, done: make(chan struct{})}
+	c := &leanCall{key: h.keyOf(key), done: make(chan struct{})}
 	h.mu.Lock()
 	if h.stopped {
 		h.mu.Unlock()
-		return Result{}, errors.New("design: lean_handoff: closed")
+		return Result{}, fmt.Errorf("design: %s: closed", h.name)
 	}
 	h.queue = append(h.queue, c)
 	switch {
@@ -71,7 +76,7 @@ func (h *leanHandoff) Allow(ctx context.Context, key string) (Result, error) {
 	case <-c.done:
 		return Result{Allowed: c.allowed}, c.err
 	case <-timer.C:
-		return Result{}, errLeanBudget
+		return Result{}, fmt.Errorf("design: %s: no reply within the budget", h.name)
 	case <-ctx.Done():
 		return Result{}, ctx.Err()
 	}
