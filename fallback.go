@@ -69,6 +69,15 @@ func fallbackReason(err error) string {
 // held keep serving until they expire. What the policy admits is charged
 // to the bucket once Redis answers again (see debtBook).
 func (l *Limiter) fallback(ctx context.Context, brk *circuit.Breaker, key string, n int64, reason string) Decision {
+	wall := l.clock.wall()
+	now := l.clock.mono(wall)
+	if !l.cfg.noLease {
+		if a, ok := l.leases.AllowLeased(key, n, now); ok {
+			// Tokens taken from the bucket before: a lease decision,
+			// not the policy's, counted and traced as such.
+			return l.decided(a)
+		}
+	}
 	l.tel.CountFallback(ctx, reason)
 	l.log.fallback(l.mode.String(), reason)
 	if sp, ok := recording(ctx); ok {
@@ -77,13 +86,6 @@ func (l *Limiter) fallback(ctx context.Context, brk *circuit.Breaker, key string
 			// No call was made; after a failed call the span has the
 			// state from before it, which the failure may have changed.
 			sp.SetAttributes(telemetry.AttrBreaker.String(brk.State().String()))
-		}
-	}
-	wall := l.clock.wall()
-	now := l.clock.mono(wall)
-	if !l.cfg.noLease {
-		if a, ok := l.leases.AllowLeased(key, n, now); ok {
-			return l.decided(a) // tokens taken from the bucket before
 		}
 	}
 	d := l.policyDecision(brk, key, n, now, wall)

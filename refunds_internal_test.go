@@ -49,6 +49,13 @@ func TestDroppedRefundsCounted(t *testing.T) {
 // droppedTokens reads ratelimit.lease.refunds.dropped from reader.
 func droppedTokens(t *testing.T, reader *sdkmetric.ManualReader) int64 {
 	t.Helper()
+	return counterSum(t, reader, telemetry.MetricDropped)
+}
+
+// counterSum is the sum of the data points of the int64 counter name in
+// reader.
+func counterSum(t *testing.T, reader *sdkmetric.ManualReader, name string) int64 {
+	t.Helper()
 	var rm metricdata.ResourceMetrics
 	if err := reader.Collect(context.Background(), &rm); err != nil {
 		t.Fatal(err)
@@ -56,7 +63,7 @@ func droppedTokens(t *testing.T, reader *sdkmetric.ManualReader) int64 {
 	var n int64
 	for _, sm := range rm.ScopeMetrics {
 		for _, mt := range sm.Metrics {
-			if mt.Name == telemetry.MetricDropped {
+			if mt.Name == name {
 				for _, dp := range mt.Data.(metricdata.Sum[int64]).DataPoints {
 					n += dp.Value
 				}
