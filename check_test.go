@@ -100,6 +100,19 @@ func TestCheck(t *testing.T) {
 		wantCheckError(t, checkLimiter(t, c).Check(ctx), "refused", "SET", "ACL")
 	})
 
+	t.Run("credentials", func(t *testing.T) {
+		// Regression: with a wrong password Check said "unexpected
+		// script reply: batch reply <nil>" (the pipeline failed before
+		// it was sent and its commands looked like empty replies).
+		srv := redistest.Start(t)
+		srv.Do(t, "CONFIG", "SET", "requirepass", "right")
+		for _, pass := range []string{"", "wrong"} {
+			c := redis.NewClient(&redis.Options{Addr: srv.Addr, Password: pass})
+			t.Cleanup(func() { _ = c.Close() })
+			wantCheckError(t, checkLimiter(t, c).Check(ctx), "credentials", "Password")
+		}
+	})
+
 	t.Run("hung", func(t *testing.T) {
 		srv := redistest.Start(t)
 		lim := checkLimiter(t, srv.Client(t))

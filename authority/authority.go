@@ -609,7 +609,8 @@ func (r *Redis) runAll(ctx context.Context, s script, invs []*invocation) {
 	for _, in := range invs {
 		in.cmd = pipe.EvalSha(ctx, s.sha, in.keys, in.args...)
 	}
-	_, _ = pipe.Exec(ctx) // errors are read per command
+	_, err := pipe.Exec(ctx)
+	failed(invs, err) // errors are read per command
 	for pass := 0; pass < 2; pass++ {
 		var retry redis.Pipeliner
 		for _, in := range invs {
@@ -630,7 +631,23 @@ func (r *Redis) runAll(ctx context.Context, s script, invs []*invocation) {
 		if retry == nil {
 			return
 		}
-		_, _ = retry.Exec(ctx)
+		_, err = retry.Exec(ctx)
+		failed(invs, err)
+	}
+}
+
+// failed gives err, a pipeline's error, to every command of invs that has
+// neither a reply nor an error: go-redis leaves them so when the pipeline
+// failed before it was sent (a connection whose AUTH was refused), and a
+// command read then looks like an empty reply.
+func failed(invs []*invocation, err error) {
+	if err == nil {
+		return
+	}
+	for _, in := range invs {
+		if in.cmd.Err() == nil && in.cmd.Val() == nil {
+			in.cmd.SetErr(err)
+		}
 	}
 }
 
