@@ -171,8 +171,8 @@ var zones cowmap.Map[string, *time.Location]
 // two zones under one name would share windows and buckets.
 func (l Limit) Canonical() Limit {
 	loc := l.Calendar.Location
-	if loc == nil || loc.String() == "" {
-		return l
+	if loc == nil || badZoneName(loc.String()) >= 0 {
+		return l // Validate refuses it; nothing is kept
 	}
 	if l.IsQuota() && (loc == time.UTC || loc.String() == "UTC" && sameOffsets(loc, time.UTC)) {
 		// nil, as a nil Location is: the bucket's Redis key says UTC for
@@ -190,7 +190,8 @@ func (l Limit) Canonical() Limit {
 
 // validateZone refuses a Location that cannot name its zone: one without a
 // name (time.Parse of a numeric offset gives one, as does
-// time.FixedZone("", offset)), and one whose name this package keeps for a
+// time.FixedZone("", offset)), one whose name cannot go into a Redis key
+// (see badZoneName), and one whose name this package keeps for a
 // zone of other offsets (see Canonical).
 func validateZone(l Limit) error {
 	loc := l.Calendar.Location
@@ -201,6 +202,9 @@ func validateZone(l Limit) error {
 	if name == "" {
 		return fmt.Errorf("%w: %s: the calendar's Location has no name, and the name is the zone's identity in the bucket's Redis key; name it (time.FixedZone(\"UTC+9\", 9*3600), or time.LoadLocation)", ErrInvalidLimit, l.Name)
 	}
+	if i := badZoneName(name); i >= 0 {
+		return fmt.Errorf("%w: %s: the zone name %q holds %q; it goes into the bucket's Redis key: use printable ASCII without spaces or braces (a brace would make a Cluster hash tag)", ErrInvalidLimit, l.Name, name, name[i])
+	}
 	if name == "UTC" && !sameOffsets(loc, time.UTC) {
 		// The name of a nil Location's key (see Canonical).
 		return fmt.Errorf("%w: %s: a zone named UTC must be UTC", ErrInvalidLimit, l.Name)
@@ -209,6 +213,21 @@ func validateZone(l Limit) error {
 		return fmt.Errorf("%w: %s: the zone name %q already names a zone of other offsets in this process; one name must mean one zone on every instance", ErrInvalidLimit, l.Name, name)
 	}
 	return nil
+}
+
+// badZoneName returns the index of the first byte of a zone name that has
+// no place in a Redis key (beyond printable ASCII, a space, a brace), or
+// -1 if there is none; 0 for an empty name.
+func badZoneName(name string) int {
+	if name == "" {
+		return 0
+	}
+	for i := 0; i < len(name); i++ {
+		if c := name[i]; c <= ' ' || c > '~' || c == '{' || c == '}' {
+			return i
+		}
+	}
+	return -1
 }
 
 // sameOffsets reports whether a and b have the same UTC offset at a few

@@ -153,6 +153,13 @@ func TestZoneNameIsItsIdentity(t *testing.T) {
 	if err := Quota("parsed", 10, Day, ts.Location()).Canonical().Validate(); !errors.Is(err, ErrInvalidLimit) {
 		t.Errorf("a quota in time.Parse's unnamed zone: Validate = %v; want ErrInvalidLimit", err)
 	}
+	// A zone's name goes into the bucket's Redis key: a brace there would
+	// make every key of the limit one Cluster hash tag (one slot).
+	for _, name := range []string{"Zone{tag}", "Zone }", "Zone\n", "Zoné"} {
+		if err := Quota("odd", 10, Day, time.FixedZone(name, 3600)).Canonical().Validate(); !errors.Is(err, ErrInvalidLimit) {
+			t.Errorf("a quota in a zone named %q: Validate = %v; want ErrInvalidLimit", name, err)
+		}
+	}
 	first := Quota("named", 10, Day, time.FixedZone("TestZone+9", 9*3600)).Canonical()
 	if err := first.Validate(); err != nil {
 		t.Fatalf("a quota in a named fixed zone: %v", err)
