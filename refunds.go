@@ -247,6 +247,15 @@ func (q *refundQueue) refail(g []queued, failed []authority.Failed) {
 	}
 }
 
+// countSent counts the tokens of a refund sent at once, not through the
+// queue (a Settle's surplus, a lease given back to serve a larger
+// request), as flush counts those it sends.
+func (q *refundQueue) countSent(rf authority.Refund) {
+	if rf.Tokens > 0 {
+		q.tel.CountRefund(context.Background(), rf.Tokens)
+	}
+}
+
 // putAll puts back adjustments that were not sent.
 func (q *refundQueue) putAll(g []queued) {
 	for _, a := range g {

@@ -221,3 +221,36 @@ func TestReachedRedis(t *testing.T) {
 		}
 	}
 }
+
+// TestSettleSurplusCounted: a Settle's surplus sent at once is counted on
+// ratelimit.lease.refunds, as one sent through the queue is. Regression:
+// only the queued ones were (6 tokens counted while Redis was down, none
+// while it was up).
+func TestSettleSurplusCounted(t *testing.T) {
+	_, c := newMini(t, nil)
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	l, err := New(c, policy.PerHour(100).WithName("surplus"), WithoutLease(), WithMeterProvider(mp))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	ctx := context.Background()
+	r, err := l.Reserve(ctx, "k", 10)
+	if err != nil || !r.Decision().Allowed {
+		t.Fatalf("Reserve(10) = %+v, %v", r.Decision(), err)
+	}
+	if err := r.Settle(ctx, 4); err != nil {
+		t.Fatal(err)
+	}
+	l.refunds.mu.Lock()
+	queued := len(l.refunds.queue)
+	l.refunds.mu.Unlock()
+	if queued != 0 {
+		t.Fatalf("%d adjustments queued; want the surplus sent at once", queued)
+	}
+	if n := counterSum(t, reader, telemetry.MetricRefunds); n != 6 {
+		t.Errorf("%s = %d after a surplus of 6 sent at once; want 6", telemetry.MetricRefunds, n)
+	}
+}

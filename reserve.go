@@ -348,6 +348,7 @@ func (l *Limiter) send(ctx context.Context, brk *circuit.Breaker, rf authority.R
 	})
 	switch {
 	case err == nil:
+		l.refunds.countSent(rf)
 		return true, nil
 	case errors.Is(err, ErrClosed):
 		// Close began after the check: no call was made.
