@@ -209,6 +209,65 @@ func TestTelemetryAllPaths(t *testing.T) {
 	}
 }
 
+// histogramCount is how many values the histogram name recorded.
+func (r *telemetryRig) histogramCount(t *testing.T, name string) uint64 {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	if err := r.reader.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	var n uint64
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if m.Name != name {
+				continue
+			}
+			switch h := m.Data.(type) {
+			case metricdata.Histogram[int64]:
+				for _, dp := range h.DataPoints {
+					n += dp.Count
+				}
+			case metricdata.Histogram[float64]:
+				for _, dp := range h.DataPoints {
+					n += dp.Count
+				}
+			}
+		}
+	}
+	return n
+}
+
+// TestGrantSizeOfLeasesOnly: ratelimit.lease.grant.size records the grants
+// of lease refills, not exact calls, whose grant is the request itself.
+// Regression: every admitted exact call was recorded as a lease grant.
+func TestGrantSizeOfLeasesOnly(t *testing.T) {
+	ctx := context.Background()
+	for _, exact := range []bool{true, false} {
+		rig := newTelemetryRig(t)
+		_, c := newMini(t)
+		opts := rig.opts()
+		if exact {
+			opts = append(opts, leaselimit.WithoutLease())
+		}
+		lim := mustNew(t, c, hotLimit, opts...)
+		for range 300 {
+			if _, err := lim.Allow(ctx, "k"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		calls := rig.histogramCount(t, telemetry.MetricAuthority)
+		grants := rig.histogramCount(t, telemetry.MetricGrantSize)
+		switch {
+		case calls == 0:
+			t.Errorf("exact=%v: no Redis call recorded", exact)
+		case exact && grants != 0:
+			t.Errorf("exact mode: %d lease grants recorded for %d Redis calls; want none", grants, calls)
+		case !exact && grants == 0:
+			t.Errorf("lease mode: no lease grant recorded for %d Redis calls", calls)
+		}
+	}
+}
+
 // TestTelemetryLeaseHits: lease-served decisions are traced and counted too.
 func TestTelemetryLeaseHits(t *testing.T) {
 	rig := newTelemetryRig(t)

@@ -498,13 +498,6 @@ func (r *Recorder) EndRefund(span trace.Span, tokens int64, err error) {
 	span.End()
 }
 
-// EndAuthority records one Redis call: its duration and outcome on the
-// histogram, the grant size, and the span's status.
-func (r *Recorder) EndAuthority(ctx context.Context, span trace.Span, d time.Duration, granted int64, err error) {
-	r.RecordAuthority(ctx, d, granted, err)
-	r.FinishAuthority(span, granted, err, "")
-}
-
 // authorityOutcome is ratelimit.outcome of a Redis call.
 func authorityOutcome(granted int64, err error) string {
 	switch {
@@ -519,12 +512,13 @@ func authorityOutcome(granted int64, err error) string {
 }
 
 // RecordAuthority records one Redis call's duration and outcome on the
-// histogram, and the grant size.
-func (r *Recorder) RecordAuthority(ctx context.Context, d time.Duration, granted int64, err error) {
+// histogram, and, for a lease's refill (leased), the size of its grant:
+// an exact call's grant is its request, not a lease.
+func (r *Recorder) RecordAuthority(ctx context.Context, d time.Duration, granted int64, err error, leased bool) {
 	outcome := authorityOutcome(granted, err)
 	i := slot(outcomes[:], outcome)
 	r.authority.Record(ctx, d.Seconds(), r.recordOpts(&r.sets.outcome[i], one(telemetry.AttrOutcome.String(outcome)))...)
-	if err == nil && granted > 0 {
+	if leased && err == nil && granted > 0 {
 		r.grantSize.Record(ctx, granted, r.recordOpts(&r.sets.limitRec, none)...)
 	}
 }

@@ -38,7 +38,7 @@ func (s *callSpan) finish(tel *recorder.Recorder, granted int64, err error, errT
 // Receiver. A deadline overrun is marked with
 // circuit.ErrBudget.
 func (k *Caller) end(ctx context.Context, c Call, span *callSpan, start time.Time, g authority.Grant, err error) (authority.Grant, error) {
-	k.tel.RecordAuthority(ctx, time.Since(start), g.Granted, err)
+	k.tel.RecordAuthority(ctx, time.Since(start), g.Granted, err, c.Keep)
 	errType := ""
 	if !isNetworkError(err) && errors.Is(err, context.DeadlineExceeded) && k.p.unreachable(c.Brk, start) {
 		errType = "network"
