@@ -3,6 +3,7 @@ package leaselimit_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -94,13 +95,34 @@ func TestNewClientErrors(t *testing.T) {
 	if _, err := leaselimit.NewClient(nil); err == nil {
 		t.Error("NewClient(nil) returned no error")
 	}
-	for _, o := range []leaselimit.Option{
-		leaselimit.WithTimeout(0), leaselimit.WithPrefix("a b"), leaselimit.WithEnforce(-1),
-		leaselimit.WithFailureMode(policy.FailureMode(99)), leaselimit.WithMaxKeys(0),
+	// Each error names its option and wraps ErrInvalidOption. Regression:
+	// WithFailureMode(9) said "policy: invalid limit: unknown failure
+	// mode 9", and a lease TTL above the default IdleTTL blamed an
+	// IdleTTL the user never set.
+	for _, c := range []struct {
+		o    leaselimit.Option
+		says []string
+	}{
+		{leaselimit.WithTimeout(0), []string{"WithTimeout"}},
+		{leaselimit.WithPrefix("a b"), []string{"WithPrefix"}},
+		{leaselimit.WithEnforce(-1), []string{"WithEnforce"}},
+		{leaselimit.WithFailureMode(policy.FailureMode(99)), []string{"WithFailureMode", "99"}},
+		{leaselimit.WithMaxKeys(0), []string{"WithMaxKeys"}},
+		{leaselimit.WithLease(policy.Lease{TTL: time.Minute}), []string{"WithLease", "TTL 1m0s", "default", "set IdleTTL"}},
 	} {
-		if c, err := leaselimit.NewClient(rdb, o); err == nil {
-			c.Close()
-			t.Errorf("NewClient with an invalid option returned no error")
+		cl, err := leaselimit.NewClient(rdb, c.o)
+		if err == nil {
+			cl.Close()
+			t.Errorf("NewClient with an invalid option returned no error (want one saying %q)", c.says)
+			continue
+		}
+		if !errors.Is(err, leaselimit.ErrInvalidOption) {
+			t.Errorf("NewClient: %v; want it to wrap ErrInvalidOption", err)
+		}
+		for _, w := range c.says {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("NewClient: %q; want it to say %q", err, w)
+			}
 		}
 	}
 }

@@ -28,7 +28,17 @@ type engineOption struct {
 	set  func(*config) error
 }
 
-func (o engineOption) apply(c *config) error { return o.set(c) }
+func (o engineOption) apply(c *config) error { return optionFailed(o.name, o.set(c)) }
+
+// optionFailed is the error of option name that refused its value with
+// err (nil if err is): it names the option and wraps ErrInvalidOption as
+// well as err.
+func optionFailed(name string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return optionError{fmt.Errorf("leaselimit: %s: %w", name, err)}
+}
 
 // DefaultTimeout is the budget of one authority call (WithTimeout).
 const DefaultTimeout = 100 * time.Millisecond

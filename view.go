@@ -24,7 +24,7 @@ type viewOption struct {
 	set  func(*view) error
 }
 
-func (o viewOption) apply(c *config) error { return o.set(&c.view) }
+func (o viewOption) apply(c *config) error { return optionFailed(o.name, o.set(&c.view)) }
 
 // WithFailureMode sets what a Limiter decides while Redis is unavailable:
 // given to NewClient, every Limiter's default; given to Limiter.With, one
@@ -67,8 +67,8 @@ func (l *Limiter) With(opts ...Option) *Limiter {
 		switch o := o.(type) {
 		case nil:
 		case viewOption:
-			if err := o.set(&v.view); err != nil {
-				v.err = optionError{err}
+			if err := optionFailed(o.name, o.set(&v.view)); err != nil {
+				v.err = err
 				return &v
 			}
 		case engineOption:
@@ -82,9 +82,11 @@ func (l *Limiter) With(opts ...Option) *Limiter {
 	return &v
 }
 
-// ErrInvalidOption is wrapped by the error of every call of a view that
-// With refused (an option of the Client, or an invalid value): a mistake
-// in the program, like policy.ErrInvalidLimit, not an outage to retry.
+// ErrInvalidOption is wrapped by NewClient's error for an option it
+// refused, and by the error of every call of a view that With refused (an
+// option of the Client, or an invalid value): a mistake in the program,
+// like policy.ErrInvalidLimit, not an outage to retry. The error names the
+// option.
 var ErrInvalidOption = errors.New("leaselimit: invalid option")
 
 // optionError is the error of a view made with an option it cannot take:

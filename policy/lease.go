@@ -101,6 +101,7 @@ func (s Lease) WithDefaults() Lease {
 // Validate reports whether s (after WithDefaults) is usable. The error wraps
 // ErrInvalidLimit.
 func (s Lease) Validate() error {
+	defaultIdle := s.IdleTTL == 0
 	s = s.WithDefaults()
 	switch {
 	case s.MaxTokens < 1:
@@ -115,6 +116,8 @@ func (s Lease) Validate() error {
 		return fmt.Errorf("%w: lease Prefetch %v must be < 1", ErrInvalidLimit, s.Prefetch)
 	case s.DenyCap < 0:
 		return fmt.Errorf("%w: lease DenyCap %v must be >= 0", ErrInvalidLimit, s.DenyCap)
+	case s.IdleTTL < s.TTL && defaultIdle:
+		return fmt.Errorf("%w: lease TTL %v must be <= IdleTTL, whose default is %v: set IdleTTL too", ErrInvalidLimit, s.TTL, s.IdleTTL)
 	case s.IdleTTL < s.TTL:
 		return fmt.Errorf("%w: lease IdleTTL %v must be >= TTL %v", ErrInvalidLimit, s.IdleTTL, s.TTL)
 	}
