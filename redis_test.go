@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strconv"
 	"strings"
 	"sync"
@@ -433,5 +434,52 @@ func TestCloseReturnsManyLeases(t *testing.T) {
 		if want := limit.Burst - admitted[key]; d.Remaining != want {
 			t.Fatalf("%s holds %d after Close; want %d (burst %d less %d admitted)", key, d.Remaining, want, limit.Burst, admitted[key])
 		}
+	}
+}
+
+// TestCallerDeadlineIsNotAnOutage: on a client that applies context
+// deadlines, a caller whose own deadline ends during the Redis call gets
+// its ctx's error, and neither the breaker nor the failure policy hears of
+// it. Regression (an adversarial review): such a call was counted as
+// Redis failing, the caller got the failure policy's decision (FailOpen
+// admitted it on a spent bucket), and five in a row opened the breaker for
+// every caller: 108,994 admitted on a bucket of 3,000 over 3 Clients whose
+// callers had deadlines of 0–400µs, with Redis healthy throughout.
+func TestCallerDeadlineIsNotAnOutage(t *testing.T) {
+	srv := redistest.Start(t)
+	c := redisClientOpts(t, &redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
+	for _, mode := range []policy.FailureMode{policy.FailOpen, policy.FailClosed} {
+		t.Run(mode.String(), func(t *testing.T) {
+			lim := mustNew(t, c, policy.Limit{Name: "deadline-" + mode.String(), Rate: 1, Period: time.Hour, Burst: 1},
+				leaselimit.WithoutLease(), leaselimit.WithFailureMode(mode))
+			ctx := context.Background()
+			if d, err := lim.Allow(ctx, "k"); err != nil || !d.Allowed {
+				t.Fatalf("first Allow = %+v, %v; want the bucket's one token", d, err)
+			}
+			errs, fallbacks, admitted := 0, 0, 0
+			for range 200 {
+				short, cancel := context.WithTimeout(ctx, time.Duration(rand.IntN(1000))*time.Microsecond)
+				d, err := lim.Allow(short, "k")
+				cancel()
+				switch {
+				case err != nil:
+					if !errors.Is(err, context.DeadlineExceeded) {
+						t.Fatalf("a caller's deadline ended: %v; want its ctx's error", err)
+					}
+					errs++
+				case d.Source == leaselimit.SourceFallback:
+					fallbacks++
+				case d.Allowed:
+					admitted++
+				}
+			}
+			t.Logf("200 callers with deadlines of 0-1ms: %d ctx errors, %d decided by Redis, %d by the failure policy", errs, 200-errs-fallbacks, fallbacks)
+			if fallbacks > 0 || admitted > 0 {
+				t.Errorf("%d failure-policy decisions and %d admissions on a spent bucket of a healthy Redis; want none", fallbacks, admitted)
+			}
+			if d, err := lim.Allow(ctx, "k"); err != nil || d.Source != leaselimit.SourceAuthority || d.Allowed {
+				t.Errorf("a caller without deadline then: %+v, %v; want Redis's denial (the breaker closed)", d, err)
+			}
+		})
 	}
 }

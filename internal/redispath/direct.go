@@ -12,6 +12,10 @@ import (
 	"github.com/leaselimit/leaselimit/telemetry"
 )
 
+// errBudgetCut is the cause of a direct call's context ending at its own
+// deadline (the budget's), which tells it from the caller's ctx ending.
+var errBudgetCut = errors.New("redispath: the time budget ended")
+
 // direct makes the call in place, on the caller's goroutine, alone on the
 // pipeline of ln that claim took, bounded by a deadline that the client
 // applies to its reads: a reply abandoned then leaves its tokens debited
@@ -20,8 +24,9 @@ import (
 // behind within the last budget (its decisions then yield while the call
 // runs), else the budget. A timeout is probed before it is blamed on
 // Redis: one while the process is behind does not count against the
-// breaker, and the caller gets ErrSaturated. done is the breaker's, from
-// admit.
+// breaker, and the caller gets ErrSaturated. A call its caller's ctx ended
+// is not Redis's failure: the caller gets ctx's error. done is the
+// breaker's, from admit.
 func (k *Caller) direct(ctx context.Context, c Call, ln *lane, done func(error)) (authority.Grant, error) {
 	defer k.p.gate.leave()
 	budget := k.p.budget
@@ -40,11 +45,23 @@ func (k *Caller) direct(ctx context.Context, c Call, ln *lane, done func(error))
 		// the call).
 		base = context.WithoutCancel(ctx)
 	}
-	cctx, cancel := context.WithTimeout(base, limit)
+	bctx, cancel := context.WithTimeoutCause(base, limit, errBudgetCut)
 	defer cancel()
 	var span callSpan
-	cctx, span.span = k.tel.StartAuthority(cctx, c.Acq.Want, c.Acq.Min, ln.ep)
+	cctx, sp := k.tel.StartAuthority(bctx, c.Acq.Want, c.Acq.Min, ln.ep)
+	span.span = sp
 	ln.sendAlone(cctx, &c.Acq)
+	if c.Acq.Err != nil && ctx.Err() != nil && context.Cause(bctx) != errBudgetCut && !c.Keep {
+		// The caller's ctx ended the call (its deadline came before the
+		// budget's end, or it was cancelled): not Redis's doing, so
+		// neither the breaker nor the path counts it, and the caller
+		// gets its ctx's error, not the failure policy's decision. A
+		// grant Redis may have made stays debited (under-admission).
+		err := ctx.Err()
+		span.finish(k.tel, 0, err, "")
+		done(nil)
+		return authority.Grant{}, err
+	}
 	noted(c.Brk, c.Acq.Err)
 	g, err := k.end(cctx, c, &span, start, c.Acq.Grant, c.Acq.Err)
 	switch {
