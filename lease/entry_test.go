@@ -764,6 +764,34 @@ func TestBatchesAtLimit(t *testing.T) {
 	}
 }
 
+// TestQuotaDenialNotBatched: a busy key of a calendar quota, denied 600ms
+// before its boundary, is denied by the cache for exactly those 600ms: its
+// tokens all come back at the boundary, so there is no batch to wait for
+// past it. Regression (an adversarial review): the cache added a token
+// bucket's refill time of a batch, computed from the quota's Period/Rate,
+// and a Wait was admitted up to 247ms after the boundary.
+func TestQuotaDenialNotBatched(t *testing.T) {
+	l := policy.Quota("q", 1_000_000, policy.Hour, time.UTC)
+	z := newSizer(l, policy.Lease{DenyCap: 5 * time.Second})
+	e := &entry{key: "k"}
+	now := driveR(t, z, e, 1*s, ms/4, 4000, nearEmpty)
+	e.Drain()
+	e.AddPending(1)
+	req := plan(t, z, e, now)
+	const retry = 600 * time.Millisecond
+	z.Install(e, req, Outcome{Granted: 0, RetryAfter: retry, Min: req.Min}, now)
+	if d, got := z.Denied(e, 1, now); !d || got != retry {
+		t.Fatalf("after the denial: Denied = %v, %v; want true, %v (the boundary)", d, got, retry)
+	}
+	if d, got := z.Denied(e, 1, now+int64(retry)); d {
+		t.Errorf("still denied at the boundary, for %v more", got)
+	}
+	e.AddPending(1)
+	if req := plan(t, z, e, now+int64(retry)); req.Whole {
+		t.Errorf("refill at the boundary = %+v; want no batch (Whole false)", req)
+	}
+}
+
 // TestBatchAfterLargeDenial: a denied large request does not make later
 // small ones ask for as much. After AllowN(100) is denied on a bucket
 // holding 50, Allow(1) is not held back and plans Min 1, whether it comes

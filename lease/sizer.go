@@ -241,7 +241,8 @@ func (z sizer) batchFor(size int64) int64 {
 // it only denies once the lease is spent. A key far over its limit so costs
 // one Redis call per batch, not one per token. For a cold key the batch is 1
 // and the cache lasts exactly RetryAfter; a wait cut short by DenyCap ends
-// batching.
+// batching. A calendar quota is never batched: its tokens come back all at
+// once, at its boundary, which RetryAfter names.
 func (z sizer) Install(e *entry, req request, o Outcome, now int64) (refund int64, stale held) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -249,8 +250,16 @@ func (z sizer) Install(e *entry, req request, o Outcome, now int64) (refund int6
 	e.granted = o.Granted > 0
 	if o.Granted <= 0 {
 		e.remote.Store(o.Remaining)
-		e.batch = z.batchFor(e.size.Load())
-		wait := o.RetryAfter + z.limit.Interval(e.batch-req.Min)
+		var wait time.Duration
+		if z.quotaDenied(o) {
+			// A quota's tokens all come back at its boundary: no batch
+			// to wait for past it (Interval would be a token bucket's
+			// refill time).
+			e.batch, wait = 0, o.RetryAfter
+		} else {
+			e.batch = z.batchFor(e.size.Load())
+			wait = o.RetryAfter + z.limit.Interval(e.batch-req.Min)
+		}
 		if wait > z.settings.DenyCap {
 			wait = z.settings.DenyCap
 			e.batch = 0
@@ -322,6 +331,19 @@ func (z sizer) Install(e *entry, req request, o Outcome, now int64) (refund int6
 		e.low.Store(0)
 	}
 	return 0, stale
+}
+
+// quotaDenied reports whether the denial o was a calendar quota's: the
+// limit's, or for a multi-limit the member's that made the call wait
+// longest.
+func (z sizer) quotaDenied(o Outcome) bool {
+	if z.limit.IsQuota() {
+		return true
+	}
+	if p := o.Parts; p != nil && p.Denied >= 0 && p.Denied < len(z.members) {
+		return z.members[p.Denied].IsQuota()
+	}
+	return false
 }
 
 // memberWindows is, for a multi-limit grant o with a quota among its
