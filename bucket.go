@@ -68,6 +68,14 @@ func (l *Limiter) Peek(ctx context.Context, key string) (Decision, error) {
 	for _, p := range parts {
 		d.ResetAfter = max(d.ResetAfter, p.ResetAfter)
 	}
+	if !l.cfg.noLease && d.Allowed {
+		// This instance denies from its negative cache until a batch
+		// has accrued, whatever the bucket holds meanwhile: say what
+		// the next Allow here will.
+		if denied, wait := l.leases.Cached(key, l.clock.now()); denied {
+			d.Allowed, d.RetryAfter = false, max(d.RetryAfter, wait)
+		}
+	}
 	if len(parts) > 1 {
 		d.Parts = parts // a Decision of one limit has none (see Decision.Parts)
 	}

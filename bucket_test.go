@@ -86,6 +86,39 @@ func writeCommands(t *testing.T, srv *redistest.Server) int64 {
 	return n
 }
 
+// TestPeekAgreesWithNegativeCache: on a busy key at its limit, Peek
+// allows only what the next Allow here admits: while this instance's
+// negative cache waits for a batch, Peek says denied, whatever the bucket
+// gained meanwhile. Regression (an adversarial review): Peek read the
+// bucket and the lease but not the cache, and said Allowed 6,464 times
+// where the next Allow denied 6,458 of them.
+func TestPeekAgreesWithNegativeCache(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	lim := mustNew(t, srv.Client(t), policy.Limit{Name: "peek-cache", Rate: 100, Period: time.Second, Burst: 100})
+	peeks, disagree := 0, 0
+	for range 3000 {
+		p, err := lim.Peek(ctx, "k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, err := lim.Allow(ctx, "k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.Allowed {
+			peeks++
+			if !d.Allowed {
+				disagree++
+			}
+		}
+	}
+	t.Logf("%d of %d Peeks allowed; the next Allow denied %d of them", peeks, 3000, disagree)
+	if disagree > 0 {
+		t.Errorf("Peek said Allowed and the next Allow denied %d times", disagree)
+	}
+}
+
 // TestPeekEmptyBucket: an exhausted bucket peeks as denied, with the time
 // to one token and to a full bucket.
 func TestPeekEmptyBucket(t *testing.T) {

@@ -256,6 +256,18 @@ func (ls *Leases) Decide(key string, n, now int64) Answer {
 	return a
 }
 
+// Cached reports whether Decide would deny one token of key at now from
+// the negative cache (the lease holding none), and the retry-after it
+// would say; it changes nothing. Peek asks it, so that it agrees with the
+// next Allow here.
+func (ls *Leases) Cached(key string, now int64) (bool, time.Duration) {
+	e := ls.table.Get(ls, key)
+	if e == nil || (e.tokens.Load() >= 1 && now < e.expires.Load()) {
+		return false, 0
+	}
+	return ls.sizer.Denied(e, 1, now)
+}
+
 // pooled reports whether e's live lease and what its bucket held at the
 // last answer could serve n tokens together, though the lease alone
 // cannot (see Surrender, which gives such a lease back).
@@ -371,7 +383,14 @@ func (ls *Leases) Collect(t Ticket, o Outcome, now int64) Answer {
 		// The authority said when Min tokens are due; n may need longer,
 		// by each limit's own rule (see extra).
 		more, _ := ls.sizer.extra(o.Remaining, o.Parts, o.Min, n)
-		return Answer{Status: Refused, Remaining: o.Remaining, RetryAfter: o.RetryAfter + more, Parts: ls.parts(e)}
+		retry := o.RetryAfter + more
+		// And not before the negative cache the denial set ends (a key
+		// at its limit waits for a batch): retrying at the authority's
+		// time alone would only be denied again, from the cache.
+		if denied, wait := ls.sizer.Denied(e, n, now); denied && wait > retry {
+			retry = wait
+		}
+		return Answer{Status: Refused, Remaining: o.Remaining, RetryAfter: retry, Parts: ls.parts(e)}
 	}
 	// Past here the refill's tokens went to others, or it was denied for
 	// more than n (a caller that joined a refill already planned without

@@ -135,6 +135,36 @@ func TestProtocolRefusedThenCached(t *testing.T) {
 	}
 }
 
+// TestProtocolRefusedWaitsForBatch: a busy key denied at its limit sets a
+// negative cache that waits for a batch; the denied caller's RetryAfter says
+// so too, so a caller that waits it out is not denied again by the cache.
+// Regression (an adversarial review): the Refused answer said the
+// authority's RetryAfter alone (4.4ms at 100/s) while the cache denied for
+// 237ms, and WaitN gave up at once with ErrWouldExceedDeadline on a
+// deadline it met in exact mode.
+func TestProtocolRefusedWaitsForBatch(t *testing.T) {
+	ls := newLeases(policy.PerSecond(1000), 1000, 1)
+	now := warm(t, ls, "k", int64(s))
+	e := ls.table.Get(ls, "k")
+	e.Drain()
+	a := ls.Decide("k", 1, now)
+	if a.Status != Miss {
+		t.Fatalf("Decide on a drained busy key = %+v; want Miss", a)
+	}
+	ls.Join(a.Ticket)
+	o := refill(t, ls, a.Ticket, authority.Grant{Remaining: 0, RetryAfter: 2 * time.Millisecond}, now)
+	got := ls.Collect(a.Ticket, o, now)
+	if got.Status != Refused || got.RetryAfter <= 2*time.Millisecond {
+		t.Fatalf("Collect after a denial at the limit = %+v; want Refused, waiting past 2ms for the batch", got)
+	}
+	if c := ls.Decide("k", 1, now+int64(got.RetryAfter)-1); c.Status != Cached {
+		t.Errorf("Decide 1ns before RetryAfter %v = %+v; want Cached", got.RetryAfter, c)
+	}
+	if c := ls.Decide("k", 1, now+int64(got.RetryAfter)); c.Status == Cached {
+		t.Errorf("Decide at RetryAfter %v = %+v; want the cache ended", got.RetryAfter, c)
+	}
+}
+
 // TestProtocolCoalescedWaiters: callers joined to one refill all collect
 // from it: the plan asks for what they all need, and each takes its own.
 func TestProtocolCoalescedWaiters(t *testing.T) {
