@@ -242,6 +242,15 @@ func (l *Limiter) Wait(ctx context.Context, key string) error {
 // is closed. It fails fast, without waiting, for invalid input (n above the
 // burst can never be admitted) and with ErrWouldExceedDeadline when a denial's
 // RetryAfter reaches past ctx's deadline.
+//
+// WaitN reserves nothing while it sleeps: it asks again when RetryAfter
+// says n tokens are due, and a key that others keep at its limit may have
+// spent them first. A large n among many small requests can so wait until
+// ctx ends, and ErrWouldExceedDeadline can come after sleeping, when a
+// later denial's RetryAfter reaches past the deadline. Use Reserve where
+// large requests must not starve. A WaitN that returns ctx's error took no
+// tokens, except in exact mode on a client with ContextTimeoutEnabled,
+// where a call its ctx cut short may have been granted (under-admission).
 func (l *Limiter) WaitN(ctx context.Context, key string, n int64) (err error) {
 	var d Decision
 	if l.tel.Tracing() {
