@@ -248,9 +248,9 @@ func (l *Limiter) Wait(ctx context.Context, key string) error {
 // spent them first. A large n among many small requests can so wait until
 // ctx ends, and ErrWouldExceedDeadline can come after sleeping, when a
 // later denial's RetryAfter reaches past the deadline. A WaitN that
-// returns ctx's error took no
-// tokens, except in exact mode on a client with ContextTimeoutEnabled,
-// where a call its ctx cut short may have been granted (under-admission).
+// returns ctx's error took no tokens, except in exact mode on a client with
+// ContextTimeoutEnabled, where a call its ctx cut short may have been
+// granted (under-admission).
 func (l *Limiter) WaitN(ctx context.Context, key string, n int64) (err error) {
 	var d Decision
 	if l.tel.Tracing() {
