@@ -100,6 +100,10 @@ type Decision struct {
 	// granted outside any lease (authority.Grant.At): a Reservation's
 	// tokens go back to that generation of the bucket only.
 	since int64
+	// shadowRetry is the RetryAfter the limit would have told a request
+	// shadow mode admitted (ShadowDenied): the caller is told 0, the
+	// decision's span what the limit decided.
+	shadowRetry time.Duration
 }
 
 // decided turns an answer of the lease protocol into the caller's Decision

@@ -104,7 +104,7 @@ func (l *Limiter) decide(ctx context.Context, key string, n int64, exact bool) (
 // outcome describes a finished decision (or its error) for its span.
 func outcome(d Decision, err error, key string, n int64) recorder.Outcome {
 	return recorder.Outcome{Allowed: d.Allowed && !d.ShadowDenied, Shadow: d.Shadow, Source: int(d.Source), Cost: n,
-		Remaining: d.Remaining, RetryAfter: d.RetryAfter, Key: key, Err: err, CallerError: callerError(err),
+		Remaining: d.Remaining, RetryAfter: max(d.RetryAfter, d.shadowRetry), Key: key, Err: err, CallerError: callerError(err),
 		Reason: errorReason(err)}
 }
 

@@ -66,7 +66,7 @@ func (l *Limiter) enforced(key string) bool {
 func shadowed(d Decision) Decision {
 	d.Shadow = true
 	if !d.Allowed {
-		d.Allowed, d.ShadowDenied, d.RetryAfter = true, true, 0
+		d.Allowed, d.ShadowDenied, d.RetryAfter, d.shadowRetry = true, true, 0, d.RetryAfter
 	}
 	return d
 }

@@ -380,3 +380,32 @@ func TestCollectDuringNew(t *testing.T) {
 	<-done
 	t.Logf("1000 New/Close with %d collections in between", collections)
 }
+
+// TestShadowDenialSpanRetryAfter: a request shadow mode admits though the
+// limit denied it has, on its decision span, the retry-after the limit
+// decided (the caller is told 0). Regression: the span said 0 too.
+func TestShadowDenialSpanRetryAfter(t *testing.T) {
+	rig := newTelemetryRig(t)
+	_, c := newMini(t)
+	ctx := context.Background()
+	lim := mustNew(t, c, policy.PerHour(1).WithName("shadow-span"), append(rig.opts(), leaselimit.WithoutLease(), leaselimit.WithShadow())...)
+	for range 2 {
+		if _, err := lim.Allow(ctx, "k"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	found := false
+	for _, sp := range rig.spans.Ended() {
+		a := attrMap(sp.Attributes())
+		if sp.Name() != telemetry.DecisionSpan || a[telemetry.AttrAllowed].AsBool() {
+			continue
+		}
+		found = true
+		if r := a[telemetry.AttrRetryAfter].AsFloat64(); r < 3500 || r > 3600 {
+			t.Errorf("shadow denial's span: %s = %v; want the limit's, about 3600 s", telemetry.AttrRetryAfter, r)
+		}
+	}
+	if !found {
+		t.Fatal("no decision span of a shadow denial")
+	}
+}
