@@ -143,11 +143,9 @@ func callerError(err error) bool {
 }
 
 // recording returns the decision span in ctx if it is recording, so that
-// attributes are built only when someone will see them.
-func recording(ctx context.Context) (trace.Span, bool) {
-	sp := trace.SpanFromContext(ctx)
-	return sp, sp.IsRecording()
-}
+// attributes are built only when someone will see them (never the
+// caller's own span, in events mode: see recorder.DecisionSpan).
+func recording(ctx context.Context) (trace.Span, bool) { return recorder.DecisionSpan(ctx) }
 
 // route returns the breaker for key and, on a Cluster (where finding the
 // breaker needs it), key's Redis key under namer; elsewhere rkey is "" and

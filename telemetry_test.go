@@ -323,6 +323,14 @@ func TestTelemetryEventsAndRedaction(t *testing.T) {
 		if sp.Name() != "handler" {
 			continue
 		}
+		// Regression: the breaker's state and whether the call was
+		// coalesced were set on the caller's own span, each decision
+		// overwriting the last's.
+		for _, kv := range sp.Attributes() {
+			if strings.HasPrefix(string(kv.Key), "ratelimit.") {
+				t.Errorf("the caller's span has leaselimit's attribute %v", kv)
+			}
+		}
 		for _, ev := range sp.Events() {
 			if ev.Name != telemetry.DecisionSpan {
 				continue

@@ -325,9 +325,26 @@ func (r *Recorder) Tracing() bool {
 // span (event mode). Call only when Tracing is true.
 func (r *Recorder) StartDecision(ctx context.Context) (context.Context, trace.Span) {
 	if r.events {
-		return ctx, trace.SpanFromContext(ctx)
+		return context.WithValue(ctx, callersSpan{}, true), trace.SpanFromContext(ctx)
 	}
 	return r.tracer.Start(ctx, telemetry.DecisionSpan)
+}
+
+// callersSpan marks the context of a decision made in events mode: the
+// span in it is the caller's own, not a decision span.
+type callersSpan struct{}
+
+// DecisionSpan returns the decision span in ctx, to set the attributes a
+// decision learns on its way (the breaker's state, a fallback's reason),
+// and whether it records. It reports false in events mode, where the span
+// in ctx is the caller's: leaselimit's attributes would overwrite each
+// other there, decision after decision.
+func DecisionSpan(ctx context.Context) (trace.Span, bool) {
+	sp := trace.SpanFromContext(ctx)
+	if !sp.IsRecording() || ctx.Value(callersSpan{}) != nil {
+		return sp, false
+	}
+	return sp, true
 }
 
 // Outcome describes a finished decision for EndDecision.

@@ -80,7 +80,7 @@ func (k *Caller) sawLate(ctx context.Context, err error, start time.Time) {
 // was behind: on the metric, and on the decision span in ctx.
 func (k *Caller) sawSaturation(ctx context.Context, outcome string) {
 	k.tel.CountSaturated(ctx, outcome)
-	if sp := trace.SpanFromContext(ctx); sp.IsRecording() {
+	if sp, ok := recorder.DecisionSpan(ctx); ok {
 		sp.SetAttributes(telemetry.AttrSaturated.Bool(true))
 	}
 }
