@@ -15,7 +15,15 @@ package leaselimit_test
 //     moments (refused connections, stalls past the time budget, replies
 //     dropped after Redis applied the call, for the refund script only or
 //     for every call) on fresh keys, then closes the fleet and compares each
-//     bucket with the ledger.
+//     bucket with the ledger. In half the calm, refused and all-dropped
+//     rounds the exact instance and a lease one use clients that apply
+//     context deadlines
+//     (ContextTimeoutEnabled), and a sixth of their AllowN calls have a
+//     deadline of their own of up to 3ms: a call it ends returns ctx's
+//     error and admits nothing, though Redis may have granted it (the
+//     bucket may hold that much less), and it is no outage: in a calm
+//     round no decision of a failure policy may blame Redis (any reason
+//     but "saturated", this process being behind).
 //   - reset: three exact-mode Limiters and one lease-mode one, and Resets at
 //     random moments, on a real redis-server. Generation g of the bucket is
 //     what follows the g-th Reset; a call belongs to g when it began after
@@ -229,6 +237,10 @@ type tokenLedger struct {
 	surplus  atomic.Int64 // given back by settlements (counted before Settle)
 	charged  atomic.Int64 // charged by settlements above their estimate
 	fallback atomic.Int64 // admitted by a failure policy: charged once Redis answers
+	// cut is the tokens of calls the caller's own deadline ended (an
+	// error, nothing admitted) on a client that applies deadlines: Redis
+	// may have granted them, and then they stay debited.
+	cut      atomic.Int64
 	room     atomic.Int64 // what charges may still add (below half a burst)
 	reported atomic.Bool  // the bound at every moment: reported once
 	peeked   atomic.Bool  // a Peek over the ledger: reported once
@@ -267,8 +279,8 @@ func (l *tokenLedger) forgivable() bool {
 func (l *tokenLedger) admitFallback(n int64) { l.fallback.Add(n) }
 
 func (l *tokenLedger) String() string {
-	return fmt.Sprintf("%s (burst %d, admitted %d, given back %d, charged %d, admitted by the failure policy %d)",
-		l.name, l.burst, l.admitted.Load(), l.surplus.Load(), l.charged.Load(), l.fallback.Load())
+	return fmt.Sprintf("%s (burst %d, admitted %d, given back %d, charged %d, admitted by the failure policy %d, cut short by callers' deadlines %d)",
+		l.name, l.burst, l.admitted.Load(), l.surplus.Load(), l.charged.Load(), l.fallback.Load(), l.cut.Load())
 }
 
 // takeRoom reserves room for a charge of n on every ledger, or none.
@@ -303,6 +315,14 @@ func bucketLevel(d leaselimit.Decision, l policy.Limit) int64 {
 
 // counters reads the dropped refund and charge counters.
 func droppedTokens(t *testing.T, r *sdkmetric.ManualReader) (refunds, charges int64) {
+	refunds, charges, _ = ledgerMetrics(t, r)
+	return refunds, charges
+}
+
+// ledgerMetrics reads the dropped refunds and charges, and the failure
+// policy's decisions for any reason but the process being behind
+// (saturated): those blame Redis.
+func ledgerMetrics(t *testing.T, r *sdkmetric.ManualReader) (refunds, charges, blamed int64) {
 	t.Helper()
 	var rm metricdata.ResourceMetrics
 	if err := r.Collect(context.Background(), &rm); err != nil {
@@ -320,11 +340,15 @@ func droppedTokens(t *testing.T, r *sdkmetric.ManualReader) (refunds, charges in
 					refunds += dp.Value
 				case telemetry.MetricChargesLost:
 					charges += dp.Value
+				case telemetry.MetricFallbacks:
+					if v, _ := dp.Attributes.Value(telemetry.AttrReason); v.AsString() != telemetry.ReasonSaturated {
+						blamed += dp.Value
+					}
 				}
 			}
 		}
 	}
-	return refunds, charges
+	return refunds, charges, blamed
 }
 
 // ledgerView is one way into the buckets: New's limit, a For tier or a For
@@ -335,6 +359,10 @@ type ledgerView struct {
 	lim     *leaselimit.Limiter
 	ledgers [][]*tokenLedger // [key][limit]
 	maxCost int64            // the least burst of its limits
+	// bounded: its client applies context deadlines
+	// (ContextTimeoutEnabled), and some of its AllowN calls have a
+	// deadline of their own, a few ms, that may end them mid-call.
+	bounded bool
 }
 
 // ledgerRes is a reservation the model tracks.
@@ -502,7 +530,13 @@ func (r *bucketRound) run() {
 	}()
 	var desc []string
 	for i := range ledgerInstances {
-		c := redis.NewClient(&redis.Options{Addr: r.proxy.Addr, DialerRetries: 2, DialerRetryTimeout: 5 * time.Millisecond})
+		// The exact instance and a lease one apply context deadlines in
+		// half the rounds, and cut some of their calls short. Not under
+		// stalls or dropped refund replies: such a client abandons a
+		// call at the budget with its tokens debited, as documented
+		// (under-admission the ledger could not tell from a lost refund).
+		bounded := i < 2 && (r.kind.known() || r.kind == faultDropAll) && r.rng.IntN(2) == 0
+		c := redis.NewClient(&redis.Options{Addr: r.proxy.Addr, DialerRetries: 2, DialerRetryTimeout: 5 * time.Millisecond, ContextTimeoutEnabled: bounded})
 		clients = append(clients, c)
 		mode := modes[r.rng.IntN(len(modes))]
 		opts := []leaselimit.Option{
@@ -524,12 +558,12 @@ func (r *bucketRound) run() {
 		}
 		r.lims = append(r.lims, lim)
 		t.Cleanup(func() { _ = lim.Close() }) // closed by the round; this is for a test that stops early
-		desc = append(desc, fmt.Sprintf("%v/exact=%v", mode, exact))
+		desc = append(desc, fmt.Sprintf("%v/exact=%v/deadlines=%v", mode, exact, bounded))
 		multi := lim.For(r.a, r.b)
 		for _, vw := range []*ledgerView{
-			{name: fmt.Sprintf("i%d %s", i, r.a.Name), lim: lim, maxCost: r.a.Burst},
-			{name: fmt.Sprintf("i%d %s", i, r.b.Name), lim: lim.For(r.b), maxCost: r.b.Burst},
-			{name: fmt.Sprintf("i%d %s+%s", i, r.a.Name, r.b.Name), lim: multi, maxCost: r.b.Burst},
+			{name: fmt.Sprintf("i%d %s", i, r.a.Name), lim: lim, maxCost: r.a.Burst, bounded: bounded},
+			{name: fmt.Sprintf("i%d %s", i, r.b.Name), lim: lim.For(r.b), maxCost: r.b.Burst, bounded: bounded},
+			{name: fmt.Sprintf("i%d %s+%s", i, r.a.Name, r.b.Name), lim: multi, maxCost: r.b.Burst, bounded: bounded},
 		} {
 			for k := range ledgerKeys {
 				switch {
@@ -680,11 +714,19 @@ func (r *bucketRound) step(ctx context.Context, w *ledgerWorker, keys []string) 
 	r.ops.Add(1)
 	vw := w.views[w.rng.IntN(len(w.views))]
 	k := w.rng.IntN(len(keys))
+	actx := ctx // an AllowN's
+	if vw.bounded && w.rng.IntN(6) == 0 {
+		// A caller with a deadline of its own, which may end its call
+		// mid-round-trip: not an outage.
+		var cancel context.CancelFunc
+		actx, cancel = context.WithTimeout(ctx, time.Duration(w.rng.IntN(3000))*time.Microsecond)
+		defer cancel()
+	}
 	switch p := w.rng.IntN(20); {
 	case p < 6:
-		r.allow(ctx, vw, k, keys, 1)
+		r.allow(actx, vw, k, keys, 1)
 	case p < 9:
-		r.allow(ctx, vw, k, keys, 1+w.rng.Int64N(min(6, vw.maxCost)))
+		r.allow(actx, vw, k, keys, 1+w.rng.Int64N(min(6, vw.maxCost)))
 	case p < 14:
 		est := 1 + w.rng.Int64N(min(12, vw.maxCost))
 		res, err := vw.lim.Reserve(ctx, keys[k], est)
@@ -728,6 +770,14 @@ func (r *bucketRound) step(ctx context.Context, w *ledgerWorker, keys []string) 
 // allow makes one AllowN and records it.
 func (r *bucketRound) allow(ctx context.Context, vw *ledgerView, k int, keys []string, n int64) {
 	d, err := vw.lim.AllowN(ctx, keys[k], n)
+	if err != nil && ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+		// Its own deadline ended it: nothing admitted, though Redis may
+		// have granted it (debited, never used).
+		for _, l := range vw.ledgers[k] {
+			l.cut.Add(n)
+		}
+		return
+	}
 	if err != nil {
 		r.v.add("%s: AllowN(%s, %d): %v", vw.name, keys[k], n, err)
 		return
@@ -799,7 +849,13 @@ func (r *bucketRound) check(keys []string) {
 		t.Fatal(err)
 	}
 	defer lim.Close()
-	refunds, charges := droppedTokens(t, r.reader)
+	refunds, charges, blamed := ledgerMetrics(t, r.reader)
+	if r.kind == faultNone && blamed > 0 {
+		// Redis answered every call: a failure policy deciding for any
+		// reason but this process being behind blamed Redis wrongly (as
+		// a caller's own deadline did, counted as Redis failing).
+		r.v.add("round %d (%s): %d decisions of the failure policy blamed Redis, which answered every call", r.index, r.kind, blamed)
+	}
 	ctx := context.Background()
 	var short, net int64
 	reported := false
@@ -814,6 +870,7 @@ func (r *bucketRound) check(keys []string) {
 			}
 			got, want := bucketLevel(d, x.limit), x.l.expected()
 			net += want - got
+			cut := x.l.cut.Load() // may be debited: the bucket may hold that much less
 			why := fmt.Sprintf("(ratelimit.lease.refunds.dropped %d, ratelimit.settle.charges.dropped %d; DropReplies matched %d connections so far; fault on/off at %s)",
 				refunds, charges, r.proxy.DroppedReplies(), strings.Join(r.timeline, ", "))
 			// Debt beyond a Burst is forgiven: where the charges add up
@@ -831,12 +888,14 @@ func (r *bucketRound) check(keys []string) {
 					x.l, got, want, forgiven, got-want-forgiven, why)
 			case got > want:
 				// Forgiven debt.
+			case got < want && want-got <= cut:
+				// Calls cut short by their callers' deadlines.
 			case got < want && r.kind.known():
 				r.v.add("%v: the closed fleet left %d tokens in the bucket, the ledger %d: %d lost in a round where every call reached Redis and was answered, or never reached it (a settlement dropped instead of queued, or a charge applied twice) %s",
 					x.l, got, want, want-got, why)
 			case got < want:
-				short += want - got
-				if r.kind != faultDropAll && want-got > refunds {
+				short += want - got - cut
+				if r.kind != faultDropAll && want-got-cut > refunds {
 					reported = true
 					r.v.add("%v: the closed fleet left %d tokens in the bucket, the ledger %d: %d lost, more than the %d tokens of refunds counted as dropped (a charge applied twice?) %s",
 						x.l, got, want, want-got, refunds, why)
