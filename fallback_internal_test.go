@@ -6,7 +6,6 @@ import (
 
 	"github.com/leaselimit/leaselimit/policy"
 	"github.com/leaselimit/leaselimit/telemetry"
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 )
 
 // TestFallbackServedByLease: a request that reaches the failure policy
@@ -17,14 +16,7 @@ import (
 // ratelimit.fallbacks ran ahead of the decisions with SourceFallback.
 func TestFallbackServedByLease(t *testing.T) {
 	_, c := newMini(t, nil)
-	reader := sdkmetric.NewManualReader()
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
-	l, err := New(c, policy.PerSecond(1000).WithName("served"), WithMeterProvider(mp))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
+	l, reader := meteredLimiter(t, c, policy.PerSecond(1000).WithName("served"))
 	ctx := context.Background()
 	leased := false
 	for range 50 { // a key earns its lease as it repeats

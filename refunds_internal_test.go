@@ -26,14 +26,7 @@ import (
 // were counted in a field nothing exposed.
 func TestDroppedRefundsCounted(t *testing.T) {
 	_, c := newMini(t, nil)
-	reader := sdkmetric.NewManualReader()
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
-	l, err := New(c, policy.PerSecond(100).WithName("dropped"), WithMeterProvider(mp))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
+	l, reader := meteredLimiter(t, c, policy.PerSecond(100).WithName("dropped"))
 	l.refunds.mu.Lock()
 	l.refunds.max = 0 // a full queue
 	l.refunds.mu.Unlock()
@@ -228,14 +221,7 @@ func TestReachedRedis(t *testing.T) {
 // while it was up).
 func TestSettleSurplusCounted(t *testing.T) {
 	_, c := newMini(t, nil)
-	reader := sdkmetric.NewManualReader()
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
-	l, err := New(c, policy.PerHour(100).WithName("surplus"), WithoutLease(), WithMeterProvider(mp))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
+	l, reader := meteredLimiter(t, c, policy.PerHour(100).WithName("surplus"), WithoutLease())
 	ctx := context.Background()
 	r, err := l.Reserve(ctx, "k", 10)
 	if err != nil || !r.Decision().Allowed {
