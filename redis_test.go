@@ -483,3 +483,38 @@ func TestCallerDeadlineIsNotAnOutage(t *testing.T) {
 		})
 	}
 }
+
+// TestCallerDeadlineLeavesBreakerAsItWas: a half-open breaker's probe that
+// its caller's own deadline ends says nothing of Redis: the breaker stays
+// half-open, for the next probe to decide. Regression: the call was told
+// the breaker as a success, which closed it on no evidence while Redis
+// was still hung.
+func TestCallerDeadlineLeavesBreakerAsItWas(t *testing.T) {
+	srv := redistest.Start(t)
+	c := redisClientOpts(t, &redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
+	const openFor = 50 * time.Millisecond
+	lim := mustNew(t, c, policy.Limit{Name: "probe-deadline", Rate: 100, Period: time.Hour, Burst: 100},
+		leaselimit.WithoutLease(), leaselimit.WithTimeout(50*time.Millisecond),
+		leaselimit.WithBreaker(breaker.Settings{Failures: 1, OpenFor: openFor}))
+	ctx := context.Background()
+	if d, err := lim.Allow(ctx, "k"); err != nil || d.Source != leaselimit.SourceAuthority {
+		t.Fatalf("Allow on a healthy Redis = %+v, %v", d, err)
+	}
+	srv.Pause(t)
+	defer srv.Resume(t)
+	if d, err := lim.Allow(ctx, "k"); err != nil || d.Source != leaselimit.SourceFallback {
+		t.Fatalf("Allow on a hung Redis = %+v, %v; want the failure policy's", d, err)
+	}
+	if s := lim.BreakerState(); s != breaker.Open {
+		t.Fatalf("breaker %v after a failure with Failures 1; want open", s)
+	}
+	time.Sleep(openFor + 10*time.Millisecond) // the breaker's open window, on the real clock
+	short, cancel := context.WithTimeout(ctx, 5*time.Millisecond)
+	defer cancel()
+	if _, err := lim.Allow(short, "k"); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("the probe cut by its caller's deadline: %v; want its ctx's error", err)
+	}
+	if s := lim.BreakerState(); s == breaker.Closed {
+		t.Errorf("breaker closed by a probe its caller cut short, Redis still hung")
+	}
+}

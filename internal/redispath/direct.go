@@ -59,7 +59,7 @@ func (k *Caller) direct(ctx context.Context, c Call, ln *lane, done func(error))
 		// grant Redis may have made stays debited (under-admission).
 		err := ctx.Err()
 		span.finish(k.tel, 0, err, "")
-		done(nil)
+		done(context.Canceled) // excluded: says nothing of Redis (see circuit.Excluded)
 		return authority.Grant{}, err
 	}
 	noted(c.Brk, c.Acq.Err)

@@ -79,7 +79,10 @@ func (p *Path) doInPlace(ctx context.Context, done func(error), op func(context.
 	cancel()
 	switch {
 	case err != nil && ctx.Err() != nil:
-		done(nil) // the caller left: not Redis's doing
+		// The caller left: not Redis's doing, nor its success. An excluded
+		// outcome neither closes a half-open breaker nor resets a closed
+		// one's count of failures (see circuit.Excluded).
+		done(context.Canceled)
 		return true, ctx.Err()
 	case errors.Is(err, context.DeadlineExceeded):
 		done(circuit.ErrBudget)
