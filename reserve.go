@@ -147,7 +147,10 @@ func (l *Limiter) Reserve(ctx context.Context, key string, estimate int64) (*Res
 	// put an old window's tokens into a new one; and a lease's Since
 	// only grows but for a late grant, which stampOf sees in a second
 	// reading, so what it says now holds for the tokens taken next.
-	if err := l.usable(); err != nil {
+	if l.usable() != nil {
+		// An invalid limit or a closed Client: the decision's error,
+		// traced as Allow's is (the leases below are not to be read).
+		_, err := l.allowCounted(ctx, key, estimate, false)
 		return nil, err
 	}
 	taken := time.Now()

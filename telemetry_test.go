@@ -2,6 +2,7 @@ package leaselimit_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -415,5 +416,36 @@ func TestShadowDenialSpanRetryAfter(t *testing.T) {
 	}
 	if !found {
 		t.Fatal("no decision span of a shadow denial")
+	}
+}
+
+// TestReserveErrorTraced: a Reserve that fails before deciding (a closed
+// Client, an invalid limit) has its decision span with the error's reason,
+// as Allow's has. Regression: it returned the error with no span.
+func TestReserveErrorTraced(t *testing.T) {
+	rig := newTelemetryRig(t)
+	_, c := newMini(t)
+	ctx := context.Background()
+	cl, err := leaselimit.NewClient(c, rig.opts()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	invalid := cl.Limiter(policy.Limit{Name: "bad", Rate: 0, Period: time.Second, Burst: 1})
+	if _, err := invalid.Reserve(ctx, "k", 1); !errors.Is(err, policy.ErrInvalidLimit) {
+		t.Fatalf("Reserve on an invalid limit: %v; want ErrInvalidLimit", err)
+	}
+	lim := cl.Limiter(policy.PerHour(10).WithName("closed"))
+	_ = cl.Close()
+	if _, err := lim.Reserve(ctx, "k", 1); !errors.Is(err, leaselimit.ErrClosed) {
+		t.Fatalf("Reserve after Close: %v; want ErrClosed", err)
+	}
+	reasons := map[string]int{}
+	for _, sp := range rig.spans.Ended() {
+		if sp.Name() == telemetry.DecisionSpan {
+			reasons[attrMap(sp.Attributes())[telemetry.AttrReason].AsString()]++
+		}
+	}
+	if reasons["invalid_limit"] != 1 || reasons["closed"] != 1 {
+		t.Errorf("decision spans by reason %v; want one invalid_limit and one closed", reasons)
 	}
 }
