@@ -79,9 +79,11 @@ func TestCheck(t *testing.T) {
 	})
 
 	t.Run("wrong-address", func(t *testing.T) {
-		c := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t))})
+		addr := fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t))
+		c := redis.NewClient(&redis.Options{Addr: addr})
 		t.Cleanup(func() { _ = c.Close() })
-		wantCheckError(t, checkLimiter(t, c).Check(ctx), "cannot reach Redis", "address")
+		// It names the address it tried (a node's, on a single node).
+		wantCheckError(t, checkLimiter(t, c).Check(ctx), "cannot reach Redis", "address", addr)
 	})
 
 	t.Run("eviction", func(t *testing.T) {

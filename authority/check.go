@@ -89,6 +89,10 @@ func (r *Redis) checkNode(ctx context.Context, each time.Duration, key string, c
 	where := ""
 	if node != "" {
 		where = node + ": "
+	} else if c, ok := client.(*redis.Client); ok {
+		// A single node's address, which the advice to check it needs
+		// (a Sentinel client's master moves: not named).
+		where = c.Options().Addr + ": "
 	}
 	err := withTimeout(ctx, each, func(ctx context.Context) error {
 		a := &Acquisition{Key: key, Limit: checkLimit, Want: 1, Min: 1, Share: 1}
