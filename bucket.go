@@ -68,10 +68,11 @@ func (l *Limiter) Peek(ctx context.Context, key string) (Decision, error) {
 	for _, p := range parts {
 		d.ResetAfter = max(d.ResetAfter, p.ResetAfter)
 	}
-	if !l.cfg.noLease && d.Allowed {
+	if !l.cfg.noLease {
 		// This instance denies from its negative cache until a batch
 		// has accrued, whatever the bucket holds meanwhile: say what
-		// the next Allow here will.
+		// the next Allow here will, and when it will admit (the
+		// bucket's own RetryAfter may come sooner than the cache ends).
 		if denied, wait := l.leases.Cached(key, l.clock.now()); denied {
 			d.Allowed, d.RetryAfter = false, max(d.RetryAfter, wait)
 		}

@@ -89,14 +89,15 @@ func writeCommands(t *testing.T, srv *redistest.Server) int64 {
 // TestPeekAgreesWithNegativeCache: on a busy key at its limit, Peek
 // allows only what the next Allow here admits: while this instance's
 // negative cache waits for a batch, Peek says denied, whatever the bucket
-// gained meanwhile. Regression (an adversarial review): Peek read the
-// bucket and the lease but not the cache, and said Allowed 6,464 times
-// where the next Allow denied 6,458 of them.
+// gained meanwhile, and its RetryAfter runs to the cache's end. Regression
+// (adversarial reviews): Peek read the bucket and the lease but not the
+// cache, and said Allowed 6,464 times where the next Allow denied 6,458
+// of them; then, a denying Peek's RetryAfter stopped at the bucket's.
 func TestPeekAgreesWithNegativeCache(t *testing.T) {
 	srv := redistest.Start(t)
 	ctx := context.Background()
 	lim := mustNew(t, srv.Client(t), policy.Limit{Name: "peek-cache", Rate: 100, Period: time.Second, Burst: 100})
-	peeks, disagree := 0, 0
+	peeks, disagree, cached, sooner := 0, 0, 0, 0
 	for range 3000 {
 		p, err := lim.Peek(ctx, "k")
 		if err != nil {
@@ -106,16 +107,30 @@ func TestPeekAgreesWithNegativeCache(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if p.Allowed {
+		switch {
+		case p.Allowed:
 			peeks++
 			if !d.Allowed {
 				disagree++
 			}
+		case d.Source == leaselimit.SourceCache:
+			// Denied by the cache after a Peek that said denied: the
+			// Peek's RetryAfter, read earlier, runs at least as far.
+			cached++
+			if p.RetryAfter < d.RetryAfter {
+				sooner++
+			}
 		}
 	}
-	t.Logf("%d of %d Peeks allowed; the next Allow denied %d of them", peeks, 3000, disagree)
+	t.Logf("%d of %d Peeks allowed; the next Allow denied %d of them; of %d cached denials after a denying Peek, the Peek said sooner %d times", peeks, 3000, disagree, cached, sooner)
 	if disagree > 0 {
 		t.Errorf("Peek said Allowed and the next Allow denied %d times", disagree)
+	}
+	if cached == 0 {
+		t.Error("no denial from the cache: the scenario did not reach the limit")
+	}
+	if sooner > 0 {
+		t.Errorf("a denying Peek's RetryAfter ended before the cache's %d times (regression: it stopped at the bucket's)", sooner)
 	}
 }
 
