@@ -502,11 +502,15 @@ func TestCallerDeadlineLeavesBreakerAsItWas(t *testing.T) {
 	}
 	srv.Pause(t)
 	defer srv.Resume(t)
-	if d, err := lim.Allow(ctx, "k"); err != nil || d.Source != leaselimit.SourceFallback {
-		t.Fatalf("Allow on a hung Redis = %+v, %v; want the failure policy's", d, err)
-	}
-	if s := lim.BreakerState(); s != breaker.Open {
-		t.Fatalf("breaker %v after a failure with Failures 1; want open", s)
+	// Until the breaker opens: a call that a loaded machine finds this
+	// process behind on is not counted (saturated).
+	for i := 0; lim.BreakerState() != breaker.Open; i++ {
+		if i == 20 {
+			t.Fatalf("breaker %v after 20 calls to a hung Redis with Failures 1; want open", lim.BreakerState())
+		}
+		if d, err := lim.Allow(ctx, "k"); err != nil || d.Source != leaselimit.SourceFallback {
+			t.Fatalf("Allow on a hung Redis = %+v, %v; want the failure policy's", d, err)
+		}
 	}
 	time.Sleep(openFor + 10*time.Millisecond) // the breaker's open window, on the real clock
 	short, cancel := context.WithTimeout(ctx, 5*time.Millisecond)
@@ -516,5 +520,46 @@ func TestCallerDeadlineLeavesBreakerAsItWas(t *testing.T) {
 	}
 	if s := lim.BreakerState(); s == breaker.Closed {
 		t.Errorf("breaker closed by a probe its caller cut short, Redis still hung")
+	}
+}
+
+// TestHungRedisShortDeadlines: a hung Redis trips the breaker even when
+// every caller's deadline is shorter than the budget, on a client that
+// applies deadlines: a call its caller's deadline ended, through which
+// Redis answered no one for a threshold of the budget, counts as a
+// failure (the caller still gets its ctx's error). Regression (a review):
+// after the fix that stopped counting callers' deadlines as Redis's
+// failures, 40 callers with 20ms deadlines each waited their deadline out
+// and the breaker never opened.
+func TestHungRedisShortDeadlines(t *testing.T) {
+	srv := redistest.Start(t)
+	c := redisClientOpts(t, &redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
+	lim := mustNew(t, c, policy.Limit{Name: "hung-short", Rate: 100, Period: time.Hour, Burst: 100},
+		leaselimit.WithoutLease(), leaselimit.WithTimeout(100*time.Millisecond),
+		leaselimit.WithBreaker(breaker.Settings{Failures: 5, OpenFor: time.Minute}))
+	ctx := context.Background()
+	if _, err := lim.Allow(ctx, "k"); err != nil {
+		t.Fatal(err)
+	}
+	srv.Pause(t)
+	defer srv.Resume(t)
+	errs := 0
+	for i := 0; lim.BreakerState() != breaker.Open; i++ {
+		if i == 40 {
+			t.Fatalf("breaker %v after 40 callers with 20ms deadlines on a hung Redis; want open", lim.BreakerState())
+		}
+		short, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+		d, err := lim.Allow(short, "k")
+		cancel()
+		switch {
+		case errors.Is(err, context.DeadlineExceeded):
+			errs++
+		case err != nil || d.Source != leaselimit.SourceFallback:
+			t.Fatalf("caller %d: %+v, %v; want its ctx's error or the failure policy's decision", i, d, err)
+		}
+	}
+	t.Logf("breaker open after %d callers ended by their own deadlines", errs)
+	if d, err := lim.Allow(ctx, "k"); err != nil || d.Source != leaselimit.SourceFallback {
+		t.Errorf("after the breaker opened: %+v, %v; want the failure policy's decision at once", d, err)
 	}
 }

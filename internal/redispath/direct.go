@@ -12,6 +12,29 @@ import (
 	"github.com/leaselimit/leaselimit/telemetry"
 )
 
+// silentFor is what the breaker is told of a call begun at start that its
+// caller's ctx ended: nothing (an excluded outcome: Redis may have been
+// about to answer), unless Redis answered no call through brk since
+// (replies, as counted at start) for at least a threshold of the budget,
+// and this process was not behind: then a failure, as a waiter that gave
+// up at the budget would count, so that a hung Redis trips the breaker
+// even when every caller's deadline is shorter than the budget.
+func silentFor(brk *circuit.Breaker, start time.Time, replies int64, budget time.Duration) error {
+	now := time.Now()
+	if now.Sub(start) >= overload.Threshold(budget) && brk.RepliesSeen() == replies && !overload.Recent(now, budget/2) {
+		return circuit.ErrBudget
+	}
+	return context.Canceled // excluded (see circuit.Excluded)
+}
+
+// errorReason is error.type of a call its caller's ctx ended.
+func errorReason(err error) string {
+	if errors.Is(err, context.DeadlineExceeded) {
+		return "deadline_exceeded"
+	}
+	return "canceled"
+}
+
 // errBudgetCut is the cause of a direct call's context ending at its own
 // deadline (the budget's), which tells it from the caller's ctx ending.
 var errBudgetCut = errors.New("redispath: the time budget ended")
@@ -58,8 +81,9 @@ func (k *Caller) direct(ctx context.Context, c Call, ln *lane, done func(error))
 		// gets its ctx's error, not the failure policy's decision. A
 		// grant Redis may have made stays debited (under-admission).
 		err := ctx.Err()
-		span.finish(k.tel, 0, err, "")
-		done(context.Canceled) // excluded: says nothing of Redis (see circuit.Excluded)
+		k.tel.RecordAuthority(ctx, time.Since(start), 0, err, false)
+		span.finish(k.tel, 0, err, errorReason(err))
+		done(silentFor(c.Brk, start, replies, budget))
 		return authority.Grant{}, err
 	}
 	noted(c.Brk, c.Acq.Err)
