@@ -124,6 +124,9 @@ func TestNewClientErrors(t *testing.T) {
 				t.Errorf("NewClient: %q; want it to say %q", err, w)
 			}
 		}
+		if strings.Count(err.Error(), "leaselimit:") > 1 {
+			t.Errorf("NewClient: %q; want the package named once", err)
+		}
 	}
 }
 

@@ -3,6 +3,7 @@ package leaselimit
 import (
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/leaselimit/leaselimit/authority"
@@ -37,8 +38,21 @@ func optionFailed(name string, err error) error {
 	if err == nil {
 		return nil
 	}
-	return optionError{fmt.Errorf("leaselimit: %s: %w", name, err)}
+	return optionError{namedError{name: name, err: err}}
 }
+
+// namedError is an option's error, prefixed with the option's name once:
+// "leaselimit: WithTimeout: timeout 0s must be > 0".
+type namedError struct {
+	name string
+	err  error
+}
+
+func (e namedError) Error() string {
+	return "leaselimit: " + e.name + ": " + strings.TrimPrefix(e.err.Error(), "leaselimit: ")
+}
+
+func (e namedError) Unwrap() error { return e.err }
 
 // DefaultTimeout is the budget of one authority call (WithTimeout).
 const DefaultTimeout = 100 * time.Millisecond

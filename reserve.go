@@ -344,14 +344,18 @@ func (l *Limiter) send(ctx context.Context, brk *circuit.Breaker, rf authority.R
 	sent, err := l.path.Do(ctx, brk, func(ctx context.Context) error {
 		c := rf
 		_, err := l.auth.Apply(ctx, &c)
-		if err != nil && !errors.Is(err, authority.ErrScript) {
+		switch {
+		case err == nil:
+			// Counted where it is applied: Do may have stopped waiting
+			// at the budget before a worker's Apply succeeds.
+			l.refunds.countSent(rf)
+		case !errors.Is(err, authority.ErrScript):
 			l.refunds.failed(rf, err, 0)
 		}
 		return err
 	})
 	switch {
 	case err == nil:
-		l.refunds.countSent(rf)
 		return true, nil
 	case errors.Is(err, ErrClosed):
 		// Close began after the check: no call was made.

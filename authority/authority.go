@@ -610,7 +610,7 @@ func (r *Redis) runAll(ctx context.Context, s script, invs []*invocation) {
 		in.cmd = pipe.EvalSha(ctx, s.sha, in.keys, in.args...)
 	}
 	_, err := pipe.Exec(ctx)
-	failed(invs, err) // errors are read per command
+	setPipelineErr(invs, err) // errors are read per command
 	for pass := 0; pass < 2; pass++ {
 		var retry redis.Pipeliner
 		for _, in := range invs {
@@ -632,15 +632,15 @@ func (r *Redis) runAll(ctx context.Context, s script, invs []*invocation) {
 			return
 		}
 		_, err = retry.Exec(ctx)
-		failed(invs, err)
+		setPipelineErr(invs, err)
 	}
 }
 
-// failed gives err, a pipeline's error, to every command of invs that has
+// setPipelineErr gives err, a pipeline's error, to every command of invs that has
 // neither a reply nor an error: go-redis leaves them so when the pipeline
 // failed before it was sent (a connection whose AUTH was refused), and a
 // command read then looks like an empty reply.
-func failed(invs []*invocation, err error) {
+func setPipelineErr(invs []*invocation, err error) {
 	if err == nil {
 		return
 	}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -159,7 +158,7 @@ func explain(err error) string {
 		return "Redis cannot serve yet (" + msg + "): retry once it has loaded or the cluster has recovered"
 	case redis.IsPermissionError(err), errors.Is(err, ErrRefused):
 		return "Redis refused a command (" + msg + "): grant the ACL user +evalsha +eval +time +get +set +del on the prefix's keys (see the README)"
-	case redis.HasErrorPrefix(err, "NOAUTH"), redis.HasErrorPrefix(err, "WRONGPASS"), strings.Contains(msg, "unauthenticated"):
+	case redis.IsAuthError(err):
 		return "Redis refused the client's credentials (" + msg + "): set Username and Password in the go-redis options to an ACL user of this Redis"
 	case errors.Is(err, context.DeadlineExceeded):
 		return "cannot reach Redis within the time budget (" + msg + "): check the address, the network, and that Redis is up and not hung"
