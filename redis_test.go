@@ -494,7 +494,9 @@ func TestCallerDeadlineLeavesBreakerAsItWas(t *testing.T) {
 	c := redisClientOpts(t, &redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
 	const openFor = 50 * time.Millisecond
 	lim := mustNew(t, c, policy.Limit{Name: "probe-deadline", Rate: 100, Period: time.Hour, Burst: 100},
-		leaselimit.WithoutLease(), leaselimit.WithTimeout(50*time.Millisecond),
+		// A budget whose eighth (see silentFor) is well past the probes'
+		// 5ms deadlines, even on a loaded machine.
+		leaselimit.WithoutLease(), leaselimit.WithTimeout(400*time.Millisecond),
 		leaselimit.WithBreaker(breaker.Settings{Failures: 1, OpenFor: openFor}))
 	ctx := context.Background()
 	if d, err := lim.Allow(ctx, "k"); err != nil || d.Source != leaselimit.SourceAuthority {
@@ -520,6 +522,15 @@ func TestCallerDeadlineLeavesBreakerAsItWas(t *testing.T) {
 	}
 	if s := lim.BreakerState(); s == breaker.Closed {
 		t.Errorf("breaker closed by a probe its caller cut short, Redis still hung")
+	}
+	// So does Peek's call (Path.Do, in place on such a client).
+	peek, cancelPeek := context.WithTimeout(ctx, 5*time.Millisecond)
+	defer cancelPeek()
+	if _, err := lim.Peek(peek, "k"); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a Peek cut by its caller's deadline: %v; want its ctx's error", err)
+	}
+	if s := lim.BreakerState(); s == breaker.Closed {
+		t.Errorf("breaker closed by a Peek its caller cut short, Redis still hung")
 	}
 }
 

@@ -34,7 +34,7 @@ func (p *Path) Do(ctx context.Context, brk *circuit.Breaker, op func(context.Con
 		return false, fmt.Errorf("%w: %w", p.unavailable, err)
 	}
 	if p.bounded {
-		return p.doInPlace(ctx, done, op)
+		return p.doInPlace(ctx, brk, done, op)
 	}
 	if !p.gate.enter() {
 		done(nil)
@@ -63,26 +63,28 @@ func (p *Path) Do(ctx context.Context, brk *circuit.Breaker, op func(context.Con
 }
 
 // doInPlace is Do on a client that honours deadlines. The breaker is told
-// a timeout of the budget, not one of the caller's ctx.
-func (p *Path) doInPlace(ctx context.Context, done func(error), op func(context.Context) error) (sent bool, err error) {
+// a timeout of the budget, not one of the caller's ctx (see silentFor).
+func (p *Path) doInPlace(ctx context.Context, brk *circuit.Breaker, done func(error), op func(context.Context) error) (sent bool, err error) {
 	if !p.gate.enter() {
 		done(nil)
 		return false, p.closed
 	}
 	defer p.gate.leave()
+	start := time.Now()
+	replies := brk.RepliesSeen()
 	limit := p.budget
-	if overload.Recent(time.Now(), limit) {
+	if overload.Recent(start, limit) {
 		limit *= 1 + saturationGrace
 	}
-	cctx, cancel := context.WithTimeout(ctx, limit)
+	cctx, cancel := context.WithTimeoutCause(ctx, limit, errBudgetCut)
 	err = op(cctx)
+	cut := context.Cause(cctx) == errBudgetCut
 	cancel()
 	switch {
-	case err != nil && ctx.Err() != nil:
-		// The caller left: not Redis's doing, nor its success. An excluded
-		// outcome neither closes a half-open breaker nor resets a closed
-		// one's count of failures (see circuit.Excluded).
-		done(context.Canceled)
+	case err != nil && ctx.Err() != nil && !cut:
+		// The caller left: not Redis's doing, nor its success, unless
+		// Redis answered no one meanwhile (see silentFor).
+		done(silentFor(brk, start, replies, p.budget))
 		return true, ctx.Err()
 	case errors.Is(err, context.DeadlineExceeded):
 		done(circuit.ErrBudget)
