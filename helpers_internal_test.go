@@ -32,7 +32,7 @@ func meteredLimiter(t *testing.T, c redis.UniversalClient, limit policy.Limit, o
 	reader := sdkmetric.NewManualReader()
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
-	l, err := New(c, limit, append(opts, WithMeterProvider(mp))...)
+	l, err := New(c, limit, append(opts[:len(opts):len(opts)], WithMeterProvider(mp))...)
 	if err != nil {
 		t.Fatal(err)
 	}

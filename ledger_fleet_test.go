@@ -15,14 +15,15 @@ package leaselimit_test
 //     moments (refused connections, stalls past the time budget, replies
 //     dropped after Redis applied the call, for the refund script only or
 //     for every call) on fresh keys, then closes the fleet and compares each
-//     bucket with the ledger. In half the calm, refused and all-dropped
-//     rounds the exact instance and a lease one use clients that apply
-//     context deadlines
-//     (ContextTimeoutEnabled), and a sixth of their AllowN calls have a
-//     deadline of their own of up to 3ms: a call it ends returns ctx's
-//     error and admits nothing, though Redis may have granted it (the
-//     bucket may hold that much less, as it may after such a client's
-//     call the failure policy decided: abandoned at the budget). That a
+//     bucket with the ledger. In the calm, refused and all-dropped rounds
+//     the exact instance and a lease one each use, one round in two, a
+//     client that applies context deadlines (ContextTimeoutEnabled), and
+//     a sixth of their operations are AllowN calls with a
+//     deadline of their own of up to 3ms, on a key of their own (cutKey):
+//     a call it ends returns ctx's error and admits nothing, though Redis
+//     may have granted it, so that key's bucket may hold that much less
+//     (never more), and so may any bucket after such a client's call that
+//     the failure policy decided (abandoned at the budget). That a
 //     caller's deadline is no outage is TestCallerDeadlineIsNotAnOutage's
 //     to check: a calm round's load can make real timeouts.
 //   - reset: three exact-mode Limiters and one lease-mode one, and Resets at
@@ -432,7 +433,11 @@ func (k faultKind) known() bool { return k == faultNone || k == faultRefuse }
 const (
 	ledgerInstances = 4
 	ledgerWorkers   = 2 // per instance
-	ledgerKeys      = 2
+	ledgerKeys      = 2 // every operation's, plus cutKey
+	// cutKey is the index of one more key, which only AllowN calls with a
+	// deadline of their own use: the calls cut short, whose tokens Redis
+	// may have kept, stay off the keys whose balance is exact.
+	cutKey          = ledgerKeys
 	ledgerBudget    = 60 * time.Millisecond
 	ledgerStall     = 100 * time.Millisecond // each way: a round trip well past the budget, well within the call's own deadline
 	ledgerMaxParked = 24
@@ -499,11 +504,11 @@ func (r *bucketRound) run() {
 	t := r.t
 	r.a = ledgerLimit("ledger-a", 150+r.rng.Int64N(250))
 	r.b = ledgerLimit("ledger-b", 80+r.rng.Int64N(120))
-	for k := range ledgerKeys {
+	for k := range ledgerKeys + 1 {
 		r.ledA = append(r.ledA, newTokenLedger(fmt.Sprintf("round %d (%s) %s/k%d", r.index, r.kind, r.a.Name, k), r.a.Burst))
 		r.ledB = append(r.ledB, newTokenLedger(fmt.Sprintf("round %d (%s) %s/k%d", r.index, r.kind, r.b.Name, k), r.b.Burst))
 	}
-	keys := make([]string, ledgerKeys)
+	keys := make([]string, ledgerKeys+1)
 	for k := range keys {
 		keys[k] = fmt.Sprintf("ledger-s%d-r%d-k%d", r.seed, r.index, k)
 	}
@@ -555,7 +560,7 @@ func (r *bucketRound) run() {
 			{name: fmt.Sprintf("i%d %s", i, r.b.Name), lim: lim.For(r.b), maxCost: r.b.Burst, bounded: bounded},
 			{name: fmt.Sprintf("i%d %s+%s", i, r.a.Name, r.b.Name), lim: multi, maxCost: r.b.Burst, bounded: bounded},
 		} {
-			for k := range ledgerKeys {
+			for k := range ledgerKeys + 1 {
 				switch {
 				case vw.lim == lim:
 					vw.ledgers = append(vw.ledgers, []*tokenLedger{r.ledA[k]})
@@ -703,20 +708,20 @@ func (r *bucketRound) injectFaults() {
 func (r *bucketRound) step(ctx context.Context, w *ledgerWorker, keys []string) {
 	r.ops.Add(1)
 	vw := w.views[w.rng.IntN(len(w.views))]
-	k := w.rng.IntN(len(keys))
-	actx := ctx // an AllowN's
 	if vw.bounded && w.rng.IntN(6) == 0 {
 		// A caller with a deadline of its own, which may end its call
-		// mid-round-trip: not an outage.
-		var cancel context.CancelFunc
-		actx, cancel = context.WithTimeout(ctx, time.Duration(w.rng.IntN(3000))*time.Microsecond)
+		// mid-round-trip: not an outage. On cutKey alone (see there).
+		actx, cancel := context.WithTimeout(ctx, time.Duration(w.rng.IntN(3000))*time.Microsecond)
 		defer cancel()
+		r.allow(actx, vw, cutKey, keys, 1+w.rng.Int64N(min(6, vw.maxCost)))
+		return
 	}
+	k := w.rng.IntN(ledgerKeys)
 	switch p := w.rng.IntN(20); {
 	case p < 6:
-		r.allow(actx, vw, k, keys, 1)
+		r.allow(ctx, vw, k, keys, 1)
 	case p < 9:
-		r.allow(actx, vw, k, keys, 1+w.rng.Int64N(min(6, vw.maxCost)))
+		r.allow(ctx, vw, k, keys, 1+w.rng.Int64N(min(6, vw.maxCost)))
 	case p < 14:
 		est := 1 + w.rng.Int64N(min(12, vw.maxCost))
 		res, err := vw.lim.Reserve(ctx, keys[k], est)

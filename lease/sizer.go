@@ -337,8 +337,8 @@ func (z sizer) Install(e *entry, req request, o Outcome, now int64) (refund int6
 // limit's, or for a multi-limit the member's that made the call wait
 // longest.
 func (z sizer) quotaDenied(o Outcome) bool {
-	if z.limit.IsQuota() {
-		return true
+	if z.members == nil {
+		return z.limit.IsQuota()
 	}
 	if p := o.Parts; p != nil && p.Denied >= 0 && p.Denied < len(z.members) {
 		return z.members[p.Denied].IsQuota()
