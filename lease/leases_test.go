@@ -543,3 +543,40 @@ func TestLocalShareEvictionRace(t *testing.T) {
 		}
 	}
 }
+
+// TestQuotaMemberDenialNotBatched: in a multi-limit, a denial the quota
+// member made (Multi.Denied) is cached until its boundary, not batched;
+// one the token-bucket member made waits for a batch as before.
+func TestQuotaMemberDenialNotBatched(t *testing.T) {
+	tb := policy.PerSecond(1000).WithName("tb")
+	daily := policy.Quota("daily", 1_000_000, policy.Day, nil)
+	const retry = 600 * time.Millisecond
+	for _, tc := range []struct {
+		denied  int
+		batched bool
+	}{{1, false}, {0, true}} {
+		ls := NewGroup(refillTable(1000), "tb+daily", []policy.Limit{tb, daily}, policy.Lease{DenyCap: 5 * time.Second}, 1)
+		now := warm(t, ls, "k", int64(s))
+		ls.table.Get(ls, "k").Drain()
+		a := ls.Decide("k", 1, now)
+		if a.Status != Miss {
+			t.Fatalf("Decide on a drained busy key = %+v; want Miss", a)
+		}
+		ls.Join(a.Ticket)
+		parts := []authority.Part{{Remaining: 500, ResetAfter: time.Second}, {Remaining: 500, ResetAfter: retry}}
+		parts[tc.denied].Remaining = 0
+		o := refill(t, ls, a.Ticket, authority.Grant{RetryAfter: retry, ResetAfter: retry, Multi: &authority.Multi{Denied: tc.denied, Parts: parts}}, now)
+		got := ls.Collect(a.Ticket, o, now)
+		switch {
+		case got.Status != Refused:
+			t.Fatalf("member %d denies: Collect = %+v; want Refused", tc.denied, got)
+		case tc.batched && got.RetryAfter <= retry:
+			t.Errorf("the token bucket denies: RetryAfter %v; want past %v, waiting for a batch", got.RetryAfter, retry)
+		case !tc.batched && got.RetryAfter != retry:
+			t.Errorf("the quota denies: RetryAfter %v; want %v, its boundary", got.RetryAfter, retry)
+		}
+		if c := ls.Decide("k", 1, now+int64(retry)); !tc.batched && c.Status == Cached {
+			t.Errorf("the quota denies: still cached at its boundary: %+v", c)
+		}
+	}
+}
