@@ -125,10 +125,8 @@ func errorReason(err error) string {
 		return "closed"
 	case errors.Is(err, ErrWouldExceedDeadline):
 		return "would_exceed_deadline"
-	case errors.Is(err, context.Canceled):
-		return "canceled"
-	case errors.Is(err, context.DeadlineExceeded):
-		return "deadline_exceeded"
+	case recorder.ContextReason(err) != "":
+		return recorder.ContextReason(err)
 	}
 	return "redis_error" // a reply that is neither a decision nor an outage, or our own bug
 }

@@ -515,22 +515,23 @@ func TestCallerDeadlineLeavesBreakerAsItWas(t *testing.T) {
 		}
 	}
 	time.Sleep(openFor + 10*time.Millisecond) // the breaker's open window, on the real clock
-	short, cancel := context.WithTimeout(ctx, 5*time.Millisecond)
-	defer cancel()
-	if _, err := lim.Allow(short, "k"); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("the probe cut by its caller's deadline: %v; want its ctx's error", err)
-	}
-	if s := lim.BreakerState(); s == breaker.Closed {
-		t.Errorf("breaker closed by a probe its caller cut short, Redis still hung")
-	}
-	// So does Peek's call (Path.Do, in place on such a client).
-	peek, cancelPeek := context.WithTimeout(ctx, 5*time.Millisecond)
-	defer cancelPeek()
-	if _, err := lim.Peek(peek, "k"); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("a Peek cut by its caller's deadline: %v; want its ctx's error", err)
-	}
-	if s := lim.BreakerState(); s == breaker.Closed {
-		t.Errorf("breaker closed by a Peek its caller cut short, Redis still hung")
+	// An Allow probe, then a Peek's (Path.Do, in place on such a client).
+	for _, probe := range []struct {
+		name string
+		call func(context.Context) error
+	}{
+		{"Allow", func(ctx context.Context) error { _, err := lim.Allow(ctx, "k"); return err }},
+		{"Peek", func(ctx context.Context) error { _, err := lim.Peek(ctx, "k"); return err }},
+	} {
+		short, cancel := context.WithTimeout(ctx, 5*time.Millisecond)
+		err := probe.call(short)
+		cancel()
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("%s cut by its caller's deadline: %v; want its ctx's error", probe.name, err)
+		}
+		if s := lim.BreakerState(); s == breaker.Closed {
+			t.Errorf("breaker closed by a %s its caller cut short, Redis still hung", probe.name)
+		}
 	}
 }
 

@@ -46,3 +46,15 @@ func errorType(err error) string {
 	}
 	return reflect.TypeOf(err).String()
 }
+
+// ContextReason is ratelimit.reason (and error.type) of a call a caller's
+// context ended: "canceled" or "deadline_exceeded"; "" for any other err.
+func ContextReason(err error) string {
+	switch {
+	case errors.Is(err, context.Canceled):
+		return "canceled"
+	case errors.Is(err, context.DeadlineExceeded):
+		return "deadline_exceeded"
+	}
+	return ""
+}

@@ -9,6 +9,7 @@ import (
 	"github.com/leaselimit/leaselimit/authority"
 	"github.com/leaselimit/leaselimit/internal/circuit"
 	"github.com/leaselimit/leaselimit/internal/overload"
+	"github.com/leaselimit/leaselimit/internal/recorder"
 	"github.com/leaselimit/leaselimit/telemetry"
 )
 
@@ -27,17 +28,17 @@ func silentFor(brk *circuit.Breaker, start time.Time, replies int64, budget time
 	return context.Canceled // excluded (see circuit.Excluded)
 }
 
-// errorReason is error.type of a call its caller's ctx ended.
-func errorReason(err error) string {
-	if errors.Is(err, context.DeadlineExceeded) {
-		return "deadline_exceeded"
-	}
-	return "canceled"
-}
-
-// errBudgetCut is the cause of a direct call's context ending at its own
-// deadline (the budget's), which tells it from the caller's ctx ending.
+// errBudgetCut is the cause of an in-place call's context ending at its
+// own deadline (the budget's), which tells it from the caller's ctx ending.
 var errBudgetCut = errors.New("redispath: the time budget ended")
+
+// callerEnded reports whether a call made in place on cctx (a context with
+// the budget as its deadline, cause errBudgetCut, made from ctx) failed
+// with err because the caller's ctx ended, not the budget. cctx must not
+// have been cancelled yet.
+func callerEnded(ctx, cctx context.Context, err error) bool {
+	return err != nil && ctx.Err() != nil && context.Cause(cctx) != errBudgetCut
+}
 
 // direct makes the call in place, on the caller's goroutine, alone on the
 // pipeline of ln that claim took, bounded by a deadline that the client
@@ -74,7 +75,7 @@ func (k *Caller) direct(ctx context.Context, c Call, ln *lane, done func(error))
 	cctx, sp := k.tel.StartAuthority(bctx, c.Acq.Want, c.Acq.Min, ln.ep)
 	span.span = sp
 	ln.sendAlone(cctx, &c.Acq)
-	if c.Acq.Err != nil && ctx.Err() != nil && context.Cause(bctx) != errBudgetCut && !c.Keep {
+	if !c.Keep && callerEnded(ctx, bctx, c.Acq.Err) {
 		// The caller's ctx ended the call (its deadline came before the
 		// budget's end, or it was cancelled): not Redis's doing, so
 		// neither the breaker nor the path counts it, and the caller
@@ -82,7 +83,7 @@ func (k *Caller) direct(ctx context.Context, c Call, ln *lane, done func(error))
 		// grant Redis may have made stays debited (under-admission).
 		err := ctx.Err()
 		k.tel.RecordAuthority(ctx, time.Since(start), 0, err, false)
-		span.finish(k.tel, 0, err, errorReason(err))
+		span.finish(k.tel, 0, err, recorder.ContextReason(err))
 		done(silentFor(c.Brk, start, replies, budget))
 		return authority.Grant{}, err
 	}

@@ -78,10 +78,10 @@ func (p *Path) doInPlace(ctx context.Context, brk *circuit.Breaker, done func(er
 	}
 	cctx, cancel := context.WithTimeoutCause(ctx, limit, errBudgetCut)
 	err = op(cctx)
-	cut := context.Cause(cctx) == errBudgetCut
+	left := callerEnded(ctx, cctx, err)
 	cancel()
 	switch {
-	case err != nil && ctx.Err() != nil && !cut:
+	case left:
 		// The caller left: not Redis's doing, nor its success, unless
 		// Redis answered no one meanwhile (see silentFor).
 		done(silentFor(brk, start, replies, p.budget))
