@@ -37,6 +37,7 @@ import (
 
 	"github.com/leaselimit/leaselimit/internal/circuit"
 	"github.com/leaselimit/leaselimit/internal/cowmap"
+	"github.com/leaselimit/leaselimit/internal/keybytes"
 	"github.com/leaselimit/leaselimit/policy"
 	"github.com/redis/go-redis/v9"
 )
@@ -169,11 +170,8 @@ func ValidatePrefix(p string) error {
 	if p == "" || len(p) > MaxPrefixLen {
 		return fmt.Errorf("%w: %q must be 1 to %d bytes", ErrPrefix, p, MaxPrefixLen)
 	}
-	for i := 0; i < len(p); i++ {
-		c := p[i]
-		if c <= ' ' || c > '~' || c == '{' || c == '}' {
-			return fmt.Errorf("%w: %q holds %q; use printable ASCII without spaces or braces", ErrPrefix, p, c)
-		}
+	if i := keybytes.FirstBad(p); i >= 0 {
+		return fmt.Errorf("%w: %q holds %q; use printable ASCII without spaces or braces", ErrPrefix, p, p[i])
 	}
 	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/leaselimit/leaselimit/internal/cowmap"
+	"github.com/leaselimit/leaselimit/internal/keybytes"
 )
 
 // CalendarUnit is the length of a calendar quota's window (see Quota):
@@ -222,12 +223,7 @@ func badZoneName(name string) int {
 	if name == "" {
 		return 0
 	}
-	for i := 0; i < len(name); i++ {
-		if c := name[i]; c <= ' ' || c > '~' || c == '{' || c == '}' {
-			return i
-		}
-	}
-	return -1
+	return keybytes.FirstBad(name)
 }
 
 // sameOffsets reports whether a and b have the same UTC offset at a few
