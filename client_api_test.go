@@ -104,6 +104,9 @@ func TestNewClientErrors(t *testing.T) {
 		says []string
 	}{
 		{leaselimit.WithTimeout(0), []string{"WithTimeout"}},
+		// Regression: 1ns was taken, and every decision then went to the
+		// failure policy.
+		{leaselimit.WithTimeout(time.Millisecond - 1), []string{"WithTimeout", "MinTimeout"}},
 		{leaselimit.WithPrefix("a b"), []string{"WithPrefix"}},
 		{leaselimit.WithEnforce(-1), []string{"WithEnforce"}},
 		{leaselimit.WithFailureMode(policy.FailureMode(99)), []string{"WithFailureMode", "99"}},

@@ -57,6 +57,12 @@ func (e namedError) Unwrap() error { return e.err }
 // DefaultTimeout is the budget of one authority call (WithTimeout).
 const DefaultTimeout = 100 * time.Millisecond
 
+// MinTimeout is the least budget WithTimeout takes. Below it a round trip
+// to Redis and the wake-up of the goroutine waiting for it cannot both fit,
+// even on one host, so every decision would go to the failure policy (and
+// under FailOpen admit everything).
+const MinTimeout = time.Millisecond
+
 // Defaults of other options.
 const (
 	defaultMaxKeys = 100_000      // the bound on the local key table (WithMaxKeys)
@@ -112,10 +118,12 @@ func defaultConfig() config {
 // decision keeps waiting, up to 5× the
 // budget in all, and a call abandoned then is decided by the failure policy
 // with reason "saturated" without counting against the breaker.
+//
+// d must be at least MinTimeout (1ms).
 func WithTimeout(d time.Duration) Option {
 	return engineOption{"WithTimeout", func(c *config) error {
-		if d <= 0 {
-			return fmt.Errorf("leaselimit: timeout %v must be > 0", d)
+		if d < MinTimeout {
+			return fmt.Errorf("leaselimit: timeout %v is below MinTimeout (%v): no Redis call could answer in time, and the failure policy would decide every request", d, MinTimeout)
 		}
 		c.timeout = d
 		return nil
