@@ -51,7 +51,10 @@ func NewClient(client redis.UniversalClient, opts ...Option) (*Client, error) {
 	if err := cfg.breaker.Validate(); err != nil {
 		return nil, fmt.Errorf("leaselimit: %w", err)
 	}
-	auth, err := authority.New(client, cfg.prefix)
+	// A batch's reply must outlive every resend of it (see
+	// authority.WithResendWindow): the path's longest call deadline grows
+	// with the budget.
+	auth, err := authority.New(client, cfg.prefix, authority.WithResendWindow(redispath.ResendWindow(cfg.timeout)))
 	if err != nil {
 		return nil, fmt.Errorf("leaselimit: %w", err)
 	}

@@ -107,6 +107,7 @@ func TestNewClientErrors(t *testing.T) {
 		// Regression: 1ns was taken, and every decision then went to the
 		// failure policy.
 		{leaselimit.WithTimeout(time.Millisecond - 1), []string{"WithTimeout", "MinTimeout"}},
+		{leaselimit.WithTimeout(leaselimit.MaxTimeout + 1), []string{"WithTimeout", "MaxTimeout"}},
 		{leaselimit.WithPrefix("a b"), []string{"WithPrefix"}},
 		{leaselimit.WithEnforce(-1), []string{"WithEnforce"}},
 		{leaselimit.WithFailureMode(policy.FailureMode(99)), []string{"WithFailureMode", "99"}},

@@ -328,3 +328,40 @@ func TestEndedContextMakesNoCall(t *testing.T) {
 		t.Errorf("%d Redis commands for decisions whose ctx had ended; want 0 (connections %d → %d)", got, before, m.TotalConnectionCount())
 	}
 }
+
+// TestBatchReplyOutlivesResends: a batch's stored reply lives as long as
+// go-redis may resend the batch, six budgets and a second. Regression: it
+// lived 5s whatever the budget, and with a budget of 1.5s and replies
+// slower than go-redis's read timeout, a batch resent 5s after its first
+// run took its tokens twice (one AllowN(1) debited 2).
+func TestBatchReplyOutlivesResends(t *testing.T) {
+	mr, rdb := newMini(t)
+	ctx := context.Background()
+	for _, c := range []struct {
+		budget   time.Duration
+		min, max time.Duration
+	}{
+		{leaselimit.DefaultTimeout, 4 * time.Second, 5 * time.Second},
+		{1500 * time.Millisecond, 10 * time.Second, 10 * time.Second},
+		{leaselimit.MaxTimeout, 61 * time.Second, 61 * time.Second},
+	} {
+		prefix := "budget" + strconv.Itoa(int(c.budget.Milliseconds()))
+		cl := mustClient(t, rdb, leaselimit.WithTimeout(c.budget), leaselimit.WithPrefix(prefix), leaselimit.WithoutLease())
+		if d, err := cl.Limiter(policy.PerMinute(5)).Allow(ctx, "k"); err != nil || !d.Allowed {
+			t.Fatalf("budget %v: Allow = %+v, %v", c.budget, d, err)
+		}
+		seen := 0
+		for _, k := range mr.Keys() {
+			if !strings.HasPrefix(k, prefix+":batch:") {
+				continue
+			}
+			seen++
+			if ttl := mr.TTL(k); ttl < c.min || ttl > c.max {
+				t.Errorf("budget %v: the batch's reply lives %v; want %v to %v", c.budget, ttl, c.min, c.max)
+			}
+		}
+		if seen != 1 {
+			t.Errorf("budget %v: %d batch keys; want 1", c.budget, seen)
+		}
+	}
+}

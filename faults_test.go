@@ -380,7 +380,7 @@ func testKilledUnderLoad(t *testing.T, mode policy.FailureMode) {
 }
 
 // TestHungRedis: Redis stops replying (SIGSTOP, or a proxy that forwards
-// nothing) while the client has go-redis's default options (3 s read
+// nothing) while the client has go-redis's default options (5 s read
 // timeout, context deadlines not honoured on reads). No decision takes
 // longer than the budget plus a scheduling margin; cold keys get fallback
 // decisions with a nil error; decisions recover when Redis does.
@@ -441,7 +441,7 @@ func testHung(t *testing.T, name string, c redis.UniversalClient, hang, unhang f
 		t.Errorf("no fallback decision in %v of a hung Redis", hungFor)
 	}
 	// The only bound on wall time in these tests: generous for a noisy
-	// machine, and far below the client's 3 s read timeout.
+	// machine, and far below the client's 5 s read timeout.
 	if worst > budget+time.Second {
 		t.Errorf("slowest decision took %v; budget %v", worst, budget)
 	}

@@ -63,6 +63,13 @@ const DefaultTimeout = 100 * time.Millisecond
 // under FailOpen admit everything).
 const MinTimeout = time.Millisecond
 
+// MaxTimeout is the most budget WithTimeout takes. A Redis call may be
+// resent for up to six budgets (its waiter's hard cap and a budget more),
+// and Redis remembers which adjustments it applied (authority.IDLife, two
+// minutes) for far longer than the resends of a call on a budget up to it.
+// A decision that waits longer for Redis is no longer rate limiting.
+const MaxTimeout = 10 * time.Second
+
 // Defaults of other options.
 const (
 	defaultMaxKeys = 100_000      // the bound on the local key table (WithMaxKeys)
@@ -107,7 +114,7 @@ func defaultConfig() config {
 // WithTimeout sets the budget for one authority call: the longest a decision
 // waits for Redis before the failure policy decides instead. It holds even
 // when the Redis client has go-redis's default options (context deadlines
-// not honoured on reads, 3 s read timeout). Default DefaultTimeout (100ms).
+// not honoured on reads, 5 s read timeout). Default DefaultTimeout (100ms).
 //
 // A call unanswered at the budget is blamed on Redis only if this process is
 // keeping up. When the process itself is behind (its goroutines wait an
@@ -119,11 +126,17 @@ func defaultConfig() config {
 // budget in all, and a call abandoned then is decided by the failure policy
 // with reason "saturated" without counting against the breaker.
 //
-// d must be at least MinTimeout (1ms).
+// d must be between MinTimeout (1ms) and MaxTimeout (10s). A batch's reply
+// is kept in Redis for six budgets and a second, at least 5s, so that a
+// resent batch never takes twice: a longer budget keeps more batch keys
+// alive (docs/operations.md, "Memory").
 func WithTimeout(d time.Duration) Option {
 	return engineOption{"WithTimeout", func(c *config) error {
 		if d < MinTimeout {
 			return fmt.Errorf("leaselimit: timeout %v is below MinTimeout (%v): no Redis call could answer in time, and the failure policy would decide every request", d, MinTimeout)
+		}
+		if d > MaxTimeout {
+			return fmt.Errorf("leaselimit: timeout %v is above MaxTimeout (%v)", d, MaxTimeout)
 		}
 		c.timeout = d
 		return nil

@@ -126,6 +126,7 @@ type Redis struct {
 	prefix string
 	idBase string        // random per Redis value, so ids differ across instances
 	seq    atomic.Uint64 // adjustment and batch ids
+	life   any           // a batch's resend key's life in ms, boxed once (see WithResendWindow)
 
 	limits  cowmap.Map[policy.Limit, *limitArgs] // see limitArgsOf
 	nlimits atomic.Int32                         // entries in limits
@@ -147,9 +148,28 @@ func newScript(src string) script {
 	return script{src: src, sha: hex.EncodeToString(h[:])}
 }
 
+// Option configures a Redis (see New).
+type Option func(*Redis)
+
+// WithResendWindow keeps the reply of a batch that granted for at least d
+// and a second more: d must be the longest the caller lets go-redis resend
+// an acquire call after Redis first ran it, which is the longest context
+// deadline it gives one (go-redis resends a pipeline whose connection
+// broke, or whose read timed out, until that deadline). A resend after the
+// reply is gone would take the batch's tokens twice. Without it, or with
+// a shorter d, the reply is kept for batchLife (5s), which covers a
+// deadline of 4s.
+func WithResendWindow(d time.Duration) Option {
+	return func(r *Redis) {
+		if life := d + time.Second; life > batchLife {
+			r.life = life.Milliseconds()
+		}
+	}
+}
+
 // New returns an authority on client with the given key prefix (see
 // ValidatePrefix). It makes no Redis call.
-func New(client redis.UniversalClient, prefix string) (*Redis, error) {
+func New(client redis.UniversalClient, prefix string, opts ...Option) (*Redis, error) {
 	if client == nil {
 		return nil, errors.New("authority: nil redis client")
 	}
@@ -160,7 +180,11 @@ func New(client redis.UniversalClient, prefix string) (*Redis, error) {
 	if _, err := rand.Read(rnd[:]); err != nil {
 		return nil, fmt.Errorf("authority: request id seed: %w", err)
 	}
-	return &Redis{client: client, prefix: prefix, idBase: hex.EncodeToString(rnd[:]) + "-"}, nil
+	r := &Redis{client: client, prefix: prefix, idBase: hex.EncodeToString(rnd[:]) + "-", life: batchLifeArg}
+	for _, o := range opts {
+		o(r)
+	}
+	return r, nil
 }
 
 // ValidatePrefix reports whether p can prefix Redis keys: 1 to MaxPrefixLen
@@ -351,7 +375,7 @@ func (r *Redis) prepare(a *Acquisition) bool {
 		return false
 	}
 	rate, period := spec(l)
-	a.args = append(make([]any, 0, 4+3*(1+len(a.With))), batchLifeArg, a.Want, a.Min, ppm(a.Share), rate, period, l.Burst)
+	a.args = append(make([]any, 0, 4+3*(1+len(a.With))), r.life, a.Want, a.Min, ppm(a.Share), rate, period, l.Burst)
 	for _, m := range a.With {
 		if a.Want > m.Limit.Burst {
 			a.Err = fmt.Errorf("%w: acquire want=%d burst=%d", ErrScript, a.Want, m.Limit.Burst)
@@ -388,10 +412,11 @@ func (r *Redis) multiInvocation(a *Acquisition, keyed bool) *invocation {
 const maxPerScript = 64
 
 // batchLife is how long a batch invocation that granted keeps its reply
-// (its batch key's TTL; see batch.lua). go-redis resends a pipeline only
-// within the call's context deadline, which callers bound to well under a
-// second, so a few seconds covers every resend; a short life keeps the
-// number of live batch keys small (one per invocation that granted).
+// (its batch key's TTL; see batch.lua) at least. go-redis resends a
+// pipeline only within the call's context deadline; WithResendWindow
+// lengthens the life for a caller whose deadlines are longer. A short life
+// keeps the number of live batch keys small (one per invocation that
+// granted).
 const batchLife = 5 * time.Second
 
 // batchLifeArg is batchLife as the script's argument, boxed once;

@@ -139,7 +139,7 @@ func (r *Redis) batchOf(calls []*Acquisition, keyed bool) *batch {
 	}
 	exactOnly := nl == 1 && extra == 0
 	args := make([]any, 0, 2+3*nl+2*len(calls)+extra)
-	life := batchLifeArg
+	life := r.life
 	if !keyed {
 		life = unkeyedArg
 	}

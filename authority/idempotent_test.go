@@ -2,6 +2,7 @@ package authority
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -253,3 +254,53 @@ func suiteMultiResend(t *testing.T, nb backendFactory) {
 }
 
 func TestMultiResend(t *testing.T) { forEachBackend(t, suiteMultiResend) }
+
+// suiteResendWindow: a batch's reply, and a multi-limit call's, outlives
+// the resend window it was given (WithResendWindow) by a second, and lives
+// batchLife when the window is shorter. Regression: with a budget of 1.5s
+// go-redis resent a batch 5s after its first run, when its reply (kept 5s
+// whatever the window) was gone, and it took its tokens twice.
+func suiteResendWindow(t *testing.T, nb backendFactory) {
+	ctx := context.Background()
+	b := nb(t)
+	perMin := policy.Limit{Name: "w-min", Rate: 1, Period: time.Hour, Burst: 10}
+	daily := policy.Quota("w-day", 7, policy.Day, time.UTC)
+	for i, c := range []struct {
+		window   time.Duration
+		min, max time.Duration // of the resend keys' TTL
+	}{
+		{0, batchLife - time.Second, batchLife},
+		{time.Second, batchLife - time.Second, batchLife},
+		{9 * time.Second, 9*time.Second + 1, 10 * time.Second},
+	} {
+		prefix := testPrefix + strconv.Itoa(i)
+		r, err := New(b.client, prefix, WithResendWindow(c.window))
+		if err != nil {
+			t.Fatal(err)
+		}
+		single := &Acquisition{Key: r.Key(perMin, "s"), Limit: perMin, Want: 1, Min: 1, Share: 1}
+		multi := &Acquisition{Key: r.Key(perMin, "m"), Limit: perMin, Want: 1, Min: 1, Share: 1,
+			With: []Member{{Key: r.Key(daily, "m"), Limit: daily}}}
+		r.AcquireAll(ctx, []*Acquisition{single, multi})
+		for _, a := range []*Acquisition{single, multi} {
+			if a.Err != nil || a.Grant.Granted != 1 {
+				t.Fatalf("window %v: %+v, %v; want 1 granted", c.window, a.Grant, a.Err)
+			}
+		}
+		seen := 0
+		for _, k := range b.allKeys(t) {
+			if !strings.HasPrefix(k, prefix+":batch:") {
+				continue
+			}
+			seen++
+			if ttl := b.pttl(t, k); ttl < c.min || ttl > c.max {
+				t.Errorf("window %v: resend key %s lives %v; want %v to %v", c.window, k, ttl, c.min, c.max)
+			}
+		}
+		if seen != 2 {
+			t.Errorf("window %v: %d resend keys; want 2 (the batch's, the multi-limit call's)", c.window, seen)
+		}
+	}
+}
+
+func TestResendWindow(t *testing.T) { forEachBackend(t, suiteResendWindow) }

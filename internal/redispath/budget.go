@@ -16,6 +16,16 @@ import (
 // budget in all, 500ms with the default budget.
 const saturationGrace = 4
 
+// callLife is the context deadline of an acquire call the lane's senders
+// carry, from when it was handed to them: a budget past the waiter's hard
+// cap, so that the waiter decides first. No call of the path lives longer.
+func callLife(budget time.Duration) time.Duration { return (2 + saturationGrace) * budget }
+
+// ResendWindow is the longest go-redis may resend an acquire call of a
+// path with this budget after Redis first ran it: the longest context
+// deadline the path gives one (see authority.WithResendWindow).
+func ResendWindow(budget time.Duration) time.Duration { return callLife(budget) }
+
 // ErrSaturated marks a call abandoned at the hard cap while the process
 // was still behind. It is not a Redis failure: the breaker is credited
 // with the call's real outcome when it completes.

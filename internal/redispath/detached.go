@@ -105,7 +105,7 @@ func (k *Caller) detached(ctx context.Context, c Call, ln *lane, own func(error)
 	// The call's own deadline lies a budget past the hard cap, so that the
 	// waiter's cap decides first; go-redis honours it while waiting for a
 	// pooled connection, which late readers hold longer.
-	d.pending = pending{a: &d.c.Acq, ctx: d.ctx, deadline: hardCap.Add(budget), sent: &d.sent, own: own, checkAt: due, finish: d}
+	d.pending = pending{a: &d.c.Acq, ctx: d.ctx, deadline: start.Add(callLife(budget)), sent: &d.sent, own: own, checkAt: due, finish: d}
 	ln.submit(&d.pending)
 	// taken completes the call with its delivered result, on the waiter's
 	// goroutine.

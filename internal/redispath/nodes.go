@@ -65,7 +65,7 @@ func newNodes(client redis.UniversalClient, name string, s circuit.Settings, g *
 	pool := poolSize(client)
 	b := &nodes{name: name, settings: s, now: now, one: circuit.New(name, s), byNode: map[string]*nodeBreaker{}, gate: g,
 		newLane: func(brk *circuit.Breaker, ep recorder.Endpoint) *lane {
-			return newLane(auth, brk, pool, (1+saturationGrace+1)*budget, ep)
+			return newLane(auth, brk, pool, callLife(budget), ep)
 		}}
 	b.oneLane = b.newLane(b.one, endpointOf(client))
 	b.lanes = map[*circuit.Breaker]*lane{} // the node breakers'; one has oneLane

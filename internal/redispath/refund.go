@@ -52,7 +52,7 @@ func (p *Path) RefundFinal(rs []authority.Refund, tokens int64) []authority.Fail
 const perRefund = 50 * time.Microsecond
 
 // maxRefundWait caps a pipeline's deadline (Close's final one waits for
-// it): go-redis's own default read timeout.
+// it), unless the budget is longer.
 const maxRefundWait = 3 * time.Second
 
 // refundBudget is the deadline of a pipeline of n adjustments: the budget,
