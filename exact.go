@@ -12,7 +12,7 @@ import (
 func (l *Limiter) allowExact(ctx context.Context, key string, n int64) (Decision, error) {
 	brk, rkey := l.route(l.namer, key)
 	if brk.Rejects(l.clock.wall()) {
-		return l.fallback(ctx, brk, key, n, telemetry.ReasonBreakerOpen), nil
+		return l.breakerOpen(ctx, brk, key, n)
 	}
 	if rkey == "" {
 		rkey = l.namer.Key(key)

@@ -64,6 +64,19 @@ func fallbackReason(err error) string {
 	return telemetry.ReasonError
 }
 
+// breakerOpen is the answer to a call for n tokens of key that brk does not
+// let through: the failure policy's decision, unless the caller's ctx has
+// ended, which gets its error as it would from a call made. Regression (a
+// review): while the breaker was open, callers whose ctx was already
+// cancelled were admitted by FailOpen (764 in one run) and charged to the
+// key's debt.
+func (l *Limiter) breakerOpen(ctx context.Context, brk *circuit.Breaker, key string, n int64) (Decision, error) {
+	if err := ctx.Err(); err != nil {
+		return Decision{}, err
+	}
+	return l.fallback(ctx, brk, key, n, telemetry.ReasonBreakerOpen), nil
+}
+
 // fallback is the failure policy's decision for n tokens of key, made for
 // reason while brk holds Redis calls back or a call failed. Leases already
 // held keep serving until they expire. What the policy admits is charged

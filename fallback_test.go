@@ -260,3 +260,49 @@ func TestUnreachableReason(t *testing.T) {
 		})
 	}
 }
+
+// TestBreakerOpenCancelledCaller: while the breaker is open, a caller whose
+// ctx has already ended gets its ctx's error, in both modes: not FailOpen's
+// admission, which would be charged to the key's debt. Regression (a
+// review): 764 such callers were admitted in one run.
+func TestBreakerOpenCancelledCaller(t *testing.T) {
+	for _, lease := range []bool{false, true} {
+		c := redis.NewClient(&redis.Options{Addr: refusingAddr(t), DialerRetries: 1, MaxRetries: -1})
+		t.Cleanup(func() { _ = c.Close() })
+		opts := []leaselimit.Option{leaselimit.WithFailureMode(policy.FailOpen), leaselimit.WithTimeout(time.Second),
+			leaselimit.WithBreaker(breaker.Settings{Failures: 1, OpenFor: time.Minute})}
+		if !lease {
+			opts = append(opts, leaselimit.WithoutLease())
+		}
+		lim := mustNew(t, c, policy.PerMinute(10), opts...)
+		ctx := context.Background()
+		if d, err := lim.Allow(ctx, "k"); err != nil || d.Source != leaselimit.SourceFallback {
+			t.Fatalf("lease %v: Allow with Redis refusing = %+v, %v; want the failure policy's", lease, d, err)
+		}
+		if s := lim.BreakerState(); s != breaker.Open {
+			t.Fatalf("lease %v: breaker %v; want open", lease, s)
+		}
+		cancelled, cancel := context.WithCancel(ctx)
+		cancel()
+		for _, key := range []string{"k", "other"} {
+			if d, err := lim.Allow(cancelled, key); !errors.Is(err, context.Canceled) {
+				t.Errorf("lease %v: Allow(%s) with a cancelled ctx, breaker open = %+v, %v; want context.Canceled", lease, key, d, err)
+			}
+		}
+		if d, err := lim.Allow(ctx, "k"); err != nil || d.Source != leaselimit.SourceFallback || !d.Allowed {
+			t.Errorf("lease %v: Allow, breaker open = %+v, %v; want FailOpen's admission", lease, d, err)
+		}
+	}
+}
+
+// refusingAddr returns a loopback address that refuses connections.
+func refusingAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	_ = ln.Close()
+	return addr
+}

@@ -24,7 +24,7 @@ func (l *Limiter) miss(ctx context.Context, key string, n int64, a lease.Answer)
 	l.refunds.addReturn(a.Evicted)
 	brk, rkey := l.route(l.namer, key)
 	if brk.Rejects(l.clock.wall()) {
-		return l.fallback(ctx, brk, key, n, telemetry.ReasonBreakerOpen), nil
+		return l.breakerOpen(ctx, brk, key, n)
 	}
 	if rkey == "" {
 		rkey = l.namer.Key(key)
@@ -46,7 +46,7 @@ func (l *Limiter) miss(ctx context.Context, key string, n int64, a lease.Answer)
 				// The refill running may be the breaker's probe: only
 				// its own caller waits for it; this one could not have
 				// made a call itself, and decides by the policy now.
-				return l.fallback(ctx, brk, key, n, telemetry.ReasonBreakerOpen), nil
+				return l.breakerOpen(ctx, brk, key, n)
 			}
 			select {
 			case r = <-l.sf.DoChan(key, refill):

@@ -63,17 +63,15 @@ func (p *Path) Do(ctx context.Context, brk *circuit.Breaker, op func(context.Con
 }
 
 // doInPlace is Do on a client that honours deadlines. The breaker is told
-// a timeout of the budget, not one of the caller's ctx (see silentFor).
+// a timeout of the budget, not one of the caller's ctx (see callerLeft).
 func (p *Path) doInPlace(ctx context.Context, brk *circuit.Breaker, done func(error), op func(context.Context) error) (sent bool, err error) {
 	if !p.gate.enter() {
 		done(nil)
 		return false, p.closed
 	}
 	defer p.gate.leave()
-	start := time.Now()
-	replies := brk.RepliesSeen()
 	limit := p.budget
-	if overload.Recent(start, limit) {
+	if overload.Recent(time.Now(), limit) {
 		limit *= 1 + saturationGrace
 	}
 	cctx, cancel := context.WithTimeoutCause(ctx, limit, errBudgetCut)
@@ -82,9 +80,9 @@ func (p *Path) doInPlace(ctx context.Context, brk *circuit.Breaker, done func(er
 	cancel()
 	switch {
 	case left:
-		// The caller left: not Redis's doing, nor its success, unless
-		// Redis answered no one meanwhile (see silentFor).
-		done(silentFor(brk, start, replies, p.budget))
+		// The caller left: not Redis's doing, nor its success (see
+		// callerLeft).
+		done(callerLeft)
 		return true, ctx.Err()
 	case errors.Is(err, context.DeadlineExceeded):
 		done(circuit.ErrBudget)

@@ -2,26 +2,42 @@ package redispath
 
 import (
 	"runtime"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
 
 // honoursDeadlines reports whether client applies context deadlines to its
-// network reads and writes (go-redis's ContextTimeoutEnabled option). Only
+// network reads and writes (go-redis's ContextTimeoutEnabled option, with
+// no read or write timeout of -2). Only
 // then can a call be bounded by its context alone; otherwise a hung Redis
-// holds a read for the client's ReadTimeout (3s by default), so the path's
+// holds a read for the client's ReadTimeout (5s by default), so the path's
 // own goroutines make the calls and their callers wait at most the budget
 // (see Path and lane).
 func honoursDeadlines(client redis.UniversalClient) bool {
 	switch c := client.(type) {
 	case *redis.Client:
-		return c.Options().ContextTimeoutEnabled
+		o := c.Options()
+		return appliesDeadlines(o.ContextTimeoutEnabled, o.ReadTimeout, o.WriteTimeout)
 	case *redis.ClusterClient:
-		return c.Options().ContextTimeoutEnabled
+		o := c.Options()
+		return appliesDeadlines(o.ContextTimeoutEnabled, o.ReadTimeout, o.WriteTimeout)
 	case *redis.Ring:
-		return c.Options().ContextTimeoutEnabled
+		o := c.Options()
+		return appliesDeadlines(o.ContextTimeoutEnabled, o.ReadTimeout, o.WriteTimeout)
 	}
 	return false
+}
+
+// appliesDeadlines reports whether a go-redis client with these options
+// puts a context's deadline on its reads and writes: it must honour
+// contexts, and neither timeout may be negative once go-redis has set its
+// defaults (-2 as given: the client never sets a read or write deadline,
+// whatever the context says). Regression (a review): with
+// ContextTimeoutEnabled and ReadTimeout -2, calls made in place on a hung
+// Redis held their callers 27× the budget, until Redis came back.
+func appliesDeadlines(contextTimeout bool, read, write time.Duration) bool {
+	return contextTimeout && read >= 0 && write >= 0
 }
 
 // poolSize is the client's connection pool size (one node's on a Cluster).
