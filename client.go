@@ -51,6 +51,13 @@ func NewClient(client redis.UniversalClient, opts ...Option) (*Client, error) {
 	if err := cfg.breaker.Validate(); err != nil {
 		return nil, fmt.Errorf("leaselimit: %w", err)
 	}
+	if t := redispath.ShortestTimeout(client); t > 0 && t < cfg.timeout && cfg.logger != nil {
+		// Visible at start-up: the client's timeout, not the budget, is
+		// how long a call may take, and a call past it is counted as
+		// Redis's failure even when this process, not Redis, was slow.
+		cfg.logger.Warn("leaselimit: the Redis client's read or write timeout is shorter than the time budget (WithTimeout): calls slower than it count as Redis failures, open the breaker, and hand decisions to the failure policy; set ReadTimeout and WriteTimeout to at least the budget",
+			"client_timeout", t, "budget", cfg.timeout, "prefix", cfg.prefix)
+	}
 	// A batch's reply must outlive every resend of it (see
 	// authority.WithResendWindow): the path's longest call deadline grows
 	// with the budget.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 	"github.com/leaselimit/leaselimit/internal/redistest"
 	"github.com/leaselimit/leaselimit/internal/syncbuf"
 	"github.com/leaselimit/leaselimit/policy"
+	"github.com/redis/go-redis/v9"
 )
 
 // TestLogger: WithLogger writes the breaker's transitions, the failure
@@ -106,5 +108,40 @@ func TestOneLinePerClient(t *testing.T) {
 	}
 	if n := out.Count("the failure policy decides"); n != 1 {
 		t.Errorf("%d lines for an outage over 200 limits; want 1", n)
+	}
+}
+
+// TestLoggerClientTimeoutBelowBudget: NewClient warns, once, when the Redis
+// client's read or write timeout is shorter than the budget, and not
+// otherwise. Regression (a review): with ReadTimeout 1ms every slow read
+// counted as Redis's failure, the breaker opened on a Redis that answered,
+// and FailOpen admitted 21-71× the bound, with nothing said.
+func TestLoggerClientTimeoutBelowBudget(t *testing.T) {
+	for _, c := range []struct {
+		name       string
+		opts       redis.Options
+		budget     time.Duration
+		wantWarned bool
+	}{
+		{"defaults", redis.Options{}, leaselimit.DefaultTimeout, false},
+		{"read 20ms", redis.Options{ReadTimeout: 20 * time.Millisecond}, leaselimit.DefaultTimeout, true},
+		{"write 20ms", redis.Options{WriteTimeout: 20 * time.Millisecond}, leaselimit.DefaultTimeout, true},
+		{"no timeouts", redis.Options{ReadTimeout: -1, WriteTimeout: -1}, leaselimit.DefaultTimeout, false},
+		{"read 1s, budget 2s", redis.Options{ReadTimeout: time.Second}, 2 * time.Second, true},
+	} {
+		var out syncbuf.Buffer
+		o := c.opts
+		o.Addr = "127.0.0.1:1"
+		rdb := redis.NewClient(&o)
+		cl, err := leaselimit.NewClient(rdb, leaselimit.WithTimeout(c.budget), leaselimit.WithLogger(slog.New(slog.NewTextHandler(&out, nil))))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = cl.Close()
+		_ = rdb.Close()
+		warned := strings.Count(out.String(), "shorter than the time budget")
+		if (warned == 1) != c.wantWarned || warned > 1 {
+			t.Errorf("%s: %d warnings (%q); want warned %v, once", c.name, warned, out.String(), c.wantWarned)
+		}
 	}
 }

@@ -29,6 +29,30 @@ func honoursDeadlines(client redis.UniversalClient) bool {
 	return false
 }
 
+// ShortestTimeout returns the shorter of client's positive read and write
+// timeouts, once go-redis has set its defaults; 0 if it has none (or is
+// not one of go-redis's own client types). A call slower than it fails with
+// a network timeout, which the breaker counts as Redis's failure whatever
+// the budget (see circuit.Counts).
+func ShortestTimeout(client redis.UniversalClient) time.Duration {
+	var read, write time.Duration
+	switch c := client.(type) {
+	case *redis.Client:
+		read, write = c.Options().ReadTimeout, c.Options().WriteTimeout
+	case *redis.ClusterClient:
+		read, write = c.Options().ReadTimeout, c.Options().WriteTimeout
+	case *redis.Ring:
+		read, write = c.Options().ReadTimeout, c.Options().WriteTimeout
+	}
+	shortest := time.Duration(0)
+	for _, d := range []time.Duration{read, write} {
+		if d > 0 && (shortest == 0 || d < shortest) {
+			shortest = d
+		}
+	}
+	return shortest
+}
+
 // appliesDeadlines reports whether a go-redis client with these options
 // puts a context's deadline on its reads and writes: it must honour
 // contexts, and neither timeout may be negative once go-redis has set its
