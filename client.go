@@ -51,13 +51,7 @@ func NewClient(client redis.UniversalClient, opts ...Option) (*Client, error) {
 	if err := cfg.breaker.Validate(); err != nil {
 		return nil, fmt.Errorf("leaselimit: %w", err)
 	}
-	if t := redispath.ShortestTimeout(client); t > 0 && t < cfg.timeout && cfg.logger != nil {
-		// Visible at start-up: the client's timeout, not the budget, is
-		// how long a call may take, and a call past it is counted as
-		// Redis's failure even when this process, not Redis, was slow.
-		cfg.logger.Warn("leaselimit: the Redis client's read or write timeout is shorter than the time budget (WithTimeout): calls slower than it count as Redis failures, open the breaker, and hand decisions to the failure policy; set ReadTimeout and WriteTimeout to at least the budget",
-			"client_timeout", t, "budget", cfg.timeout, "prefix", cfg.prefix)
-	}
+	warnClientTimeouts(client, cfg)
 	// A batch's reply must outlive every resend of it (see
 	// authority.WithResendWindow): the path's longest call deadline grows
 	// with the budget.
@@ -98,6 +92,25 @@ func NewClient(client redis.UniversalClient, opts ...Option) (*Client, error) {
 	e.debts = newDebtBook(cfg.maxKeys, meters, e.log, e.clock)
 	e.janitor = startJanitor(e.table, e.refunds, e.debts, e.closed, e.path, e.log, e.clock, cfg.lease.TTL)
 	return &Client{e: e}, nil
+}
+
+// warnClientTimeouts logs, at start-up, the Redis client options that take
+// the time budget out of leaselimit's hands (docs/operations.md, "Redis
+// requirements"): a read or write timeout shorter than it, which is the real
+// budget and counts a slow process's calls as Redis's failures; and reads
+// that nothing bounds, which a reply lost in the network holds for ever.
+func warnClientTimeouts(client redis.UniversalClient, cfg config) {
+	if cfg.logger == nil {
+		return
+	}
+	if t := redispath.ShortestTimeout(client); t > 0 && t < cfg.timeout {
+		cfg.logger.Warn("leaselimit: the Redis client's read or write timeout is shorter than the time budget (WithTimeout): calls slower than it count as Redis failures, open the breaker, and hand decisions to the failure policy; set ReadTimeout and WriteTimeout to at least the budget",
+			"client_timeout", t, "budget", cfg.timeout, "prefix", cfg.prefix)
+	}
+	if redispath.UnboundedReads(client) {
+		cfg.logger.Warn("leaselimit: the Redis client has no read timeout and does not apply context deadlines: a reply lost in the network holds leaselimit's calls to that node until the connection dies, and the failure policy decides meanwhile; set ReadTimeout, or ContextTimeoutEnabled",
+			"budget", cfg.timeout, "prefix", cfg.prefix)
+	}
 }
 
 // Limiter returns the Limiter that enforces limit per key on c, or, with

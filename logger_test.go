@@ -3,6 +3,7 @@ package leaselimit_test
 import (
 	"context"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -111,23 +112,29 @@ func TestOneLinePerClient(t *testing.T) {
 	}
 }
 
-// TestLoggerClientTimeoutBelowBudget: NewClient warns, once, when the Redis
-// client's read or write timeout is shorter than the budget, and not
-// otherwise. Regression (a review): with ReadTimeout 1ms every slow read
-// counted as Redis's failure, the breaker opened on a Redis that answered,
-// and FailOpen admitted 21-71× the bound, with nothing said.
-func TestLoggerClientTimeoutBelowBudget(t *testing.T) {
+// TestLoggerClientTimeouts: NewClient warns, once each, when the Redis
+// client's read or write timeout is shorter than the budget, and when
+// nothing bounds its reads (no read timeout, no context deadlines); not
+// otherwise. Regressions (a review): with ReadTimeout 1ms every slow read
+// counted as Redis's failure and FailOpen admitted 21-71× the bound; with
+// ReadTimeout -1 lost replies held the senders, and the failure policy
+// decided while Redis answered again; both with nothing said.
+func TestLoggerClientTimeouts(t *testing.T) {
+	const short, unbounded = "shorter than the time budget", "no read timeout"
 	for _, c := range []struct {
-		name       string
-		opts       redis.Options
-		budget     time.Duration
-		wantWarned bool
+		name   string
+		opts   redis.Options
+		budget time.Duration
+		want   []string
 	}{
-		{"defaults", redis.Options{}, leaselimit.DefaultTimeout, false},
-		{"read 20ms", redis.Options{ReadTimeout: 20 * time.Millisecond}, leaselimit.DefaultTimeout, true},
-		{"write 20ms", redis.Options{WriteTimeout: 20 * time.Millisecond}, leaselimit.DefaultTimeout, true},
-		{"no timeouts", redis.Options{ReadTimeout: -1, WriteTimeout: -1}, leaselimit.DefaultTimeout, false},
-		{"read 1s, budget 2s", redis.Options{ReadTimeout: time.Second}, 2 * time.Second, true},
+		{"defaults", redis.Options{}, leaselimit.DefaultTimeout, nil},
+		{"read 20ms", redis.Options{ReadTimeout: 20 * time.Millisecond}, leaselimit.DefaultTimeout, []string{short}},
+		{"write 20ms", redis.Options{WriteTimeout: 20 * time.Millisecond}, leaselimit.DefaultTimeout, []string{short}},
+		{"read 1s, budget 2s", redis.Options{ReadTimeout: time.Second}, 2 * time.Second, []string{short}},
+		{"no read timeout", redis.Options{ReadTimeout: -1}, leaselimit.DefaultTimeout, []string{unbounded}},
+		{"no read deadlines", redis.Options{ReadTimeout: -2}, leaselimit.DefaultTimeout, []string{unbounded}},
+		{"no read timeout, context deadlines", redis.Options{ReadTimeout: -1, ContextTimeoutEnabled: true}, leaselimit.DefaultTimeout, nil},
+		{"no read deadlines, context deadlines", redis.Options{ReadTimeout: -2, ContextTimeoutEnabled: true}, leaselimit.DefaultTimeout, []string{unbounded}},
 	} {
 		var out syncbuf.Buffer
 		o := c.opts
@@ -139,9 +146,14 @@ func TestLoggerClientTimeoutBelowBudget(t *testing.T) {
 		}
 		_ = cl.Close()
 		_ = rdb.Close()
-		warned := strings.Count(out.String(), "shorter than the time budget")
-		if (warned == 1) != c.wantWarned || warned > 1 {
-			t.Errorf("%s: %d warnings (%q); want warned %v, once", c.name, warned, out.String(), c.wantWarned)
+		for _, w := range []string{short, unbounded} {
+			want := 0
+			if slices.Contains(c.want, w) {
+				want = 1
+			}
+			if got := strings.Count(out.String(), w); got != want {
+				t.Errorf("%s: %d warnings saying %q; want %d (log %q)", c.name, got, w, want, out.String())
+			}
 		}
 	}
 }

@@ -29,21 +29,29 @@ func honoursDeadlines(client redis.UniversalClient) bool {
 	return false
 }
 
-// ShortestTimeout returns the shorter of client's positive read and write
-// timeouts, once go-redis has set its defaults; 0 if it has none (or is
-// not one of go-redis's own client types). A call slower than it fails with
-// a network timeout, which the breaker counts as Redis's failure whatever
-// the budget (see circuit.Counts).
-func ShortestTimeout(client redis.UniversalClient) time.Duration {
-	var read, write time.Duration
+// clientTimeouts returns client's read and write timeouts once go-redis
+// has set its defaults (0: none; negative: -2 as given, no deadline set at
+// all), and whether client is one of go-redis's own types, whose options
+// can be read.
+func clientTimeouts(client redis.UniversalClient) (read, write time.Duration, known bool) {
 	switch c := client.(type) {
 	case *redis.Client:
-		read, write = c.Options().ReadTimeout, c.Options().WriteTimeout
+		return c.Options().ReadTimeout, c.Options().WriteTimeout, true
 	case *redis.ClusterClient:
-		read, write = c.Options().ReadTimeout, c.Options().WriteTimeout
+		return c.Options().ReadTimeout, c.Options().WriteTimeout, true
 	case *redis.Ring:
-		read, write = c.Options().ReadTimeout, c.Options().WriteTimeout
+		return c.Options().ReadTimeout, c.Options().WriteTimeout, true
 	}
+	return 0, 0, false
+}
+
+// ShortestTimeout returns the shorter of client's positive read and write
+// timeouts; 0 if it has none (or is not one of go-redis's own client
+// types). A call slower than it fails with a network timeout, which the
+// breaker counts as Redis's failure whatever the budget (see
+// circuit.Counts).
+func ShortestTimeout(client redis.UniversalClient) time.Duration {
+	read, write, _ := clientTimeouts(client)
 	shortest := time.Duration(0)
 	for _, d := range []time.Duration{read, write} {
 		if d > 0 && (shortest == 0 || d < shortest) {
@@ -51,6 +59,16 @@ func ShortestTimeout(client redis.UniversalClient) time.Duration {
 		}
 	}
 	return shortest
+}
+
+// UnboundedReads reports whether nothing bounds a read of client's: it
+// has no read timeout and does not put contexts' deadlines on its reads. A
+// reply lost in the network (no reset, as when a NAT entry is dropped) then
+// holds the path's senders until the connection dies, and the failure
+// policy decides meanwhile, even once Redis answers again.
+func UnboundedReads(client redis.UniversalClient) bool {
+	read, _, known := clientTimeouts(client)
+	return known && read <= 0 && !honoursDeadlines(client)
 }
 
 // appliesDeadlines reports whether a go-redis client with these options
