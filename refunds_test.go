@@ -1,12 +1,17 @@
 package leaselimit_test
 
 import (
+	"bytes"
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/leaselimit/leaselimit"
+	"github.com/leaselimit/leaselimit/internal/redistest"
 	"github.com/leaselimit/leaselimit/policy"
+	"github.com/redis/go-redis/v9"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 )
 
 // TestCloseRefunds: tokens leased but not spent go back to Redis on Close.
@@ -43,4 +48,53 @@ func TestCloseRefunds(t *testing.T) {
 		t.Errorf("after Close the bucket holds %d; want %d (leased tokens refunded)", got, want)
 	}
 	_ = m
+}
+
+// TestCloseResendsUnansweredRefunds: Close's final refund whose connection
+// is cut before its reply (go-redis resending nothing: MaxRetries -1) is
+// sent once more under the same ids: Close returns nil, nothing is counted
+// dropped, and the bucket holds exactly what was not admitted, whether or
+// not Redis ran the first send. Regression (a review): Close counted such
+// adjustments dropped, 27-431 tokens of them back in their buckets.
+func TestCloseResendsUnansweredRefunds(t *testing.T) {
+	srv := redistest.Start(t)
+	proxy := redistest.NewProxy(t, srv.Addr)
+	rdb := redis.NewClient(&redis.Options{Addr: proxy.Addr, MaxRetries: -1})
+	t.Cleanup(func() { _ = rdb.Close() })
+	refundSHA := scriptSHA(t, "refund.lua")
+	l := policy.Limit{Name: "close-resend", Rate: 1, Period: 24 * time.Hour, Burst: 1000}
+	reader := sdkmetric.NewManualReader()
+	cl, err := leaselimit.NewClient(rdb, leaselimit.WithTimeout(2*time.Second),
+		leaselimit.WithMeterProvider(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim := cl.Limiter(l)
+	ctx := context.Background()
+	admitted := int64(0)
+	for range 300 {
+		if d, err := lim.Allow(ctx, "k"); err == nil && d.Allowed {
+			admitted++
+		}
+	}
+	var cut atomic.Int32
+	proxy.DropReplies(func(chunk []byte) bool {
+		return bytes.Contains(chunk, []byte(refundSHA)) && cut.Add(1) == 1
+	})
+	if err := cl.Close(); err != nil {
+		t.Errorf("Close with its refund's reply cut once = %v; want nil (sent again under its ids)", err)
+	}
+	if cut.Load() == 0 {
+		t.Fatal("Close sent no refund: the lease held no tokens to return")
+	}
+	if refunds, charges := droppedTokens(t, reader); refunds != 0 || charges != 0 {
+		t.Errorf("counted dropped: %d refunded tokens, %d charged; want none", refunds, charges)
+	}
+	d, err := mustNew(t, srv.Client(t), l, leaselimit.WithoutLease()).Peek(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := l.Burst - admitted; d.Remaining != want {
+		t.Errorf("after Close the bucket holds %d; want %d (%d admitted, the rest refunded once)", d.Remaining, want, admitted)
+	}
 }
