@@ -108,7 +108,7 @@ func warnClientTimeouts(client redis.UniversalClient, cfg config) {
 			"client_timeout", t, "budget", cfg.timeout, "prefix", cfg.prefix)
 	}
 	if redispath.UnboundedReads(client) {
-		cfg.logger.Warn("leaselimit: the Redis client has no read timeout and does not apply context deadlines: a reply lost in the network holds leaselimit's calls to that node until the connection dies, and the failure policy decides meanwhile; set ReadTimeout, or ContextTimeoutEnabled",
+		cfg.logger.Warn("leaselimit: the Redis client has no read timeout and does not apply context deadlines: a reply lost in the network holds leaselimit's calls to that node until the connection dies, and the failure policy decides meanwhile; set a ReadTimeout, or ContextTimeoutEnabled with read and write timeouts other than -2",
 			"budget", cfg.timeout, "prefix", cfg.prefix)
 	}
 }
@@ -146,7 +146,8 @@ func (c *Client) Limiter(limit policy.Limit, more ...policy.Limit) *Limiter {
 
 // Close refunds the unused leased tokens of every Limiter of c, waits for
 // Redis calls in flight (at most the client's read timeout on a hung
-// Redis) and stops the background goroutine. Later calls of every Limiter
+// Redis, with no bound if the client has none and does not apply context
+// deadlines; NewClient warns of such a client) and stops the background goroutine. Later calls of every Limiter
 // of c return ErrClosed, and so does a second Close. The error is that of
 // the final refund: tokens it could not return stay debited until their
 // bucket refills, which never over-admits. Close does not close the Redis

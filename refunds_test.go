@@ -50,11 +50,11 @@ func TestCloseRefunds(t *testing.T) {
 	_ = m
 }
 
-// TestCloseResendsUnansweredRefunds: Close's final refund whose connection
-// is cut before its reply (go-redis resending nothing: MaxRetries -1) is
+// TestCloseResendsUnansweredRefunds: Close's final refund whose reply is
+// lost after Redis ran it (go-redis resending nothing: MaxRetries -1) is
 // sent once more under the same ids: Close returns nil, nothing is counted
-// dropped, and the bucket holds exactly what was not admitted, whether or
-// not Redis ran the first send. Regression (a review): Close counted such
+// dropped, and the bucket holds exactly what was not admitted (the second
+// send applies nothing twice). Regression (a review): Close counted such
 // adjustments dropped, 27-431 tokens of them back in their buckets.
 func TestCloseResendsUnansweredRefunds(t *testing.T) {
 	srv := redistest.Start(t)
@@ -76,6 +76,18 @@ func TestCloseResendsUnansweredRefunds(t *testing.T) {
 		if d, err := lim.Allow(ctx, "k"); err == nil && d.Allowed {
 			admitted++
 		}
+	}
+	// The refund script cached, so that the cut send is run by Redis
+	// (with NOSCRIPT it would apply nothing): a warm-up Client's Close.
+	warm, err := leaselimit.NewClient(srv.Client(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 50 {
+		_, _ = warm.Limiter(l).Allow(ctx, "warm-up")
+	}
+	if err := warm.Close(); err != nil || !scriptCached(t, srv, refundSHA) {
+		t.Fatalf("warm-up Close = %v, refund script cached %v; want nil, true", err, scriptCached(t, srv, refundSHA))
 	}
 	var cut atomic.Int32
 	proxy.DropReplies(func(chunk []byte) bool {

@@ -23,7 +23,14 @@ func (k *Caller) Acquire(ctx context.Context, c Call) (authority.Grant, error) {
 		return authority.Grant{}, err
 	}
 	ln := k.p.nodes.laneFor(c.Brk)
-	if k.p.bounded && ln.claim() {
+	// In place only while the breaker is closed: a probe made in place
+	// ends with its caller, and one its caller cut short says nothing
+	// (see callerLeft), so a half-open breaker stayed half-open while
+	// Redis answered, and every other caller got the failure policy
+	// (a review: 6,876-7,181 FailOpen admissions against a bound of 400
+	// in 2s, callers with deadlines of 5-30ms, Redis answering in 40ms).
+	// The senders carry a probe to its end whoever waits.
+	if k.p.bounded && c.Brk.State() == breaker.Closed && ln.claim() {
 		done, err := k.p.admit(c.Brk)
 		if err != nil {
 			ln.release()

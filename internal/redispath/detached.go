@@ -176,6 +176,13 @@ func (k *Caller) detached(ctx context.Context, c Call, ln *lane, own func(error)
 		case <-probed:
 		case <-ticked:
 		}
+		if ctx.Err() != nil {
+			// ctx ended too, and select chose another ready case: the
+			// caller left, and that is not Redis's failure (a review:
+			// callers with 99ms deadlines on a 100ms budget were blamed
+			// on Redis, and got FailOpen's decisions past their deadline).
+			return settle(callLeft, ctx.Err())
+		}
 		now := time.Now()
 		var behind bool
 		switch {

@@ -33,7 +33,10 @@ func (p *Path) Do(ctx context.Context, brk *circuit.Breaker, op func(context.Con
 	if err != nil {
 		return false, fmt.Errorf("%w: %w", p.unavailable, err)
 	}
-	if p.bounded {
+	if p.bounded && brk.State() == breaker.Closed {
+		// In place only while the breaker is closed: a probe its caller
+		// cut short would say nothing (see callerLeft); a worker carries
+		// it to its end (see Caller.Acquire).
 		return p.doInPlace(ctx, brk, done, op)
 	}
 	if !p.gate.enter() {
