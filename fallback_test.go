@@ -267,7 +267,7 @@ func TestUnreachableReason(t *testing.T) {
 // review): 764 such callers were admitted in one run.
 func TestBreakerOpenCancelledCaller(t *testing.T) {
 	for _, lease := range []bool{false, true} {
-		c := redis.NewClient(&redis.Options{Addr: refusingAddr(t), DialerRetries: 1, MaxRetries: -1})
+		c := redis.NewClient(&redis.Options{Addr: refusedAddr(t), DialerRetries: 1, MaxRetries: -1})
 		t.Cleanup(func() { _ = c.Close() })
 		opts := []leaselimit.Option{leaselimit.WithFailureMode(policy.FailOpen), leaselimit.WithTimeout(time.Second),
 			leaselimit.WithBreaker(breaker.Settings{Failures: 1, OpenFor: time.Minute})}
@@ -293,16 +293,4 @@ func TestBreakerOpenCancelledCaller(t *testing.T) {
 			t.Errorf("lease %v: Allow, breaker open = %+v, %v; want FailOpen's admission", lease, d, err)
 		}
 	}
-}
-
-// refusingAddr returns a loopback address that refuses connections.
-func refusingAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	_ = ln.Close()
-	return addr
 }

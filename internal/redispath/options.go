@@ -7,42 +7,46 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// honoursDeadlines reports whether client applies context deadlines to its
-// network reads and writes (go-redis's ContextTimeoutEnabled option, with
-// no read or write timeout of -2). Only
-// then can a call be bounded by its context alone; otherwise a hung Redis
-// holds a read for the client's ReadTimeout (5s by default), so the path's
-// own goroutines make the calls and their callers wait at most the budget
-// (see Path and lane).
-func honoursDeadlines(client redis.UniversalClient) bool {
-	switch c := client.(type) {
-	case *redis.Client:
-		o := c.Options()
-		return appliesDeadlines(o.ContextTimeoutEnabled, o.ReadTimeout, o.WriteTimeout)
-	case *redis.ClusterClient:
-		o := c.Options()
-		return appliesDeadlines(o.ContextTimeoutEnabled, o.ReadTimeout, o.WriteTimeout)
-	case *redis.Ring:
-		o := c.Options()
-		return appliesDeadlines(o.ContextTimeoutEnabled, o.ReadTimeout, o.WriteTimeout)
-	}
-	return false
+// clientOptions is what the path reads of a go-redis client's options,
+// once go-redis has set its defaults.
+type clientOptions struct {
+	known          bool // one of go-redis's own types, whose options can be read
+	contextTimeout bool // ContextTimeoutEnabled
+	// read, write: 0 none; negative: -2 as given, no deadline set at all.
+	read, write time.Duration
+	pool        int // the pool size (one node's on a Cluster)
 }
 
-// clientTimeouts returns client's read and write timeouts once go-redis
-// has set its defaults (0: none; negative: -2 as given, no deadline set at
-// all), and whether client is one of go-redis's own types, whose options
-// can be read.
-func clientTimeouts(client redis.UniversalClient) (read, write time.Duration, known bool) {
+// optionsOf reads client's options (zero if it is not one of go-redis's
+// own client types).
+func optionsOf(client redis.UniversalClient) clientOptions {
 	switch c := client.(type) {
 	case *redis.Client:
-		return c.Options().ReadTimeout, c.Options().WriteTimeout, true
+		o := c.Options()
+		return clientOptions{true, o.ContextTimeoutEnabled, o.ReadTimeout, o.WriteTimeout, o.PoolSize}
 	case *redis.ClusterClient:
-		return c.Options().ReadTimeout, c.Options().WriteTimeout, true
+		o := c.Options()
+		return clientOptions{true, o.ContextTimeoutEnabled, o.ReadTimeout, o.WriteTimeout, o.PoolSize}
 	case *redis.Ring:
-		return c.Options().ReadTimeout, c.Options().WriteTimeout, true
+		o := c.Options()
+		return clientOptions{true, o.ContextTimeoutEnabled, o.ReadTimeout, o.WriteTimeout, o.PoolSize}
 	}
-	return 0, 0, false
+	return clientOptions{}
+}
+
+// honoursDeadlines reports whether client applies context deadlines to its
+// network reads and writes: go-redis's ContextTimeoutEnabled option, and
+// neither timeout -2 (the client then never sets a read or write deadline,
+// whatever the context says). Only then can a call be bounded by its
+// context alone; otherwise a hung Redis holds a read for the client's
+// ReadTimeout (5s by default), so the path's own goroutines make the calls
+// and their callers wait at most the budget (see Path and lane).
+// Regression (a review): with ContextTimeoutEnabled and ReadTimeout -2,
+// calls made in place on a hung Redis held their callers 27× the budget,
+// until Redis came back.
+func honoursDeadlines(client redis.UniversalClient) bool {
+	o := optionsOf(client)
+	return o.contextTimeout && o.read >= 0 && o.write >= 0
 }
 
 // ShortestTimeout returns the shorter of client's positive read and write
@@ -51,9 +55,9 @@ func clientTimeouts(client redis.UniversalClient) (read, write time.Duration, kn
 // breaker counts as Redis's failure whatever the budget (see
 // circuit.Counts).
 func ShortestTimeout(client redis.UniversalClient) time.Duration {
-	read, write, _ := clientTimeouts(client)
+	o := optionsOf(client)
 	shortest := time.Duration(0)
-	for _, d := range []time.Duration{read, write} {
+	for _, d := range []time.Duration{o.read, o.write} {
 		if d > 0 && (shortest == 0 || d < shortest) {
 			shortest = d
 		}
@@ -67,36 +71,16 @@ func ShortestTimeout(client redis.UniversalClient) time.Duration {
 // holds the path's senders until the connection dies, and the failure
 // policy decides meanwhile, even once Redis answers again.
 func UnboundedReads(client redis.UniversalClient) bool {
-	read, _, known := clientTimeouts(client)
-	return known && read <= 0 && !honoursDeadlines(client)
-}
-
-// appliesDeadlines reports whether a go-redis client with these options
-// puts a context's deadline on its reads and writes: it must honour
-// contexts, and neither timeout may be negative once go-redis has set its
-// defaults (-2 as given: the client never sets a read or write deadline,
-// whatever the context says). Regression (a review): with
-// ContextTimeoutEnabled and ReadTimeout -2, calls made in place on a hung
-// Redis held their callers 27× the budget, until Redis came back.
-func appliesDeadlines(contextTimeout bool, read, write time.Duration) bool {
-	return contextTimeout && read >= 0 && write >= 0
+	o := optionsOf(client)
+	return o.known && o.read <= 0 && !honoursDeadlines(client)
 }
 
 // poolSize is the client's connection pool size (one node's on a Cluster).
 func poolSize(client redis.UniversalClient) int {
-	pool := 0
-	switch c := client.(type) {
-	case *redis.Client:
-		pool = c.Options().PoolSize
-	case *redis.ClusterClient:
-		pool = c.Options().PoolSize
-	case *redis.Ring:
-		pool = c.Options().PoolSize
+	if pool := optionsOf(client).pool; pool > 0 {
+		return pool
 	}
-	if pool <= 0 {
-		pool = 10 * runtime.GOMAXPROCS(0) // go-redis's default
-	}
-	return pool
+	return 10 * runtime.GOMAXPROCS(0) // go-redis's default
 }
 
 // retriesCommands reports whether client may send a command more than once

@@ -362,15 +362,7 @@ func printTable(cfg config, version string, groups [][]*setup) {
 	fmt.Fprintln(w, "| workload | design | decisions/s | vs redis_rate, median [range] | of lean_floor, median [range] | p50 | p99 | p99.9 | client CPU/decision | Redis CPU/decision | allocs/decision | Redis cmds/decision | requests/decision | admitted / ideal | fallbacks |")
 	fmt.Fprintln(w, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 	for _, g := range groups {
-		var base, floor []float64
-		for _, s := range g {
-			switch s.name {
-			case design.RedisRate:
-				base = s.rates
-			case design.LeanFloor:
-				floor = s.rates
-			}
-		}
+		base, floor := ratesOf(g, design.RedisRate), ratesOf(g, design.LeanFloor)
 		for _, s := range g {
 			r := &s.res
 			ratio, share := "—", "—"
@@ -436,16 +428,7 @@ func printTable(cfg config, version string, groups [][]*setup) {
 func printLeaseVsExact(w io.Writer, groups [][]*setup) {
 	printed := false
 	for _, g := range groups {
-		var exact, leased []float64
-		for _, s := range g {
-			switch s.name {
-			case design.LeaselimitExact:
-				exact = s.rates
-			case design.LeaselimitLease:
-				leased = s.rates
-			}
-		}
-		sp, ok := ratios(leased, exact)
+		sp, ok := ratios(ratesOf(g, design.LeaselimitLease), ratesOf(g, design.LeaselimitExact))
 		if !ok {
 			continue
 		}
@@ -458,6 +441,17 @@ func printLeaseVsExact(w io.Writer, groups [][]*setup) {
 	if printed {
 		fmt.Fprintln(w)
 	}
+}
+
+// ratesOf returns the per-round rates of the design named name in the
+// workload g, nil if it did not run.
+func ratesOf(g []*setup, name string) []float64 {
+	for _, s := range g {
+		if s.name == name {
+			return s.rates
+		}
+	}
+	return nil
 }
 
 // allResults returns the results of every design of every workload.
