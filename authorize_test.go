@@ -217,18 +217,29 @@ func TestSaturatedByOtherWork(t *testing.T) {
 	twoProcs(t)
 	srv := redistest.Start(t)
 	ctx := context.Background()
-	c := srv.Client(t)
-	if err := c.Ping(ctx).Err(); err != nil {
-		t.Fatal(err)
+	// A client that sets ctx's deadline on its reads (the Limiter then
+	// calls Redis on the caller's goroutine) and one that does not.
+	// Regression: on the first, a read the budget cut was a bare i/o
+	// timeout, and counted against Redis without the checks below.
+	clients := map[string]*redis.Client{
+		"":        srv.Client(t),
+		"-direct": redisClientOpts(t, &redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true}),
 	}
 	const budget = leaselimit.DefaultTimeout
 	// 32 busy goroutines keep a ready goroutine waiting about a budget or
 	// two; 256, longer than the hard cap.
-	for _, busy := range []int{32, 256} {
-		t.Run(fmt.Sprint(busy, "-busy"), func(t *testing.T) {
+	for _, run := range []struct {
+		busy   int
+		client string
+	}{{32, ""}, {256, ""}, {32, "-direct"}, {256, "-direct"}} {
+		busy, c := run.busy, clients[run.client]
+		if err := c.Ping(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		t.Run(fmt.Sprint(busy, "-busy", run.client), func(t *testing.T) {
 			rig := newTelemetryRig(t)
 			bs, trips := tripCounter()
-			lim := newBudgeted(t, c, policy.PerSecond(1000).WithName(fmt.Sprint("sat-busy-", busy)),
+			lim := newBudgeted(t, c, policy.PerSecond(1000).WithName(fmt.Sprint("sat-busy-", busy, run.client)),
 				append(rig.opts(), leaselimit.WithoutLease(), leaselimit.WithFailureMode(policy.FailClosed), leaselimit.WithBreaker(bs))...)
 			burn(t, busy)
 			time.Sleep(50 * time.Millisecond) // let them take the processors

@@ -1,6 +1,7 @@
 package leaselimit_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -433,6 +434,61 @@ func TestCloseReturnsManyLeases(t *testing.T) {
 		}
 		if want := limit.Burst - admitted[key]; d.Remaining != want {
 			t.Fatalf("%s holds %d after Close; want %d (burst %d less %d admitted)", key, d.Remaining, want, limit.Burst, admitted[key])
+		}
+	}
+}
+
+// TestShortReadTimeoutIsNotAnOutage: on a client whose ReadTimeout (50ms)
+// is far below the budget (1s), with go-redis's retries off, a script
+// reply held past the ReadTimeout is had by sending the call again under
+// its id: every decision is Redis's, the bucket gives its burst exactly,
+// and the breaker never opens. Exact and lease modes, with and without
+// ContextTimeoutEnabled. Regression (a review): each late reply counted
+// against Redis, and with a ReadTimeout of 1ms the breaker opened while
+// Redis answered and FailOpen admitted 21-71 times the bound.
+func TestShortReadTimeoutIsNotAnOutage(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	script := func(chunk []byte) bool { return bytes.Contains(bytes.ToLower(chunk), []byte("evalsha")) }
+	for _, cte := range []bool{false, true} {
+		for _, lease := range []bool{false, true} {
+			t.Run(fmt.Sprintf("ContextTimeoutEnabled=%v,lease=%v", cte, lease), func(t *testing.T) {
+				px := redistest.NewProxy(t, srv.Addr)
+				c := redisClientOpts(t, &redis.Options{Addr: px.Addr, ReadTimeout: 50 * time.Millisecond, MaxRetries: -1, ContextTimeoutEnabled: cte})
+				bs, trips := tripCounter()
+				l := policy.Limit{Name: fmt.Sprintf("short-read-%v-%v", cte, lease), Rate: 1, Period: time.Hour, Burst: 20}
+				opts := []leaselimit.Option{leaselimit.WithTimeout(time.Second), leaselimit.WithFailureMode(policy.FailOpen), leaselimit.WithBreaker(bs)}
+				if !lease {
+					opts = append(opts, leaselimit.WithoutLease())
+				}
+				lim := mustNew(t, c, l, opts...)
+				if _, err := lim.Allow(ctx, "warm-up"); err != nil { // the script cached
+					t.Fatal(err)
+				}
+				admitted := 0
+				for i := range 3 * l.Burst {
+					if i%3 == 0 {
+						px.HoldReplies(script) // the next script call's first reply
+					}
+					d, err := lim.Allow(ctx, "k")
+					px.ReleaseReplies()
+					if err != nil {
+						t.Fatalf("Allow %d: %v", i, err)
+					}
+					if d.Source == leaselimit.SourceFallback {
+						t.Fatalf("Allow %d decided by the failure policy (%+v) while Redis answered every call", i, d)
+					}
+					if d.Allowed {
+						admitted++
+					}
+				}
+				if admitted != int(l.Burst) {
+					t.Errorf("admitted %d of a bucket of %d", admitted, l.Burst)
+				}
+				if n := trips.Load(); n > 0 {
+					t.Errorf("the breaker opened %d times", n)
+				}
+			})
 		}
 	}
 }

@@ -404,7 +404,7 @@ func (r *Redis) multiInvocation(a *Acquisition, keyed bool) *invocation {
 	for _, m := range a.With {
 		ks = append(ks, m.Key)
 	}
-	return &invocation{keys: ks, args: args}
+	return &invocation{keys: ks, args: args, resendable: keyed}
 }
 
 // maxPerScript bounds the calls one batch invocation decides: Redis runs a
@@ -435,7 +435,8 @@ var batchLifeArg, unkeyedArg any = batchLife.Milliseconds(), int64(0)
 // ErrScript, before anything is sent. Invocations the server answers
 // NOSCRIPT are sent again by EVAL in a second pipeline. Each invocation
 // carries a fresh batch id, so that one go-redis resends after a broken
-// connection returns its first reply instead of taking tokens twice.
+// connection, or this package after the client's own timeout (see runAll),
+// returns its first reply instead of taking tokens twice.
 func (r *Redis) AcquireAll(ctx context.Context, as []*Acquisition) {
 	as = r.acquireWith(ctx, as)
 	ready := make([]*Acquisition, 0, len(as))
@@ -456,19 +457,11 @@ func (r *Redis) AcquireAll(ctx context.Context, as []*Acquisition) {
 	} else {
 		batches = r.byHashTag(ready)
 	}
-	if len(batches) == 1 { // no pipeline for a lone invocation
-		in := &batches[0].invocation
-		in.cmd = r.client.EvalSha(ctx, batchScript.sha, in.keys, in.args...)
-		if isNoScript(in.cmd.Err()) {
-			in.cmd = r.client.Eval(ctx, batchScript.src, in.keys, in.args...)
-		}
-	} else {
-		invs := make([]*invocation, len(batches))
-		for i, b := range batches {
-			invs[i] = &b.invocation
-		}
-		r.runAll(ctx, batchScript, invs)
+	invs := make([]*invocation, len(batches))
+	for i, b := range batches {
+		invs[i] = &b.invocation
 	}
+	r.runAll(ctx, batchScript, invs)
 	for _, b := range batches {
 		b.decode()
 	}
@@ -609,90 +602,6 @@ func (r *Redis) multiKey() bool {
 func (r *Redis) exact(ctx context.Context, key string, l policy.Limit, n int64) (Grant, error) {
 	return r.Acquire(ctx, key, l, n, n, 1)
 }
-
-// invocation is one script call of a pipeline: its keys and arguments,
-// then, once sent, its command holding the reply.
-type invocation struct {
-	keys []string
-	args []any
-	cmd  *redis.Cmd
-}
-
-// runAll sends every invocation of s in one pipeline by EVALSHA. Those the
-// server answers NOSCRIPT (after SCRIPT FLUSH, a restart or a failover) go
-// again in a second pipeline: the first of them by EVAL, which caches the
-// script, the others by EVALSHA, which then finds it on that node (a
-// pipeline runs in order); any still answered NOSCRIPT (on a Cluster, other
-// nodes) go by EVAL in a third. Sending the source with every invocation
-// would cost Redis a SHA1 of the whole script each time: thousands of
-// refunds flushed at once took longer than the time budget. Each
-// invocation's reply or error is then in its cmd.
-func (r *Redis) runAll(ctx context.Context, s script, invs []*invocation) {
-	pipe := r.client.Pipeline()
-	for _, in := range invs {
-		in.cmd = pipe.EvalSha(ctx, s.sha, in.keys, in.args...)
-	}
-	_, err := pipe.Exec(ctx)
-	setPipelineErr(invs, err) // errors are read per command
-	for pass := 0; pass < 2; pass++ {
-		var retry redis.Pipeliner
-		for _, in := range invs {
-			if !isNoScript(in.cmd.Err()) {
-				continue
-			}
-			if retry == nil {
-				retry = r.client.Pipeline()
-				in.cmd = retry.Eval(ctx, s.src, in.keys, in.args...)
-				continue
-			}
-			if pass == 0 {
-				in.cmd = retry.EvalSha(ctx, s.sha, in.keys, in.args...)
-			} else {
-				in.cmd = retry.Eval(ctx, s.src, in.keys, in.args...)
-			}
-		}
-		if retry == nil {
-			return
-		}
-		_, err = retry.Exec(ctx)
-		setPipelineErr(invs, err)
-	}
-}
-
-// setPipelineErr gives err, a pipeline's error, to every command of invs that has
-// neither a reply nor an error: go-redis leaves them so when the pipeline
-// failed before it was sent (a connection whose AUTH was refused), and a
-// command read then looks like an empty reply.
-func setPipelineErr(invs []*invocation, err error) {
-	if err == nil {
-		return
-	}
-	for _, in := range invs {
-		if in.cmd.Err() == nil && in.cmd.Val() == nil {
-			in.cmd.SetErr(err)
-		}
-	}
-}
-
-// run calls EVALSHA and, when the server has not cached the script (NOSCRIPT:
-// after SCRIPT FLUSH, a restart or a failover), EVAL, which caches it again.
-func (r *Redis) run(ctx context.Context, s script, key string, args ...any) (any, error) {
-	return r.runKeys(ctx, s, []string{key}, args...)
-}
-
-// runKeys is run for a script of several keys (of one hash slot).
-func (r *Redis) runKeys(ctx context.Context, s script, keys []string, args ...any) (any, error) {
-	v, err := r.client.EvalSha(ctx, s.sha, keys, args...).Result()
-	if err != nil && isNoScript(err) {
-		v, err = r.client.Eval(ctx, s.src, keys, args...).Result()
-	}
-	if err != nil {
-		return nil, classify(err)
-	}
-	return v, nil
-}
-
-func isNoScript(err error) bool { return redis.HasErrorPrefix(err, "NOSCRIPT") }
 
 // refusedMark is what the scripts append to an error reply of a command
 // Redis refused inside them (see call in common.lua).

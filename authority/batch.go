@@ -171,7 +171,7 @@ func (r *Redis) batchOf(calls []*Acquisition, keyed bool) *batch {
 	for _, a := range calls {
 		keys = append(keys, a.Key)
 	}
-	return &batch{calls: calls, exactOnly: exactOnly, invocation: invocation{keys: keys, args: args}}
+	return &batch{calls: calls, exactOnly: exactOnly, invocation: invocation{keys: keys, args: args, resendable: keyed}}
 }
 
 // keyIndexes holds the maps grouped uses, for reuse: one per batch would

@@ -137,7 +137,7 @@ func (r *Redis) RefundAll(ctx context.Context, refunds []Refund) []Failed {
 			rf.ID = r.nextID("r")
 		}
 		keys, args := r.adjustCall(rf, n, true)
-		invs = append(invs, &invocation{keys: keys, args: args})
+		invs = append(invs, &invocation{keys: keys, args: args, resendable: true})
 		sent = append(sent, rf)
 	}
 	if len(invs) == 0 {

@@ -51,9 +51,10 @@ func honoursDeadlines(client redis.UniversalClient) bool {
 
 // ShortestTimeout returns the shorter of client's positive read and write
 // timeouts; 0 if it has none (or is not one of go-redis's own client
-// types). A call slower than it fails with a network timeout, which the
-// breaker counts as Redis's failure whatever the budget (see
-// circuit.Counts).
+// types). A script call slower than it is sent again under its id within
+// the budget (see authority.Redis.AcquireAll), and one that keeps missing
+// it fails with a network timeout, which the breaker counts as Redis's
+// failure whatever the budget (see circuit.Counts).
 func ShortestTimeout(client redis.UniversalClient) time.Duration {
 	o := optionsOf(client)
 	shortest := time.Duration(0)

@@ -1,0 +1,179 @@
+package authority
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// How the scripts' calls reach Redis: EVALSHA, then EVAL for a server that
+// has not cached the script; a call whose reply the client stopped
+// waiting for sent again while it is safe and the caller's deadline
+// allows; and a timeout at that deadline reported as the deadline's.
+
+// invocation is one script call of a pipeline: its keys and arguments,
+// then, once sent, its command holding the reply.
+type invocation struct {
+	keys []string
+	args []any
+	cmd  *redis.Cmd
+	// resendable marks a call that carries an id of its own (a batch's
+	// resend key, an adjustment's id): sent twice, Redis applies it once
+	// and answers the second with the first's outcome.
+	resendable bool
+}
+
+// maxResends bounds how often runAll sends a call again after the client
+// gave up on its reply (see clientTimedOut). Each send waited out the
+// client's own timeout, so four more give a reply a few round trips to
+// come back in, without a client whose timeout is tiny sending a call to
+// Redis hundreds of times within one budget.
+const maxResends = 4
+
+// runAll sends every invocation of s by EVALSHA, in one pipeline when
+// there are several. Those the server answers NOSCRIPT (after SCRIPT
+// FLUSH, a restart or a failover) go again in a second pipeline: the first
+// of them by EVAL, which caches the script, the others by EVALSHA, which
+// then finds it on that node (a pipeline runs in order); any still
+// answered NOSCRIPT (on a Cluster, other nodes) go by EVAL in a third.
+// Sending the source with every invocation would cost Redis a SHA1 of the
+// whole script each time: thousands of refunds flushed at once took longer
+// than the time budget.
+//
+// A resendable invocation whose reply the client gave up on while ctx was
+// still live goes again, under its id, up to maxResends times: a go-redis
+// ReadTimeout shorter than the caller's deadline (a review: 1ms, with
+// MaxRetries -1) otherwise made each late reply a failure, the breaker
+// opened while Redis answered, and FailOpen admitted 21-71 times the
+// bound. An invocation whose reply ctx's deadline cut reports ctx's error
+// (see atDeadline). Each invocation's reply or error is then in its cmd.
+func (r *Redis) runAll(ctx context.Context, s script, invs []*invocation) {
+	r.sendAll(ctx, s, invs)
+	for range maxResends {
+		if ctx.Err() != nil {
+			break
+		}
+		var again []*invocation
+		for _, in := range invs {
+			if in.resendable && clientTimedOut(in.cmd.Err()) {
+				again = append(again, in)
+			}
+		}
+		if len(again) == 0 {
+			break
+		}
+		r.sendAll(ctx, s, again)
+	}
+	for _, in := range invs {
+		if err := in.cmd.Err(); err != nil {
+			if e := atDeadline(ctx, err); e != err {
+				in.cmd.SetErr(e)
+			}
+		}
+	}
+}
+
+// sendAll sends invs once (see runAll), a lone invocation without a
+// pipeline.
+func (r *Redis) sendAll(ctx context.Context, s script, invs []*invocation) {
+	if len(invs) == 1 {
+		in := invs[0]
+		in.cmd = r.client.EvalSha(ctx, s.sha, in.keys, in.args...)
+		if isNoScript(in.cmd.Err()) {
+			in.cmd = r.client.Eval(ctx, s.src, in.keys, in.args...)
+		}
+		return
+	}
+	pipe := r.client.Pipeline()
+	for _, in := range invs {
+		in.cmd = pipe.EvalSha(ctx, s.sha, in.keys, in.args...)
+	}
+	_, err := pipe.Exec(ctx)
+	setPipelineErr(invs, err) // errors are read per command
+	for pass := 0; pass < 2; pass++ {
+		var retry redis.Pipeliner
+		for _, in := range invs {
+			if !isNoScript(in.cmd.Err()) {
+				continue
+			}
+			if retry == nil {
+				retry = r.client.Pipeline()
+				in.cmd = retry.Eval(ctx, s.src, in.keys, in.args...)
+				continue
+			}
+			if pass == 0 {
+				in.cmd = retry.EvalSha(ctx, s.sha, in.keys, in.args...)
+			} else {
+				in.cmd = retry.Eval(ctx, s.src, in.keys, in.args...)
+			}
+		}
+		if retry == nil {
+			return
+		}
+		_, err = retry.Exec(ctx)
+		setPipelineErr(invs, err)
+	}
+}
+
+// clientTimedOut reports whether err is a timeout of the client's own (a
+// read, write or dial deadline of go-redis's), which says nothing of
+// whether Redis ran the call.
+func clientTimedOut(err error) bool {
+	var ne net.Error
+	return err != nil && errors.As(err, &ne) && ne.Timeout()
+}
+
+// atDeadline returns err, a call's error, as ctx's error (wrapping err) if
+// the call timed out because ctx ended: go-redis sets ctx's deadline on
+// the connection (ContextTimeoutEnabled) and reports a read it cut as the
+// socket's "i/o timeout", a net.Error like any other, and callers tell the
+// end of their time budget by ctx's error. Regression: a call cut at the
+// budget while this process was behind its scheduler was counted as Redis
+// failing, without the checks that tell the two apart.
+func atDeadline(ctx context.Context, err error) error {
+	cerr := ctx.Err()
+	if cerr == nil || !clientTimedOut(err) || errors.Is(err, cerr) {
+		return err
+	}
+	return fmt.Errorf("%w: %w", cerr, err)
+}
+
+// setPipelineErr gives err, a pipeline's error, to every command of invs that has
+// neither a reply nor an error: go-redis leaves them so when the pipeline
+// failed before it was sent (a connection whose AUTH was refused), and a
+// command read then looks like an empty reply.
+func setPipelineErr(invs []*invocation, err error) {
+	if err == nil {
+		return
+	}
+	for _, in := range invs {
+		if in.cmd.Err() == nil && in.cmd.Val() == nil {
+			in.cmd.SetErr(err)
+		}
+	}
+}
+
+// run calls EVALSHA and, when the server has not cached the script (NOSCRIPT:
+// after SCRIPT FLUSH, a restart or a failover), EVAL, which caches it again.
+func (r *Redis) run(ctx context.Context, s script, key string, args ...any) (any, error) {
+	return r.runKeys(ctx, s, []string{key}, args...)
+}
+
+// runKeys is run for a script of several keys (of one hash slot). It is
+// not sent again (a reset is not safe to resend); a timeout at ctx's
+// deadline reports ctx's error (see atDeadline).
+func (r *Redis) runKeys(ctx context.Context, s script, keys []string, args ...any) (any, error) {
+	v, err := r.client.EvalSha(ctx, s.sha, keys, args...).Result()
+	if err != nil && isNoScript(err) {
+		v, err = r.client.Eval(ctx, s.src, keys, args...).Result()
+	}
+	if err != nil {
+		return nil, classify(atDeadline(ctx, err))
+	}
+	return v, nil
+}
+
+func isNoScript(err error) bool { return redis.HasErrorPrefix(err, "NOSCRIPT") }
