@@ -9,6 +9,7 @@ import (
 	"github.com/leaselimit/leaselimit/authority"
 	"github.com/leaselimit/leaselimit/breaker"
 	"github.com/leaselimit/leaselimit/internal/circuit"
+	"github.com/leaselimit/leaselimit/internal/deadline"
 	"github.com/leaselimit/leaselimit/lease"
 	"github.com/leaselimit/leaselimit/policy"
 	"github.com/leaselimit/leaselimit/telemetry"
@@ -28,8 +29,10 @@ func (l *Limiter) onError(ctx context.Context, brk *circuit.Breaker, key string,
 	case errors.Is(err, errSaturated):
 		// Redis may be fine; this process could not read its reply in time.
 		return l.fallback(ctx, brk, key, n, telemetry.ReasonSaturated), nil
-	case ctx.Err() != nil && !errors.Is(err, circuit.ErrBudget) && !errors.Is(err, breaker.ErrOpen):
-		return Decision{Source: SourceNone}, ctx.Err()
+	case deadline.Ended(ctx) != nil && !errors.Is(err, circuit.ErrBudget) && !errors.Is(err, breaker.ErrOpen):
+		// The caller's ctx ended (its deadline may have passed before
+		// its timer ran: see deadline.Ended).
+		return Decision{Source: SourceNone}, deadline.Ended(ctx)
 	case !circuit.NoAnswer(err) && !errors.Is(err, breaker.ErrOpen) && !circuit.Excluded(err):
 		// Redis answered, but not with a decision: NOPERM (an ACL that is
 		// too narrow), WRONGTYPE (another program's key under our prefix)
@@ -71,7 +74,7 @@ func fallbackReason(err error) string {
 // cancelled were admitted by FailOpen (764 in one run) and charged to the
 // key's debt.
 func (l *Limiter) breakerOpen(ctx context.Context, brk *circuit.Breaker, key string, n int64) (Decision, error) {
-	if err := ctx.Err(); err != nil {
+	if err := deadline.Ended(ctx); err != nil {
 		return Decision{}, err
 	}
 	return l.fallback(ctx, brk, key, n, telemetry.ReasonBreakerOpen), nil

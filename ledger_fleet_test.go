@@ -107,6 +107,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/leaselimit/leaselimit"
 	"github.com/leaselimit/leaselimit/breaker"
+	"github.com/leaselimit/leaselimit/internal/deadline"
 	"github.com/leaselimit/leaselimit/internal/redistest"
 	"github.com/leaselimit/leaselimit/policy"
 	"github.com/leaselimit/leaselimit/telemetry"
@@ -768,9 +769,10 @@ func (r *bucketRound) step(ctx context.Context, w *ledgerWorker, keys []string) 
 // allow makes one AllowN and records it.
 func (r *bucketRound) allow(ctx context.Context, vw *ledgerView, k int, keys []string, n int64) {
 	d, err := vw.lim.AllowN(ctx, keys[k], n)
-	if err != nil && ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+	if cerr := deadline.Ended(ctx); err != nil && cerr != nil && errors.Is(err, cerr) {
 		// Its own deadline ended it: nothing admitted, though Redis may
-		// have granted it (debited, never used).
+		// have granted it (debited, never used). The deadline may have
+		// passed before ctx's timer ran: the Limiter says so at once.
 		for _, l := range vw.ledgers[k] {
 			l.cut.Add(n)
 		}

@@ -6,6 +6,7 @@ import (
 
 	"github.com/leaselimit/leaselimit/breaker"
 	"github.com/leaselimit/leaselimit/internal/circuit"
+	"github.com/leaselimit/leaselimit/internal/deadline"
 	"github.com/leaselimit/leaselimit/lease"
 	"github.com/leaselimit/leaselimit/telemetry"
 	"golang.org/x/sync/singleflight"
@@ -58,8 +59,8 @@ func (l *Limiter) miss(ctx context.Context, key string, n int64, a lease.Answer)
 		if sp, ok := recording(ctx); ok {
 			sp.SetAttributes(telemetry.AttrCoalesced.Bool(r.Shared), telemetry.AttrBreaker.String(state.String()))
 		}
-		if r.Err != nil && ctx.Err() != nil {
-			return Decision{Source: SourceNone}, ctx.Err()
+		if err := deadline.Ended(ctx); r.Err != nil && err != nil {
+			return Decision{Source: SourceNone}, err
 		}
 		if errors.Is(r.Err, errRefillLeft) {
 			// The caller that ran the refill left before the grant came
@@ -120,7 +121,7 @@ func (l *Limiter) refill(ctx context.Context, brk *circuit.Breaker, rkey string,
 	rc := &refillCall{plan: r}
 	rep := l.authorize(ctx, call{brk: brk, rkey: rkey, want: r.Want, min: r.Min, share: r.Share, refill: rc,
 		with: l.with(t.Key())})
-	if rep.err != nil && ctx.Err() != nil {
+	if rep.err != nil && deadline.Ended(ctx) != nil {
 		return nil, errRefillLeft
 	}
 	if rep.err != nil {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 
+	"github.com/leaselimit/leaselimit/internal/deadline"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -53,7 +54,7 @@ const maxResends = 4
 func (r *Redis) runAll(ctx context.Context, s script, invs []*invocation) {
 	r.sendAll(ctx, s, invs)
 	for range maxResends {
-		if ctx.Err() != nil {
+		if deadline.Ended(ctx) != nil {
 			break
 		}
 		var again []*invocation
@@ -132,9 +133,11 @@ func clientTimedOut(err error) bool {
 // socket's "i/o timeout", a net.Error like any other, and callers tell the
 // end of their time budget by ctx's error. Regression: a call cut at the
 // budget while this process was behind its scheduler was counted as Redis
-// failing, without the checks that tell the two apart.
+// failing, without the checks that tell the two apart. ctx has ended once
+// its deadline has passed, whether or not its timer has run (see
+// deadline.Ended).
 func atDeadline(ctx context.Context, err error) error {
-	cerr := ctx.Err()
+	cerr := deadline.Ended(ctx)
 	if cerr == nil || !clientTimedOut(err) || errors.Is(err, cerr) {
 		return err
 	}

@@ -5,6 +5,7 @@ import (
 
 	"github.com/leaselimit/leaselimit/authority"
 	"github.com/leaselimit/leaselimit/breaker"
+	"github.com/leaselimit/leaselimit/internal/deadline"
 )
 
 // Acquire makes call c within the time budget. The error is the Path's
@@ -17,7 +18,7 @@ import (
 // honour them could hold an in-place call for its ReadTimeout, past the
 // budget, so its calls are all carried by the senders.
 func (k *Caller) Acquire(ctx context.Context, c Call) (authority.Grant, error) {
-	if err := ctx.Err(); err != nil {
+	if err := deadline.Ended(ctx); err != nil {
 		// Ended already: no call, rather than a race between its reply
 		// and ctx.Done.
 		return authority.Grant{}, err

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/leaselimit/leaselimit/authority"
+	"github.com/leaselimit/leaselimit/internal/deadline"
 )
 
 // Check runs authority.Check within the budget of every node it visits,
@@ -23,8 +24,8 @@ func (p *Path) Check(ctx context.Context) error {
 	case err := <-ch:
 		return err
 	case <-wait.Done():
-		if ctx.Err() != nil {
-			return ctx.Err()
+		if err := deadline.Ended(ctx); err != nil {
+			return err
 		}
 		return fmt.Errorf("%w: no reply within %v: check the address, the network, and that Redis is not hung", authority.ErrCheck, p.checkBudget())
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/leaselimit/leaselimit/authority"
 	"github.com/leaselimit/leaselimit/internal/circuit"
+	"github.com/leaselimit/leaselimit/internal/deadline"
 	"github.com/leaselimit/leaselimit/internal/overload"
 	"github.com/leaselimit/leaselimit/telemetry"
 )
@@ -176,12 +177,13 @@ func (k *Caller) detached(ctx context.Context, c Call, ln *lane, own func(error)
 		case <-probed:
 		case <-ticked:
 		}
-		if ctx.Err() != nil {
-			// ctx ended too, and select chose another ready case: the
-			// caller left, and that is not Redis's failure (a review:
-			// callers with 99ms deadlines on a 100ms budget were blamed
-			// on Redis, and got FailOpen's decisions past their deadline).
-			return settle(callLeft, ctx.Err())
+		if err := deadline.Ended(ctx); err != nil {
+			// ctx ended too (or its deadline passed, its timer not yet
+			// run), and select chose another ready case: the caller
+			// left, and that is not Redis's failure (a review: callers
+			// with 99ms deadlines on a 100ms budget were blamed on
+			// Redis, and got FailOpen's decisions past their deadline).
+			return settle(callLeft, err)
 		}
 		now := time.Now()
 		var behind bool

@@ -8,6 +8,7 @@ import (
 
 	"github.com/leaselimit/leaselimit/authority"
 	"github.com/leaselimit/leaselimit/internal/circuit"
+	"github.com/leaselimit/leaselimit/internal/deadline"
 	"github.com/leaselimit/leaselimit/internal/overload"
 	"github.com/leaselimit/leaselimit/internal/recorder"
 	"github.com/leaselimit/leaselimit/telemetry"
@@ -33,9 +34,22 @@ var errBudgetCut = errors.New("redispath: the time budget ended")
 // callerEnded reports whether a call made in place on cctx (a context with
 // the budget as its deadline, cause errBudgetCut, made from ctx) failed
 // with err because the caller's ctx ended, not the budget. cctx must not
-// have been cancelled yet.
+// have been cancelled yet. A deadline that has passed counts before its
+// timer has run (see deadline.Ended): the socket's deadline, the same
+// instant, can cut the read first.
 func callerEnded(ctx, cctx context.Context, err error) bool {
-	return err != nil && ctx.Err() != nil && context.Cause(cctx) != errBudgetCut
+	if err == nil || deadline.Ended(ctx) == nil {
+		return false
+	}
+	if ctx.Err() != nil {
+		return context.Cause(cctx) != errBudgetCut
+	}
+	// ctx's deadline has passed, its timer not yet run: it cut the call
+	// if it came no later than the budget's end (cctx's deadline is the
+	// earlier of the two).
+	d, _ := ctx.Deadline()
+	cd, _ := cctx.Deadline()
+	return !cd.Before(d)
 }
 
 // direct makes the call in place, on the caller's goroutine, alone on the
@@ -79,7 +93,7 @@ func (k *Caller) direct(ctx context.Context, c Call, ln *lane, done func(error))
 		// neither the breaker nor the path counts it, and the caller
 		// gets its ctx's error, not the failure policy's decision. A
 		// grant Redis may have made stays debited (under-admission).
-		err := ctx.Err()
+		err := deadline.Ended(ctx)
 		k.tel.RecordAuthority(ctx, time.Since(start), 0, err, false)
 		span.finish(k.tel, 0, err, recorder.ContextReason(err))
 		done(callerLeft)

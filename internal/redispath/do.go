@@ -9,6 +9,7 @@ import (
 	"github.com/leaselimit/leaselimit/authority"
 	"github.com/leaselimit/leaselimit/breaker"
 	"github.com/leaselimit/leaselimit/internal/circuit"
+	"github.com/leaselimit/leaselimit/internal/deadline"
 	"github.com/leaselimit/leaselimit/internal/overload"
 )
 
@@ -86,7 +87,7 @@ func (p *Path) doInPlace(ctx context.Context, brk *circuit.Breaker, done func(er
 		// The caller left: not Redis's doing, nor its success (see
 		// callerLeft).
 		done(callerLeft)
-		return true, ctx.Err()
+		return true, deadline.Ended(ctx)
 	case errors.Is(err, context.DeadlineExceeded):
 		done(circuit.ErrBudget)
 		return true, fmt.Errorf("%w: no reply within %v", p.unavailable, limit)
