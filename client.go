@@ -148,11 +148,11 @@ func (c *Client) Limiter(limit policy.Limit, more ...policy.Limit) *Limiter {
 // Close refunds the unused leased tokens of every Limiter of c, waits for
 // Redis calls in flight (at most the client's read timeout on a hung
 // Redis, with no bound if the client has none and does not apply context
-// deadlines; NewClient warns of such a client) and stops the background goroutine. Later calls of every Limiter
-// of c return ErrClosed, and so does a second Close. The error is that of
-// the final refund: tokens it could not return stay debited until their
-// bucket refills, which never over-admits. Close does not close the Redis
-// client.
+// deadlines; NewClient warns of such a client) and stops the background
+// goroutine. Later calls of every Limiter of c return ErrClosed, and so
+// does a second Close. The error is that of the final refund: tokens it
+// could not return stay debited until their bucket refills, which never
+// over-admits. Close does not close the Redis client.
 func (c *Client) Close() error { return c.e.shutdown() }
 
 // BreakerState returns the state of the circuit breaker around Redis calls.

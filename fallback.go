@@ -21,6 +21,9 @@ import (
 // misconfiguration; the failure policy's decision for an unavailable Redis
 // (or a reply this process was too busy to read).
 func (l *Limiter) onError(ctx context.Context, brk *circuit.Breaker, key string, n int64, err error) (Decision, error) {
+	// The caller's ctx has ended, or its deadline has passed before its
+	// timer ran (see deadline.Ended).
+	ended := deadline.Ended(ctx)
 	switch {
 	case errors.Is(err, ErrClosed):
 		return Decision{Source: SourceNone}, ErrClosed
@@ -29,10 +32,8 @@ func (l *Limiter) onError(ctx context.Context, brk *circuit.Breaker, key string,
 	case errors.Is(err, errSaturated):
 		// Redis may be fine; this process could not read its reply in time.
 		return l.fallback(ctx, brk, key, n, telemetry.ReasonSaturated), nil
-	case deadline.Ended(ctx) != nil && !errors.Is(err, circuit.ErrBudget) && !errors.Is(err, breaker.ErrOpen):
-		// The caller's ctx ended (its deadline may have passed before
-		// its timer ran: see deadline.Ended).
-		return Decision{Source: SourceNone}, deadline.Ended(ctx)
+	case ended != nil && !errors.Is(err, circuit.ErrBudget) && !errors.Is(err, breaker.ErrOpen):
+		return Decision{Source: SourceNone}, ended
 	case !circuit.NoAnswer(err) && !errors.Is(err, breaker.ErrOpen) && !circuit.Excluded(err):
 		// Redis answered, but not with a decision: NOPERM (an ACL that is
 		// too narrow), WRONGTYPE (another program's key under our prefix)
