@@ -211,8 +211,10 @@ func (r *telemetryRig) saturatedCalls(t *testing.T) (byOutcome, fallbacks map[st
 // the CPU busy, so a Redis reply waits in the run queue however the
 // Limiter's own callers behave. A call past the budget is waited for and
 // counted as the process's delay (metric and span attribute); past the
-// hard cap the failure policy decides with reason "saturated". Either way
-// the breaker does not open: Redis answered every call.
+// hard cap the call is denied with reason "saturated", even under
+// FailOpen. Either way the breaker does not open: Redis answered every
+// call. Regression: a call given up at the cap went to the failure
+// policy, and FailOpen admitted it past the fleet's bound.
 func TestSaturatedByOtherWork(t *testing.T) {
 	twoProcs(t)
 	srv := redistest.Start(t)
@@ -240,7 +242,7 @@ func TestSaturatedByOtherWork(t *testing.T) {
 			rig := newTelemetryRig(t)
 			bs, trips := tripCounter()
 			lim := newBudgeted(t, c, policy.PerSecond(1000).WithName(fmt.Sprint("sat-busy-", busy, run.client)),
-				append(rig.opts(), leaselimit.WithoutLease(), leaselimit.WithFailureMode(policy.FailClosed), leaselimit.WithBreaker(bs))...)
+				append(rig.opts(), leaselimit.WithoutLease(), leaselimit.WithFailureMode(policy.FailOpen), leaselimit.WithBreaker(bs))...)
 			burn(t, busy)
 			time.Sleep(50 * time.Millisecond) // let them take the processors
 			var fallbacks int
@@ -253,6 +255,9 @@ func TestSaturatedByOtherWork(t *testing.T) {
 				case err != nil:
 					t.Fatalf("Allow = %v", err)
 				case d.Source == leaselimit.SourceFallback:
+					if d.Allowed {
+						t.Errorf("Allow %d admitted by the failure policy (%+v) while Redis answered every call", i, d)
+					}
 					fallbacks++
 				case d.Source != leaselimit.SourceAuthority || !d.Allowed:
 					t.Fatalf("Allow = %+v; want an authority grant or a fallback", d)

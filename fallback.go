@@ -18,8 +18,8 @@ import (
 
 // onError turns a failed authority call into the caller's result: an error
 // for ctx ending, Close, leaselimit's own bugs and Redis replies that mean
-// misconfiguration; the failure policy's decision for an unavailable Redis
-// (or a reply this process was too busy to read).
+// misconfiguration; the failure policy's decision for an unavailable Redis;
+// a denial for a reply this process was too busy to read (see shed).
 func (l *Limiter) onError(ctx context.Context, brk *circuit.Breaker, key string, n int64, err error) (Decision, error) {
 	// The caller's ctx has ended, or its deadline has passed before its
 	// timer ran (see deadline.Ended).
@@ -31,7 +31,7 @@ func (l *Limiter) onError(ctx context.Context, brk *circuit.Breaker, key string,
 		return Decision{Source: SourceNone}, fmt.Errorf("leaselimit: %w", err)
 	case errors.Is(err, errSaturated):
 		// Redis may be fine; this process could not read its reply in time.
-		return l.fallback(ctx, brk, key, n, telemetry.ReasonSaturated), nil
+		return l.shed(ctx, brk, key, n), nil
 	case ended != nil && !errors.Is(err, circuit.ErrBudget) && !errors.Is(err, breaker.ErrOpen):
 		return Decision{Source: SourceNone}, ended
 	case !circuit.NoAnswer(err) && !errors.Is(err, breaker.ErrOpen) && !circuit.Excluded(err):
@@ -86,6 +86,24 @@ func (l *Limiter) breakerOpen(ctx context.Context, brk *circuit.Breaker, key str
 // held keep serving until they expire. What the policy admits is charged
 // to the bucket once Redis answers again (see debtBook).
 func (l *Limiter) fallback(ctx context.Context, brk *circuit.Breaker, key string, n int64, reason string) Decision {
+	return l.decideWithoutRedis(ctx, brk, key, n, reason, l.mode)
+}
+
+// shed decides n tokens of key whose Redis call was abandoned at the hard
+// cap while this process, not Redis, was behind (reason "saturated"): a
+// denial, whatever the failure policy, unless a lease held serves it.
+// Redis was answering, and the rest of the fleet was taking the bucket's
+// tokens: FailOpen's admission (or FailLocal's share) here went past the
+// fleet's bound (a review measured 3,017 admitted of a bucket of 3,000 on
+// a flooded host), and was charged only afterwards. The failure policy is
+// for a Redis that cannot answer; an instance that far behind sheds.
+func (l *Limiter) shed(ctx context.Context, brk *circuit.Breaker, key string, n int64) Decision {
+	return l.decideWithoutRedis(ctx, brk, key, n, telemetry.ReasonSaturated, policy.FailClosed)
+}
+
+// decideWithoutRedis is the decision, by mode, for n tokens of key that
+// no Redis answer decided, for reason: a lease held first, then mode's.
+func (l *Limiter) decideWithoutRedis(ctx context.Context, brk *circuit.Breaker, key string, n int64, reason string, mode policy.FailureMode) Decision {
 	wall := l.clock.wall()
 	now := l.clock.mono(wall)
 	if !l.cfg.noLease {
@@ -96,7 +114,11 @@ func (l *Limiter) fallback(ctx context.Context, brk *circuit.Breaker, key string
 		}
 	}
 	l.tel.CountFallback(ctx, reason)
-	l.log.fallback(l.mode.String(), reason)
+	if reason != telemetry.ReasonSaturated {
+		// A saturated call is logged as such when it is given up (see
+		// logger.saturated).
+		l.log.fallback(l.mode.String(), reason)
+	}
 	if sp, ok := recording(ctx); ok {
 		sp.SetAttributes(telemetry.AttrReason.String(reason))
 		if reason == telemetry.ReasonBreakerOpen {
@@ -105,7 +127,7 @@ func (l *Limiter) fallback(ctx context.Context, brk *circuit.Breaker, key string
 			sp.SetAttributes(telemetry.AttrBreaker.String(brk.State().String()))
 		}
 	}
-	d := l.policyDecision(brk, key, n, now, wall)
+	d := l.policyDecision(mode, brk, key, n, now, wall)
 	if d.Allowed {
 		// Admitted without the bucket: charged to it once Redis answers.
 		l.owe(key, n, wall)
@@ -113,10 +135,10 @@ func (l *Limiter) fallback(ctx context.Context, brk *circuit.Breaker, key string
 	return d
 }
 
-// policyDecision is the failure policy's own decision for n tokens of key:
-// the view's policy (see WithFailureMode).
-func (l *Limiter) policyDecision(brk *circuit.Breaker, key string, n, now int64, wall time.Time) Decision {
-	switch l.mode {
+// policyDecision is mode's decision for n tokens of key (the view's
+// failure policy, see WithFailureMode, or FailClosed's for a shed call).
+func (l *Limiter) policyDecision(mode policy.FailureMode, brk *circuit.Breaker, key string, n, now int64, wall time.Time) Decision {
+	switch mode {
 	case policy.FailClosed:
 		return denial(l.limit, 0, l.untilProbe(brk, wall), SourceFallback)
 	case policy.FailLocal:

@@ -2,8 +2,10 @@ package leaselimit
 
 import (
 	"context"
+	"fmt"
 	"testing"
 
+	"github.com/leaselimit/leaselimit/internal/circuit"
 	"github.com/leaselimit/leaselimit/policy"
 	"github.com/leaselimit/leaselimit/telemetry"
 )
@@ -43,5 +45,52 @@ func TestFallbackServedByLease(t *testing.T) {
 	}
 	if n := counterSum(t, reader, telemetry.MetricFallbacks); n != 1 {
 		t.Errorf("%s = %d after one decision of the policy; want 1", telemetry.MetricFallbacks, n)
+	}
+}
+
+// TestSaturatedCallIsShed: a call abandoned at the hard cap while this
+// process, not Redis, was behind is denied whatever the failure policy,
+// and owes the bucket nothing. Regression (a review): it went to the
+// failure policy, so FailOpen admitted past the fleet's bound while Redis
+// answered every call (3,017 of a bucket of 3,000 on a flooded host).
+func TestSaturatedCallIsShed(t *testing.T) {
+	for _, mode := range []policy.FailureMode{policy.FailOpen, policy.FailClosed, policy.FailLocal} {
+		t.Run(mode.String(), func(t *testing.T) {
+			_, c := newMini(t, nil)
+			opts := []Option{WithFailureMode(mode)}
+			if mode == policy.FailLocal {
+				opts = append(opts, WithFleetSize(2))
+			}
+			l, reader := meteredLimiter(t, c, policy.PerSecond(1000).WithName("shed"), opts...)
+			ctx := context.Background()
+			brk, _ := l.route(l.namer, "k")
+			late := fmt.Errorf("%w: 512ms", errSaturated)
+			for i := range 3 {
+				d, err := l.onError(ctx, brk, "k", 1, late)
+				if err != nil {
+					t.Fatalf("onError(saturated) = %v; want a decision", err)
+				}
+				if d.Allowed || d.Source != SourceFallback || d.RetryAfter <= 0 {
+					t.Fatalf("call %d abandoned while the process was behind = %+v; want a fallback denial with a RetryAfter", i, d)
+				}
+			}
+			if n := counterSum(t, reader, telemetry.MetricFallbacks); n != 3 {
+				t.Errorf("%s = %d; want the 3 shed decisions", telemetry.MetricFallbacks, n)
+			}
+			l.debts.mu.Lock()
+			owed := len(l.debts.owed)
+			l.debts.mu.Unlock()
+			if owed != 0 {
+				t.Errorf("%d buckets owe tokens after shed decisions; want none", owed)
+			}
+			// The failure policy still decides for an outage.
+			d, err := l.onError(ctx, brk, "k", 1, circuit.ErrBudget)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := mode != policy.FailClosed; d.Allowed != want || d.Source != SourceFallback {
+				t.Errorf("a call Redis did not answer within the budget, %v = %+v; want Allowed %v", mode, d, want)
+			}
+		})
 	}
 }

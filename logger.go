@@ -97,7 +97,7 @@ func (g *logger) saturated() {
 	if g == nil || !g.due(logSaturated) {
 		return
 	}
-	g.out.Warn("leaselimit: instance saturated: a Redis reply was not read within the hard cap; Redis may be healthy", g.whose)
+	g.out.Warn("leaselimit: instance saturated: a Redis reply was not read within the hard cap; Redis may be healthy; the request is denied, whatever the failure policy", g.whose)
 }
 
 // uncharged logs that an admission of the failure policy could not be

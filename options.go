@@ -123,8 +123,10 @@ func defaultConfig() config {
 // queued in this process behind batches Redis is answering), the reply may
 // have arrived and not been read yet, or the call not been sent: the
 // decision keeps waiting, up to 5× the
-// budget in all, and a call abandoned then is decided by the failure policy
-// with reason "saturated" without counting against the breaker.
+// budget in all, and a call abandoned then is denied, whatever the failure
+// policy (FailOpen's admission would go past the fleet's bound while Redis
+// answers), with reason "saturated" and without counting against the
+// breaker.
 //
 // d must be between MinTimeout (1ms) and MaxTimeout (10s). A batch's reply
 // is kept in Redis for six budgets and a second, at least 5s, so that a

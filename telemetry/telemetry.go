@@ -108,7 +108,8 @@ const (
 	ReasonError       = "error"
 	// ReasonSaturated: no reply within the budget and the hard cap while
 	// this process, not Redis, was behind (its goroutines waited that long
-	// to run). Redis may well be healthy: the instance is saturated.
+	// to run). Redis may well be healthy: the instance is saturated, and
+	// the request is denied whatever the failure policy.
 	ReasonSaturated = "saturated"
 )
 
