@@ -16,7 +16,6 @@ import (
 	"github.com/leaselimit/leaselimit/authority"
 	"github.com/leaselimit/leaselimit/breaker"
 	"github.com/leaselimit/leaselimit/internal/circuit"
-	"github.com/leaselimit/leaselimit/internal/recorder"
 	"github.com/leaselimit/leaselimit/internal/redistest"
 	"github.com/leaselimit/leaselimit/policy"
 )
@@ -38,14 +37,7 @@ func newSlowPath(t *testing.T, openFor time.Duration, queued int) *slowPath {
 	px := redistest.NewProxy(t, m.Addr())
 	c := redis.NewClient(&redis.Options{Addr: px.Addr})
 	t.Cleanup(func() { _ = c.Close() })
-	auth, err := authority.New(c, "leaselimit")
-	if err != nil {
-		t.Fatal(err)
-	}
-	tel, err := recorder.New(recorder.Config{LimitName: "slow"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	auth, tel := authAndTel(t, c, "slow")
 	p := New(Config{Client: c, Auth: auth, Budget: 20 * time.Second, Name: "slow", Tel: tel,
 		Breaker: circuit.Settings{Settings: breaker.Settings{Failures: 1, OpenFor: openFor}}})
 	sp := &slowPath{p: p, brk: p.Shared()}

@@ -105,14 +105,8 @@ func (k *Caller) direct(ctx context.Context, c Call, ln *lane, done func(error))
 	case err != nil && errors.Is(err, circuit.ErrBudget):
 		// Whoever waits (a lease refill runs on after its caller left:
 		// c.Keep), a timeout is Redis's only if this process was not
-		// behind: it woke a threshold or more past the deadline the
-		// client applied (the scheduler kept it from reading), a probe
-		// finds it behind now, or replies were queued for it.
-		late := time.Since(start)-limit >= overload.Threshold(budget)
-		if late {
-			overload.MarkBehind(time.Now())
-		}
-		if late || overload.Measure(k.p.gate.spawn, overload.Threshold(budget)) || k.p.congested(c.Brk, replies) {
+		// behind (see behind).
+		if k.p.behind(c.Brk, start, limit, replies) {
 			k.sawSaturation(ctx, telemetry.SaturatedAbandoned)
 			k.recv.Saturated()
 			err = fmt.Errorf("%w: %v", ErrSaturated, time.Since(start).Round(time.Millisecond))

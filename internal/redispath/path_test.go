@@ -30,6 +30,21 @@ func newMini(t *testing.T, opts *redis.Options) (*miniredis.Miniredis, *redis.Cl
 	return m, c
 }
 
+// authAndTel returns the authority of c and a recorder for limit name,
+// for a path under test.
+func authAndTel(t *testing.T, c redis.UniversalClient, name string) (*authority.Redis, *recorder.Recorder) {
+	t.Helper()
+	auth, err := authority.New(c, "leaselimit")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tel, err := recorder.New(recorder.Config{LimitName: name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return auth, tel
+}
+
 // TestVariant: calls run in place on the caller's goroutine (acquire calls
 // when their lane is idle) when the client honours deadlines
 // (ContextTimeoutEnabled), and are carried by the path's goroutines
@@ -77,14 +92,7 @@ func TestIdleCallsInPlace(t *testing.T) {
 		{&redis.Options{}, true},
 	} {
 		_, c := newMini(t, tc.opts)
-		auth, err := authority.New(c, "leaselimit")
-		if err != nil {
-			t.Fatal(err)
-		}
-		tel, err := recorder.New(recorder.Config{LimitName: "idle"})
-		if err != nil {
-			t.Fatal(err)
-		}
+		auth, tel := authAndTel(t, c, "idle")
 		p := New(Config{Client: c, Auth: auth, Budget: time.Second, Name: "idle", Breaker: circuit.Settings{}, Tel: tel})
 		k := p.Caller(tel, nopReceiver{})
 		l := policy.PerSecond(100)

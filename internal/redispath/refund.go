@@ -2,8 +2,6 @@ package redispath
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"time"
 
 	"github.com/leaselimit/leaselimit/authority"
@@ -22,15 +20,15 @@ func (p *Path) Refund(brk *circuit.Breaker, rs []authority.Refund, tokens int64)
 		return nil, false
 	}
 	span := p.tel.StartRefund(p.nodes.laneFor(brk).ep, len(rs))
-	ctx, cancel := context.WithTimeout(context.Background(), p.refundBudget(len(rs)))
+	start, replies, limit := time.Now(), brk.RepliesSeen(), p.refundBudget(len(rs))
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	failed = p.auth.RefundAll(ctx, rs)
 	cancel()
 	err = firstError(failed)
 	p.tel.EndRefund(span, tokens, err)
-	if err != nil && errors.Is(err, context.DeadlineExceeded) {
-		err = fmt.Errorf("%w: %w", circuit.ErrBudget, err)
-	}
-	done(err)
+	// A pipeline cut at its deadline while this process was behind is not
+	// Redis's failure (see judged).
+	done(p.judged(brk, start, limit, replies, err))
 	return failed, true
 }
 

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/leaselimit/leaselimit/internal/circuit"
+	"github.com/leaselimit/leaselimit/internal/overload"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -81,6 +82,23 @@ func isNetworkError(err error) bool {
 	}
 	var ne net.Error
 	return errors.As(err, &ne) && !ne.Timeout()
+}
+
+// behind reports whether a call begun at start, when brk had counted
+// replies, whose deadline limit passed without a reply, ran out because
+// this process, not Redis, was behind: it woke a threshold or more past
+// that deadline (the scheduler kept it from reading), a probe finds the
+// process behind now, or replies were queued for it (see congested). Such
+// a call does not count against the breaker; the others are blamed on
+// Redis. Every call the budget cuts is judged by it: an acquire call, and
+// a peek, a reset or an adjustment (Do), and a refund pipeline.
+func (p *Path) behind(brk *circuit.Breaker, start time.Time, limit time.Duration, replies int64) bool {
+	threshold := overload.Threshold(p.budget)
+	if time.Since(start)-limit >= threshold {
+		overload.MarkBehind(time.Now())
+		return true
+	}
+	return overload.Measure(p.gate.spawn, threshold) || p.congested(brk, replies)
 }
 
 // congested reports whether a call begun when brk had counted replies
