@@ -59,6 +59,7 @@ type Path struct {
 	nodes   *nodes
 	workers *workers // Do's calls on a client that does not honour deadlines
 	dials   dials    // whether the client's dials fail (see unreachable)
+	held    *heldPool
 
 	closed, unavailable error
 }
@@ -71,6 +72,7 @@ func New(cfg Config) *Path {
 	p.nodes = newNodes(cfg.Client, cfg.Name, cfg.Breaker, &p.gate, cfg.Auth, cfg.Budget)
 	p.workers = newWorkers()
 	p.dials.look(cfg.Client)
+	p.held = newHeldPool(cfg.Client, p.pool)
 	return p
 }
 
@@ -106,6 +108,7 @@ func (p *Path) Wait() {
 	p.gate.wait()
 	p.nodes.stop() // the calls the senders carried have ended
 	p.workers.stop()
+	p.held.close()
 }
 
 // Shared returns the breaker of a single node or Sentinel deployment, and

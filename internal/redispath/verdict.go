@@ -91,14 +91,16 @@ func isNetworkError(err error) bool {
 // process behind now, or replies were queued for it (see congested). Such
 // a call does not count against the breaker; the others are blamed on
 // Redis. Every call the budget cuts is judged by it: an acquire call, and
-// a peek, a reset or an adjustment (Do), and a refund pipeline.
+// a peek, a reset or an adjustment (Do), and a refund pipeline. Waiting
+// for a connection that the application's own commands hold is this
+// process's congestion too (see heldPool).
 func (p *Path) behind(brk *circuit.Breaker, start time.Time, limit time.Duration, replies int64) bool {
 	threshold := overload.Threshold(p.budget)
 	if time.Since(start)-limit >= threshold {
 		overload.MarkBehind(time.Now())
 		return true
 	}
-	return overload.Measure(p.gate.spawn, threshold) || p.congested(brk, replies)
+	return overload.Measure(p.gate.spawn, threshold) || p.congested(brk, replies) || p.held.held(threshold)
 }
 
 // congested reports whether a call begun when brk had counted replies

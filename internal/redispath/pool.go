@@ -1,0 +1,80 @@
+package redispath
+
+import (
+	"context"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"golang.org/x/sync/singleflight"
+)
+
+// heldPool tells a call that waits for one of the client's connections,
+// because other commands of the application hold them all, from a Redis
+// that does not answer. An application that shares its go-redis client
+// with leaselimit and runs blocking commands on it (a queue consumer's
+// BLPOP holds a connection a second or more) can hold the whole pool: a
+// call of leaselimit's then gets no connection within the budget, which
+// looked like Redis failing. A review measured a pool of two held by four
+// BLPOP loops: the breaker opened while Redis answered, and FailOpen
+// admitted 4-7 million decisions on a bucket of 100.
+//
+// When every connection of the pool is in use, a connection of
+// heldPool's own, outside the pool, asks Redis for a PING: if Redis
+// answers it within the threshold, the call's missing reply is this
+// process's congestion, not Redis failing (see Path.behind). Only a single
+// node's (or Sentinel's) client is looked at, as in Path.unreachable.
+type heldPool struct {
+	client *redis.Client // the user's; nil: not a single node
+	pool   int
+	side   *redis.Client // one connection of heldPool's own
+	okAt   atomic.Int64  // unix ns of the last PING answered in time
+	ping   singleflight.Group
+}
+
+// newHeldPool returns the heldPool of client, whose pool holds pool
+// connections: a side client of client's options, one connection, that
+// bounds its reads by ctx's deadline and does not retry.
+func newHeldPool(client redis.UniversalClient, pool int) *heldPool {
+	c, ok := client.(*redis.Client)
+	if !ok {
+		return &heldPool{}
+	}
+	opt := *c.Options()
+	opt.PoolSize, opt.MinIdleConns, opt.MaxIdleConns, opt.MaxActiveConns = 1, 0, 1, 1
+	opt.ContextTimeoutEnabled, opt.MaxRetries = true, -1
+	return &heldPool{client: c, pool: pool, side: redis.NewClient(&opt)}
+}
+
+// held reports whether every connection of the client's pool is in use
+// and Redis answers a PING on heldPool's own connection within threshold
+// (one answered within the last threshold will do). Callers at the same
+// moment share one PING.
+func (h *heldPool) held(threshold time.Duration) bool {
+	if h.client == nil {
+		return false
+	}
+	if st := h.client.PoolStats(); st == nil || st.IdleConns > 0 || int(st.TotalConns) < h.pool {
+		return false
+	}
+	if time.Now().UnixNano()-h.okAt.Load() < int64(threshold) {
+		return true
+	}
+	_, err, _ := h.ping.Do("", func() (any, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), threshold)
+		defer cancel()
+		err := h.side.Ping(ctx).Err()
+		if err == nil {
+			h.okAt.Store(time.Now().UnixNano())
+		}
+		return nil, err
+	})
+	return err == nil
+}
+
+// close closes heldPool's own connection.
+func (h *heldPool) close() {
+	if h.side != nil {
+		_ = h.side.Close()
+	}
+}
