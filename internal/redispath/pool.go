@@ -33,17 +33,27 @@ type heldPool struct {
 }
 
 // newHeldPool returns the heldPool of client, whose pool holds pool
-// connections: a side client of client's options, one connection, that
-// bounds its reads by ctx's deadline and does not retry.
+// connections: a side client that reaches the same server as client (its
+// address or dialer, credentials and TLS), one connection, RESP2 and no
+// push notifications, client-side caching or identity, that bounds its
+// reads by ctx's deadline and does not retry. Only those fields are
+// copied: a whole copy of client's options shares state the first client
+// set up (go-redis then logs that it cannot register its handlers, and
+// with maintenance notifications required, panics).
 func newHeldPool(client redis.UniversalClient, pool int) *heldPool {
 	c, ok := client.(*redis.Client)
 	if !ok {
 		return &heldPool{}
 	}
-	opt := *c.Options()
-	opt.PoolSize, opt.MinIdleConns, opt.MaxIdleConns, opt.MaxActiveConns = 1, 0, 1, 1
-	opt.ContextTimeoutEnabled, opt.MaxRetries = true, -1
-	return &heldPool{client: c, pool: pool, side: redis.NewClient(&opt)}
+	o := c.Options()
+	side := redis.NewClient(&redis.Options{
+		Network: o.Network, Addr: o.Addr, Dialer: o.Dialer, TLSConfig: o.TLSConfig,
+		Username: o.Username, Password: o.Password, CredentialsProvider: o.CredentialsProvider,
+		CredentialsProviderContext: o.CredentialsProviderContext, StreamingCredentialsProvider: o.StreamingCredentialsProvider,
+		DialTimeout: o.DialTimeout, Protocol: 2, DisableIdentity: true,
+		PoolSize: 1, MaxIdleConns: 1, MaxActiveConns: 1, MaxRetries: -1, ContextTimeoutEnabled: true,
+	})
+	return &heldPool{client: c, pool: pool, side: side}
 }
 
 // held reports whether every connection of the client's pool is in use
