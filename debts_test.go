@@ -1,7 +1,6 @@
 package leaselimit_test
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"math"
@@ -12,6 +11,7 @@ import (
 	"github.com/leaselimit/leaselimit"
 	"github.com/leaselimit/leaselimit/breaker"
 	"github.com/leaselimit/leaselimit/internal/redistest"
+	"github.com/leaselimit/leaselimit/internal/syncbuf"
 	"github.com/leaselimit/leaselimit/policy"
 	"github.com/redis/go-redis/v9"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
@@ -249,7 +249,7 @@ func TestDebtBookFull(t *testing.T) {
 	reader := sdkmetric.NewManualReader()
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
-	var logs bytes.Buffer
+	var logs syncbuf.Buffer // the janitor logs the breaker's state meanwhile
 	lim := mustNew(t, c, debtLimit("debt-full", 10), leaselimit.WithoutLease(), leaselimit.WithMaxKeys(8),
 		leaselimit.WithMeterProvider(mp), leaselimit.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))),
 		leaselimit.WithBreaker(breaker.Settings{Failures: 1, OpenFor: time.Hour}))
