@@ -782,3 +782,42 @@ func TestPoolHeldByTheApplication(t *testing.T) {
 		})
 	}
 }
+
+// TestWritePauseWithAFullPool: Redis holding scripts back (CLIENT PAUSE
+// WRITE, as FAILOVER does) while leaselimit's own calls hold a pool of one
+// is an outage: the breaker opens and the failure policy decides, as for a
+// hung Redis. Regression (a review): the check for a pool the
+// application holds asked Redis for a PING, which such a pause answers:
+// every call was taken for this process's congestion, the breaker never
+// opened, and FailOpen denied each call at the hard cap for the whole
+// pause.
+func TestWritePauseWithAFullPool(t *testing.T) {
+	srv := redistest.Start(t)
+	c := redisClientOpts(t, &redis.Options{Addr: srv.Addr, PoolSize: 1})
+	bs, trips := tripCounter()
+	lim := newBudgeted(t, c, policy.Limit{Name: "write-pause", Rate: 1, Period: time.Hour, Burst: 1_000_000},
+		leaselimit.WithoutLease(), leaselimit.WithFailureMode(policy.FailOpen), leaselimit.WithBreaker(bs))
+	ctx := context.Background()
+	if _, err := lim.Allow(ctx, "warm"); err != nil {
+		t.Fatal(err)
+	}
+	srv.Do(t, "CLIENT", "PAUSE", "3000", "WRITE")
+	t.Cleanup(func() { srv.Do(t, "CLIENT", "UNPAUSE") })
+	var wg sync.WaitGroup
+	var admitted atomic.Int64
+	end := time.Now().Add(1500 * time.Millisecond)
+	for range 4 {
+		wg.Go(func() {
+			for time.Now().Before(end) {
+				if d, err := lim.Allow(ctx, "k"); err == nil && d.Allowed {
+					admitted.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	t.Logf("Redis paused for writes: %d admitted by FailOpen; the breaker opened %d times", admitted.Load(), trips.Load())
+	if trips.Load() == 0 || admitted.Load() == 0 {
+		t.Errorf("the breaker opened %d times and FailOpen admitted %d during a write pause; want an outage", trips.Load(), admitted.Load())
+	}
+}

@@ -20,15 +20,15 @@ import (
 // admitted 4-7 million decisions on a bucket of 100.
 //
 // When every connection of the pool is in use, a connection of
-// heldPool's own, outside the pool, asks Redis for a PING: if Redis
-// answers it within the threshold, the call's missing reply is this
+// heldPool's own, outside the pool, asks Redis to run a script (see
+// aliveScript): if Redis answers it within the threshold, the call's missing reply is this
 // process's congestion, not Redis failing (see Path.behind). Only a single
 // node's (or Sentinel's) client is looked at, as in Path.unreachable.
 type heldPool struct {
 	client *redis.Client // the user's; nil: not a single node
 	pool   int
 	side   *redis.Client // one connection of heldPool's own
-	okAt   atomic.Int64  // unix ns of the last PING answered in time
+	okAt   atomic.Int64  // unix ns of the last call answered in time
 	ping   singleflight.Group
 }
 
@@ -57,9 +57,9 @@ func newHeldPool(client redis.UniversalClient, pool int) *heldPool {
 }
 
 // held reports whether every connection of the client's pool is in use
-// and Redis answers a PING on heldPool's own connection within threshold
+// and Redis runs aliveScript on heldPool's own connection within threshold
 // (one answered within the last threshold will do). Callers at the same
-// moment share one PING.
+// moment share one call.
 func (h *heldPool) held(threshold time.Duration) bool {
 	if h.client == nil {
 		return false
@@ -73,7 +73,7 @@ func (h *heldPool) held(threshold time.Duration) bool {
 	_, err, _ := h.ping.Do("", func() (any, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), threshold)
 		defer cancel()
-		err := h.side.Ping(ctx).Err()
+		err := h.side.Eval(ctx, aliveScript, nil).Err()
 		if err == nil {
 			h.okAt.Store(time.Now().UnixNano())
 		}
@@ -81,6 +81,15 @@ func (h *heldPool) held(threshold time.Duration) bool {
 	})
 	return err == nil
 }
+
+// aliveScript is what heldPool asks Redis to run: a script, as
+// leaselimit's calls are, not a PING. Redis answers a PING where it holds
+// scripts back: CLIENT PAUSE WRITE (which FAILOVER and managed failovers
+// use) pauses every script without the no-writes flag, and a review saw a
+// PING answered through such a pause while leaselimit's own calls held a
+// pool of one or two: each call was taken for this process's congestion,
+// the breaker never opened, and FailOpen denied for the whole pause.
+const aliveScript = "return 1"
 
 // close closes heldPool's own connection.
 func (h *heldPool) close() {

@@ -36,7 +36,7 @@ func (l stderrLogger) Printf(_ context.Context, format string, v ...any) {
 // which share what the user's client set up: go-redis then logged that it
 // could not register its maintenance-notification handlers, for every
 // Client of a default go-redis client (and would panic where the user
-// required them). It still reaches the server: its PING is answered.
+// required them). It still reaches the server: it answers a PING.
 func TestHeldPoolSideClientIsQuiet(t *testing.T) {
 	got := &lines{}
 	redis.SetLogger(got)
