@@ -86,12 +86,17 @@ func (l *Limiter) breakerOpen(ctx context.Context, brk *circuit.Breaker, key str
 // held keep serving until they expire. What the policy admits is charged
 // to the bucket once Redis answers again (see debtBook).
 func (l *Limiter) fallback(ctx context.Context, brk *circuit.Breaker, key string, n int64, reason string) Decision {
-	return l.decideWithoutRedis(ctx, brk, key, n, reason, l.mode)
+	d := l.decideWithoutRedis(ctx, brk, key, n, reason, l.mode)
+	if d.Source == SourceFallback { // not a lease's decision
+		l.log.fallback(l.mode.String(), reason)
+	}
+	return d
 }
 
 // shed decides n tokens of key whose Redis call was abandoned at the hard
 // cap while this process, not Redis, was behind (reason "saturated"): a
-// denial, whatever the failure policy, unless a lease held serves it.
+// denial, whatever the failure policy, unless a lease held serves it. It
+// is logged as such when the call is given up (see logger.saturated).
 // Redis was answering, and the rest of the fleet was taking the bucket's
 // tokens: FailOpen's admission (or FailLocal's share) here went past the
 // fleet's bound (a review measured 3,017 admitted of a bucket of 3,000 on
@@ -102,7 +107,8 @@ func (l *Limiter) shed(ctx context.Context, brk *circuit.Breaker, key string, n 
 }
 
 // decideWithoutRedis is the decision, by mode, for n tokens of key that
-// no Redis answer decided, for reason: a lease held first, then mode's.
+// no Redis answer decided, for reason: a lease held first, then mode's,
+// counted and traced with reason.
 func (l *Limiter) decideWithoutRedis(ctx context.Context, brk *circuit.Breaker, key string, n int64, reason string, mode policy.FailureMode) Decision {
 	wall := l.clock.wall()
 	now := l.clock.mono(wall)
@@ -114,11 +120,6 @@ func (l *Limiter) decideWithoutRedis(ctx context.Context, brk *circuit.Breaker, 
 		}
 	}
 	l.tel.CountFallback(ctx, reason)
-	if reason != telemetry.ReasonSaturated {
-		// A saturated call is logged as such when it is given up (see
-		// logger.saturated).
-		l.log.fallback(l.mode.String(), reason)
-	}
 	if sp, ok := recording(ctx); ok {
 		sp.SetAttributes(telemetry.AttrReason.String(reason))
 		if reason == telemetry.ReasonBreakerOpen {
