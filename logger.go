@@ -18,7 +18,7 @@ const (
 	logFallback  = iota // the failure policy decides
 	logMisconfig        // Redis replied with an error that is not an outage
 	logReadonly         // READONLY: a failover, or a replica by mistake
-	logSaturated        // a reply not read within the hard cap
+	logSaturated        // a call given up while this process was behind
 	logBreaker          // the breaker opened (closing is always logged)
 	logUncharged        // a failure policy's admission found the debt book full
 	logKinds
@@ -91,13 +91,14 @@ func (g *logger) readonly(err error) {
 		slog.String("error", err.Error()))
 }
 
-// saturated logs a call abandoned at the hard cap while this process was
-// behind.
+// saturated logs a call given up while this process, not Redis, was
+// behind: its reply not read within the hard cap, or no connection of the
+// client's pool while Redis answered.
 func (g *logger) saturated() {
 	if g == nil || !g.due(logSaturated) {
 		return
 	}
-	g.out.Warn("leaselimit: instance saturated: a Redis reply was not read within the hard cap; Redis may be healthy; the request is denied, whatever the failure policy", g.whose)
+	g.out.Warn("leaselimit: instance saturated: a Redis call was given up while this process was behind (its reply not read within the hard cap, or no connection of the client's pool); Redis may be healthy; the request is denied, whatever the failure policy", g.whose)
 }
 
 // uncharged logs that an admission of the failure policy could not be

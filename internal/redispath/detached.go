@@ -207,8 +207,9 @@ func (k *Caller) detached(ctx context.Context, c Call, ln *lane, own func(error)
 		// process behind within the last half budget.
 		behind = behind || overload.Recent(now, budget/2)
 		behind = behind || k.p.congested(c.Brk, replies) || queued(c.Brk, replies, &d.sent)
-		// At the budget's end only (a PING, when the pool is all in use):
-		// a call waiting for a connection the application holds.
+		// At the budget's end only (a call of heldPool's own, when the
+		// pool is all in use): a call waiting for a connection the
+		// application holds.
 		behind = behind || (now.Sub(start) >= budget && k.p.held.held(threshold))
 		if behind && !held {
 			overload.Hold()

@@ -87,6 +87,7 @@ func (k *Caller) direct(ctx context.Context, c Call, ln *lane, done func(error))
 	cctx, sp := k.tel.StartAuthority(bctx, c.Acq.Want, c.Acq.Min, ln.ep)
 	span.span = sp
 	ln.sendAlone(cctx, &c.Acq)
+	c.Acq.Err = k.p.held.refused(c.Acq.Err, overload.Threshold(budget))
 	if !c.Keep && callerEnded(ctx, bctx, c.Acq.Err) {
 		// The caller's ctx ended the call (its deadline came before the
 		// budget's end, or it was cancelled): not Redis's doing, so
@@ -101,16 +102,16 @@ func (k *Caller) direct(ctx context.Context, c Call, ln *lane, done func(error))
 	}
 	noted(c.Brk, c.Acq.Err)
 	g, err := k.end(cctx, c, &span, start, c.Acq.Grant, c.Acq.Err)
-	switch {
-	case err != nil && errors.Is(err, circuit.ErrBudget):
+	if err != nil && errors.Is(err, circuit.ErrBudget) && k.p.behind(c.Brk, start, limit, replies) {
 		// Whoever waits (a lease refill runs on after its caller left:
 		// c.Keep), a timeout is Redis's only if this process was not
 		// behind (see behind).
-		if k.p.behind(c.Brk, start, limit, replies) {
-			k.sawSaturation(ctx, telemetry.SaturatedAbandoned)
-			k.recv.Saturated()
-			err = fmt.Errorf("%w: %v", ErrSaturated, time.Since(start).Round(time.Millisecond))
-		}
+		err = fmt.Errorf("%w: %v", ErrSaturated, time.Since(start).Round(time.Millisecond))
+	}
+	switch {
+	case errors.Is(err, ErrSaturated): // behind, or no connection of the pool while Redis answered
+		k.sawSaturation(ctx, telemetry.SaturatedAbandoned)
+		k.recv.Saturated()
 	case err == nil && time.Since(start) > budget:
 		// Answered within its deadline, yet delivered late: this
 		// process kept the caller from running (as sawLate).

@@ -102,12 +102,15 @@ func (p *Path) doInPlace(ctx context.Context, brk *circuit.Breaker, done func(er
 // counted replies, that ended with err at its deadline limit or before:
 // err, with the reply counted (see noted); a deadline overrun marked
 // circuit.ErrBudget when Redis is to blame, or ErrSaturated when this
-// process was behind (see behind), which the breaker does not count.
+// process was behind (see behind), which the breaker does not count, as
+// for a call that got no connection while Redis answered (see
+// heldPool.refused).
 // Regression (a review): a Settle's adjustment cut at the budget while
 // the process was behind counted against Redis without that check, and on
 // a flooded host five in a row opened the breaker while Redis answered:
 // FailOpen then admitted up to 2,800 on a bucket of 300.
 func (p *Path) judged(brk *circuit.Breaker, start time.Time, limit time.Duration, replies int64, err error) error {
+	err = p.held.refused(err, overload.Threshold(p.budget))
 	noted(brk, err)
 	switch {
 	case err == nil || !errors.Is(err, context.DeadlineExceeded):

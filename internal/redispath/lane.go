@@ -34,6 +34,10 @@ type lane struct {
 	max      int               // pipelines in flight at once
 	fallback time.Duration     // a batch's deadline when no member has one
 	ep       recorder.Endpoint // the server the lane's calls go to, for their spans
+	// held judges a batch that got no connection of the client's pool
+	// (see heldPool.refused), within threshold.
+	held      *heldPool
+	threshold time.Duration
 
 	mu       sync.Mutex
 	queue    []*pending
@@ -88,8 +92,8 @@ const maxBatch = 128
 // connection) keeps one.
 func lanePipelines(pool int) int { return min(pool, 2) }
 
-func newLane(auth *authority.Redis, brk *circuit.Breaker, pool int, fallback time.Duration, ep recorder.Endpoint) *lane {
-	ln := &lane{auth: auth, brk: brk, max: lanePipelines(pool), fallback: fallback, ep: ep}
+func newLane(auth *authority.Redis, brk *circuit.Breaker, pool int, fallback time.Duration, ep recorder.Endpoint, held *heldPool, threshold time.Duration) *lane {
+	ln := &lane{auth: auth, brk: brk, max: lanePipelines(pool), fallback: fallback, ep: ep, held: held, threshold: threshold}
 	ln.senders = newCrew(&ln.mu, ln.max, ln.nextBatch)
 	ln.dog.fire = ln.bark
 	return ln
@@ -294,6 +298,7 @@ func (ln *lane) send(batch []*pending) {
 	cctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
 	ln.auth.AcquireAll(cctx, as)
 	cancel()
+	ln.held.refusedAll(as, ln.threshold)
 	if done != nil {
 		done(batchOutcome(batch))
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/leaselimit/leaselimit/authority"
 	"github.com/leaselimit/leaselimit/breaker"
 	"github.com/leaselimit/leaselimit/internal/circuit"
+	"github.com/leaselimit/leaselimit/internal/overload"
 	"github.com/leaselimit/leaselimit/internal/recorder"
 	"github.com/redis/go-redis/v9"
 )
@@ -57,7 +58,7 @@ type nodeBreaker struct {
 
 // newNodes returns the breakers of client, each with its lane of batched
 // calls (see lane) to auth.
-func newNodes(client redis.UniversalClient, name string, s circuit.Settings, g *gate, auth *authority.Redis, budget time.Duration) *nodes {
+func newNodes(client redis.UniversalClient, name string, s circuit.Settings, g *gate, auth *authority.Redis, budget time.Duration, held *heldPool) *nodes {
 	now := s.Now
 	if now == nil {
 		now = time.Now
@@ -65,7 +66,7 @@ func newNodes(client redis.UniversalClient, name string, s circuit.Settings, g *
 	pool := poolSize(client)
 	b := &nodes{name: name, settings: s, now: now, one: circuit.New(name, s), byNode: map[string]*nodeBreaker{}, gate: g,
 		newLane: func(brk *circuit.Breaker, ep recorder.Endpoint) *lane {
-			return newLane(auth, brk, pool, callLife(budget), ep)
+			return newLane(auth, brk, pool, callLife(budget), ep, held, overload.Threshold(budget))
 		}}
 	b.oneLane = b.newLane(b.one, endpointOf(client))
 	b.lanes = map[*circuit.Breaker]*lane{} // the node breakers'; one has oneLane

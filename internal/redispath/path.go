@@ -69,10 +69,10 @@ func New(cfg Config) *Path {
 	p := &Path{client: cfg.Client, auth: cfg.Auth, budget: cfg.Budget, tel: cfg.Tel, pool: poolSize(cfg.Client),
 		bounded: honoursDeadlines(cfg.Client), retries: retriesCommands(cfg.Client),
 		closed: cfg.Closed, unavailable: cfg.Unavailable}
-	p.nodes = newNodes(cfg.Client, cfg.Name, cfg.Breaker, &p.gate, cfg.Auth, cfg.Budget)
+	p.held = newHeldPool(cfg.Client, p.pool)
+	p.nodes = newNodes(cfg.Client, cfg.Name, cfg.Breaker, &p.gate, cfg.Auth, cfg.Budget, p.held)
 	p.workers = newWorkers()
 	p.dials.look(cfg.Client)
-	p.held = newHeldPool(cfg.Client, p.pool)
 	return p
 }
 

@@ -2,9 +2,12 @@ package redispath
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"sync/atomic"
 	"time"
 
+	"github.com/leaselimit/leaselimit/authority"
 	"github.com/redis/go-redis/v9"
 	"golang.org/x/sync/singleflight"
 )
@@ -19,11 +22,14 @@ import (
 // BLPOP loops: the breaker opened while Redis answered, and FailOpen
 // admitted 4-7 million decisions on a bucket of 100.
 //
-// When every connection of the pool is in use, a connection of
+// When the pool holds all the connections it may, a connection of
 // heldPool's own, outside the pool, asks Redis to run a script (see
-// aliveScript): if Redis answers it within the threshold, the call's missing reply is this
-// process's congestion, not Redis failing (see Path.behind). Only a single
-// node's (or Sentinel's) client is looked at, as in Path.unreachable.
+// aliveScript): if Redis answers it within the threshold, the call's
+// missing reply is this process's congestion, not Redis failing (see
+// Path.behind), and so is go-redis's own error for a call that found no
+// connection in time (see refused). Only a single node's (or Sentinel's)
+// client is looked at, as in Path.unreachable: on a Cluster, both still
+// count as Redis failing.
 type heldPool struct {
 	client *redis.Client // the user's; nil: not a single node
 	pool   int
@@ -46,6 +52,9 @@ func newHeldPool(client redis.UniversalClient, pool int) *heldPool {
 		return &heldPool{}
 	}
 	o := c.Options()
+	if m := o.MaxActiveConns; m > 0 && m < pool {
+		pool = m // the pool holds no more than that
+	}
 	side := redis.NewClient(&redis.Options{
 		Network: o.Network, Addr: o.Addr, Dialer: o.Dialer, TLSConfig: o.TLSConfig,
 		Username: o.Username, Password: o.Password, CredentialsProvider: o.CredentialsProvider,
@@ -56,15 +65,75 @@ func newHeldPool(client redis.UniversalClient, pool int) *heldPool {
 	return &heldPool{client: c, pool: pool, side: side}
 }
 
-// held reports whether every connection of the client's pool is in use
-// and Redis runs aliveScript on heldPool's own connection within threshold
-// (one answered within the last threshold will do). Callers at the same
-// moment share one call.
+// held reports whether the client's pool holds all the connections it may
+// and Redis answers heldPool's own connection (see answers). Some of them
+// may be idle: go-redis retries a call that found none in PoolTimeout
+// after a backoff, during which one can be: TestPoolHeldByTheApplication
+// saw a call blamed on Redis at the budget that way, its pool of one idle
+// for a moment between the application's BLPOP calls.
 func (h *heldPool) held(threshold time.Duration) bool {
-	if h.client == nil {
+	if h == nil || h.client == nil {
 		return false
 	}
-	if st := h.client.PoolStats(); st == nil || st.IdleConns > 0 || int(st.TotalConns) < h.pool {
+	if st := h.client.PoolStats(); st == nil || int(st.TotalConns) < h.pool {
+		return false
+	}
+	return h.answers(threshold)
+}
+
+// refused is err, unless err says the call got no connection of the
+// client's pool (see noConnection) while Redis answers heldPool's own
+// connection within threshold: then it is ErrSaturated, this process's
+// congestion, which the breaker does not count and the root denies (see
+// Path.behind). Regression (a review): with a PoolTimeout of 5ms, a pool
+// of one that the application's BLPOP loops held gave leaselimit's calls
+// the pool's timeout at once, each counted as Redis failing; the breaker
+// opened while Redis answered, and FailOpen admitted 2.7-5.0 million
+// decisions on a bucket of 100 in 3 s. The pool was full when the error
+// came, so its stats are not read.
+func (h *heldPool) refused(err error, threshold time.Duration) error {
+	if !noConnection(err) || !h.answers(threshold) {
+		return err
+	}
+	return congestion(err)
+}
+
+// refusedAll applies refused to the outcome of every call of a batch,
+// asking Redis once.
+func (h *heldPool) refusedAll(as []*authority.Acquisition, threshold time.Duration) {
+	asked, answered := false, false
+	for _, a := range as {
+		if !noConnection(a.Err) {
+			continue
+		}
+		if !asked {
+			asked, answered = true, h.answers(threshold)
+		}
+		if answered {
+			a.Err = congestion(a.Err)
+		}
+	}
+}
+
+// noConnection reports whether err is go-redis's for a call that got no
+// connection of the pool: its PoolTimeout ran out, or MaxActiveConns was
+// reached.
+func noConnection(err error) bool {
+	return err != nil && (errors.Is(err, redis.ErrPoolTimeout) || errors.Is(err, redis.ErrPoolExhausted))
+}
+
+// congestion is ErrSaturated for a call that got no connection, err, while
+// Redis answered; it does not wrap err, which the breaker would count.
+func congestion(err error) error {
+	return fmt.Errorf("%w: %v, while Redis answered", ErrSaturated, err)
+}
+
+// answers reports whether Redis runs aliveScript on heldPool's own
+// connection within threshold (one answered within the last threshold will
+// do). Callers at the same moment share one call. It is false on a client
+// heldPool does not look at.
+func (h *heldPool) answers(threshold time.Duration) bool {
+	if h == nil || h.client == nil {
 		return false
 	}
 	if time.Now().UnixNano()-h.okAt.Load() < int64(threshold) {

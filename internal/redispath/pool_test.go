@@ -2,13 +2,18 @@ package redispath
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"log"
 	"os"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
+	"github.com/leaselimit/leaselimit/authority"
+	"github.com/leaselimit/leaselimit/internal/circuit"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -53,5 +58,45 @@ func TestHeldPoolSideClientIsQuiet(t *testing.T) {
 		if strings.Contains(l, "maintnotifications") || strings.Contains(l, "handler") {
 			t.Errorf("go-redis logged, making the side connection: %s", l)
 		}
+	}
+}
+
+// TestRefusedConnection: go-redis's error for a call that got no
+// connection of the pool (its PoolTimeout, or MaxActiveConns reached) is
+// this process's congestion while Redis answers heldPool's own connection
+// (ErrSaturated, which the breaker does not count), and Redis failing
+// when it does not; other errors are left as they are. A batch's calls
+// are judged alike.
+func TestRefusedConnection(t *testing.T) {
+	m, c := newMini(t, &redis.Options{PoolSize: 1})
+	h := newHeldPool(c, 1)
+	defer h.close()
+	const threshold = 50 * time.Millisecond
+	timeout := fmt.Errorf("acquire: %w", redis.ErrPoolTimeout)
+	for _, err := range []error{timeout, redis.ErrPoolExhausted} {
+		got := h.refused(err, threshold)
+		if !errors.Is(got, ErrSaturated) || circuit.Counts(got) {
+			t.Errorf("refused(%v) while Redis answers = %v (counts: %v); want ErrSaturated, not counted", err, got, circuit.Counts(got))
+		}
+	}
+	for _, err := range []error{nil, io.EOF, context.DeadlineExceeded} {
+		if got := h.refused(err, threshold); got != err {
+			t.Errorf("refused(%v) = %v; want it unchanged", err, got)
+		}
+	}
+	as := []*authority.Acquisition{{}, {}, {}}
+	as[0].Err, as[2].Err = timeout, timeout
+	h.refusedAll(as, threshold)
+	if !errors.Is(as[0].Err, ErrSaturated) || as[1].Err != nil || !errors.Is(as[2].Err, ErrSaturated) {
+		t.Errorf("refusedAll: %v, %v, %v; want ErrSaturated, nil, ErrSaturated", as[0].Err, as[1].Err, as[2].Err)
+	}
+	var cluster *heldPool // what a Cluster client gets: nothing to ask
+	if got := cluster.refused(timeout, threshold); got != timeout {
+		t.Errorf("refused on a client heldPool does not look at = %v; want it unchanged", got)
+	}
+	m.Close() // Redis down: the pool's error is Redis failing
+	h.okAt.Store(0)
+	if got := h.refused(timeout, threshold); got != timeout || !circuit.Counts(got) {
+		t.Errorf("refused(%v) with Redis down = %v; want it unchanged, counted", timeout, got)
 	}
 }

@@ -19,12 +19,13 @@ import (
 // goroutine that received it (before end): a network error, which says
 // Redis cannot be reached (see unreachable); a reply, which the waiters of
 // other calls count to tell a slow Redis from a process that is behind
-// (see congested and queued).
+// (see congested and queued). A call that got no connection
+// (ErrSaturated, see heldPool.refused) brought no reply.
 func noted(brk *circuit.Breaker, err error) {
 	if isNetworkError(err) {
 		brk.NoteNetworkError(time.Now())
 	}
-	if !circuit.Counts(err) {
+	if !circuit.Counts(err) && !errors.Is(err, ErrSaturated) {
 		brk.CountReply()
 	}
 }
