@@ -1357,3 +1357,45 @@ func TestClusterWrappedClient(t *testing.T) {
 	}
 	checkNoCrossSlot(t, c.Nodes)
 }
+
+// TestClusterPoolHeldByTheApplication is TestPoolHeldByTheApplication on a
+// Cluster: BLPOP loops on a queue on every master hold each node's pool of
+// two (and, with a PoolTimeout of 5ms, give the pool's error at once)
+// while every node answers. That is this process's congestion: the
+// breakers stay closed and the bucket's bound holds.
+func TestClusterPoolHeldByTheApplication(t *testing.T) {
+	c := redistest.StartCluster(t, 3, 0)
+	ctx := context.Background()
+	for _, pool := range []struct {
+		name string
+		opts redis.ClusterOptions
+	}{
+		{"pool of 2", redis.ClusterOptions{PoolSize: 2}},
+		{"pool timeout 5ms", redis.ClusterOptions{PoolSize: 1, PoolTimeout: 5 * time.Millisecond}},
+	} {
+		for _, lease := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/lease=%v", pool.name, lease), func(t *testing.T) {
+				o := pool.opts
+				o.Addrs = c.Addrs()
+				cc := redis.NewClusterClient(&o)
+				t.Cleanup(func() { _ = cc.Close() })
+				// A queue on each master.
+				var queues []string
+				seen := map[string]bool{}
+				for i := 0; len(queues) < 3 && i < 1000; i++ {
+					q := fmt.Sprintf("app-queue-%d", i)
+					node, err := cc.MasterForKey(ctx, q)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if addr := node.Options().Addr; !seen[addr] {
+						seen[addr] = true
+						queues = append(queues, q)
+					}
+				}
+				name := fmt.Sprintf("cl-pool-held-%d-%v", o.PoolSize, lease)
+				poolHeld(t, cc, name, queues, lease)
+			})
+		}
+	}
+}

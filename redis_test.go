@@ -732,19 +732,21 @@ func TestPoolHeldByTheApplication(t *testing.T) {
 	for _, pool := range pools {
 		for _, lease := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%s/lease=%v", pool.name, lease), func(t *testing.T) {
-				poolHeld(t, srv.Addr, pool.opts, lease)
+				o := pool.opts
+				o.Addr = srv.Addr
+				name := fmt.Sprintf("pool-held-%d-%d-%v-%v", o.PoolSize, o.MaxActiveConns, o.ContextTimeoutEnabled, lease)
+				poolHeld(t, redisClientOpts(t, &o), name, []string{"app-queue"}, lease)
 			})
 		}
 	}
 }
 
-// poolHeld runs TestPoolHeldByTheApplication on a client with o's pool
-// settings, in lease mode or exact.
-func poolHeld(t *testing.T, addr string, o redis.Options, lease bool) {
-	o.Addr = addr
-	c := redisClientOpts(t, &o)
+// poolHeld runs TestPoolHeldByTheApplication on c, a limit of name, in
+// lease mode or exact, while four BLPOP loops on each of queues hold c's
+// connections.
+func poolHeld(t *testing.T, c redis.UniversalClient, name string, queues []string, lease bool) {
 	bs, trips := tripCounter()
-	l := policy.Limit{Name: fmt.Sprintf("pool-held-%d-%d-%v-%v", o.PoolSize, o.MaxActiveConns, o.ContextTimeoutEnabled, lease), Rate: 1, Period: time.Hour, Burst: 100}
+	l := policy.Limit{Name: name, Rate: 1, Period: time.Hour, Burst: 100}
 	opts := []leaselimit.Option{leaselimit.WithFailureMode(policy.FailOpen), leaselimit.WithBreaker(bs)}
 	if !lease {
 		opts = append(opts, leaselimit.WithoutLease())
@@ -753,13 +755,15 @@ func poolHeld(t *testing.T, addr string, o redis.Options, lease bool) {
 	var stopped atomic.Bool
 	var wg sync.WaitGroup
 	for range 4 { // the application's consumers, on the shared client
-		wg.Go(func() {
-			for !stopped.Load() {
-				// go-redis sends a timeout under a second as one
-				// second: each holds its connection that long.
-				c.BLPop(context.Background(), 20*time.Millisecond, "app-queue")
-			}
-		})
+		for _, q := range queues {
+			wg.Go(func() {
+				for !stopped.Load() {
+					// go-redis sends a timeout under a second as one
+					// second: each holds its connection that long.
+					c.BLPop(context.Background(), 20*time.Millisecond, q)
+				}
+			})
+		}
 	}
 	var decisions, admitted, fallbacks, slowest atomic.Int64
 	end := time.Now().Add(3 * time.Second)

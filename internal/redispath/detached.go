@@ -210,7 +210,7 @@ func (k *Caller) detached(ctx context.Context, c Call, ln *lane, own func(error)
 		// At the budget's end only (a call of heldPool's own, when the
 		// pool is all in use): a call waiting for a connection the
 		// application holds.
-		behind = behind || (now.Sub(start) >= budget && k.p.held.held(threshold))
+		behind = behind || (now.Sub(start) >= budget && k.p.nodes.heldOf(c.Brk, c.Acq.Key).held(threshold))
 		if behind && !held {
 			overload.Hold()
 			held = true

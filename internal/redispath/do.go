@@ -110,12 +110,13 @@ func (p *Path) doInPlace(ctx context.Context, brk *circuit.Breaker, done func(er
 // a flooded host five in a row opened the breaker while Redis answered:
 // FailOpen then admitted up to 2,800 on a bucket of 300.
 func (p *Path) judged(brk *circuit.Breaker, start time.Time, limit time.Duration, replies int64, err error) error {
-	err = p.held.refused(err, overload.Threshold(p.budget))
+	held := p.nodes.heldOf(brk, "")
+	err = held.refused(err, overload.Threshold(p.budget))
 	noted(brk, err)
 	switch {
 	case err == nil || !errors.Is(err, context.DeadlineExceeded):
 		return err
-	case p.behind(brk, start, limit, replies):
+	case p.behind(brk, held, start, limit, replies):
 		// Not on ratelimit.saturated, which counts decisions' calls.
 		return fmt.Errorf("%w: %v", ErrSaturated, time.Since(start).Round(time.Millisecond))
 	}

@@ -34,9 +34,12 @@ type lane struct {
 	max      int               // pipelines in flight at once
 	fallback time.Duration     // a batch's deadline when no member has one
 	ep       recorder.Endpoint // the server the lane's calls go to, for their spans
-	// held judges a batch that got no connection of the client's pool
-	// (see heldPool.refused), within threshold.
+	// held looks at the pool of the lane's node (a Cluster's node, or the
+	// single node's client; see heldPool), within threshold; the lane
+	// closes it. heldOf returns the heldPool of a call's key (see
+	// nodes.heldOf).
 	held      *heldPool
+	heldOf    func(rkey string) *heldPool
 	threshold time.Duration
 
 	mu       sync.Mutex
@@ -94,6 +97,7 @@ func lanePipelines(pool int) int { return min(pool, 2) }
 
 func newLane(auth *authority.Redis, brk *circuit.Breaker, pool int, fallback time.Duration, ep recorder.Endpoint, held *heldPool, threshold time.Duration) *lane {
 	ln := &lane{auth: auth, brk: brk, max: lanePipelines(pool), fallback: fallback, ep: ep, held: held, threshold: threshold}
+	ln.heldOf = func(string) *heldPool { return held }
 	ln.senders = newCrew(&ln.mu, ln.max, ln.nextBatch)
 	ln.dog.fire = ln.bark
 	return ln
@@ -236,6 +240,7 @@ func (ln *lane) stop() {
 	ln.mu.Lock()
 	ln.dog.stop()
 	ln.mu.Unlock()
+	ln.held.close()
 }
 
 // take removes up to maxBatch waiting calls from the queue, in order.
@@ -298,7 +303,7 @@ func (ln *lane) send(batch []*pending) {
 	cctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
 	ln.auth.AcquireAll(cctx, as)
 	cancel()
-	ln.held.refusedAll(as, ln.threshold)
+	refusedAll(as, ln.heldOf, ln.threshold)
 	if done != nil {
 		done(batchOutcome(batch))
 	}

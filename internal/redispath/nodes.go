@@ -23,11 +23,11 @@ import (
 type nodes struct {
 	name     string
 	settings circuit.Settings
-	now      func() time.Time                                       // the Limiter's clock
-	one      *circuit.Breaker                                       // non-cluster clients, and cluster keys whose node is unknown
-	oneLane  *lane                                                  // one's batches
-	cluster  *redis.ClusterClient                                   // nil unless the client is a cluster
-	newLane  func(brk *circuit.Breaker, ep recorder.Endpoint) *lane // a lane for a new node's breaker
+	now      func() time.Time                                                           // the Limiter's clock
+	one      *circuit.Breaker                                                           // non-cluster clients, and cluster keys whose node is unknown
+	oneLane  *lane                                                                      // one's batches
+	cluster  *redis.ClusterClient                                                       // nil unless the client is a cluster
+	newLane  func(brk *circuit.Breaker, ep recorder.Endpoint, node *redis.Client) *lane // a lane for a new node's breaker, node its client
 
 	mu     sync.RWMutex
 	byNode map[string]*nodeBreaker // master address → breaker
@@ -58,17 +58,20 @@ type nodeBreaker struct {
 
 // newNodes returns the breakers of client, each with its lane of batched
 // calls (see lane) to auth.
-func newNodes(client redis.UniversalClient, name string, s circuit.Settings, g *gate, auth *authority.Redis, budget time.Duration, held *heldPool) *nodes {
+func newNodes(client redis.UniversalClient, name string, s circuit.Settings, g *gate, auth *authority.Redis, budget time.Duration) *nodes {
 	now := s.Now
 	if now == nil {
 		now = time.Now
 	}
 	pool := poolSize(client)
-	b := &nodes{name: name, settings: s, now: now, one: circuit.New(name, s), byNode: map[string]*nodeBreaker{}, gate: g,
-		newLane: func(brk *circuit.Breaker, ep recorder.Endpoint) *lane {
-			return newLane(auth, brk, pool, callLife(budget), ep, held, overload.Threshold(budget))
-		}}
-	b.oneLane = b.newLane(b.one, endpointOf(client))
+	b := &nodes{name: name, settings: s, now: now, one: circuit.New(name, s), byNode: map[string]*nodeBreaker{}, gate: g}
+	b.newLane = func(brk *circuit.Breaker, ep recorder.Endpoint, node *redis.Client) *lane {
+		ln := newLane(auth, brk, pool, callLife(budget), ep, newHeldPool(node, pool), overload.Threshold(budget))
+		ln.heldOf = func(rkey string) *heldPool { return b.heldOf(brk, rkey) }
+		return ln
+	}
+	single, _ := client.(*redis.Client) // nil on a Cluster: its nodes' lanes look at their pools
+	b.oneLane = b.newLane(b.one, endpointOf(client), single)
 	b.lanes = map[*circuit.Breaker]*lane{} // the node breakers'; one has oneLane
 	if cc, ok := client.(*redis.ClusterClient); ok {
 		b.cluster = cc
@@ -139,7 +142,7 @@ func (b *nodes) forKey(rkey string, budget time.Duration) *circuit.Breaker {
 			}
 			nb = &nodeBreaker{Breaker: circuit.New(b.name+"@"+addr, b.settings)}
 			b.byNode[addr] = nb
-			b.lanes[nb.Breaker] = b.newLane(nb.Breaker, nodeEndpoint(addr))
+			b.lanes[nb.Breaker] = b.newLane(nb.Breaker, nodeEndpoint(addr), node)
 		}
 		b.mu.Unlock()
 	}
@@ -173,6 +176,28 @@ func (b *nodes) laneFor(brk *circuit.Breaker) *lane {
 	ln := b.lanes[brk]
 	b.mu.RUnlock()
 	return ln
+}
+
+// heldOf returns the heldPool that judges a call on rkey through brk (see
+// heldPool): the pool of brk's node. A Cluster's key sent through the
+// shared breaker, before the slot map had loaded, is judged by the pool of
+// the node that serves it once the map has loaded (none before).
+// TestClusterPoolHeldByTheApplication saw the first calls of a Limiter,
+// made while the application's BLPOP loops held every node's pool, open
+// the shared breaker without it.
+func (b *nodes) heldOf(brk *circuit.Breaker, rkey string) *heldPool {
+	if brk == b.one && b.cluster != nil {
+		if rkey == "" || !b.mapReady.Load() {
+			return nil
+		}
+		if brk = b.forKey(rkey, 0); brk == b.one { // the map has loaded: forKey does not load it
+			return nil
+		}
+	}
+	if ln := b.laneFor(brk); ln != nil {
+		return ln.held
+	}
+	return nil
 }
 
 // loadMap starts one background load of the cluster's slot map.

@@ -59,7 +59,6 @@ type Path struct {
 	nodes   *nodes
 	workers *workers // Do's calls on a client that does not honour deadlines
 	dials   dials    // whether the client's dials fail (see unreachable)
-	held    *heldPool
 
 	closed, unavailable error
 }
@@ -69,8 +68,7 @@ func New(cfg Config) *Path {
 	p := &Path{client: cfg.Client, auth: cfg.Auth, budget: cfg.Budget, tel: cfg.Tel, pool: poolSize(cfg.Client),
 		bounded: honoursDeadlines(cfg.Client), retries: retriesCommands(cfg.Client),
 		closed: cfg.Closed, unavailable: cfg.Unavailable}
-	p.held = newHeldPool(cfg.Client, p.pool)
-	p.nodes = newNodes(cfg.Client, cfg.Name, cfg.Breaker, &p.gate, cfg.Auth, cfg.Budget, p.held)
+	p.nodes = newNodes(cfg.Client, cfg.Name, cfg.Breaker, &p.gate, cfg.Auth, cfg.Budget)
 	p.workers = newWorkers()
 	p.dials.look(cfg.Client)
 	return p
@@ -108,7 +106,6 @@ func (p *Path) Wait() {
 	p.gate.wait()
 	p.nodes.stop() // the calls the senders carried have ended
 	p.workers.stop()
-	p.held.close()
 }
 
 // Shared returns the breaker of a single node or Sentinel deployment, and

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -27,18 +28,19 @@ import (
 // aliveScript): if Redis answers it within the threshold, the call's
 // missing reply is this process's congestion, not Redis failing (see
 // Path.behind), and so is go-redis's own error for a call that found no
-// connection in time (see refused). Only a single node's (or Sentinel's)
-// client is looked at, as in Path.unreachable: on a Cluster, both still
-// count as Redis failing.
+// connection in time (see refused). Each lane has its own (see
+// newNodes): a single node's (or Sentinel's) client, or on a Cluster the
+// client of the lane's node, whose pool is that node's; the shared lane
+// of a Cluster, for keys whose node is not known yet, has none.
 type heldPool struct {
-	client *redis.Client // the user's; nil: not a single node
+	client *redis.Client // the user's, or a Cluster node's; nil: none to look at
 	pool   int
 	side   *redis.Client // one connection of heldPool's own
 	okAt   atomic.Int64  // unix ns of the last call answered in time
 	ping   singleflight.Group
 }
 
-// newHeldPool returns the heldPool of client, whose pool holds pool
+// newHeldPool returns the heldPool of c (nil: none), whose pool holds pool
 // connections: a side client that reaches the same server as client (its
 // address or dialer, credentials and TLS), one connection, RESP2 and no
 // push notifications, client-side caching or identity, that bounds its
@@ -46,9 +48,8 @@ type heldPool struct {
 // copied: a whole copy of client's options shares state the first client
 // set up (go-redis then logs that it cannot register its handlers, and
 // with maintenance notifications required, panics).
-func newHeldPool(client redis.UniversalClient, pool int) *heldPool {
-	c, ok := client.(*redis.Client)
-	if !ok {
+func newHeldPool(c *redis.Client, pool int) *heldPool {
+	if c == nil {
 		return &heldPool{}
 	}
 	o := c.Options()
@@ -98,18 +99,25 @@ func (h *heldPool) refused(err error, threshold time.Duration) error {
 	return congestion(err)
 }
 
-// refusedAll applies refused to the outcome of every call of a batch,
-// asking Redis once.
-func (h *heldPool) refusedAll(as []*authority.Acquisition, threshold time.Duration) {
-	asked, answered := false, false
+// refusedAll applies refused to the outcome of every call of a batch, the
+// heldPool of each call's key given by heldOf, asking each node once.
+func refusedAll(as []*authority.Acquisition, heldOf func(rkey string) *heldPool, threshold time.Duration) {
+	type verdict struct {
+		h        *heldPool
+		answered bool
+	}
+	var asked []verdict
 	for _, a := range as {
 		if !noConnection(a.Err) {
 			continue
 		}
-		if !asked {
-			asked, answered = true, h.answers(threshold)
+		h := heldOf(a.Key)
+		i := slices.IndexFunc(asked, func(v verdict) bool { return v.h == h })
+		if i < 0 {
+			i = len(asked)
+			asked = append(asked, verdict{h, h.answers(threshold)})
 		}
-		if answered {
+		if asked[i].answered {
 			a.Err = congestion(a.Err)
 		}
 	}
@@ -162,7 +170,7 @@ const aliveScript = "return 1"
 
 // close closes heldPool's own connection.
 func (h *heldPool) close() {
-	if h.side != nil {
+	if h != nil && h.side != nil {
 		_ = h.side.Close()
 	}
 }

@@ -86,7 +86,7 @@ func TestRefusedConnection(t *testing.T) {
 	}
 	as := []*authority.Acquisition{{}, {}, {}}
 	as[0].Err, as[2].Err = timeout, timeout
-	h.refusedAll(as, threshold)
+	refusedAll(as, func(string) *heldPool { return h }, threshold)
 	if !errors.Is(as[0].Err, ErrSaturated) || as[1].Err != nil || !errors.Is(as[2].Err, ErrSaturated) {
 		t.Errorf("refusedAll: %v, %v, %v; want ErrSaturated, nil, ErrSaturated", as[0].Err, as[1].Err, as[2].Err)
 	}

@@ -94,14 +94,15 @@ func isNetworkError(err error) bool {
 // Redis. Every call the budget cuts is judged by it: an acquire call, and
 // a peek, a reset or an adjustment (Do), and a refund pipeline. Waiting
 // for a connection that the application's own commands hold is this
-// process's congestion too (see heldPool).
-func (p *Path) behind(brk *circuit.Breaker, start time.Time, limit time.Duration, replies int64) bool {
+// process's congestion too: held is the pool of the call's node (see
+// heldPool and nodes.heldOf).
+func (p *Path) behind(brk *circuit.Breaker, held *heldPool, start time.Time, limit time.Duration, replies int64) bool {
 	threshold := overload.Threshold(p.budget)
 	if time.Since(start)-limit >= threshold {
 		overload.MarkBehind(time.Now())
 		return true
 	}
-	return overload.Measure(p.gate.spawn, threshold) || p.congested(brk, replies) || p.held.held(threshold)
+	return overload.Measure(p.gate.spawn, threshold) || p.congested(brk, replies) || held.held(threshold)
 }
 
 // congested reports whether a call begun when brk had counted replies
