@@ -92,7 +92,7 @@ func (l *Limiter) peekBucket(ctx context.Context, m *member, key string) (Decisi
 	}
 	var b authority.Bucket
 	before := m.leases.Outstanding(key, l.clock.now())
-	_, err := l.path.Do(ctx, brk, func(ctx context.Context) (err error) {
+	_, err := l.path.Do(ctx, brk, rkey, func(ctx context.Context) (err error) {
 		b, err = l.auth.Peek(ctx, rkey, m.limit)
 		return err
 	})
@@ -160,7 +160,7 @@ func (l *Limiter) Reset(ctx context.Context, key string) error {
 		if rkey == "" {
 			rkey = m.namer.Key(key)
 		}
-		if _, err := l.path.Do(ctx, brk, func(ctx context.Context) error {
+		if _, err := l.path.Do(ctx, brk, rkey, func(ctx context.Context) error {
 			_, err := l.auth.Reset(ctx, rkey)
 			return err
 		}); err != nil {

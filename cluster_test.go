@@ -1379,20 +1379,7 @@ func TestClusterPoolHeldByTheApplication(t *testing.T) {
 				o.Addrs = c.Addrs()
 				cc := redis.NewClusterClient(&o)
 				t.Cleanup(func() { _ = cc.Close() })
-				// A queue on each master.
-				var queues []string
-				seen := map[string]bool{}
-				for i := 0; len(queues) < 3 && i < 1000; i++ {
-					q := fmt.Sprintf("app-queue-%d", i)
-					node, err := cc.MasterForKey(ctx, q)
-					if err != nil {
-						t.Fatal(err)
-					}
-					if addr := node.Options().Addr; !seen[addr] {
-						seen[addr] = true
-						queues = append(queues, q)
-					}
-				}
+				queues := queuesOn(t, 3, func(q string) (*redis.Client, error) { return cc.MasterForKey(ctx, q) })
 				name := fmt.Sprintf("cl-pool-held-%d-%v", o.PoolSize, lease)
 				poolHeld(t, cc, name, queues, lease)
 			})

@@ -845,3 +845,53 @@ func TestWritePauseWithAFullPool(t *testing.T) {
 		t.Errorf("the breaker opened %d times and FailOpen admitted %d during a write pause; want an outage", trips.Load(), admitted.Load())
 	}
 }
+
+// TestRingPoolHeldByTheApplication is TestPoolHeldByTheApplication on a
+// go-redis Ring of two shards, whose keys share one breaker but each shard
+// its own pool: BLPOP loops on a queue on each shard hold them (a pool of
+// two, or one with a PoolTimeout of 5ms) while both answer. The breaker
+// stays closed and the bucket's bound holds.
+func TestRingPoolHeldByTheApplication(t *testing.T) {
+	a, b := redistest.Start(t), redistest.Start(t)
+	for _, pool := range []struct {
+		name string
+		opts redis.RingOptions
+	}{
+		{"pool of 2", redis.RingOptions{PoolSize: 2}},
+		{"pool timeout 5ms", redis.RingOptions{PoolSize: 1, PoolTimeout: 5 * time.Millisecond}},
+	} {
+		for _, lease := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/lease=%v", pool.name, lease), func(t *testing.T) {
+				o := pool.opts
+				o.Addrs = map[string]string{"a": a.Addr, "b": b.Addr}
+				ring := redis.NewRing(&o)
+				t.Cleanup(func() { _ = ring.Close() })
+				queues := queuesOn(t, 2, ring.GetShardClientForKey)
+				poolHeld(t, ring, fmt.Sprintf("ring-pool-held-%d-%v", o.PoolSize, lease), queues, lease)
+			})
+		}
+	}
+}
+
+// queuesOn returns the names of n queues, each of which nodeOf puts on a
+// node of its own.
+func queuesOn[N comparable](t *testing.T, n int, nodeOf func(key string) (N, error)) []string {
+	t.Helper()
+	var queues []string
+	seen := map[N]bool{}
+	for i := 0; len(queues) < n && i < 1000; i++ {
+		q := fmt.Sprintf("app-queue-%d", i)
+		node, err := nodeOf(q)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !seen[node] {
+			seen[node] = true
+			queues = append(queues, q)
+		}
+	}
+	if len(queues) < n {
+		t.Fatalf("queues on %d nodes, want %d", len(queues), n)
+	}
+	return queues
+}

@@ -341,7 +341,7 @@ func (l *Limiter) adjustBucket(ctx context.Context, ms []*member, key string, n 
 // for the caller's mistakes and a closed Limiter: an outage is not one;
 // applied reports whether Redis applied rf within the budget.
 func (l *Limiter) send(ctx context.Context, brk *circuit.Breaker, rf authority.Refund) (applied bool, err error) {
-	sent, err := l.path.Do(ctx, brk, func(ctx context.Context) error {
+	sent, err := l.path.Do(ctx, brk, rf.Key, func(ctx context.Context) error {
 		c := rf
 		_, err := l.auth.Apply(ctx, &c)
 		switch {

@@ -19,14 +19,15 @@ import (
 // against it, no reply in the budget); Redis replies that mean
 // misconfiguration (NOPERM and the like) are returned as they are. sent
 // reports whether op ran (false: it never will, so its effect can be
-// queued for later without doubling it).
+// queued for later without doubling it). rkey is the bucket op is about:
+// its node's pool judges a call without a reply (see nodes.heldOf).
 //
 // On a client that honours deadlines op runs on the caller's goroutine,
 // bounded by the budget (by saturationGrace budgets more while this process
 // is behind, as for an acquire call). On any other, op is carried by one of
 // the path's few workers on a context detached from ctx, and the breaker is
 // told op's real outcome whenever it comes.
-func (p *Path) Do(ctx context.Context, brk *circuit.Breaker, op func(context.Context) error) (sent bool, err error) {
+func (p *Path) Do(ctx context.Context, brk *circuit.Breaker, rkey string, op func(context.Context) error) (sent bool, err error) {
 	if brk.Rejects(p.nodes.now()) { // the breakers' clock (withClock)
 		return false, fmt.Errorf("%w: %w", p.unavailable, breaker.ErrOpen)
 	}
@@ -38,7 +39,7 @@ func (p *Path) Do(ctx context.Context, brk *circuit.Breaker, op func(context.Con
 		// In place only while the breaker is closed: a probe its caller
 		// cut short would say nothing (see callerLeft); a worker carries
 		// it to its end (see Caller.Acquire).
-		return p.doInPlace(ctx, brk, done, op)
+		return p.doInPlace(ctx, brk, rkey, done, op)
 	}
 	if !p.gate.enter() {
 		done(nil)
@@ -51,7 +52,7 @@ func (p *Path) Do(ctx context.Context, brk *circuit.Breaker, op func(context.Con
 		defer p.gate.leave()
 		cctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), start.Add(limit))
 		defer cancel()
-		err := p.judged(brk, start, limit, replies, op(cctx))
+		err := p.judged(brk, rkey, start, limit, replies, op(cctx))
 		done(err)
 		ch <- err
 	})
@@ -69,7 +70,7 @@ func (p *Path) Do(ctx context.Context, brk *circuit.Breaker, op func(context.Con
 
 // doInPlace is Do on a client that honours deadlines. The breaker is told
 // a timeout of the budget, not one of the caller's ctx (see callerLeft).
-func (p *Path) doInPlace(ctx context.Context, brk *circuit.Breaker, done func(error), op func(context.Context) error) (sent bool, err error) {
+func (p *Path) doInPlace(ctx context.Context, brk *circuit.Breaker, rkey string, done func(error), op func(context.Context) error) (sent bool, err error) {
 	if !p.gate.enter() {
 		done(nil)
 		return false, p.closed
@@ -90,7 +91,7 @@ func (p *Path) doInPlace(ctx context.Context, brk *circuit.Breaker, done func(er
 		done(callerLeft)
 		return true, deadline.Ended(ctx)
 	}
-	err = p.judged(brk, start, limit, replies, err)
+	err = p.judged(brk, rkey, start, limit, replies, err)
 	done(err)
 	if errors.Is(err, circuit.ErrBudget) {
 		return true, fmt.Errorf("%w: no reply within %v", p.unavailable, limit)
@@ -109,8 +110,8 @@ func (p *Path) doInPlace(ctx context.Context, brk *circuit.Breaker, done func(er
 // the process was behind counted against Redis without that check, and on
 // a flooded host five in a row opened the breaker while Redis answered:
 // FailOpen then admitted up to 2,800 on a bucket of 300.
-func (p *Path) judged(brk *circuit.Breaker, start time.Time, limit time.Duration, replies int64, err error) error {
-	held := p.nodes.heldOf(brk, "")
+func (p *Path) judged(brk *circuit.Breaker, rkey string, start time.Time, limit time.Duration, replies int64, err error) error {
+	held := p.nodes.heldOf(brk, rkey)
 	err = held.refused(err, overload.Threshold(p.budget))
 	noted(brk, err)
 	switch {

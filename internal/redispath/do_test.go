@@ -31,7 +31,7 @@ func TestDoCutWhileBehind(t *testing.T) {
 			p := New(Config{Client: c, Auth: auth, Budget: budget, Name: "do-cut", Unavailable: unavailable, Tel: tel,
 				Breaker: circuit.Settings{Settings: breaker.Settings{Failures: 1, OpenFor: time.Hour}}})
 			brk := p.Shared()
-			_, err := p.Do(context.Background(), brk, func(ctx context.Context) error {
+			_, err := p.Do(context.Background(), brk, "k", func(ctx context.Context) error {
 				if answered {
 					for range p.Pool() { // Redis turned round other calls
 						brk.CountReply()

@@ -28,6 +28,7 @@ type nodes struct {
 	oneLane  *lane                                                                      // one's batches
 	cluster  *redis.ClusterClient                                                       // nil unless the client is a cluster
 	newLane  func(brk *circuit.Breaker, ep recorder.Endpoint, node *redis.Client) *lane // a lane for a new node's breaker, node its client
+	shards   *shardPools                                                                // a Ring's shards' pools; nil unless the client is a Ring
 
 	mu     sync.RWMutex
 	byNode map[string]*nodeBreaker // master address → breaker
@@ -76,6 +77,7 @@ func newNodes(client redis.UniversalClient, name string, s circuit.Settings, g *
 	if cc, ok := client.(*redis.ClusterClient); ok {
 		b.cluster = cc
 	}
+	b.shards = newShardPools(client, pool)
 	return b
 }
 
@@ -165,6 +167,7 @@ func (b *nodes) stop() {
 	for _, ln := range lanes {
 		ln.stop()
 	}
+	b.shards.close()
 }
 
 // laneFor returns the lane of brk, a breaker forKey returned.
@@ -179,13 +182,17 @@ func (b *nodes) laneFor(brk *circuit.Breaker) *lane {
 }
 
 // heldOf returns the heldPool that judges a call on rkey through brk (see
-// heldPool): the pool of brk's node. A Cluster's key sent through the
+// heldPool): the pool of brk's node, or on a Ring of rkey's shard. A
+// Cluster's key sent through the
 // shared breaker, before the slot map had loaded, is judged by the pool of
 // the node that serves it once the map has loaded (none before).
 // TestClusterPoolHeldByTheApplication saw the first calls of a Limiter,
 // made while the application's BLPOP loops held every node's pool, open
 // the shared breaker without it.
 func (b *nodes) heldOf(brk *circuit.Breaker, rkey string) *heldPool {
+	if b.shards != nil {
+		return b.shards.of(rkey) // a Ring: one breaker, a pool per shard
+	}
 	if brk == b.one && b.cluster != nil {
 		if rkey == "" || !b.mapReady.Load() {
 			return nil

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -172,5 +173,63 @@ const aliveScript = "return 1"
 func (h *heldPool) close() {
 	if h != nil && h.side != nil {
 		_ = h.side.Close()
+	}
+}
+
+// shardPools holds the heldPool of each shard of a Ring, made on first
+// use: a Ring's keys share one breaker (see nodes), but each shard has its
+// own client and pool, which the application's commands can hold as they
+// can a single node's.
+type shardPools struct {
+	ring *redis.Ring
+	pool int
+
+	mu      sync.Mutex
+	byShard map[*redis.Client]*heldPool
+	closed  bool
+}
+
+// newShardPools returns the shardPools of client, or nil if it is not a
+// Ring.
+func newShardPools(client redis.UniversalClient, pool int) *shardPools {
+	r, ok := client.(*redis.Ring)
+	if !ok {
+		return nil
+	}
+	return &shardPools{ring: r, pool: pool, byShard: map[*redis.Client]*heldPool{}}
+}
+
+// of returns the heldPool of the shard that serves rkey (go-redis's
+// choice, which reads its shard list and never waits), or nil: rkey
+// unknown, no shard up, or maxNodeBreakers shards seen (shards a Ring
+// replaced keep theirs until close).
+func (s *shardPools) of(rkey string) *heldPool {
+	if s == nil || rkey == "" {
+		return nil
+	}
+	shard, err := s.ring.GetShardClientForKey(rkey)
+	if err != nil {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	h := s.byShard[shard]
+	if h == nil && !s.closed && len(s.byShard) < maxNodeBreakers {
+		h = newHeldPool(shard, s.pool)
+		s.byShard[shard] = h
+	}
+	return h
+}
+
+// close closes the shards' own connections.
+func (s *shardPools) close() {
+	if s == nil {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.closed = true
+	for _, h := range s.byShard {
+		h.close()
 	}
 }

@@ -28,7 +28,11 @@ func (p *Path) Refund(brk *circuit.Breaker, rs []authority.Refund, tokens int64)
 	p.tel.EndRefund(span, tokens, err)
 	// A pipeline cut at its deadline while this process was behind is not
 	// Redis's failure (see judged).
-	done(p.judged(brk, start, limit, replies, err))
+	rkey := ""
+	if len(rs) > 0 {
+		rkey = rs[0].Key // rs share brk's node
+	}
+	done(p.judged(brk, rkey, start, limit, replies, err))
 	return failed, true
 }
 
