@@ -208,7 +208,7 @@ func (k *Caller) detached(ctx context.Context, c Call, ln *lane, own func(error)
 		behind = behind || overload.Recent(now, budget/2)
 		behind = behind || k.p.congested(c.Brk, replies) || queued(c.Brk, replies, &d.sent)
 		// At the budget's end only (a call of heldPool's own, when the
-		// pool is all in use): a call waiting for a connection the
+		// pool is at its size): a call waiting for a connection the
 		// application holds.
 		behind = behind || (now.Sub(start) >= budget && k.p.nodes.heldOf(c.Brk, c.Acq.Key).held(threshold))
 		if behind && !held {

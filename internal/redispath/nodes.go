@@ -183,12 +183,11 @@ func (b *nodes) laneFor(brk *circuit.Breaker) *lane {
 
 // heldOf returns the heldPool that judges a call on rkey through brk (see
 // heldPool): the pool of brk's node, or on a Ring of rkey's shard. A
-// Cluster's key sent through the
-// shared breaker, before the slot map had loaded, is judged by the pool of
-// the node that serves it once the map has loaded (none before).
-// TestClusterPoolHeldByTheApplication saw the first calls of a Limiter,
-// made while the application's BLPOP loops held every node's pool, open
-// the shared breaker without it.
+// Cluster's key sent through the shared breaker, before the slot map had
+// loaded, is judged by the pool of the node that serves it once the map
+// has loaded (none before): TestClusterPoolHeldByTheApplication saw the
+// first calls of a Limiter, made while the application's BLPOP loops held
+// every node's pool, open the shared breaker without it.
 func (b *nodes) heldOf(brk *circuit.Breaker, rkey string) *heldPool {
 	if b.shards != nil {
 		return b.shards.of(rkey) // a Ring: one breaker, a pool per shard

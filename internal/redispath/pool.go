@@ -31,10 +31,10 @@ import (
 // Path.behind), and so is go-redis's own error for a call that found no
 // connection in time (see refused). Each lane has its own (see
 // newNodes): a single node's (or Sentinel's) client, or on a Cluster the
-// client of the lane's node, whose pool is that node's; the shared lane
-// of a Cluster, for keys whose node is not known yet, has none.
+// client of the lane's node, whose pool is that node's; a Ring has one
+// per shard (see shardPools). nodes.heldOf finds a call's.
 type heldPool struct {
-	client *redis.Client // the user's, or a Cluster node's; nil: none to look at
+	client *redis.Client // the user's, a Cluster node's or a Ring shard's; nil: none to look at
 	pool   int
 	side   *redis.Client // one connection of heldPool's own
 	okAt   atomic.Int64  // unix ns of the last call answered in time
@@ -87,11 +87,12 @@ func (h *heldPool) held(threshold time.Duration) bool {
 // client's pool (see noConnection) while Redis answers heldPool's own
 // connection within threshold: then it is ErrSaturated, this process's
 // congestion, which the breaker does not count and the root denies (see
-// Path.behind). Regression (a review): with a PoolTimeout of 5ms, a pool
-// of one that the application's BLPOP loops held gave leaselimit's calls
-// the pool's timeout at once, each counted as Redis failing; the breaker
-// opened while Redis answered, and FailOpen admitted 2.7-5.0 million
-// decisions on a bucket of 100 in 3 s. The pool was full when the error
+// Path.behind). Regression (a review, then
+// TestPoolHeldByTheApplication): with a PoolTimeout of 5ms, a pool of one
+// that the application's BLPOP loops held gave leaselimit's calls the
+// pool's error before the budget, each counted as Redis failing; the
+// breaker opened while Redis answered, and FailOpen admitted 0.8-5.0
+// million decisions on a bucket of 100 in 3 s. The pool was full when the error
 // came, so its stats are not read.
 func (h *heldPool) refused(err error, threshold time.Duration) error {
 	if !noConnection(err) || !h.answers(threshold) {
