@@ -87,8 +87,9 @@ func (k *Caller) direct(ctx context.Context, c Call, ln *lane, done func(error))
 	cctx, sp := k.tel.StartAuthority(bctx, c.Acq.Want, c.Acq.Min, ln.ep)
 	span.span = sp
 	ln.sendAlone(cctx, &c.Acq)
-	held := k.p.nodes.heldOf(c.Brk, c.Acq.Key)
-	c.Acq.Err = held.refused(c.Acq.Err, overload.Threshold(budget))
+	if noConnection(c.Acq.Err) { // rare: the node's pool is not looked up on every call
+		c.Acq.Err = k.p.nodes.heldOf(c.Brk, c.Acq.Key).refused(c.Acq.Err, overload.Threshold(budget))
+	}
 	if !c.Keep && callerEnded(ctx, bctx, c.Acq.Err) {
 		// The caller's ctx ended the call (its deadline came before the
 		// budget's end, or it was cancelled): not Redis's doing, so
@@ -103,7 +104,7 @@ func (k *Caller) direct(ctx context.Context, c Call, ln *lane, done func(error))
 	}
 	noted(c.Brk, c.Acq.Err)
 	g, err := k.end(cctx, c, &span, start, c.Acq.Grant, c.Acq.Err)
-	if err != nil && errors.Is(err, circuit.ErrBudget) && k.p.behind(c.Brk, held, start, limit, replies) {
+	if err != nil && errors.Is(err, circuit.ErrBudget) && k.p.behind(c.Brk, k.p.nodes.heldOf(c.Brk, c.Acq.Key), start, limit, replies) {
 		// Whoever waits (a lease refill runs on after its caller left:
 		// c.Keep), a timeout is Redis's only if this process was not
 		// behind (see behind).

@@ -111,8 +111,11 @@ func (p *Path) doInPlace(ctx context.Context, brk *circuit.Breaker, rkey string,
 // a flooded host five in a row opened the breaker while Redis answered:
 // FailOpen then admitted up to 2,800 on a bucket of 300.
 func (p *Path) judged(brk *circuit.Breaker, rkey string, start time.Time, limit time.Duration, replies int64, err error) error {
-	held := p.nodes.heldOf(brk, rkey)
-	err = held.refused(err, overload.Threshold(p.budget))
+	var held *heldPool // the node's pool, looked up for a failed call only
+	if err != nil {
+		held = p.nodes.heldOf(brk, rkey)
+		err = held.refused(err, overload.Threshold(p.budget))
+	}
 	noted(brk, err)
 	switch {
 	case err == nil || !errors.Is(err, context.DeadlineExceeded):
