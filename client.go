@@ -97,15 +97,15 @@ func NewClient(client redis.UniversalClient, opts ...Option) (*Client, error) {
 // warnClientTimeouts logs, at start-up, the Redis client options that take
 // the time budget out of leaselimit's hands (docs/operations.md, "Redis
 // requirements"): a read or write timeout shorter than it, which is the
-// real budget for a reply that keeps missing it, and counts a slow
-// process's calls as Redis's failures; and reads that nothing bounds,
+// real budget for a reply that keeps missing it, and denies such calls
+// while Redis answers; and reads that nothing bounds,
 // which a reply lost in the network holds for ever.
 func warnClientTimeouts(client redis.UniversalClient, cfg config) {
 	if cfg.logger == nil {
 		return
 	}
 	if t := redispath.ShortestTimeout(client); t > 0 && t < cfg.timeout {
-		cfg.logger.Warn("leaselimit: the Redis client's read or write timeout is shorter than the time budget (WithTimeout): calls slower than it are sent again within the budget, and those that keep missing it count as Redis failures, open the breaker, and hand decisions to the failure policy; set ReadTimeout and WriteTimeout to at least the budget",
+		cfg.logger.Warn("leaselimit: the Redis client's read or write timeout is shorter than the time budget (WithTimeout): calls slower than it are sent again within the budget, and those that keep missing it are denied while Redis answers (or go to the failure policy if it does not); set ReadTimeout and WriteTimeout to at least the budget",
 			"client_timeout", t, "budget", cfg.timeout, "prefix", cfg.prefix)
 	}
 	if redispath.UnboundedReads(client) {

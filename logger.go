@@ -98,7 +98,7 @@ func (g *logger) saturated() {
 	if g == nil || !g.due(logSaturated) {
 		return
 	}
-	g.out.Warn("leaselimit: instance saturated: a Redis call was given up while this process was behind (its reply not read within the hard cap, or no connection of the client's pool); Redis may be healthy; the request is denied, whatever the failure policy", g.whose)
+	g.out.Warn("leaselimit: instance saturated: a Redis call was given up while this process was behind (its reply not read within the hard cap, no connection of the client's pool, or the client's own timeout shorter than Redis's round trip); Redis may be healthy; the request is denied, whatever the failure policy", g.whose)
 }
 
 // uncharged logs that an admission of the failure policy could not be

@@ -743,7 +743,9 @@ func TestPoolHeldByTheApplication(t *testing.T) {
 
 // poolHeld runs TestPoolHeldByTheApplication on c, a limit of name, in
 // lease mode or exact, while four BLPOP loops on each of queues hold c's
-// connections.
+// connections (none without queues): 8 callers for 3 s on a bucket of
+// 100 under FailOpen admit no more than it, the breaker stays closed, and
+// no decision waits past the hard cap and a second.
 func poolHeld(t *testing.T, c redis.UniversalClient, name string, queues []string, lease bool) {
 	bs, trips := tripCounter()
 	l := policy.Limit{Name: name, Rate: 1, Period: time.Hour, Burst: 100}
@@ -894,4 +896,26 @@ func queuesOn[N comparable](t *testing.T, n int, nodeOf func(key string) (N, err
 		t.Fatalf("queues on %d nodes, want %d", len(queues), n)
 	}
 	return queues
+}
+
+// TestReadTimeoutBelowRoundTrip: a go-redis ReadTimeout (2ms) below the
+// round trip to Redis (a proxy adds 3ms each way) cuts every reply, even
+// after the calls are sent again under their ids; Redis answers every one.
+// That is the client's setting, not an outage (NewClient warns of it): the
+// calls are denied (reason saturated), the breaker stays closed, and the
+// bucket's bound holds. Regression (a review, then this test): the
+// breaker opened 8-11 times in 3 s and FailOpen admitted 3.6-5.7 million
+// decisions on a bucket of 100.
+func TestReadTimeoutBelowRoundTrip(t *testing.T) {
+	srv := redistest.Start(t)
+	for _, cte := range []bool{false, true} {
+		for _, lease := range []bool{false, true} {
+			t.Run(fmt.Sprintf("ContextTimeoutEnabled=%v/lease=%v", cte, lease), func(t *testing.T) {
+				px := redistest.NewProxy(t, srv.Addr)
+				px.SetLatency(3 * time.Millisecond)
+				c := redisClientOpts(t, &redis.Options{Addr: px.Addr, ReadTimeout: 2 * time.Millisecond, MaxRetries: -1, ContextTimeoutEnabled: cte})
+				poolHeld(t, c, fmt.Sprintf("read-below-rtt-%v-%v", cte, lease), nil, lease) // no BLPOP loops
+			})
+		}
+	}
 }

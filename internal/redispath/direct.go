@@ -87,8 +87,8 @@ func (k *Caller) direct(ctx context.Context, c Call, ln *lane, done func(error))
 	cctx, sp := k.tel.StartAuthority(bctx, c.Acq.Want, c.Acq.Min, ln.ep)
 	span.span = sp
 	ln.sendAlone(cctx, &c.Acq)
-	if noConnection(c.Acq.Err) { // rare: the node's pool is not looked up on every call
-		c.Acq.Err = k.p.nodes.heldOf(c.Brk, c.Acq.Key).refused(c.Acq.Err, overload.Threshold(budget))
+	if clientCut(c.Acq.Err) { // rare: the node's pool is not looked up on every call
+		c.Acq.Err = k.p.nodes.heldOf(c.Brk, c.Acq.Key).refused(c.Acq.Err, sideWait(budget))
 	}
 	if !c.Keep && callerEnded(ctx, bctx, c.Acq.Err) {
 		// The caller's ctx ended the call (its deadline came before the

@@ -114,7 +114,7 @@ func (p *Path) judged(brk *circuit.Breaker, rkey string, start time.Time, limit 
 	var held *heldPool // the node's pool, looked up for a failed call only
 	if err != nil {
 		held = p.nodes.heldOf(brk, rkey)
-		err = held.refused(err, overload.Threshold(p.budget))
+		err = held.refused(err, sideWait(p.budget))
 	}
 	noted(brk, err)
 	switch {

@@ -35,12 +35,13 @@ type lane struct {
 	fallback time.Duration     // a batch's deadline when no member has one
 	ep       recorder.Endpoint // the server the lane's calls go to, for their spans
 	// held looks at the pool of the lane's node (a Cluster's node, or the
-	// single node's client; see heldPool), within threshold; the lane
+	// single node's client; see heldPool), asking Redis for up to
+	// sideWait when the client cut a call (see refusedAll); the lane
 	// closes it. heldOf returns the heldPool of a call's key (see
 	// nodes.heldOf).
-	held      *heldPool
-	heldOf    func(rkey string) *heldPool
-	threshold time.Duration
+	held     *heldPool
+	heldOf   func(rkey string) *heldPool
+	sideWait time.Duration
 
 	mu       sync.Mutex
 	queue    []*pending
@@ -95,8 +96,8 @@ const maxBatch = 128
 // connection) keeps one.
 func lanePipelines(pool int) int { return min(pool, 2) }
 
-func newLane(auth *authority.Redis, brk *circuit.Breaker, pool int, fallback time.Duration, ep recorder.Endpoint, held *heldPool, threshold time.Duration) *lane {
-	ln := &lane{auth: auth, brk: brk, max: lanePipelines(pool), fallback: fallback, ep: ep, held: held, threshold: threshold}
+func newLane(auth *authority.Redis, brk *circuit.Breaker, pool int, fallback time.Duration, ep recorder.Endpoint, held *heldPool, sideWait time.Duration) *lane {
+	ln := &lane{auth: auth, brk: brk, max: lanePipelines(pool), fallback: fallback, ep: ep, held: held, sideWait: sideWait}
 	ln.heldOf = func(string) *heldPool { return held }
 	ln.senders = newCrew(&ln.mu, ln.max, ln.nextBatch)
 	ln.dog.fire = ln.bark
@@ -303,7 +304,7 @@ func (ln *lane) send(batch []*pending) {
 	cctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
 	ln.auth.AcquireAll(cctx, as)
 	cancel()
-	refusedAll(as, ln.heldOf, ln.threshold)
+	refusedAll(as, ln.heldOf, ln.sideWait)
 	if done != nil {
 		done(batchOutcome(batch))
 	}

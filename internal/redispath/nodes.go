@@ -11,7 +11,6 @@ import (
 	"github.com/leaselimit/leaselimit/authority"
 	"github.com/leaselimit/leaselimit/breaker"
 	"github.com/leaselimit/leaselimit/internal/circuit"
-	"github.com/leaselimit/leaselimit/internal/overload"
 	"github.com/leaselimit/leaselimit/internal/recorder"
 	"github.com/redis/go-redis/v9"
 )
@@ -67,7 +66,7 @@ func newNodes(client redis.UniversalClient, name string, s circuit.Settings, g *
 	pool := poolSize(client)
 	b := &nodes{name: name, settings: s, now: now, one: circuit.New(name, s), byNode: map[string]*nodeBreaker{}, gate: g}
 	b.newLane = func(brk *circuit.Breaker, ep recorder.Endpoint, node *redis.Client) *lane {
-		ln := newLane(auth, brk, pool, callLife(budget), ep, newHeldPool(node, pool), overload.Threshold(budget))
+		ln := newLane(auth, brk, pool, callLife(budget), ep, newHeldPool(node, pool), sideWait(budget))
 		ln.heldOf = func(rkey string) *heldPool { return b.heldOf(brk, rkey) }
 		return ln
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -83,19 +84,21 @@ func (h *heldPool) held(threshold time.Duration) bool {
 	return h.answers(threshold)
 }
 
-// refused is err, unless err says the call got no connection of the
-// client's pool (see noConnection) while Redis answers heldPool's own
-// connection within threshold: then it is ErrSaturated, this process's
-// congestion, which the breaker does not count and the root denies (see
-// Path.behind). Regression (a review, then
-// TestPoolHeldByTheApplication): with a PoolTimeout of 5ms, a pool of one
+// refused is err, unless err says the client gave up on the call itself
+// (see clientCut) while Redis answers heldPool's own connection within
+// within (see sideWait): then it is ErrSaturated, this process's doing (its pool, or
+// a timeout of its client's shorter than Redis's round trip), which the
+// breaker does not count and the root denies (see Path.behind).
+// Regressions (reviews, then TestPoolHeldByTheApplication and
+// TestReadTimeoutBelowRoundTrip): with a PoolTimeout of 5ms, a pool of one
 // that the application's BLPOP loops held gave leaselimit's calls the
 // pool's error before the budget, each counted as Redis failing; the
 // breaker opened while Redis answered, and FailOpen admitted 0.8-5.0
-// million decisions on a bucket of 100 in 3 s. The pool was full when the error
-// came, so its stats are not read.
-func (h *heldPool) refused(err error, threshold time.Duration) error {
-	if !noConnection(err) || !h.answers(threshold) {
+// million decisions on a bucket of 100 in 3 s. A ReadTimeout of 2ms with
+// Redis 6ms away did the same: 3.6-5.7 million. The pool was full when its
+// error came, so its stats are not read.
+func (h *heldPool) refused(err error, within time.Duration) error {
+	if !clientCut(err) || !h.answers(within) {
 		return err
 	}
 	return congestion(err)
@@ -103,21 +106,21 @@ func (h *heldPool) refused(err error, threshold time.Duration) error {
 
 // refusedAll applies refused to the outcome of every call of a batch, the
 // heldPool of each call's key given by heldOf, asking each node once.
-func refusedAll(as []*authority.Acquisition, heldOf func(rkey string) *heldPool, threshold time.Duration) {
+func refusedAll(as []*authority.Acquisition, heldOf func(rkey string) *heldPool, within time.Duration) {
 	type verdict struct {
 		h        *heldPool
 		answered bool
 	}
 	var asked []verdict
 	for _, a := range as {
-		if !noConnection(a.Err) {
+		if !clientCut(a.Err) {
 			continue
 		}
 		h := heldOf(a.Key)
 		i := slices.IndexFunc(asked, func(v verdict) bool { return v.h == h })
 		if i < 0 {
 			i = len(asked)
-			asked = append(asked, verdict{h, h.answers(threshold)})
+			asked = append(asked, verdict{h, h.answers(within)})
 		}
 		if asked[i].answered {
 			a.Err = congestion(a.Err)
@@ -125,11 +128,32 @@ func refusedAll(as []*authority.Acquisition, heldOf func(rkey string) *heldPool,
 	}
 }
 
-// noConnection reports whether err is go-redis's for a call that got no
-// connection of the pool: its PoolTimeout ran out, or MaxActiveConns was
-// reached.
-func noConnection(err error) bool {
-	return err != nil && (errors.Is(err, redis.ErrPoolTimeout) || errors.Is(err, redis.ErrPoolExhausted))
+// sideWait is how long a call the client cut (see clientCut) waits for
+// Redis to answer heldPool's own connection: half the budget, not the
+// eighth a call at its budget's end is given (see Path.behind), since
+// such a call usually has most of its budget left, and Redis a round trip
+// away through a busy process (a ReadTimeout of 2ms, Redis 6ms away, 8
+// callers in tight loops) missed an eighth.
+func sideWait(budget time.Duration) time.Duration { return budget / 2 }
+
+// clientCut reports whether err is the client's own for a call it gave up
+// on before the call's deadline: no connection of the pool (go-redis's
+// PoolTimeout ran out, or MaxActiveConns was reached), or a reply its
+// ReadTimeout or WriteTimeout cut (after the resends, see
+// authority.Redis.AcquireAll), which a budget's deadline does not (that
+// error wraps ctx's, see authority's atDeadline). A dial's timeout is not
+// one: no connection could be made.
+func clientCut(err error) bool {
+	if err == nil {
+		return false
+	}
+	if errors.Is(err, redis.ErrPoolTimeout) || errors.Is(err, redis.ErrPoolExhausted) {
+		return true
+	}
+	var ne net.Error
+	var op *net.OpError
+	return errors.As(err, &ne) && ne.Timeout() && !errors.Is(err, context.DeadlineExceeded) &&
+		!(errors.As(err, &op) && op.Op == "dial")
 }
 
 // congestion is ErrSaturated for a call that got no connection, err, while

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"net"
 	"os"
 	"strings"
 	"sync"
@@ -61,25 +62,29 @@ func TestHeldPoolSideClientIsQuiet(t *testing.T) {
 	}
 }
 
-// TestRefusedConnection: go-redis's error for a call that got no
-// connection of the pool (its PoolTimeout, or MaxActiveConns reached) is
-// this process's congestion while Redis answers heldPool's own connection
-// (ErrSaturated, which the breaker does not count), and Redis failing
-// when it does not; other errors are left as they are. A batch's calls
-// are judged alike.
+// TestRefusedConnection: the client's own error for a call it gave up on
+// (no connection of the pool: its PoolTimeout, or MaxActiveConns reached;
+// a reply its ReadTimeout cut) is this process's doing while Redis
+// answers heldPool's own connection (ErrSaturated, which the breaker does
+// not count), and Redis failing when it does not; other errors (a budget's
+// deadline, a dial's timeout, a broken connection) are left as they are.
+// A batch's calls are judged alike.
 func TestRefusedConnection(t *testing.T) {
 	m, c := newMini(t, &redis.Options{PoolSize: 1})
 	h := newHeldPool(c, 1)
 	defer h.close()
 	const threshold = 50 * time.Millisecond
 	timeout := fmt.Errorf("acquire: %w", redis.ErrPoolTimeout)
-	for _, err := range []error{timeout, redis.ErrPoolExhausted} {
+	readCut := &net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlineExceeded}
+	for _, err := range []error{timeout, redis.ErrPoolExhausted, readCut} {
 		got := h.refused(err, threshold)
 		if !errors.Is(got, ErrSaturated) || circuit.Counts(got) {
 			t.Errorf("refused(%v) while Redis answers = %v (counts: %v); want ErrSaturated, not counted", err, got, circuit.Counts(got))
 		}
 	}
-	for _, err := range []error{nil, io.EOF, context.DeadlineExceeded} {
+	budgetCut := fmt.Errorf("%w: %w", context.DeadlineExceeded, readCut) // as authority wraps a read the budget cut
+	dialCut := &net.OpError{Op: "dial", Net: "tcp", Err: os.ErrDeadlineExceeded}
+	for _, err := range []error{nil, io.EOF, context.DeadlineExceeded, budgetCut, dialCut} {
 		if got := h.refused(err, threshold); got != err {
 			t.Errorf("refused(%v) = %v; want it unchanged", err, got)
 		}
