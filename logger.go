@@ -92,13 +92,12 @@ func (g *logger) readonly(err error) {
 }
 
 // saturated logs a call given up while this process, not Redis, was
-// behind: its reply not read within the hard cap, or no connection of the
-// client's pool while Redis answered.
+// behind, or while Redis answered (see the log line).
 func (g *logger) saturated() {
 	if g == nil || !g.due(logSaturated) {
 		return
 	}
-	g.out.Warn("leaselimit: instance saturated: a Redis call was given up while this process was behind (its reply not read within the hard cap, no connection of the client's pool, or the client's own timeout shorter than Redis's round trip); Redis may be healthy; the request is denied, whatever the failure policy", g.whose)
+	g.out.Warn("leaselimit: instance saturated: a Redis call was given up though Redis was not failing (this process behind its scheduler or its client's pool, a reply held up on its way while Redis answered a connection of leaselimit's own, or the client's own timeout shorter than Redis's round trip); the request is denied, whatever the failure policy", g.whose)
 }
 
 // uncharged logs that an admission of the failure policy could not be

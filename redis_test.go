@@ -919,3 +919,68 @@ func TestReadTimeoutBelowRoundTrip(t *testing.T) {
 		}
 	}
 }
+
+// TestLateReplyWhileRedisAnswers: one call's reply is held back 250ms
+// (a proxy keeps the replies of its connection: a lost segment
+// retransmitted, a stalled middlebox) while Redis answers every other
+// connection at once. That is not an outage: the call waits for its reply
+// past the budget, up to the hard cap, and the bucket decides; the
+// failure policy never does, and the breaker stays closed. Regression:
+// each such call was blamed on Redis at the budget, and FailOpen admitted
+// it on a spent bucket; five in a row opened the breaker.
+func TestLateReplyWhileRedisAnswers(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	script := func(chunk []byte) bool { return bytes.Contains(bytes.ToLower(chunk), []byte("evalsha")) }
+	for _, cte := range []bool{false, true} {
+		for _, lease := range []bool{false, true} {
+			t.Run(fmt.Sprintf("ContextTimeoutEnabled=%v/lease=%v", cte, lease), func(t *testing.T) {
+				px := redistest.NewProxy(t, srv.Addr)
+				c := redisClientOpts(t, &redis.Options{Addr: px.Addr, ContextTimeoutEnabled: cte})
+				bs, trips := tripCounter()
+				l := policy.Limit{Name: fmt.Sprintf("late-reply-%v-%v", cte, lease), Rate: 1, Period: time.Hour, Burst: 5}
+				opts := []leaselimit.Option{leaselimit.WithFailureMode(policy.FailOpen), leaselimit.WithBreaker(bs)}
+				if !lease {
+					opts = append(opts, leaselimit.WithoutLease())
+				}
+				lim := newBudgeted(t, c, l, opts...)
+				for i := range l.Burst { // spend the bucket
+					if d, err := lim.Allow(ctx, "k"); err != nil || !d.Allowed {
+						t.Fatalf("Allow %d = %+v, %v; want the bucket's token", i, d, err)
+					}
+				}
+				admitted, fallbacks := 0, 0
+				var slowest time.Duration
+				for i := range 8 {
+					px.HoldReplies(script) // the next script call's connection
+					release := time.AfterFunc(250*time.Millisecond, px.ReleaseReplies)
+					start := time.Now()
+					d, err := lim.Allow(ctx, "k")
+					slowest = max(slowest, time.Since(start))
+					release.Stop()
+					px.ReleaseReplies()
+					if err != nil {
+						t.Fatalf("Allow %d: %v", i, err)
+					}
+					if d.Allowed {
+						admitted++
+					}
+					if d.Source == leaselimit.SourceFallback {
+						fallbacks++
+					}
+				}
+				t.Logf("8 calls, each reply held 250ms: %d admitted on a spent bucket, %d fallbacks, slowest %v, breaker opened %d times",
+					admitted, fallbacks, slowest.Round(time.Millisecond), trips.Load())
+				if admitted > 0 {
+					t.Errorf("%d admitted on a spent bucket while Redis answered", admitted)
+				}
+				if n := trips.Load(); n > 0 {
+					t.Errorf("the breaker opened %d times while Redis answered", n)
+				}
+				if limit := 5*leaselimit.DefaultTimeout + time.Second; slowest > limit {
+					t.Errorf("slowest call %v; want within the hard cap (%v, with a second's slack)", slowest, limit)
+				}
+			})
+		}
+	}
+}

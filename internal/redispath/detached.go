@@ -207,19 +207,21 @@ func (k *Caller) detached(ctx context.Context, c Call, ln *lane, own func(error)
 		// process behind within the last half budget.
 		behind = behind || overload.Recent(now, budget/2)
 		behind = behind || k.p.congested(c.Brk, replies) || queued(c.Brk, replies, &d.sent)
-		// At the budget's end only (a call of heldPool's own, when the
-		// pool is at its size): a call waiting for a connection the
-		// application holds.
-		behind = behind || (now.Sub(start) >= budget && k.p.nodes.heldOf(c.Brk, c.Acq.Key).held(threshold))
 		if behind && !held {
 			overload.Hold()
 			held = true
 		}
+		// At the budget's end, before Redis is blamed, it is asked on a
+		// connection of leaselimit's own (see witness): if it answers,
+		// the reply is held up on its way (a pool the application holds,
+		// a segment retransmitted), not lost to an outage, and the call
+		// waits on.
+		waitOn := behind || (now.Sub(start) >= budget && k.p.nodes.witnessOf(c.Brk, c.Acq.Key).answers(threshold))
 		var next time.Duration
 		switch {
 		case now.Sub(start) < budget:
 			next = start.Add(budget).Sub(now) // look again at the budget's end
-		case !behind:
+		case !waitOn:
 			return settle(callGaveUp, fmt.Errorf("%w: no reply within %v", circuit.ErrBudget, budget))
 		case !now.Before(hardCap):
 			g, err := settle(callOutwaited, fmt.Errorf("%w: %v", ErrSaturated, now.Sub(start).Round(time.Millisecond)))

@@ -88,7 +88,7 @@ func (k *Caller) direct(ctx context.Context, c Call, ln *lane, done func(error))
 	span.span = sp
 	ln.sendAlone(cctx, &c.Acq)
 	if clientCut(c.Acq.Err) { // rare: the node's pool is not looked up on every call
-		c.Acq.Err = k.p.nodes.heldOf(c.Brk, c.Acq.Key).refused(c.Acq.Err, sideWait(budget))
+		c.Acq.Err = k.p.nodes.witnessOf(c.Brk, c.Acq.Key).refused(c.Acq.Err, sideWait(budget))
 	}
 	if !c.Keep && callerEnded(ctx, bctx, c.Acq.Err) {
 		// The caller's ctx ended the call (its deadline came before the
@@ -104,7 +104,7 @@ func (k *Caller) direct(ctx context.Context, c Call, ln *lane, done func(error))
 	}
 	noted(c.Brk, c.Acq.Err)
 	g, err := k.end(cctx, c, &span, start, c.Acq.Grant, c.Acq.Err)
-	if err != nil && errors.Is(err, circuit.ErrBudget) && k.p.behind(c.Brk, k.p.nodes.heldOf(c.Brk, c.Acq.Key), start, limit, replies) {
+	if err != nil && errors.Is(err, circuit.ErrBudget) && k.p.behind(c.Brk, k.p.nodes.witnessOf(c.Brk, c.Acq.Key), start, limit, replies) {
 		// Whoever waits (a lease refill runs on after its caller left:
 		// c.Keep), a timeout is Redis's only if this process was not
 		// behind (see behind).

@@ -20,7 +20,7 @@ import (
 // misconfiguration (NOPERM and the like) are returned as they are. sent
 // reports whether op ran (false: it never will, so its effect can be
 // queued for later without doubling it). rkey is the bucket op is about:
-// its node's pool judges a call without a reply (see nodes.heldOf).
+// its node's witness judges a call without a reply (see nodes.witnessOf).
 //
 // On a client that honours deadlines op runs on the caller's goroutine,
 // bounded by the budget (by saturationGrace budgets more while this process
@@ -105,22 +105,22 @@ func (p *Path) doInPlace(ctx context.Context, brk *circuit.Breaker, rkey string,
 // circuit.ErrBudget when Redis is to blame, or ErrSaturated when this
 // process was behind (see behind), which the breaker does not count, as
 // for a call that got no connection while Redis answered (see
-// heldPool.refused).
+// witness.refused).
 // Regression (a review): a Settle's adjustment cut at the budget while
 // the process was behind counted against Redis without that check, and on
 // a flooded host five in a row opened the breaker while Redis answered:
 // FailOpen then admitted up to 2,800 on a bucket of 300.
 func (p *Path) judged(brk *circuit.Breaker, rkey string, start time.Time, limit time.Duration, replies int64, err error) error {
-	var held *heldPool // the node's pool, looked up for a failed call only
+	var w *witness // the node's, looked up for a failed call only
 	if err != nil {
-		held = p.nodes.heldOf(brk, rkey)
-		err = held.refused(err, sideWait(p.budget))
+		w = p.nodes.witnessOf(brk, rkey)
+		err = w.refused(err, sideWait(p.budget))
 	}
 	noted(brk, err)
 	switch {
 	case err == nil || !errors.Is(err, context.DeadlineExceeded):
 		return err
-	case p.behind(brk, held, start, limit, replies):
+	case p.behind(brk, w, start, limit, replies):
 		// Not on ratelimit.saturated, which counts decisions' calls.
 		return fmt.Errorf("%w: %v", ErrSaturated, time.Since(start).Round(time.Millisecond))
 	}

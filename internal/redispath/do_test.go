@@ -3,6 +3,7 @@ package redispath
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -13,10 +14,12 @@ import (
 )
 
 // TestDoCutWhileBehind: a peek, reset or adjustment (Do) that its budget
-// cuts is blamed on Redis only if this process was not behind: while
-// Redis answers a pool's worth of other calls meanwhile (the process's own
-// queue, see congested), the call ends with ErrSaturated and the breaker
-// does not count it; with nothing answered it is Redis's failure. Both
+// cuts is blamed on Redis only if Redis was failing: while Redis answers
+// a pool's worth of other calls meanwhile (the process's own queue, see
+// congested), the call ends with ErrSaturated and the breaker does not
+// count it, and so it does while Redis answers the witness's own
+// connection (see witness), the call's reply held up on its way; with
+// nothing answered and Redis gone it is Redis's failure. Both
 // variants: in place (ContextTimeoutEnabled) and carried by a worker.
 // Regression (a review): Do counted every cut call against Redis, and
 // Settles on a flooded host opened the breaker while Redis answered, so
@@ -25,9 +28,13 @@ func TestDoCutWhileBehind(t *testing.T) {
 	const budget = 20 * time.Millisecond
 	unavailable := errors.New("unavailable")
 	for _, cte := range []bool{true, false} {
-		for _, answered := range []bool{true, false} {
-			_, c := newMini(t, &redis.Options{ContextTimeoutEnabled: cte})
+		for _, run := range []struct{ answered, up bool }{{true, true}, {false, true}, {false, false}} {
+			answered, spared := run.answered, run.answered || run.up // spared: not Redis's failure
+			m, c := newMini(t, &redis.Options{ContextTimeoutEnabled: cte})
 			auth, tel := authAndTel(t, c, "do-cut")
+			if !run.up {
+				m.Close()
+			}
 			p := New(Config{Client: c, Auth: auth, Budget: budget, Name: "do-cut", Unavailable: unavailable, Tel: tel,
 				Breaker: circuit.Settings{Settings: breaker.Settings{Failures: 1, OpenFor: time.Hour}}})
 			brk := p.Shared()
@@ -42,14 +49,15 @@ func TestDoCutWhileBehind(t *testing.T) {
 			})
 			p.Close()
 			p.Wait() // the worker has told the breaker
+			name := fmt.Sprintf("ContextTimeoutEnabled %v, other calls answered %v, Redis up %v", cte, answered, run.up)
 			if !errors.Is(err, unavailable) {
-				t.Errorf("ContextTimeoutEnabled %v, other calls answered %v: Do = %v; want it to wrap the unavailable error", cte, answered, err)
+				t.Errorf("%s: Do = %v; want it to wrap the unavailable error", name, err)
 			}
-			if cte && errors.Is(err, ErrSaturated) != answered {
-				t.Errorf("ContextTimeoutEnabled %v, other calls answered %v: Do = %v; ErrSaturated %v, want %v", cte, answered, err, !answered, answered)
+			if cte && errors.Is(err, ErrSaturated) != spared {
+				t.Errorf("%s: Do = %v; ErrSaturated %v, want %v", name, err, !spared, spared)
 			}
-			if open := brk.State() == breaker.Open; open == answered {
-				t.Errorf("ContextTimeoutEnabled %v, other calls answered %v: breaker open %v; want %v", cte, answered, open, !answered)
+			if open := brk.State() == breaker.Open; open == spared {
+				t.Errorf("%s: breaker open %v; want %v", name, open, !spared)
 			}
 		}
 	}

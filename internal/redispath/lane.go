@@ -34,14 +34,13 @@ type lane struct {
 	max      int               // pipelines in flight at once
 	fallback time.Duration     // a batch's deadline when no member has one
 	ep       recorder.Endpoint // the server the lane's calls go to, for their spans
-	// held looks at the pool of the lane's node (a Cluster's node, or the
-	// single node's client; see heldPool), asking Redis for up to
-	// sideWait when the client cut a call (see refusedAll); the lane
-	// closes it. heldOf returns the heldPool of a call's key (see
-	// nodes.heldOf).
-	held     *heldPool
-	heldOf   func(rkey string) *heldPool
-	sideWait time.Duration
+	// witness asks the lane's node (a Cluster's node, or the single
+	// node) whether it answers, for up to sideWait when the client cut a
+	// call (see refusedAll); the lane closes it. witnessOf returns the
+	// witness of a call's key (see nodes.witnessOf).
+	witness   *witness
+	witnessOf func(rkey string) *witness
+	sideWait  time.Duration
 
 	mu       sync.Mutex
 	queue    []*pending
@@ -96,9 +95,9 @@ const maxBatch = 128
 // connection) keeps one.
 func lanePipelines(pool int) int { return min(pool, 2) }
 
-func newLane(auth *authority.Redis, brk *circuit.Breaker, pool int, fallback time.Duration, ep recorder.Endpoint, held *heldPool, sideWait time.Duration) *lane {
-	ln := &lane{auth: auth, brk: brk, max: lanePipelines(pool), fallback: fallback, ep: ep, held: held, sideWait: sideWait}
-	ln.heldOf = func(string) *heldPool { return held }
+func newLane(auth *authority.Redis, brk *circuit.Breaker, pool int, fallback time.Duration, ep recorder.Endpoint, w *witness, sideWait time.Duration) *lane {
+	ln := &lane{auth: auth, brk: brk, max: lanePipelines(pool), fallback: fallback, ep: ep, witness: w, sideWait: sideWait}
+	ln.witnessOf = func(string) *witness { return w }
 	ln.senders = newCrew(&ln.mu, ln.max, ln.nextBatch)
 	ln.dog.fire = ln.bark
 	return ln
@@ -241,7 +240,7 @@ func (ln *lane) stop() {
 	ln.mu.Lock()
 	ln.dog.stop()
 	ln.mu.Unlock()
-	ln.held.close()
+	ln.witness.close()
 }
 
 // take removes up to maxBatch waiting calls from the queue, in order.
@@ -304,7 +303,7 @@ func (ln *lane) send(batch []*pending) {
 	cctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
 	ln.auth.AcquireAll(cctx, as)
 	cancel()
-	refusedAll(as, ln.heldOf, ln.sideWait)
+	refusedAll(as, ln.witnessOf, ln.sideWait)
 	if done != nil {
 		done(batchOutcome(batch))
 	}

@@ -20,7 +20,7 @@ import (
 // Redis cannot be reached (see unreachable); a reply, which the waiters of
 // other calls count to tell a slow Redis from a process that is behind
 // (see congested and queued). A call that got no connection
-// (ErrSaturated, see heldPool.refused) brought no reply.
+// (ErrSaturated, see witness.refused) brought no reply.
 func noted(brk *circuit.Breaker, err error) {
 	if isNetworkError(err) {
 		brk.NoteNetworkError(time.Now())
@@ -86,23 +86,24 @@ func isNetworkError(err error) bool {
 }
 
 // behind reports whether a call begun at start, when brk had counted
-// replies, whose deadline limit passed without a reply, ran out because
-// this process, not Redis, was behind: it woke a threshold or more past
-// that deadline (the scheduler kept it from reading), a probe finds the
-// process behind now, or replies were queued for it (see congested). Such
-// a call does not count against the breaker; the others are blamed on
-// Redis. Every call the budget cuts is judged by it: an acquire call, and
-// a peek, a reset or an adjustment (Do), and a refund pipeline. Waiting
-// for a connection that the application's own commands hold is this
-// process's congestion too: held is the pool of the call's node (see
-// heldPool and nodes.heldOf).
-func (p *Path) behind(brk *circuit.Breaker, held *heldPool, start time.Time, limit time.Duration, replies int64) bool {
+// replies, whose deadline limit passed without a reply, ran out while
+// Redis was not failing: this process was behind (it woke a threshold or
+// more past that deadline: the scheduler kept it from reading; a probe
+// finds the process behind now; or replies were queued for it, see
+// congested), or Redis answers a connection of leaselimit's own, w, the
+// witness of the call's node (see witness and nodes.witnessOf): a pool the
+// application's own commands hold, a reply held up on its way. Such a call
+// does not count against the breaker and is denied, not decided by the
+// failure policy; the others are blamed on Redis. Every call the budget
+// cuts is judged by it: an acquire call, and a peek, a reset or an
+// adjustment (Do), and a refund pipeline.
+func (p *Path) behind(brk *circuit.Breaker, w *witness, start time.Time, limit time.Duration, replies int64) bool {
 	threshold := overload.Threshold(p.budget)
 	if time.Since(start)-limit >= threshold {
 		overload.MarkBehind(time.Now())
 		return true
 	}
-	return overload.Measure(p.gate.spawn, threshold) || p.congested(brk, replies) || held.held(threshold)
+	return overload.Measure(p.gate.spawn, threshold) || p.congested(brk, replies) || w.answers(threshold)
 }
 
 // congested reports whether a call begun when brk had counted replies

@@ -37,18 +37,18 @@ func (l stderrLogger) Printf(_ context.Context, format string, v ...any) {
 	l.Logger.Printf(format, v...)
 }
 
-// TestHeldPoolSideClientIsQuiet: heldPool's own connection is made from
+// TestWitnessIsQuiet: witness's own connection is made from
 // the fields that reach the server, not a copy of the user's options,
 // which share what the user's client set up: go-redis then logged that it
 // could not register its maintenance-notification handlers, for every
 // Client of a default go-redis client (and would panic where the user
 // required them). It still reaches the server: it answers a PING.
-func TestHeldPoolSideClientIsQuiet(t *testing.T) {
+func TestWitnessIsQuiet(t *testing.T) {
 	got := &lines{}
 	redis.SetLogger(got)
 	t.Cleanup(func() { redis.SetLogger(stderrLogger{log.New(os.Stderr, "redis: ", log.LstdFlags|log.Lshortfile)}) })
 	_, c := newMini(t, nil) // go-redis's defaults: RESP3
-	h := newHeldPool(c, 10)
+	h := newWitness(c)
 	defer h.close()
 	if err := h.side.Ping(context.Background()).Err(); err != nil {
 		t.Fatalf("the side connection's PING: %v", err)
@@ -65,13 +65,13 @@ func TestHeldPoolSideClientIsQuiet(t *testing.T) {
 // TestRefusedConnection: the client's own error for a call it gave up on
 // (no connection of the pool: its PoolTimeout, or MaxActiveConns reached;
 // a reply its ReadTimeout cut) is this process's doing while Redis
-// answers heldPool's own connection (ErrSaturated, which the breaker does
+// answers witness's own connection (ErrSaturated, which the breaker does
 // not count), and Redis failing when it does not; other errors (a budget's
 // deadline, a dial's timeout, a broken connection) are left as they are.
 // A batch's calls are judged alike.
 func TestRefusedConnection(t *testing.T) {
 	m, c := newMini(t, &redis.Options{PoolSize: 1})
-	h := newHeldPool(c, 1)
+	h := newWitness(c)
 	defer h.close()
 	const threshold = 50 * time.Millisecond
 	timeout := fmt.Errorf("acquire: %w", redis.ErrPoolTimeout)
@@ -91,13 +91,13 @@ func TestRefusedConnection(t *testing.T) {
 	}
 	as := []*authority.Acquisition{{}, {}, {}}
 	as[0].Err, as[2].Err = timeout, timeout
-	refusedAll(as, func(string) *heldPool { return h }, threshold)
+	refusedAll(as, func(string) *witness { return h }, threshold)
 	if !errors.Is(as[0].Err, ErrSaturated) || as[1].Err != nil || !errors.Is(as[2].Err, ErrSaturated) {
 		t.Errorf("refusedAll: %v, %v, %v; want ErrSaturated, nil, ErrSaturated", as[0].Err, as[1].Err, as[2].Err)
 	}
-	var cluster *heldPool // what a Cluster client gets: nothing to ask
-	if got := cluster.refused(timeout, threshold); got != timeout {
-		t.Errorf("refused on a client heldPool does not look at = %v; want it unchanged", got)
+	var none *witness // a key without one (a Cluster's, before its slot map loaded): nothing to ask
+	if got := none.refused(timeout, threshold); got != timeout {
+		t.Errorf("refused without a witness = %v; want it unchanged", got)
 	}
 	m.Close() // Redis down: the pool's error is Redis failing
 	h.okAt.Store(0)
