@@ -3,6 +3,7 @@ package leaselimit_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -108,5 +109,60 @@ func TestCloseResendsUnansweredRefunds(t *testing.T) {
 	}
 	if want := l.Burst - admitted; d.Remaining != want {
 		t.Errorf("after Close the bucket holds %d; want %d (%d admitted, the rest refunded once)", d.Remaining, want, admitted)
+	}
+}
+
+// TestCloseRidesOutAStall: a Settle's excess charged while Redis stalls
+// 300ms (stopped, or pausing writes as a failover does) across Close is
+// sent again by Close, under its id, until Redis takes it: Close returns
+// nil and the bucket holds what was not admitted. Both client kinds.
+// Regression (a review): on a client with ContextTimeoutEnabled, Close's
+// one send ended at the budget and the charge was dropped, so the bucket
+// admitted the whole excess again: 150 on a bucket of 100.
+func TestCloseRidesOutAStall(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	for _, cte := range []bool{false, true} {
+		for _, stall := range []string{"stopped", "write-paused"} {
+			t.Run(fmt.Sprintf("ContextTimeoutEnabled=%v/%s", cte, stall), func(t *testing.T) {
+				l := policy.Limit{Name: fmt.Sprintf("close-stall-%v-%s", cte, stall), Rate: 1, Period: 24 * time.Hour, Burst: 100}
+				rdb := redisClientOpts(t, &redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: cte})
+				reader := sdkmetric.NewManualReader()
+				cl, err := leaselimit.NewClient(rdb, leaselimit.WithMeterProvider(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))))
+				if err != nil {
+					t.Fatal(err)
+				}
+				r, err := cl.Limiter(l).Reserve(ctx, "k", 10)
+				if err != nil || !r.Decision().Allowed {
+					t.Fatalf("Reserve = %v, %v; want 10 tokens", r, err)
+				}
+				resumed := make(chan struct{})
+				if stall == "stopped" {
+					srv.Pause(t)
+					time.AfterFunc(300*time.Millisecond, func() { srv.Resume(t); close(resumed) })
+				} else {
+					if err := srv.Client(t).Do(ctx, "CLIENT", "PAUSE", 300, "WRITE").Err(); err != nil {
+						t.Fatal(err)
+					}
+					time.AfterFunc(300*time.Millisecond, func() { close(resumed) })
+				}
+				_ = r.Settle(ctx, 60) // 50 more than reserved, charged
+				cerr := cl.Close()
+				<-resumed
+				if cerr != nil {
+					t.Errorf("Close across a 300ms stall = %v; want nil (the charge sent until Redis took it)", cerr)
+				}
+				if refunds, charges := droppedTokens(t, reader); refunds != 0 || charges != 0 {
+					t.Errorf("counted dropped: %d refunded tokens, %d charged; want none", refunds, charges)
+				}
+				d, err := mustNew(t, srv.Client(t), l, leaselimit.WithoutLease()).Peek(ctx, "k")
+				if err != nil {
+					t.Fatal(err)
+				}
+				if d.Remaining != l.Burst-60 {
+					t.Errorf("after Close the bucket holds %d; want %d (60 used of %d)", d.Remaining, l.Burst-60, l.Burst)
+				}
+			})
+		}
 	}
 }

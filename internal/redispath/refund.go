@@ -36,30 +36,55 @@ func (p *Path) Refund(brk *circuit.Breaker, rs []authority.Refund, tokens int64)
 	return failed, true
 }
 
-// RefundFinal sends adjustments rs once, for Close, within the budget,
-// whatever the breakers say: the engine gets no later chance. It returns
-// those that failed.
+// RefundFinal sends adjustments rs for Close, whatever the breakers say:
+// the engine gets no later chance. What Redis did not answer (see
+// circuit.NoAnswer) is sent again, under the same ids (Redis applies each
+// adjustment once, and its answer says whether an earlier send was
+// applied), until Redis takes it or finalWait has passed since the first
+// send; it returns those that failed. Regressions (reviews): Close
+// counted as dropped the adjustments of a pipeline whose reply was cut
+// after Redis ran it (27-431 tokens counted that were back in their
+// buckets); and on a client that honours deadlines, a Settle's charge
+// that met a 300ms stall of Redis across Close (stopped, or pausing writes
+// as a failover does) was dropped at the budget, so the bucket admitted
+// the whole excess again (TestCloseRidesOutAStall: 150 on a bucket of
+// 100). A client without deadlines rode it out on go-redis's ReadTimeout.
 func (p *Path) RefundFinal(rs []authority.Refund, tokens int64) []authority.Failed {
-	ctx, cancel := context.WithTimeout(context.Background(), p.refundBudget(len(rs)))
-	defer cancel()
+	until := time.Now().Add(p.finalWait())
 	span := p.tel.StartRefund(p.nodes.oneLane.ep, len(rs))
-	failed := p.auth.RefundAll(ctx, rs)
-	if len(failed) > 0 && ctx.Err() == nil {
-		// Once more, under the same ids, while the deadline allows: Redis
-		// applies each adjustment once, and its answer says whether the
-		// first send was applied. Regression (a review): Close counted as
-		// dropped the adjustments of a pipeline whose reply was cut after
-		// Redis ran it (27-431 tokens counted that were back in their
-		// buckets), and could count charges as over-admission.
-		again := make([]authority.Refund, len(failed))
-		for i, f := range failed {
-			again[i] = f.Refund
+	var failed []authority.Failed
+	for pause := finalPause; ; pause = min(2*pause, p.budget) {
+		deadline := time.Now().Add(p.refundBudget(len(rs)))
+		if deadline.After(until) {
+			deadline = until
 		}
-		failed = p.auth.RefundAll(ctx, again)
+		ctx, cancel := context.WithDeadline(context.Background(), deadline)
+		failed = p.auth.RefundAll(ctx, rs)
+		cancel()
+		rs = nil
+		for _, f := range failed {
+			if circuit.NoAnswer(f.Err) {
+				rs = append(rs, f.Refund)
+			}
+		}
+		if len(rs) == 0 || time.Until(until) < pause {
+			break
+		}
+		time.Sleep(pause)
 	}
 	p.tel.EndRefund(span, tokens, firstError(failed))
 	return failed
 }
+
+// finalPause is the first pause between Close's sends (see RefundFinal);
+// each pause doubles, up to the budget.
+const finalPause = 10 * time.Millisecond
+
+// finalWait is how long Close keeps sending adjustments Redis does not
+// answer (see RefundFinal): a second, or the budget if longer. Long enough
+// for a stall of Redis of a few hundred milliseconds (a failover's write
+// pause), short enough that Close on a Redis that is down returns soon.
+func (p *Path) finalWait() time.Duration { return max(time.Second, p.budget) }
 
 // perRefund is what one adjustment adds to its pipeline's deadline: Redis
 // runs a refund script (four commands) and the pipeline carries it in 10 to
