@@ -52,19 +52,22 @@ func (p *Path) Refund(brk *circuit.Breaker, rs []authority.Refund, tokens int64)
 func (p *Path) RefundFinal(rs []authority.Refund, tokens int64) []authority.Failed {
 	until := time.Now().Add(p.finalWait())
 	span := p.tel.StartRefund(p.nodes.oneLane.ep, len(rs))
-	var failed []authority.Failed
+	var failed, unanswered []authority.Failed // failed: not to be sent again
 	for pause := finalPause; ; pause = min(2*pause, p.budget) {
 		deadline := time.Now().Add(p.refundBudget(len(rs)))
 		if deadline.After(until) {
 			deadline = until
 		}
 		ctx, cancel := context.WithDeadline(context.Background(), deadline)
-		failed = p.auth.RefundAll(ctx, rs)
+		outcome := p.auth.RefundAll(ctx, rs)
 		cancel()
-		rs = nil
-		for _, f := range failed {
+		rs, unanswered = nil, nil
+		for _, f := range outcome {
 			if circuit.NoAnswer(f.Err) {
 				rs = append(rs, f.Refund)
+				unanswered = append(unanswered, f)
+			} else {
+				failed = append(failed, f) // a misconfiguration: sending again would not help
 			}
 		}
 		if len(rs) == 0 || time.Until(until) < pause {
@@ -72,6 +75,7 @@ func (p *Path) RefundFinal(rs []authority.Refund, tokens int64) []authority.Fail
 		}
 		time.Sleep(pause)
 	}
+	failed = append(failed, unanswered...)
 	p.tel.EndRefund(span, tokens, firstError(failed))
 	return failed
 }
