@@ -32,11 +32,7 @@ func TestMain(m *testing.M) {
 	// tests make thousands of Clients: the tests of the lines set their
 	// own logger.
 	slog.SetDefault(slog.New(slog.DiscardHandler))
-	// go-redis's own retry of a failed dial (started when the dial of a
-	// client, or of leaselimit's own connection that asks Redis before a
-	// call is blamed on it, failed while Redis was down) sleeps a second
-	// between dials, and ends at its next turn once its client is closed.
-	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("github.com/redis/go-redis/v9/internal/pool.(*ConnPool).tryDial"))
+	goleak.VerifyTestMain(m)
 }
 
 func newMini(t *testing.T) (*miniredis.Miniredis, *redis.Client) {

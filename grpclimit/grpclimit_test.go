@@ -36,10 +36,13 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	// go-redis's own retry of a failed dial (started when the dial of a
-	// client, or of leaselimit's own connection that asks Redis before a
-	// call is blamed on it, failed while Redis was down) sleeps a second
-	// between dials, and ends at its next turn once its client is closed.
+	// The tests' own go-redis clients, whose dials fail while a test's
+	// Redis is down, start go-redis's retry of a failed dial, which sleeps
+	// a second between dials and ends at its next turn once its client is
+	// closed. It is go-redis's, and only a client that counts as many
+	// failed dials as its pool's size starts it; leaselimit's own
+	// connection never hands go-redis a dial error (redispath's
+	// dialNoError).
 	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("github.com/redis/go-redis/v9/internal/pool.(*ConnPool).tryDial"))
 }
 

@@ -25,11 +25,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	// go-redis's own retry of a failed dial (started when the dial of a
-	// client, or of leaselimit's own connection that asks Redis before a
-	// call is blamed on it, failed while Redis was down) sleeps a second
-	// between dials, and ends at its next turn once its client is closed.
-	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("github.com/redis/go-redis/v9/internal/pool.(*ConnPool).tryDial"))
+	goleak.VerifyTestMain(m)
 }
 
 // frozen is the time miniredis reports in tests: with Redis's clock standing

@@ -22,11 +22,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	// go-redis's own retry of a failed dial (a client whose dials failed
-	// while Redis was down, as leaselimit's own connection that asks Redis
-	// before a call is blamed on it) sleeps a second between dials, and
-	// ends at its next turn once its client is closed.
-	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("github.com/redis/go-redis/v9/internal/pool.(*ConnPool).tryDial"))
+	goleak.VerifyTestMain(m)
 }
 
 // lines is an io.Writer that hands each Write to a channel.

@@ -216,7 +216,7 @@ func (k *Caller) detached(ctx context.Context, c Call, ln *lane, own func(error)
 		// the reply is held up on its way (a pool the application holds,
 		// a segment retransmitted), not lost to an outage, and the call
 		// waits on.
-		waitOn := behind || (now.Sub(start) >= budget && k.p.nodes.witnessOf(c.Brk, c.Acq.Key).answers(threshold))
+		waitOn := behind || (now.Sub(start) >= budget && k.p.nodes.witnessOf(c.Brk, c.Acq.Key).answers(witnessWait(budget)))
 		var next time.Duration
 		switch {
 		case now.Sub(start) < budget:

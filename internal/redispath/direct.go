@@ -88,7 +88,7 @@ func (k *Caller) direct(ctx context.Context, c Call, ln *lane, done func(error))
 	span.span = sp
 	ln.sendAlone(cctx, &c.Acq)
 	if clientCut(c.Acq.Err) { // rare: the node's pool is not looked up on every call
-		c.Acq.Err = k.p.nodes.witnessOf(c.Brk, c.Acq.Key).refused(c.Acq.Err, sideWait(budget))
+		c.Acq.Err = k.p.nodes.witnessOf(c.Brk, c.Acq.Key).refused(c.Acq.Err, witnessWait(budget))
 	}
 	if !c.Keep && callerEnded(ctx, bctx, c.Acq.Err) {
 		// The caller's ctx ended the call (its deadline came before the

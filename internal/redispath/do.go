@@ -114,7 +114,7 @@ func (p *Path) judged(brk *circuit.Breaker, rkey string, start time.Time, limit 
 	var w *witness // the node's, looked up for a failed call only
 	if err != nil {
 		w = p.nodes.witnessOf(brk, rkey)
-		err = w.refused(err, sideWait(p.budget))
+		err = w.refused(err, witnessWait(p.budget))
 	}
 	noted(brk, err)
 	switch {

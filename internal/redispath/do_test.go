@@ -11,6 +11,7 @@ import (
 
 	"github.com/leaselimit/leaselimit/breaker"
 	"github.com/leaselimit/leaselimit/internal/circuit"
+	"github.com/leaselimit/leaselimit/internal/redistest"
 )
 
 // TestDoCutWhileBehind: a peek, reset or adjustment (Do) that its budget
@@ -25,7 +26,7 @@ import (
 // Settles on a flooded host opened the breaker while Redis answered, so
 // FailOpen admitted up to 2,800 on a bucket of 300.
 func TestDoCutWhileBehind(t *testing.T) {
-	const budget = 200 * time.Millisecond // its eighth: time for the witness to dial and ask, under -race
+	const budget = 200 * time.Millisecond // time for the witness to dial and ask, under -race
 	unavailable := errors.New("unavailable")
 	for _, cte := range []bool{true, false} {
 		for _, run := range []struct{ answered, up bool }{{true, true}, {false, true}, {false, false}} {
@@ -59,6 +60,41 @@ func TestDoCutWhileBehind(t *testing.T) {
 			if open := brk.State() == breaker.Open; open == spared {
 				t.Errorf("%s: breaker open %v; want %v", name, open, !spared)
 			}
+		}
+	}
+}
+
+// TestWitnessWaitsForASlowRedis: a call the budget cuts while Redis
+// answers, but a round trip of 20ms or more away (more than an eighth of
+// the budget, less than half), is not Redis's failure: the witness waits
+// for Redis's answer (see witnessWait). Regression: the witness gave Redis
+// an eighth of the budget, and a busy 2-core host whose Redis answered in
+// 13-22ms saw the breaker open while it answered, then FailOpen admit
+// 0.7-2 million decisions on a bucket of 100.
+func TestWitnessWaitsForASlowRedis(t *testing.T) {
+	const budget = 100 * time.Millisecond // the default: its eighth, 12.5ms, is less than the round trip
+	for _, cte := range []bool{true, false} {
+		m, direct := newMini(t, nil)
+		px := redistest.NewProxy(t, m.Addr())
+		px.SetLatency(10 * time.Millisecond) // each way
+		c := redis.NewClient(&redis.Options{Addr: px.Addr, ContextTimeoutEnabled: cte})
+		auth, tel := authAndTel(t, c, "slow-witness")
+		p := New(Config{Client: c, Auth: auth, Budget: budget, Name: "slow-witness", Unavailable: errors.New("unavailable"), Tel: tel,
+			Breaker: circuit.Settings{Settings: breaker.Settings{Failures: 1, OpenFor: time.Hour}}})
+		brk := p.Shared()
+		_, err := p.Do(context.Background(), brk, "k", func(ctx context.Context) error {
+			<-ctx.Done() // this call's own reply never read
+			return ctx.Err()
+		})
+		p.Close()
+		p.Wait()
+		_ = c.Close()
+		_ = direct.Close()
+		if cte && !errors.Is(err, ErrSaturated) {
+			t.Errorf("ContextTimeoutEnabled: Do = %v; want ErrSaturated (Redis answered, 20ms away)", err)
+		}
+		if brk.State() == breaker.Open {
+			t.Errorf("ContextTimeoutEnabled %v: the breaker opened while Redis answered, 20ms away", cte)
 		}
 	}
 }

@@ -35,12 +35,12 @@ type lane struct {
 	fallback time.Duration     // a batch's deadline when no member has one
 	ep       recorder.Endpoint // the server the lane's calls go to, for their spans
 	// witness asks the lane's node (a Cluster's node, or the single
-	// node) whether it answers, for up to sideWait when the client cut a
+	// node) whether it answers, for up to witnessWait when the client cut a
 	// call (see refusedAll); the lane closes it. witnessOf returns the
 	// witness of a call's key (see nodes.witnessOf).
 	witness   *witness
 	witnessOf func(rkey string) *witness
-	sideWait  time.Duration
+	wait      time.Duration // witnessWait of the budget
 
 	mu       sync.Mutex
 	queue    []*pending
@@ -95,8 +95,8 @@ const maxBatch = 128
 // connection) keeps one.
 func lanePipelines(pool int) int { return min(pool, 2) }
 
-func newLane(auth *authority.Redis, brk *circuit.Breaker, pool int, fallback time.Duration, ep recorder.Endpoint, w *witness, sideWait time.Duration) *lane {
-	ln := &lane{auth: auth, brk: brk, max: lanePipelines(pool), fallback: fallback, ep: ep, witness: w, sideWait: sideWait}
+func newLane(auth *authority.Redis, brk *circuit.Breaker, pool int, fallback time.Duration, ep recorder.Endpoint, w *witness, wait time.Duration) *lane {
+	ln := &lane{auth: auth, brk: brk, max: lanePipelines(pool), fallback: fallback, ep: ep, witness: w, wait: wait}
 	ln.witnessOf = func(string) *witness { return w }
 	ln.senders = newCrew(&ln.mu, ln.max, ln.nextBatch)
 	ln.dog.fire = ln.bark
@@ -303,7 +303,7 @@ func (ln *lane) send(batch []*pending) {
 	cctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
 	ln.auth.AcquireAll(cctx, as)
 	cancel()
-	refusedAll(as, ln.witnessOf, ln.sideWait)
+	refusedAll(as, ln.witnessOf, ln.wait)
 	if done != nil {
 		done(batchOutcome(batch))
 	}

@@ -27,7 +27,7 @@ type nodes struct {
 	oneLane  *lane                                                                      // one's batches
 	cluster  *redis.ClusterClient                                                       // nil unless the client is a cluster
 	newLane  func(brk *circuit.Breaker, ep recorder.Endpoint, node *redis.Client) *lane // a lane for a new node's breaker, node its client
-	shards   *shardWitnesses                                                            // a Ring's shards' pools; nil unless the client is a Ring
+	shards   *shardWitnesses                                                            // a Ring's shards' witnesses; nil unless the client is a Ring
 
 	mu     sync.RWMutex
 	byNode map[string]*nodeBreaker // master address → breaker
@@ -66,11 +66,11 @@ func newNodes(client redis.UniversalClient, name string, s circuit.Settings, g *
 	pool := poolSize(client)
 	b := &nodes{name: name, settings: s, now: now, one: circuit.New(name, s), byNode: map[string]*nodeBreaker{}, gate: g}
 	b.newLane = func(brk *circuit.Breaker, ep recorder.Endpoint, node *redis.Client) *lane {
-		ln := newLane(auth, brk, pool, callLife(budget), ep, newWitness(node), sideWait(budget))
+		ln := newLane(auth, brk, pool, callLife(budget), ep, newWitness(node), witnessWait(budget))
 		ln.witnessOf = func(rkey string) *witness { return b.witnessOf(brk, rkey) }
 		return ln
 	}
-	single, _ := client.(*redis.Client) // nil on a Cluster: its nodes' lanes look at their pools
+	single, _ := client.(*redis.Client) // nil on a Cluster: its nodes' lanes have their nodes' witnesses
 	b.oneLane = b.newLane(b.one, endpointOf(client), single)
 	b.lanes = map[*circuit.Breaker]*lane{} // the node breakers'; one has oneLane
 	if cc, ok := client.(*redis.ClusterClient); ok {
@@ -181,15 +181,15 @@ func (b *nodes) laneFor(brk *circuit.Breaker) *lane {
 }
 
 // witnessOf returns the witness that judges a call on rkey through brk (see
-// witness): the pool of brk's node, or on a Ring of rkey's shard. A
+// witness): the witness of brk's node, or on a Ring of rkey's shard. A
 // Cluster's key sent through the shared breaker, before the slot map had
-// loaded, is judged by the pool of the node that serves it once the map
+// loaded, is judged by the witness of the node that serves it once the map
 // has loaded (none before): TestClusterPoolHeldByTheApplication saw the
 // first calls of a Limiter, made while the application's BLPOP loops held
 // every node's pool, open the shared breaker without it.
 func (b *nodes) witnessOf(brk *circuit.Breaker, rkey string) *witness {
 	if b.shards != nil {
-		return b.shards.of(rkey) // a Ring: one breaker, a pool per shard
+		return b.shards.of(rkey) // a Ring: one breaker, a witness per shard
 	}
 	if brk == b.one && b.cluster != nil {
 		if rkey == "" || !b.mapReady.Load() {

@@ -103,7 +103,7 @@ func (p *Path) behind(brk *circuit.Breaker, w *witness, start time.Time, limit t
 		overload.MarkBehind(time.Now())
 		return true
 	}
-	return overload.Measure(p.gate.spawn, threshold) || p.congested(brk, replies) || w.answers(threshold)
+	return overload.Measure(p.gate.spawn, threshold) || p.congested(brk, replies) || w.answers(witnessWait(p.budget))
 }
 
 // congested reports whether a call begun when brk had counted replies

@@ -62,6 +62,36 @@ func TestWitnessIsQuiet(t *testing.T) {
 	}
 }
 
+// TestWitnessAnswersOnceRedisIsBack: a witness whose dial failed while
+// Redis was down says Redis answers as soon as it does again. go-redis's
+// pool of one, handed the dial's error, answered every later call with it
+// without dialing until its own retry a second later: for that second the
+// calls the witness judged went to the failure policy while Redis
+// answered. Nothing of the witness's outlives its close either (TestMain's
+// goleak: go-redis's retry did, by up to a second).
+func TestWitnessAnswersOnceRedisIsBack(t *testing.T) {
+	m, c := newMini(t, nil)
+	h := newWitness(c)
+	defer h.close()
+	const within = 200 * time.Millisecond
+	if !h.answers(within) {
+		t.Fatal("Redis up: the witness says it does not answer")
+	}
+	m.Close()
+	h.okAt.Store(0)    // forget the answer seen, as if it were older than within
+	for i := range 3 { // the first may fail on the pooled connection; the others dial
+		if h.answers(within) {
+			t.Fatalf("Redis down: the witness says it answers (try %d)", i)
+		}
+	}
+	if err := m.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	if !h.answers(within) {
+		t.Error("Redis back: the witness still says it does not answer (a dial error kept)")
+	}
+}
+
 // TestRefusedConnection: the client's own error for a call it gave up on
 // (no connection of the pool: its PoolTimeout, or MaxActiveConns reached;
 // a reply its ReadTimeout cut) is this process's doing while Redis

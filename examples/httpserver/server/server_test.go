@@ -20,11 +20,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	// go-redis's own retry of a failed dial (started when the dial of a
-	// client, or of leaselimit's own connection that asks Redis before a
-	// call is blamed on it, failed while Redis was down) sleeps a second
-	// between dials, and ends at its next turn once its client is closed.
-	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("github.com/redis/go-redis/v9/internal/pool.(*ConnPool).tryDial"))
+	goleak.VerifyTestMain(m)
 }
 
 // member matches one RateLimit list member as the server writes it.
