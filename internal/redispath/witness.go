@@ -40,10 +40,16 @@ import (
 // client, or on a Cluster the client of the lane's node; a Ring has one
 // per shard (see shardWitnesses). nodes.witnessOf finds a call's.
 type witness struct {
-	client *redis.Client // the user's, a Cluster node's or a Ring shard's; nil: none to ask through
-	side   *redis.Client // one connection of witness's own
-	okAt   atomic.Int64  // unix ns of the last call answered in time
-	ping   singleflight.Group
+	client  *redis.Client // the user's, a Cluster node's or a Ring shard's; nil: none to ask through
+	side    *redis.Client // one connection of witness's own
+	life    time.Duration // how long one ask may run (see ask)
+	okAt    atomic.Int64  // unix ns of the last ask answered
+	askedAt atomic.Int64  // unix ns when the last ask began
+	ping    singleflight.Group
+	wg      sync.WaitGroup // the ask in flight, for close
+
+	mu     sync.Mutex
+	closed bool
 }
 
 // newWitness returns the witness of c (nil: none): a side client that
@@ -54,7 +60,10 @@ type witness struct {
 // shares state the first client set up (go-redis then logs that it cannot
 // register its handlers, and with maintenance notifications required,
 // panics).
-func newWitness(c *redis.Client) *witness {
+//
+// It asks Redis at once, so that its connection is made and its handshake
+// done before a call needs its answer (see ask).
+func newWitness(c *redis.Client, budget time.Duration) *witness {
 	if c == nil {
 		return &witness{}
 	}
@@ -66,8 +75,23 @@ func newWitness(c *redis.Client) *witness {
 		DialTimeout: o.DialTimeout, Protocol: 2, DisableIdentity: true,
 		PoolSize: 1, MaxIdleConns: 1, MaxActiveConns: 1, MaxRetries: -1, ContextTimeoutEnabled: true,
 	})
-	return &witness{client: c, side: side}
+	h := &witness{client: c, side: side, life: witnessLife(budget)}
+	h.ask()
+	return h
 }
+
+// witnessLife is how long one ask of a witness may run: twice the budget.
+// An ask on a new connection costs a dial and go-redis's handshake (HELLO)
+// before the script, three round trips; cut at witnessWait, each ask
+// dropped its connection (go-redis drops one whose read timed out), so
+// every later ask paid them again, and a Redis 26-50ms away (budget 100ms)
+// never answered in time: the breaker opened while it answered, and
+// FailOpen admitted 2.8-5.5 million decisions on a bucket of 100 (a
+// review; TestWitnessWaitsForASlowRedis). Its own ask outlives the
+// caller's wait and keeps the connection; not longer, so that an ask on a
+// connection that hangs for good (a blackhole) does not hide for long a
+// Redis that answers new ones.
+func witnessLife(budget time.Duration) time.Duration { return 2 * budget }
 
 // dialNoError wraps dial (go-redis sets a client's options' Dialer to its
 // own when the user gave none) so that a failed dial hands go-redis a
@@ -199,11 +223,56 @@ func (h *witness) answers(threshold time.Duration) bool {
 	if h == nil || h.client == nil {
 		return false
 	}
-	if time.Now().UnixNano()-h.okAt.Load() < int64(threshold) {
+	fresh := func() bool { return time.Now().UnixNano()-h.okAt.Load() < int64(threshold) }
+	if fresh() {
 		return true
 	}
-	_, err, _ := h.ping.Do("", func() (any, error) {
-		ctx, cancel := context.WithTimeout(context.Background(), threshold)
+	began := time.Now().UnixNano()
+	wait := time.NewTimer(threshold)
+	defer wait.Stop()
+	// An ask begun before this call may end without an answer (begun while
+	// Redis was down): then one more, begun by this call.
+	for range 2 {
+		done := h.ask()
+		if done == nil {
+			return false // closed
+		}
+		select {
+		case <-done:
+		case <-wait.C:
+			return fresh()
+		}
+		if fresh() || h.askedAt.Load() >= began {
+			return fresh()
+		}
+	}
+	return false
+}
+
+// ask asks Redis to run aliveScript, for up to life, unless an ask is in
+// flight, and returns the channel of that ask's end (nil once witness is
+// closed). Callers share one ask and wait for it as long as they choose:
+// the ask runs on, so that an answer later than one caller's wait still
+// keeps the connection, and its handshake, for the next caller, and
+// updates okAt.
+func (h *witness) ask() <-chan singleflight.Result {
+	h.mu.Lock()
+	closed := h.closed
+	h.mu.Unlock()
+	if closed || h.side == nil {
+		return nil
+	}
+	return h.ping.DoChan("", func() (any, error) {
+		h.mu.Lock()
+		if h.closed {
+			h.mu.Unlock()
+			return nil, redis.ErrClosed
+		}
+		h.wg.Add(1) // under mu, before close's Wait
+		h.mu.Unlock()
+		defer h.wg.Done()
+		h.askedAt.Store(time.Now().UnixNano())
+		ctx, cancel := context.WithTimeout(context.Background(), h.life)
 		defer cancel()
 		err := h.side.Eval(ctx, aliveScript, nil).Err()
 		if err == nil {
@@ -211,7 +280,6 @@ func (h *witness) answers(threshold time.Duration) bool {
 		}
 		return nil, err
 	})
-	return err == nil
 }
 
 // aliveScript is what witness asks Redis to run: a script, as
@@ -223,11 +291,17 @@ func (h *witness) answers(threshold time.Duration) bool {
 // the breaker never opened, and FailOpen denied for the whole pause.
 const aliveScript = "return 1"
 
-// close closes witness's own connection.
+// close closes witness's own connection, and waits for its ask in flight
+// (which closing its connection ends).
 func (h *witness) close() {
-	if h != nil && h.side != nil {
-		_ = h.side.Close()
+	if h == nil || h.side == nil {
+		return
 	}
+	h.mu.Lock()
+	h.closed = true
+	h.mu.Unlock()
+	_ = h.side.Close()
+	h.wg.Wait()
 }
 
 // shardWitnesses holds the witness of each shard of a Ring, made on first
@@ -235,7 +309,8 @@ func (h *witness) close() {
 // own client and pool, which the application's commands can hold as they
 // can a single node's.
 type shardWitnesses struct {
-	ring *redis.Ring
+	ring   *redis.Ring
+	budget time.Duration // of the Path, for newWitness
 
 	mu      sync.Mutex
 	byShard map[*redis.Client]*witness
@@ -244,12 +319,12 @@ type shardWitnesses struct {
 
 // newShardWitnesses returns the shardWitnesses of client, or nil if it is not a
 // Ring.
-func newShardWitnesses(client redis.UniversalClient) *shardWitnesses {
+func newShardWitnesses(client redis.UniversalClient, budget time.Duration) *shardWitnesses {
 	r, ok := client.(*redis.Ring)
 	if !ok {
 		return nil
 	}
-	return &shardWitnesses{ring: r, byShard: map[*redis.Client]*witness{}}
+	return &shardWitnesses{ring: r, budget: budget, byShard: map[*redis.Client]*witness{}}
 }
 
 // of returns the witness of the shard that serves rkey (go-redis's
@@ -268,7 +343,7 @@ func (s *shardWitnesses) of(rkey string) *witness {
 	defer s.mu.Unlock()
 	h := s.byShard[shard]
 	if h == nil && !s.closed && len(s.byShard) < maxNodeBreakers {
-		h = newWitness(shard)
+		h = newWitness(shard, s.budget)
 		s.byShard[shard] = h
 	}
 	return h

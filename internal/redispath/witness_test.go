@@ -48,7 +48,7 @@ func TestWitnessIsQuiet(t *testing.T) {
 	redis.SetLogger(got)
 	t.Cleanup(func() { redis.SetLogger(stderrLogger{log.New(os.Stderr, "redis: ", log.LstdFlags|log.Lshortfile)}) })
 	_, c := newMini(t, nil) // go-redis's defaults: RESP3
-	h := newWitness(c)
+	h := newWitness(c, 100*time.Millisecond)
 	defer h.close()
 	if err := h.side.Ping(context.Background()).Err(); err != nil {
 		t.Fatalf("the side connection's PING: %v", err)
@@ -71,7 +71,7 @@ func TestWitnessIsQuiet(t *testing.T) {
 // goleak: go-redis's retry did, by up to a second).
 func TestWitnessAnswersOnceRedisIsBack(t *testing.T) {
 	m, c := newMini(t, nil)
-	h := newWitness(c)
+	h := newWitness(c, 100*time.Millisecond)
 	defer h.close()
 	const within = 200 * time.Millisecond
 	if !h.answers(within) {
@@ -101,7 +101,7 @@ func TestWitnessAnswersOnceRedisIsBack(t *testing.T) {
 // A batch's calls are judged alike.
 func TestRefusedConnection(t *testing.T) {
 	m, c := newMini(t, &redis.Options{PoolSize: 1})
-	h := newWitness(c)
+	h := newWitness(c, 100*time.Millisecond)
 	defer h.close()
 	const threshold = 50 * time.Millisecond
 	timeout := fmt.Errorf("acquire: %w", redis.ErrPoolTimeout)
