@@ -15,7 +15,8 @@ import (
 // TestCoalescedMiss: concurrent callers of a cold key share script calls,
 // and every one of them gets a decision within the limit.
 func TestCoalescedMiss(t *testing.T) {
-	m, c := newMini(t)
+	_, c := newMini(t)
+	calls := countCalls(c)
 	lim := mustNew(t, c, policy.PerMinute(1000))
 	ctx := context.Background()
 	const callers = 64
@@ -37,23 +38,24 @@ func TestCoalescedMiss(t *testing.T) {
 			}
 		}()
 	}
-	before := m.CommandCount()
+	before := calls.n.Load()
 	close(start)
 	wg.Wait()
-	calls := m.CommandCount() - before
+	made := calls.n.Load() - before
 	if allowed.Load() != callers {
 		t.Errorf("allowed %d of %d under a limit of 1000", allowed.Load(), callers)
 	}
-	if calls >= callers {
-		t.Errorf("%d callers made %d Redis commands; misses should be coalesced", callers, calls)
+	if made >= callers {
+		t.Errorf("%d callers made %d Redis commands; misses should be coalesced", callers, made)
 	}
-	t.Logf("%d concurrent callers of a cold key: %d Redis commands", callers, calls)
+	t.Logf("%d concurrent callers of a cold key: %d Redis commands", callers, made)
 }
 
 // TestNegativeCache: after Redis denies a key, the Limiter denies it locally
 // (SourceCache) without asking Redis until tokens are due.
 func TestNegativeCache(t *testing.T) {
-	m, c := newMini(t)
+	_, c := newMini(t)
+	calls := countCalls(c)
 	clk := newFakeClock()
 	lim := mustNew(t, c, policy.PerMinute(2), leaselimit.WithClock(clk))
 	ctx := context.Background()
@@ -66,14 +68,14 @@ func TestNegativeCache(t *testing.T) {
 	if err != nil || d.Allowed || d.Source != leaselimit.SourceAuthority {
 		t.Fatalf("third Allow = %+v, %v; want an authority denial", d, err)
 	}
-	before := m.CommandCount()
+	before := calls.n.Load()
 	for i := 0; i < 100; i++ {
 		d, err := lim.Allow(ctx, "k")
 		if err != nil || d.Allowed || d.Source != leaselimit.SourceCache || d.RetryAfter <= 0 {
 			t.Fatalf("cached Allow #%d = %+v, %v; want a cache denial", i, d, err)
 		}
 	}
-	if n := m.CommandCount() - before; n != 0 {
+	if n := calls.n.Load() - before; n != 0 {
 		t.Errorf("negatively cached key made %d Redis commands", n)
 	}
 	// The cache lasts at most DenyCap (1s by default); then Redis is asked again.
