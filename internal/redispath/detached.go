@@ -99,10 +99,13 @@ func (k *Caller) detached(ctx context.Context, c Call, ln *lane, own func(error)
 	// Check points: at an eighth of the budget (if the process is behind
 	// by then, its decisions start yielding at once, rather than after a
 	// whole budget of starving the reply), where the lane's watchdog wakes
-	// the waiter; then at the budget, then every quarter budget up to the
-	// hard cap, on the waiter's own timer.
+	// the waiter; then where the witness is asked (askAt, see askEarly),
+	// at the budget, then every quarter budget up to the hard cap, on the
+	// waiter's own timer.
 	threshold := overload.Threshold(budget)
 	due := start.Add(threshold)
+	askAt := start.Add(budget - witnessWait(budget))
+	var askedAt time.Time // when it was
 	// The call's own deadline lies a budget past the hard cap, so that the
 	// waiter's cap decides first; go-redis honours it while waiting for a
 	// pooled connection, which late readers hold longer.
@@ -186,6 +189,12 @@ func (k *Caller) detached(ctx context.Context, c Call, ln *lane, own func(error)
 			return settle(callLeft, err)
 		}
 		now := time.Now()
+		if askedAt.IsZero() && !now.Before(askAt) {
+			// Still no reply: the witness is asked now, so that its
+			// verdict is known when the budget ends (see answers).
+			k.p.nodes.witnessOf(c.Brk, c.Acq.Key).askEarly()
+			askedAt = now
+		}
 		var behind bool
 		switch {
 		case probe != nil:
@@ -216,9 +225,11 @@ func (k *Caller) detached(ctx context.Context, c Call, ln *lane, own func(error)
 		// the reply is held up on its way (a pool the application holds,
 		// a segment retransmitted), not lost to an outage, and the call
 		// waits on.
-		waitOn := behind || (now.Sub(start) >= budget && k.p.nodes.witnessOf(c.Brk, c.Acq.Key).answers(witnessWait(budget)))
+		waitOn := behind || (now.Sub(start) >= budget && k.p.nodes.witnessOf(c.Brk, c.Acq.Key).answers(witnessWait(budget), askedAt))
 		var next time.Duration
 		switch {
+		case now.Before(askAt):
+			next = askAt.Sub(now)
 		case now.Sub(start) < budget:
 			next = start.Add(budget).Sub(now) // look again at the budget's end
 		case !waitOn:

@@ -120,7 +120,7 @@ func (p *Path) judged(brk *circuit.Breaker, rkey string, start time.Time, limit 
 	switch {
 	case err == nil || !errors.Is(err, context.DeadlineExceeded):
 		return err
-	case p.behind(brk, w, start, limit, replies):
+	case p.behind(brk, w, start, time.Time{}, limit, replies):
 		// Not on ratelimit.saturated, which counts decisions' calls.
 		return fmt.Errorf("%w: %v", ErrSaturated, time.Since(start).Round(time.Millisecond))
 	}

@@ -3,6 +3,7 @@ package redispath
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -52,6 +53,17 @@ type lane struct {
 	// watchdog has passed: it looks at each queued call once, not at the
 	// whole queue on every firing (see bark).
 	swept int
+	alone []aloneCall // the calls sent alone, whose witness the watchdog asks early
+}
+
+// aloneCall is a call sent alone (see sendAlone) while it is out: the
+// watchdog asks the witness of its key at askAt (zero once asked, or if
+// none), so that the verdict on a call without a reply is known when its
+// budget ends (see witness.answers).
+type aloneCall struct {
+	out   bool
+	askAt time.Time
+	rkey  string
 }
 
 // pending is one call waiting in a lane.
@@ -117,23 +129,48 @@ func (ln *lane) claim() bool {
 }
 
 // sendAlone sends call a on the caller's goroutine, bounded by ctx, with
-// the pipeline claim took; its outcome is in a. The pipeline then goes
-// back to the lane, and the senders carry what queued meanwhile.
-func (ln *lane) sendAlone(ctx context.Context, a *authority.Acquisition) {
+// the pipeline claim took; its outcome is in a. If it is still out at
+// askAt (unless zero), the watchdog asks its witness (see bark). The
+// pipeline then goes back to the lane, and the senders carry what queued
+// meanwhile.
+func (ln *lane) sendAlone(ctx context.Context, a *authority.Acquisition, askAt time.Time) {
+	i := -1
+	if !askAt.IsZero() {
+		ln.mu.Lock()
+		i = slices.IndexFunc(ln.alone, func(c aloneCall) bool { return !c.out })
+		if i < 0 {
+			i = len(ln.alone)
+			ln.alone = append(ln.alone, aloneCall{})
+		}
+		ln.alone[i] = aloneCall{out: true, askAt: askAt, rkey: a.Key}
+		ln.dog.armFor(askAt)
+		ln.mu.Unlock()
+	}
 	as := [1]*authority.Acquisition{a}
 	ln.auth.AcquireAll(ctx, as[:])
-	ln.release()
+	ln.mu.Lock()
+	if i >= 0 {
+		ln.alone[i] = aloneCall{}
+	}
+	ln.freePipeline()
+	ln.mu.Unlock()
 }
 
 // release gives back the pipeline claim took; the senders carry what
 // queued meanwhile.
 func (ln *lane) release() {
 	ln.mu.Lock()
+	ln.freePipeline()
+	ln.mu.Unlock()
+}
+
+// freePipeline gives back a pipeline claim took, and wakes a sender if a
+// call waits. ln.mu is held.
+func (ln *lane) freePipeline() {
 	ln.inflight--
 	if len(ln.queue) > 0 {
 		ln.senders.wake()
 	}
-	ln.mu.Unlock()
 }
 
 // submit queues p for the lane's senders, which send it and call
@@ -188,14 +225,25 @@ func (ln *lane) land(batch []*pending) {
 }
 
 // bark is the watchdog's firing: it wakes the waiter of every call, queued
-// or in flight, whose check point has come, once, and arms the watchdog
-// for the earliest one still to come. A batch being delivered is no longer
+// or in flight, whose check point has come, once, asks the witness for
+// every call sent alone whose askAt has come, and arms the watchdog for
+// the earliest of those still to come. A batch being delivered is no longer
 // in flight: its waiters are woken by their outcomes.
 func (ln *lane) bark() {
+	// The witnesses are asked once ln.mu is let go: finding a Cluster
+	// node's takes the nodes' lock, which is held while lanes stop.
+	for _, rkey := range ln.sweep() {
+		ln.witnessOf(rkey).askEarly()
+	}
+}
+
+// sweep is bark's work under ln.mu; it returns the keys of the calls sent
+// alone whose witness is to be asked now.
+func (ln *lane) sweep() (ask []string) {
 	ln.mu.Lock()
 	defer ln.mu.Unlock()
 	if !ln.dog.fired() {
-		return
+		return nil
 	}
 	now := time.Now()
 	var next time.Time
@@ -227,9 +275,21 @@ func (ln *lane) bark() {
 	for ln.swept < len(ln.queue) && check(ln.queue[ln.swept]) {
 		ln.swept++
 	}
+	for i := range ln.alone {
+		c := &ln.alone[i]
+		switch {
+		case !c.out || c.askAt.IsZero():
+		case !c.askAt.After(now):
+			c.askAt = time.Time{}
+			ask = append(ask, c.rkey)
+		case next.IsZero() || c.askAt.Before(next):
+			next = c.askAt
+		}
+	}
 	if !next.IsZero() {
 		ln.dog.armFor(next)
 	}
+	return ask
 }
 
 // stop ends the lane's senders once they have sent what is queued, and

@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/leaselimit/leaselimit/authority"
+	"github.com/leaselimit/leaselimit/internal/deadline"
 	"github.com/redis/go-redis/v9"
-	"golang.org/x/sync/singleflight"
 )
 
 // witness is a connection of leaselimit's own, outside the client's pool,
@@ -40,16 +40,25 @@ import (
 // client, or on a Cluster the client of the lane's node; a Ring has one
 // per shard (see shardWitnesses). nodes.witnessOf finds a call's.
 type witness struct {
-	client  *redis.Client // the user's, a Cluster node's or a Ring shard's; nil: none to ask through
-	side    *redis.Client // one connection of witness's own
-	life    time.Duration // how long one ask may run (see ask)
-	okAt    atomic.Int64  // unix ns of the last ask answered
-	askedAt atomic.Int64  // unix ns when the last ask began
-	ping    singleflight.Group
-	wg      sync.WaitGroup // the ask in flight, for close
+	client *redis.Client // the user's, a Cluster node's or a Ring shard's; nil: none to ask through
+	side   *redis.Client // one connection of witness's own
+	life   time.Duration // how long one ask may run (see ask)
+	okAt   atomic.Int64  // unix ns of the last ask answered
+	// lapsedAt is the unix ns at which the last ask that ran its whole
+	// life without an answer ended (see answers).
+	lapsedAt atomic.Int64
+	wg       sync.WaitGroup // the ask in flight, for close
 
 	mu     sync.Mutex
+	flying *flight // the ask in flight, if any
 	closed bool
+}
+
+// flight is one ask of a witness, which its callers share: when it began,
+// and done, closed when it ends (answered or not; see okAt).
+type flight struct {
+	began time.Time
+	done  chan struct{}
 }
 
 // newWitness returns the witness of c (nil: none): a side client that
@@ -145,7 +154,7 @@ func (f failedDial) SetWriteDeadline(time.Time) error { return nil }
 // million decisions on a bucket of 100 in 3 s. A ReadTimeout of 2ms with
 // Redis 6ms away did the same: 3.6-5.7 million.
 func (h *witness) refused(err error, within time.Duration) error {
-	if !clientCut(err) || !h.answers(within) {
+	if !clientCut(err) || !h.answers(within, time.Time{}) {
 		return err
 	}
 	return congestion(err)
@@ -167,7 +176,7 @@ func refusedAll(as []*authority.Acquisition, witnessOf func(rkey string) *witnes
 		i := slices.IndexFunc(asked, func(v verdict) bool { return v.h == h })
 		if i < 0 {
 			i = len(asked)
-			asked = append(asked, verdict{h, h.answers(within)})
+			asked = append(asked, verdict{h, h.answers(within, time.Time{})})
 		}
 		if asked[i].answered {
 			a.Err = congestion(a.Err)
@@ -216,70 +225,98 @@ func congestion(err error) error {
 }
 
 // answers reports whether Redis runs aliveScript on witness's own
-// connection within threshold (one answered within the last threshold will
-// do). Callers at the same moment share one call. It is false where there
-// is no client to ask through.
-func (h *witness) answers(threshold time.Duration) bool {
+// connection within wait: it answered an ask within the last wait, or
+// answers the ask in flight (else a new one) by wait after that ask began.
+// Callers at the same moment share one ask. A caller that asked early, at
+// asked (zero if not), wait before its budget's end (see askEarly), finds
+// that the ask it joined has had its wait when the budget ends: the
+// verdict is known then, and a hung Redis holds no call past its budget
+// for it. It is false where there is no client to ask through.
+func (h *witness) answers(wait time.Duration, asked time.Time) bool {
 	if h == nil || h.client == nil {
 		return false
 	}
-	fresh := func() bool { return time.Now().UnixNano()-h.okAt.Load() < int64(threshold) }
+	fresh := func() bool { return time.Now().UnixNano()-h.okAt.Load() < int64(wait) }
 	if fresh() {
 		return true
 	}
-	began := time.Now().UnixNano()
-	wait := time.NewTimer(threshold)
-	defer wait.Stop()
-	// An ask begun before this call may end without an answer (begun while
-	// Redis was down): then one more, begun by this call.
+	if !asked.IsZero() && h.lapsedAt.Load() >= asked.UnixNano() {
+		// The ask the caller joined early was left unanswered for its
+		// whole life, and ended since: that is its verdict, at its
+		// budget's end (a new ask's would come up to wait later).
+		return false
+	}
+	// The ask in flight may end without an answer (begun while Redis
+	// was down, or on a connection that broke): then one more.
 	for range 2 {
-		done := h.ask()
-		if done == nil {
+		f := h.ask()
+		if f == nil {
 			return false // closed
 		}
+		timer := newTimer(time.Until(f.began.Add(wait)))
 		select {
-		case <-done:
-		case <-wait.C:
-			return fresh()
+		case <-f.done:
+		case <-timer.C:
 		}
-		if fresh() || h.askedAt.Load() >= began {
-			return fresh()
+		releaseTimer(timer)
+		if fresh() {
+			return true
+		}
+		select {
+		case <-f.done: // ended unanswered: ask again
+		default:
+			return false // not answered within wait of its start
 		}
 	}
 	return false
 }
 
+// askEarly asks Redis, unless an ask is in flight, for a call whose
+// budget ends in wait (see answers): nil-safe, and it does not wait.
+func (h *witness) askEarly() {
+	if h != nil && h.client != nil {
+		h.ask()
+	}
+}
+
 // ask asks Redis to run aliveScript, for up to life, unless an ask is in
-// flight, and returns the channel of that ask's end (nil once witness is
-// closed). Callers share one ask and wait for it as long as they choose:
-// the ask runs on, so that an answer later than one caller's wait still
-// keeps the connection, and its handshake, for the next caller, and
-// updates okAt.
-func (h *witness) ask() <-chan singleflight.Result {
+// flight, and returns that ask (nil once witness is closed). Callers share
+// one ask and wait for it as long as they choose: the ask runs on, so that
+// an answer later than one caller's wait still keeps the connection, and
+// its handshake, for the next caller, and updates okAt. (Not
+// singleflight's: a caller must know when the ask it joins began.)
+func (h *witness) ask() *flight {
 	h.mu.Lock()
-	closed := h.closed
-	h.mu.Unlock()
-	if closed || h.side == nil {
+	defer h.mu.Unlock()
+	if h.closed || h.side == nil {
 		return nil
 	}
-	return h.ping.DoChan("", func() (any, error) {
-		h.mu.Lock()
-		if h.closed {
-			h.mu.Unlock()
-			return nil, redis.ErrClosed
-		}
-		h.wg.Add(1) // under mu, before close's Wait
-		h.mu.Unlock()
-		defer h.wg.Done()
-		h.askedAt.Store(time.Now().UnixNano())
-		ctx, cancel := context.WithTimeout(context.Background(), h.life)
-		defer cancel()
-		err := h.side.Eval(ctx, aliveScript, nil).Err()
-		if err == nil {
-			h.okAt.Store(time.Now().UnixNano())
-		}
-		return nil, err
-	})
+	if h.flying != nil {
+		return h.flying
+	}
+	f := &flight{began: time.Now(), done: make(chan struct{})}
+	h.flying = f
+	h.wg.Add(1) // under mu, before close's Wait
+	go h.run(f)
+	return f
+}
+
+// run makes ask f, and ends it.
+func (h *witness) run(f *flight) {
+	defer h.wg.Done()
+	ctx, cancel := context.WithTimeout(context.Background(), h.life)
+	err := h.side.Eval(ctx, aliveScript, nil).Err()
+	switch {
+	case err == nil:
+		h.okAt.Store(time.Now().UnixNano())
+	case deadline.Ended(ctx) != nil: // the read's deadline, the same instant, may cut it before ctx's timer runs
+		h.lapsedAt.Store(time.Now().UnixNano())
+	}
+	cancel()
+	h.mu.Lock()
+	h.flying = nil
+	h.mu.Unlock()
+	close(f.done)
 }
 
 // aliveScript is what witness asks Redis to run: a script, as

@@ -13,9 +13,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/leaselimit/leaselimit/authority"
-	"github.com/leaselimit/leaselimit/internal/circuit"
+	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/leaselimit/leaselimit/authority"
+	"github.com/leaselimit/leaselimit/breaker"
+	"github.com/leaselimit/leaselimit/internal/circuit"
+	"github.com/leaselimit/leaselimit/internal/redistest"
+	"github.com/leaselimit/leaselimit/policy"
 )
 
 // lines is a go-redis logger that keeps what it is given.
@@ -74,20 +79,20 @@ func TestWitnessAnswersOnceRedisIsBack(t *testing.T) {
 	h := newWitness(c, 100*time.Millisecond)
 	defer h.close()
 	const within = 200 * time.Millisecond
-	if !h.answers(within) {
+	if !h.answers(within, time.Time{}) {
 		t.Fatal("Redis up: the witness says it does not answer")
 	}
 	m.Close()
 	h.okAt.Store(0)    // forget the answer seen, as if it were older than within
 	for i := range 3 { // the first may fail on the pooled connection; the others dial
-		if h.answers(within) {
+		if h.answers(within, time.Time{}) {
 			t.Fatalf("Redis down: the witness says it answers (try %d)", i)
 		}
 	}
 	if err := m.Restart(); err != nil {
 		t.Fatal(err)
 	}
-	if !h.answers(within) {
+	if !h.answers(within, time.Time{}) {
 		t.Error("Redis back: the witness still says it does not answer (a dial error kept)")
 	}
 }
@@ -133,5 +138,58 @@ func TestRefusedConnection(t *testing.T) {
 	h.okAt.Store(0)
 	if got := h.refused(timeout, threshold); got != timeout || !circuit.Counts(got) {
 		t.Errorf("refused(%v) with Redis down = %v; want it unchanged, counted", timeout, got)
+	}
+}
+
+// TestWitnessAskedBeforeTheBudgetEnds: on a hung Redis (a proxy that
+// forwards nothing), a call without a reply asks the witness half a
+// budget (witnessWait) before its budget ends, so the verdict is known
+// then: the call is blamed on Redis at its budget, not half a budget
+// later. Both variants: in place (ContextTimeoutEnabled, the lane's
+// watchdog asks) and carried by a sender (its waiter asks). Regression:
+// the witness was asked at the budget's end and waited for up to half a
+// budget, so the first calls of an outage took 1.5 budgets (a review:
+// 150-162ms at a budget of 100ms).
+func TestWitnessAskedBeforeTheBudgetEnds(t *testing.T) {
+	const budget = 400 * time.Millisecond // an ask half a budget early is 200ms before its end: room for a slow machine
+	for _, cte := range []bool{true, false} {
+		m := miniredis.RunT(t)
+		px := redistest.NewProxy(t, m.Addr())
+		c := redis.NewClient(&redis.Options{Addr: px.Addr, ContextTimeoutEnabled: cte})
+		auth, tel := authAndTel(t, c, "asked-early")
+		p := New(Config{Client: c, Auth: auth, Budget: budget, Name: "asked-early", Tel: tel,
+			Breaker: circuit.Settings{Settings: breaker.Settings{Failures: 1, OpenFor: time.Hour}}})
+		brk := p.Shared()
+		k := p.Caller(tel, nopReceiver{})
+		l := policy.PerSecond(100)
+		call := func(key string) error {
+			a := authority.Acquisition{Key: auth.Key(l, key), Limit: l, Want: 1, Min: 1, Share: 1}
+			_, err := k.Acquire(context.Background(), Call{Brk: brk, Acq: a})
+			return err
+		}
+		if err := call("warm"); err != nil { // a connection, the script loaded; the witness has answered
+			t.Fatal(err)
+		}
+		w := p.nodes.witnessOf(brk, "")
+		px.Blackhole(true)
+		start := time.Now()
+		err := call("hung")
+		w.mu.Lock()
+		f := w.flying
+		w.mu.Unlock()
+		if !errors.Is(err, circuit.ErrBudget) {
+			t.Errorf("ContextTimeoutEnabled %v: Acquire on a hung Redis = %v; want it blamed on Redis (ErrBudget)", cte, err)
+		}
+		switch {
+		case f == nil:
+			t.Errorf("ContextTimeoutEnabled %v: no ask of the witness in flight on a hung Redis", cte)
+		case !f.began.Before(start.Add(budget)):
+			t.Errorf("ContextTimeoutEnabled %v: the witness was asked %v after the call began; want before its budget (%v) ended",
+				cte, f.began.Sub(start).Round(time.Millisecond), budget)
+		}
+		t.Logf("ContextTimeoutEnabled %v: blamed after %v (budget %v)", cte, time.Since(start).Round(time.Millisecond), budget)
+		p.Close()
+		p.Wait()
+		_ = c.Close()
 	}
 }
