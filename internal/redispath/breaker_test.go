@@ -189,3 +189,42 @@ func TestBatchOutcome(t *testing.T) {
 		}
 	}
 }
+
+// TestProbeOnATornConnection: once Redis answers again, a half-open
+// breaker's probe that sits on a pooled connection whose bytes were lost
+// (a blackhole, as a flushed NAT entry or a middlebox failing over does)
+// does not hold the breaker half-open until go-redis's ReadTimeout: Redis
+// answers the witness on a new connection, and the probe's waiter tells
+// the breaker so at its budget. Regression (a review): the probe held the
+// breaker half-open for go-redis's 3 s ReadTimeout, and meanwhile every
+// other call went to the failure policy (FailOpen decided 1.3-2.2 million
+// calls) while Redis answered new connections.
+func TestProbeOnATornConnection(t *testing.T) {
+	const (
+		budget  = 100 * time.Millisecond
+		openFor = 50 * time.Millisecond
+	)
+	px, p, call := newProxiedPath(t, &redis.Options{PoolSize: 1}, budget, openFor) // go-redis's defaults: a 3 s ReadTimeout
+	brk := p.Shared()
+	if err := call("warm"); err != nil {
+		t.Fatal(err)
+	}
+	px.Blackhole(true)
+	if err := call("lost"); !errors.Is(err, circuit.ErrBudget) {
+		t.Fatalf("a call while the proxy throws bytes away = %v; want ErrBudget", err)
+	}
+	if s := brk.State(); s != breaker.Open {
+		t.Fatalf("breaker %v after a call blamed on Redis; want open", s)
+	}
+	px.Blackhole(false) // new connections work; the pooled one's reply is lost
+	time.Sleep(2 * openFor)
+	start := time.Now()
+	err := call("probe")
+	t.Logf("the probe: %v after %v, breaker %v", err, time.Since(start).Round(time.Millisecond), brk.State())
+	for time.Since(start) < time.Second && brk.State() != breaker.Closed {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if s := brk.State(); s != breaker.Closed {
+		t.Errorf("breaker %v a second after its probe began, Redis answering new connections; want closed", s)
+	}
+}

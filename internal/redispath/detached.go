@@ -43,6 +43,7 @@ type detachedCall struct {
 	start   time.Time
 	sent    atomic.Int64
 	state   atomic.Int32 // callPending, then who decided
+	told    atomic.Bool  // the breaker was told the outcome of a call with own (see account)
 	// wake gets a value when the outcome is the waiter's (see finished)
 	// and when the lane's watchdog finds its first check point come (see
 	// checkPoint): at most two values, which its buffer holds.
@@ -105,7 +106,8 @@ func (k *Caller) detached(ctx context.Context, c Call, ln *lane, own func(error)
 	threshold := overload.Threshold(budget)
 	due := start.Add(threshold)
 	askAt := start.Add(budget - witnessWait(budget))
-	var askedAt time.Time // when it was
+	var early *flight // the ask joined at askAt
+	asked := false
 	// The call's own deadline lies a budget past the hard cap, so that the
 	// waiter's cap decides first; go-redis honours it while waiting for a
 	// pooled connection, which late readers hold longer.
@@ -126,7 +128,7 @@ func (k *Caller) detached(ctx context.Context, c Call, ln *lane, own func(error)
 			errType := ""
 			if to == callGaveUp {
 				if own != nil {
-					own(circuit.ErrBudget)
+					d.account(circuit.ErrBudget)
 				} else {
 					blame(c.Brk)
 				}
@@ -189,11 +191,11 @@ func (k *Caller) detached(ctx context.Context, c Call, ln *lane, own func(error)
 			return settle(callLeft, err)
 		}
 		now := time.Now()
-		if askedAt.IsZero() && !now.Before(askAt) {
+		if !asked && !now.Before(askAt) {
 			// Still no reply: the witness is asked now, so that its
 			// verdict is known when the budget ends (see answers).
-			k.p.nodes.witnessOf(c.Brk, c.Acq.Key).askEarly()
-			askedAt = now
+			early = k.p.nodes.witnessOf(c.Brk, c.Acq.Key).askEarly()
+			asked = true
 		}
 		var behind bool
 		switch {
@@ -225,7 +227,25 @@ func (k *Caller) detached(ctx context.Context, c Call, ln *lane, own func(error)
 		// the reply is held up on its way (a pool the application holds,
 		// a segment retransmitted), not lost to an outage, and the call
 		// waits on.
-		waitOn := behind || (now.Sub(start) >= budget && k.p.nodes.witnessOf(c.Brk, c.Acq.Key).answers(witnessWait(budget), askedAt))
+		vouched := false
+		if !behind && now.Sub(start) >= budget {
+			vouched = k.p.nodes.witnessOf(c.Brk, c.Acq.Key).answers(early)
+			early = nil // its verdict is this one's; a later check point asks anew
+		}
+		if vouched && own != nil {
+			// A probe of a breaker that is not closed: Redis answers,
+			// and the breaker hears so now, not when the probe's own
+			// reply comes. A pooled connection whose bytes were lost
+			// (a blackhole: a flushed NAT entry, a middlebox that
+			// failed over) held the probe, and the breaker half-open,
+			// for go-redis's ReadTimeout (3 s), while every other call
+			// went to the failure policy and Redis answered new
+			// connections (a review: FailOpen decided 1.3-2.2 million
+			// calls; TestProbeOnATornConnection). Its outcome is then
+			// not counted again (see account).
+			d.account(nil)
+		}
+		waitOn := behind || vouched
 		var next time.Duration
 		switch {
 		case now.Before(askAt):
@@ -280,9 +300,10 @@ func (d *detachedCall) finished(p *pending) {
 func (d *detachedCall) checkPoint() { d.wake <- struct{}{} }
 
 // account tells the breaker the outcome err of a call counted on its own
-// (see detached); a batched call's batch counts it.
+// (see detached), once: the first outcome told is the one counted (the
+// waiter's verdict, or the call's own); a batched call's batch counts it.
 func (d *detachedCall) account(err error) {
-	if d.pending.own != nil {
+	if d.pending.own != nil && d.told.CompareAndSwap(false, true) {
 		d.pending.own(err)
 	}
 }

@@ -88,10 +88,9 @@ func (k *Caller) direct(ctx context.Context, c Call, ln *lane, done func(error))
 	span.span = sp
 	// The witness is asked early, so that its verdict on a call without
 	// a reply is known when the budget ends (see witness.answers).
-	askAt := start.Add(limit - witnessWait(budget))
-	ln.sendAlone(cctx, &c.Acq, askAt)
+	early := ln.sendAlone(cctx, &c.Acq, start.Add(limit-witnessWait(budget)))
 	if clientCut(c.Acq.Err) { // rare: the node's pool is not looked up on every call
-		c.Acq.Err = k.p.nodes.witnessOf(c.Brk, c.Acq.Key).refused(c.Acq.Err, witnessWait(budget))
+		c.Acq.Err = k.p.nodes.witnessOf(c.Brk, c.Acq.Key).refused(c.Acq.Err)
 	}
 	if !c.Keep && callerEnded(ctx, bctx, c.Acq.Err) {
 		// The caller's ctx ended the call (its deadline came before the
@@ -107,7 +106,7 @@ func (k *Caller) direct(ctx context.Context, c Call, ln *lane, done func(error))
 	}
 	noted(c.Brk, c.Acq.Err)
 	g, err := k.end(cctx, c, &span, start, c.Acq.Grant, c.Acq.Err)
-	if err != nil && errors.Is(err, circuit.ErrBudget) && k.p.behind(c.Brk, k.p.nodes.witnessOf(c.Brk, c.Acq.Key), start, askAt, limit, replies) {
+	if err != nil && errors.Is(err, circuit.ErrBudget) && k.p.behind(c.Brk, k.p.nodes.witnessOf(c.Brk, c.Acq.Key), early, start, limit, replies) {
 		// Whoever waits (a lease refill runs on after its caller left:
 		// c.Keep), a timeout is Redis's only if this process was not
 		// behind (see behind).

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/leaselimit/leaselimit/authority"
@@ -52,7 +53,7 @@ func (p *Path) Do(ctx context.Context, brk *circuit.Breaker, rkey string, op fun
 		defer p.gate.leave()
 		cctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), start.Add(limit))
 		defer cancel()
-		err := p.judged(brk, rkey, start, limit, replies, op(cctx))
+		err := p.judged(brk, rkey, nil, start, limit, replies, op(cctx))
 		done(err)
 		ch <- err
 	})
@@ -82,7 +83,12 @@ func (p *Path) doInPlace(ctx context.Context, brk *circuit.Breaker, rkey string,
 		limit *= 1 + saturationGrace
 	}
 	cctx, cancel := context.WithTimeoutCause(ctx, limit, errBudgetCut)
+	// The witness is asked early, so that its verdict on a call without
+	// a reply is known when the budget ends (see witness.answers).
+	var early atomic.Pointer[flight]
+	ask := time.AfterFunc(limit-witnessWait(p.budget), func() { early.Store(p.nodes.witnessOf(brk, rkey).askEarly()) })
 	err = op(cctx)
+	ask.Stop()
 	left := callerEnded(ctx, cctx, err)
 	cancel()
 	if left {
@@ -91,7 +97,7 @@ func (p *Path) doInPlace(ctx context.Context, brk *circuit.Breaker, rkey string,
 		done(callerLeft)
 		return true, deadline.Ended(ctx)
 	}
-	err = p.judged(brk, rkey, start, limit, replies, err)
+	err = p.judged(brk, rkey, early.Load(), start, limit, replies, err)
 	done(err)
 	if errors.Is(err, circuit.ErrBudget) {
 		return true, fmt.Errorf("%w: no reply within %v", p.unavailable, limit)
@@ -100,7 +106,8 @@ func (p *Path) doInPlace(ctx context.Context, brk *circuit.Breaker, rkey string,
 }
 
 // judged is the outcome of a call of Do begun at start, when brk had
-// counted replies, that ended with err at its deadline limit or before:
+// counted replies, that ended with err at its deadline limit or before
+// (early: the ask of its witness it made early, if any, see behind):
 // err, with the reply counted (see noted); a deadline overrun marked
 // circuit.ErrBudget when Redis is to blame, or ErrSaturated when this
 // process was behind (see behind), which the breaker does not count, as
@@ -110,17 +117,17 @@ func (p *Path) doInPlace(ctx context.Context, brk *circuit.Breaker, rkey string,
 // the process was behind counted against Redis without that check, and on
 // a flooded host five in a row opened the breaker while Redis answered:
 // FailOpen then admitted up to 2,800 on a bucket of 300.
-func (p *Path) judged(brk *circuit.Breaker, rkey string, start time.Time, limit time.Duration, replies int64, err error) error {
+func (p *Path) judged(brk *circuit.Breaker, rkey string, early *flight, start time.Time, limit time.Duration, replies int64, err error) error {
 	var w *witness // the node's, looked up for a failed call only
 	if err != nil {
 		w = p.nodes.witnessOf(brk, rkey)
-		err = w.refused(err, witnessWait(p.budget))
+		err = w.refused(err)
 	}
 	noted(brk, err)
 	switch {
 	case err == nil || !errors.Is(err, context.DeadlineExceeded):
 		return err
-	case p.behind(brk, w, start, time.Time{}, limit, replies):
+	case p.behind(brk, w, early, start, limit, replies):
 		// Not on ratelimit.saturated, which counts decisions' calls.
 		return fmt.Errorf("%w: %v", ErrSaturated, time.Since(start).Round(time.Millisecond))
 	}

@@ -36,12 +36,11 @@ type lane struct {
 	fallback time.Duration     // a batch's deadline when no member has one
 	ep       recorder.Endpoint // the server the lane's calls go to, for their spans
 	// witness asks the lane's node (a Cluster's node, or the single
-	// node) whether it answers, for up to witnessWait when the client cut a
-	// call (see refusedAll); the lane closes it. witnessOf returns the
-	// witness of a call's key (see nodes.witnessOf).
+	// node) whether it answers when the client cut a call (see
+	// refusedAll); the lane closes it. witnessOf returns the witness of a
+	// call's key (see nodes.witnessOf).
 	witness   *witness
 	witnessOf func(rkey string) *witness
-	wait      time.Duration // witnessWait of the budget
 
 	mu       sync.Mutex
 	queue    []*pending
@@ -58,12 +57,13 @@ type lane struct {
 
 // aloneCall is a call sent alone (see sendAlone) while it is out: the
 // watchdog asks the witness of its key at askAt (zero once asked, or if
-// none), so that the verdict on a call without a reply is known when its
-// budget ends (see witness.answers).
+// none), and keeps the ask in early, so that the verdict on a call
+// without a reply is known when its budget ends (see witness.answers).
 type aloneCall struct {
 	out   bool
 	askAt time.Time
 	rkey  string
+	early *flight
 }
 
 // pending is one call waiting in a lane.
@@ -107,8 +107,8 @@ const maxBatch = 128
 // connection) keeps one.
 func lanePipelines(pool int) int { return min(pool, 2) }
 
-func newLane(auth *authority.Redis, brk *circuit.Breaker, pool int, fallback time.Duration, ep recorder.Endpoint, w *witness, wait time.Duration) *lane {
-	ln := &lane{auth: auth, brk: brk, max: lanePipelines(pool), fallback: fallback, ep: ep, witness: w, wait: wait}
+func newLane(auth *authority.Redis, brk *circuit.Breaker, pool int, fallback time.Duration, ep recorder.Endpoint, w *witness) *lane {
+	ln := &lane{auth: auth, brk: brk, max: lanePipelines(pool), fallback: fallback, ep: ep, witness: w}
 	ln.witnessOf = func(string) *witness { return w }
 	ln.senders = newCrew(&ln.mu, ln.max, ln.nextBatch)
 	ln.dog.fire = ln.bark
@@ -130,10 +130,10 @@ func (ln *lane) claim() bool {
 
 // sendAlone sends call a on the caller's goroutine, bounded by ctx, with
 // the pipeline claim took; its outcome is in a. If it is still out at
-// askAt (unless zero), the watchdog asks its witness (see bark). The
-// pipeline then goes back to the lane, and the senders carry what queued
-// meanwhile.
-func (ln *lane) sendAlone(ctx context.Context, a *authority.Acquisition, askAt time.Time) {
+// askAt (unless zero), the watchdog asks its witness (see bark), and that
+// ask is returned (else nil). The pipeline then goes back to the lane, and
+// the senders carry what queued meanwhile.
+func (ln *lane) sendAlone(ctx context.Context, a *authority.Acquisition, askAt time.Time) (early *flight) {
 	i := -1
 	if !askAt.IsZero() {
 		ln.mu.Lock()
@@ -150,10 +150,12 @@ func (ln *lane) sendAlone(ctx context.Context, a *authority.Acquisition, askAt t
 	ln.auth.AcquireAll(ctx, as[:])
 	ln.mu.Lock()
 	if i >= 0 {
+		early = ln.alone[i].early
 		ln.alone[i] = aloneCall{}
 	}
 	ln.freePipeline()
 	ln.mu.Unlock()
+	return early
 }
 
 // release gives back the pipeline claim took; the senders carry what
@@ -230,20 +232,10 @@ func (ln *lane) land(batch []*pending) {
 // the earliest of those still to come. A batch being delivered is no longer
 // in flight: its waiters are woken by their outcomes.
 func (ln *lane) bark() {
-	// The witnesses are asked once ln.mu is let go: finding a Cluster
-	// node's takes the nodes' lock, which is held while lanes stop.
-	for _, rkey := range ln.sweep() {
-		ln.witnessOf(rkey).askEarly()
-	}
-}
-
-// sweep is bark's work under ln.mu; it returns the keys of the calls sent
-// alone whose witness is to be asked now.
-func (ln *lane) sweep() (ask []string) {
 	ln.mu.Lock()
 	defer ln.mu.Unlock()
 	if !ln.dog.fired() {
-		return nil
+		return
 	}
 	now := time.Now()
 	var next time.Time
@@ -281,7 +273,7 @@ func (ln *lane) sweep() (ask []string) {
 		case !c.out || c.askAt.IsZero():
 		case !c.askAt.After(now):
 			c.askAt = time.Time{}
-			ask = append(ask, c.rkey)
+			c.early = ln.witnessOf(c.rkey).askEarly() // takes no lock of a lane's
 		case next.IsZero() || c.askAt.Before(next):
 			next = c.askAt
 		}
@@ -289,7 +281,6 @@ func (ln *lane) sweep() (ask []string) {
 	if !next.IsZero() {
 		ln.dog.armFor(next)
 	}
-	return ask
 }
 
 // stop ends the lane's senders once they have sent what is queued, and
@@ -363,7 +354,7 @@ func (ln *lane) send(batch []*pending) {
 	cctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
 	ln.auth.AcquireAll(cctx, as)
 	cancel()
-	refusedAll(as, ln.witnessOf, ln.wait)
+	refusedAll(as, ln.witnessOf)
 	if done != nil {
 		done(batchOutcome(batch))
 	}

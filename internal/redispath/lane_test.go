@@ -73,7 +73,7 @@ func newTestLane(t *testing.T, pipelines int) (*lane, *authority.Redis, *gatedHo
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln := newLane(auth, circuit.New("test", circuit.Settings{}), 4, time.Second, recorder.Endpoint{}, nil, 0)
+	ln := newLane(auth, circuit.New("test", circuit.Settings{}), 4, time.Second, recorder.Endpoint{}, nil)
 	ln.max = pipelines
 	ln.senders.max = pipelines
 	return ln, auth, h
@@ -230,7 +230,7 @@ func BenchmarkLane(b *testing.B) {
 		})
 	})
 	b.Run("lane", func(b *testing.B) {
-		ln := newLane(auth, circuit.New("bench", circuit.Settings{}), poolSize(c), time.Second, recorder.Endpoint{}, nil, 0)
+		ln := newLane(auth, circuit.New("bench", circuit.Settings{}), poolSize(c), time.Second, recorder.Endpoint{}, nil)
 		defer ln.stop()
 		run(b, func(a authority.Acquisition) error {
 			if ln.claim() {

@@ -66,7 +66,7 @@ func newNodes(client redis.UniversalClient, name string, s circuit.Settings, g *
 	pool := poolSize(client)
 	b := &nodes{name: name, settings: s, now: now, one: circuit.New(name, s), byNode: map[string]*nodeBreaker{}, gate: g}
 	b.newLane = func(brk *circuit.Breaker, ep recorder.Endpoint, node *redis.Client) *lane {
-		ln := newLane(auth, brk, pool, callLife(budget), ep, newWitness(node, budget), witnessWait(budget))
+		ln := newLane(auth, brk, pool, callLife(budget), ep, newWitness(node, budget))
 		ln.witnessOf = func(rkey string) *witness { return b.witnessOf(brk, rkey) }
 		return ln
 	}

@@ -10,8 +10,10 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/leaselimit/leaselimit/authority"
+	"github.com/leaselimit/leaselimit/breaker"
 	"github.com/leaselimit/leaselimit/internal/circuit"
 	"github.com/leaselimit/leaselimit/internal/recorder"
+	"github.com/leaselimit/leaselimit/internal/redistest"
 	"github.com/leaselimit/leaselimit/policy"
 )
 
@@ -113,4 +115,30 @@ func TestIdleCallsInPlace(t *testing.T) {
 		p.Close()
 		p.Wait()
 	}
+}
+
+// newProxiedPath returns a path under test to a miniredis behind the
+// proxy it returns, on a client with the options opts (its Addr filled
+// in), with the budget and a breaker that one failure opens for openFor,
+// and call, which acquires a token of key through it; all of it closed
+// when the test ends.
+func newProxiedPath(t *testing.T, opts *redis.Options, budget, openFor time.Duration) (px *redistest.Proxy, p *Path, call func(key string) error) {
+	t.Helper()
+	m := miniredis.RunT(t)
+	px = redistest.NewProxy(t, m.Addr())
+	opts.Addr = px.Addr
+	c := redis.NewClient(opts)
+	t.Cleanup(func() { _ = c.Close() })
+	auth, tel := authAndTel(t, c, "proxied")
+	p = New(Config{Client: c, Auth: auth, Budget: budget, Name: "proxied", Tel: tel,
+		Breaker: circuit.Settings{Settings: breaker.Settings{Failures: 1, OpenFor: openFor}}})
+	t.Cleanup(func() { p.Close(); p.Wait() })
+	k := p.Caller(tel, nopReceiver{})
+	l := policy.PerSecond(100)
+	call = func(key string) error {
+		a := authority.Acquisition{Key: auth.Key(l, key), Limit: l, Want: 1, Min: 1, Share: 1}
+		_, err := k.Acquire(context.Background(), Call{Brk: p.Shared(), Acq: a})
+		return err
+	}
+	return px, p, call
 }

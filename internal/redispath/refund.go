@@ -32,7 +32,7 @@ func (p *Path) Refund(brk *circuit.Breaker, rs []authority.Refund, tokens int64)
 	if len(rs) > 0 {
 		rkey = rs[0].Key // rs share brk's node
 	}
-	done(p.judged(brk, rkey, start, limit, replies, err))
+	done(p.judged(brk, rkey, nil, start, limit, replies, err)) // no caller waits for it: no early ask
 	return failed, true
 }
 

@@ -92,19 +92,20 @@ func isNetworkError(err error) bool {
 // finds the process behind now; or replies were queued for it, see
 // congested), or Redis answers a connection of leaselimit's own, w, the
 // witness of the call's node (see witness and nodes.witnessOf): a pool the
-// application's own commands hold, a reply held up on its way; asked is
-// when the call asked w early, if it did (see witness.answers). Such a call
+// application's own commands hold, a reply held up on its way; early is
+// the ask of w the call joined early, if it did (see witness.answers).
+// Such a call
 // does not count against the breaker and is denied, not decided by the
 // failure policy; the others are blamed on Redis. Every call the budget
 // cuts is judged by it: an acquire call, and a peek, a reset or an
 // adjustment (Do), and a refund pipeline.
-func (p *Path) behind(brk *circuit.Breaker, w *witness, start, asked time.Time, limit time.Duration, replies int64) bool {
+func (p *Path) behind(brk *circuit.Breaker, w *witness, early *flight, start time.Time, limit time.Duration, replies int64) bool {
 	threshold := overload.Threshold(p.budget)
 	if time.Since(start)-limit >= threshold {
 		overload.MarkBehind(time.Now())
 		return true
 	}
-	return overload.Measure(p.gate.spawn, threshold) || p.congested(brk, replies) || w.answers(witnessWait(p.budget), asked)
+	return overload.Measure(p.gate.spawn, threshold) || p.congested(brk, replies) || w.answers(early)
 }
 
 // congested reports whether a call begun when brk had counted replies

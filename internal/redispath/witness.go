@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/leaselimit/leaselimit/authority"
-	"github.com/leaselimit/leaselimit/internal/deadline"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -40,18 +39,16 @@ import (
 // client, or on a Cluster the client of the lane's node; a Ring has one
 // per shard (see shardWitnesses). nodes.witnessOf finds a call's.
 type witness struct {
-	client *redis.Client // the user's, a Cluster node's or a Ring shard's; nil: none to ask through
-	side   *redis.Client // one connection of witness's own
-	life   time.Duration // how long one ask may run (see ask)
-	okAt   atomic.Int64  // unix ns of the last ask answered
-	// lapsedAt is the unix ns at which the last ask that ran its whole
-	// life without an answer ended (see answers).
-	lapsedAt atomic.Int64
-	wg       sync.WaitGroup // the ask in flight, for close
+	client *redis.Client  // the user's, a Cluster node's or a Ring shard's; nil: none to ask through
+	side   *redis.Client  // witnessConns connections of witness's own
+	wait   time.Duration  // witnessWait of the budget: how long an ask has to answer
+	life   time.Duration  // how long one ask may run (see ask)
+	okAt   atomic.Int64   // unix ns of the last ask answered
+	wg     sync.WaitGroup // the asks in flight, for close
 
-	mu     sync.Mutex
-	flying *flight // the ask in flight, if any
-	closed bool
+	mu      sync.Mutex
+	flights []*flight // the asks in flight, oldest first
+	closed  bool
 }
 
 // flight is one ask of a witness, which its callers share: when it began,
@@ -61,11 +58,17 @@ type flight struct {
 	done  chan struct{}
 }
 
+// witnessConns is how many asks a witness has in flight at most, each on a
+// connection of its own: one more than the ask that may hang on a
+// connection whose bytes were lost (a blackhole), so that an ask begun
+// after Redis came back is not queued behind it (see ask).
+const witnessConns = 2
+
 // newWitness returns the witness of c (nil: none): a side client that
 // reaches the same server as c (its address or dialer, credentials and
 // TLS), one connection, RESP2 and no push notifications, client-side
 // caching or identity, that bounds its reads by ctx's deadline and does
-// not retry. Only those fields are copied: a whole copy of c's options
+// not retry, with witnessConns connections. Only those fields are copied: a whole copy of c's options
 // shares state the first client set up (go-redis then logs that it cannot
 // register its handlers, and with maintenance notifications required,
 // panics).
@@ -82,9 +85,9 @@ func newWitness(c *redis.Client, budget time.Duration) *witness {
 		Username: o.Username, Password: o.Password, CredentialsProvider: o.CredentialsProvider,
 		CredentialsProviderContext: o.CredentialsProviderContext, StreamingCredentialsProvider: o.StreamingCredentialsProvider,
 		DialTimeout: o.DialTimeout, Protocol: 2, DisableIdentity: true,
-		PoolSize: 1, MaxIdleConns: 1, MaxActiveConns: 1, MaxRetries: -1, ContextTimeoutEnabled: true,
+		PoolSize: witnessConns, MaxIdleConns: witnessConns, MaxActiveConns: witnessConns, MaxRetries: -1, ContextTimeoutEnabled: true,
 	})
-	h := &witness{client: c, side: side, life: witnessLife(budget)}
+	h := &witness{client: c, side: side, wait: witnessWait(budget), life: witnessLife(budget)}
 	h.ask()
 	return h
 }
@@ -141,8 +144,7 @@ func (f failedDial) SetReadDeadline(time.Time) error  { return nil }
 func (f failedDial) SetWriteDeadline(time.Time) error { return nil }
 
 // refused is err, unless err says the client gave up on the call itself
-// (see clientCut) while Redis answers witness's own connection within
-// within (see witnessWait): then it is ErrSaturated, this process's doing
+// (see clientCut) while Redis answers witness (see answers): then it is ErrSaturated, this process's doing
 // (its pool, or a timeout of its client's shorter than Redis's round
 // trip), which the breaker does not count and the root denies (see
 // Path.behind).
@@ -153,8 +155,8 @@ func (f failedDial) SetWriteDeadline(time.Time) error { return nil }
 // breaker opened while Redis answered, and FailOpen admitted 0.8-5.0
 // million decisions on a bucket of 100 in 3 s. A ReadTimeout of 2ms with
 // Redis 6ms away did the same: 3.6-5.7 million.
-func (h *witness) refused(err error, within time.Duration) error {
-	if !clientCut(err) || !h.answers(within, time.Time{}) {
+func (h *witness) refused(err error) error {
+	if !clientCut(err) || !h.answers(nil) {
 		return err
 	}
 	return congestion(err)
@@ -162,7 +164,7 @@ func (h *witness) refused(err error, within time.Duration) error {
 
 // refusedAll applies refused to the outcome of every call of a batch, the
 // witness of each call's key given by witnessOf, asking each node once.
-func refusedAll(as []*authority.Acquisition, witnessOf func(rkey string) *witness, within time.Duration) {
+func refusedAll(as []*authority.Acquisition, witnessOf func(rkey string) *witness) {
 	type verdict struct {
 		h        *witness
 		answered bool
@@ -176,7 +178,7 @@ func refusedAll(as []*authority.Acquisition, witnessOf func(rkey string) *witnes
 		i := slices.IndexFunc(asked, func(v verdict) bool { return v.h == h })
 		if i < 0 {
 			i = len(asked)
-			asked = append(asked, verdict{h, h.answers(within, time.Time{})})
+			asked = append(asked, verdict{h, h.answers(nil)})
 		}
 		if asked[i].answered {
 			a.Err = congestion(a.Err)
@@ -194,8 +196,9 @@ func refusedAll(as []*authority.Acquisition, witnessOf func(rkey string) *witnes
 // admitted 0.7-2 million decisions on a bucket of 100
 // (TestPoolHeldByTheApplication, 1 run in 3 or 4 on such a host;
 // TestWitnessWaitsForASlowRedis). A ReadTimeout of 2ms with Redis 6ms
-// away missed an eighth too. Half the budget more is what a caller waits
-// at the start of an outage, until the breaker opens.
+// away missed an eighth too. A call still without a reply half the budget
+// before its end asks then (see askEarly), so that the verdict is known
+// when its budget ends.
 func witnessWait(budget time.Duration) time.Duration { return budget / 2 }
 
 // clientCut reports whether err is the client's own for a call it gave up
@@ -224,36 +227,31 @@ func congestion(err error) error {
 	return fmt.Errorf("%w: %v, while Redis answered", ErrSaturated, err)
 }
 
-// answers reports whether Redis runs aliveScript on witness's own
-// connection within wait: it answered an ask within the last wait, or
-// answers the ask in flight (else a new one) by wait after that ask began.
-// Callers at the same moment share one ask. A caller that asked early, at
-// asked (zero if not), wait before its budget's end (see askEarly), finds
-// that the ask it joined has had its wait when the budget ends: the
-// verdict is known then, and a hung Redis holds no call past its budget
-// for it. It is false where there is no client to ask through.
-func (h *witness) answers(wait time.Duration, asked time.Time) bool {
+// answers reports whether Redis runs aliveScript on a connection of
+// witness's own within its wait: it answered an ask within the last wait,
+// or answers an ask by wait after that ask began: early, the ask that the
+// caller joined early (see askEarly), else the one ask returns. An early
+// ask, begun no later than wait before the caller's budget ends, has had
+// its wait when the budget ends: the verdict is known then, and a hung
+// Redis holds no call past its budget for it. An ask that ends unanswered
+// before its wait (a refused or broken connection) is followed by one
+// more. It is false where there is no client to ask through.
+func (h *witness) answers(early *flight) bool {
 	if h == nil || h.client == nil {
 		return false
 	}
-	fresh := func() bool { return time.Now().UnixNano()-h.okAt.Load() < int64(wait) }
+	fresh := func() bool { return time.Now().UnixNano()-h.okAt.Load() < int64(h.wait) }
 	if fresh() {
 		return true
 	}
-	if !asked.IsZero() && h.lapsedAt.Load() >= asked.UnixNano() {
-		// The ask the caller joined early was left unanswered for its
-		// whole life, and ended since: that is its verdict, at its
-		// budget's end (a new ask's would come up to wait later).
-		return false
-	}
-	// The ask in flight may end without an answer (begun while Redis
-	// was down, or on a connection that broke): then one more.
+	f := early
 	for range 2 {
-		f := h.ask()
 		if f == nil {
-			return false // closed
+			if f = h.ask(); f == nil {
+				return false // closed
+			}
 		}
-		timer := newTimer(time.Until(f.began.Add(wait)))
+		timer := newTimer(time.Until(f.began.Add(h.wait)))
 		select {
 		case <-f.done:
 		case <-timer.C:
@@ -264,6 +262,7 @@ func (h *witness) answers(wait time.Duration, asked time.Time) bool {
 		}
 		select {
 		case <-f.done: // ended unanswered: ask again
+			f = nil
 		default:
 			return false // not answered within wait of its start
 		}
@@ -271,17 +270,24 @@ func (h *witness) answers(wait time.Duration, asked time.Time) bool {
 	return false
 }
 
-// askEarly asks Redis, unless an ask is in flight, for a call whose
-// budget ends in wait (see answers): nil-safe, and it does not wait.
-func (h *witness) askEarly() {
-	if h != nil && h.client != nil {
-		h.ask()
+// askEarly asks Redis for a call whose budget ends in the witness's wait
+// (see answers), and returns the ask to pass to answers then (nil if
+// none): nil-safe, and it does not wait.
+func (h *witness) askEarly() *flight {
+	if h == nil || h.client == nil {
+		return nil
 	}
+	return h.ask()
 }
 
-// ask asks Redis to run aliveScript, for up to life, unless an ask is in
-// flight, and returns that ask (nil once witness is closed). Callers share
-// one ask and wait for it as long as they choose: the ask runs on, so that
+// ask returns an ask of Redis to run aliveScript, for up to life, that
+// callers share (nil once witness is closed): the newest in flight if it
+// began within the wait, else a new one on a connection of its own while
+// fewer than witnessConns are in flight, else the newest. An ask that has
+// gone unanswered for the wait says nothing of a Redis that came back
+// since: its request may have been lost with its connection's bytes (a
+// blackhole), and a request sent after it on its connection waits behind
+// it. Callers wait for an ask as long as they choose: it runs on, so that
 // an answer later than one caller's wait still keeps the connection, and
 // its handshake, for the next caller, and updates okAt. (Not
 // singleflight's: a caller must know when the ask it joins began.)
@@ -291,11 +297,14 @@ func (h *witness) ask() *flight {
 	if h.closed || h.side == nil {
 		return nil
 	}
-	if h.flying != nil {
-		return h.flying
+	if n := len(h.flights); n > 0 {
+		newest := h.flights[n-1]
+		if time.Since(newest.began) < h.wait || n >= witnessConns {
+			return newest
+		}
 	}
 	f := &flight{began: time.Now(), done: make(chan struct{})}
-	h.flying = f
+	h.flights = append(h.flights, f)
 	h.wg.Add(1) // under mu, before close's Wait
 	go h.run(f)
 	return f
@@ -305,16 +314,12 @@ func (h *witness) ask() *flight {
 func (h *witness) run(f *flight) {
 	defer h.wg.Done()
 	ctx, cancel := context.WithTimeout(context.Background(), h.life)
-	err := h.side.Eval(ctx, aliveScript, nil).Err()
-	switch {
-	case err == nil:
+	if h.side.Eval(ctx, aliveScript, nil).Err() == nil {
 		h.okAt.Store(time.Now().UnixNano())
-	case deadline.Ended(ctx) != nil: // the read's deadline, the same instant, may cut it before ctx's timer runs
-		h.lapsedAt.Store(time.Now().UnixNano())
 	}
 	cancel()
 	h.mu.Lock()
-	h.flying = nil
+	h.flights = slices.DeleteFunc(h.flights, func(g *flight) bool { return g == f })
 	h.mu.Unlock()
 	close(f.done)
 }

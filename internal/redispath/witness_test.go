@@ -17,10 +17,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/leaselimit/leaselimit/authority"
-	"github.com/leaselimit/leaselimit/breaker"
 	"github.com/leaselimit/leaselimit/internal/circuit"
 	"github.com/leaselimit/leaselimit/internal/redistest"
-	"github.com/leaselimit/leaselimit/policy"
 )
 
 // lines is a go-redis logger that keeps what it is given.
@@ -78,22 +76,48 @@ func TestWitnessAnswersOnceRedisIsBack(t *testing.T) {
 	m, c := newMini(t, nil)
 	h := newWitness(c, 100*time.Millisecond)
 	defer h.close()
-	const within = 200 * time.Millisecond
-	if !h.answers(within, time.Time{}) {
+	if !h.answers(nil) {
 		t.Fatal("Redis up: the witness says it does not answer")
 	}
 	m.Close()
-	h.okAt.Store(0)    // forget the answer seen, as if it were older than within
+	h.okAt.Store(0)    // forget the answer seen, as if it were older than the wait
 	for i := range 3 { // the first may fail on the pooled connection; the others dial
-		if h.answers(within, time.Time{}) {
+		if h.answers(nil) {
 			t.Fatalf("Redis down: the witness says it answers (try %d)", i)
 		}
 	}
 	if err := m.Restart(); err != nil {
 		t.Fatal(err)
 	}
-	if !h.answers(within, time.Time{}) {
+	if !h.answers(nil) {
 		t.Error("Redis back: the witness still says it does not answer (a dial error kept)")
+	}
+}
+
+// TestWitnessAfterLostBytes: an ask whose request was lost with its
+// connection's bytes (a blackhole: a flushed NAT entry, a middlebox that
+// failed over) hangs until its life ends; once it has gone unanswered for
+// the witness's wait, a new ask goes on a second connection, and Redis
+// back answers it. With one connection, the new ask waited behind the lost
+// one, and Redis back was taken for down for up to twice the budget.
+func TestWitnessAfterLostBytes(t *testing.T) {
+	m := miniredis.RunT(t)
+	px := redistest.NewProxy(t, m.Addr())
+	c := redis.NewClient(&redis.Options{Addr: px.Addr})
+	t.Cleanup(func() { _ = c.Close() })
+	h := newWitness(c, 200*time.Millisecond) // a wait of 100ms, a life of 400ms
+	defer h.close()
+	if !h.answers(nil) {
+		t.Fatal("Redis up: the witness says it does not answer")
+	}
+	px.Blackhole(true)
+	h.okAt.Store(0) // forget the answer seen, as if it were older than the wait
+	if h.answers(nil) {
+		t.Fatal("the proxy throwing bytes away: the witness says Redis answers")
+	}
+	px.Blackhole(false) // the first ask's request is lost; it hangs on
+	if !h.answers(nil) {
+		t.Error("Redis back: the witness says it does not answer (a new ask waited behind the lost one)")
 	}
 }
 
@@ -108,11 +132,10 @@ func TestRefusedConnection(t *testing.T) {
 	m, c := newMini(t, &redis.Options{PoolSize: 1})
 	h := newWitness(c, 100*time.Millisecond)
 	defer h.close()
-	const threshold = 50 * time.Millisecond
 	timeout := fmt.Errorf("acquire: %w", redis.ErrPoolTimeout)
 	readCut := &net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlineExceeded}
 	for _, err := range []error{timeout, redis.ErrPoolExhausted, readCut} {
-		got := h.refused(err, threshold)
+		got := h.refused(err)
 		if !errors.Is(got, ErrSaturated) || circuit.Counts(got) {
 			t.Errorf("refused(%v) while Redis answers = %v (counts: %v); want ErrSaturated, not counted", err, got, circuit.Counts(got))
 		}
@@ -120,23 +143,23 @@ func TestRefusedConnection(t *testing.T) {
 	budgetCut := fmt.Errorf("%w: %w", context.DeadlineExceeded, readCut) // as authority wraps a read the budget cut
 	dialCut := &net.OpError{Op: "dial", Net: "tcp", Err: os.ErrDeadlineExceeded}
 	for _, err := range []error{nil, io.EOF, context.DeadlineExceeded, budgetCut, dialCut} {
-		if got := h.refused(err, threshold); got != err {
+		if got := h.refused(err); got != err {
 			t.Errorf("refused(%v) = %v; want it unchanged", err, got)
 		}
 	}
 	as := []*authority.Acquisition{{}, {}, {}}
 	as[0].Err, as[2].Err = timeout, timeout
-	refusedAll(as, func(string) *witness { return h }, threshold)
+	refusedAll(as, func(string) *witness { return h })
 	if !errors.Is(as[0].Err, ErrSaturated) || as[1].Err != nil || !errors.Is(as[2].Err, ErrSaturated) {
 		t.Errorf("refusedAll: %v, %v, %v; want ErrSaturated, nil, ErrSaturated", as[0].Err, as[1].Err, as[2].Err)
 	}
 	var none *witness // a key without one (a Cluster's, before its slot map loaded): nothing to ask
-	if got := none.refused(timeout, threshold); got != timeout {
+	if got := none.refused(timeout); got != timeout {
 		t.Errorf("refused without a witness = %v; want it unchanged", got)
 	}
 	m.Close() // Redis down: the pool's error is Redis failing
 	h.okAt.Store(0)
-	if got := h.refused(timeout, threshold); got != timeout || !circuit.Counts(got) {
+	if got := h.refused(timeout); got != timeout || !circuit.Counts(got) {
 		t.Errorf("refused(%v) with Redis down = %v; want it unchanged, counted", timeout, got)
 	}
 }
@@ -152,44 +175,54 @@ func TestRefusedConnection(t *testing.T) {
 // 150-162ms at a budget of 100ms).
 func TestWitnessAskedBeforeTheBudgetEnds(t *testing.T) {
 	const budget = 400 * time.Millisecond // an ask half a budget early is 200ms before its end: room for a slow machine
-	for _, cte := range []bool{true, false} {
-		m := miniredis.RunT(t)
-		px := redistest.NewProxy(t, m.Addr())
-		c := redis.NewClient(&redis.Options{Addr: px.Addr, ContextTimeoutEnabled: cte})
-		auth, tel := authAndTel(t, c, "asked-early")
-		p := New(Config{Client: c, Auth: auth, Budget: budget, Name: "asked-early", Tel: tel,
-			Breaker: circuit.Settings{Settings: breaker.Settings{Failures: 1, OpenFor: time.Hour}}})
+	unavailable := errors.New("unavailable")
+	for _, tc := range []struct {
+		name string
+		cte  bool
+		do   bool // a peek, a reset or an adjustment (Do) rather than an acquire call
+	}{
+		{"acquire in place", true, false},
+		{"acquire carried by a sender", false, false},
+		{"Do in place", true, true},
+	} {
+		px, p, call := newProxiedPath(t, &redis.Options{ContextTimeoutEnabled: tc.cte}, budget, time.Hour)
+		p.unavailable = unavailable
 		brk := p.Shared()
-		k := p.Caller(tel, nopReceiver{})
-		l := policy.PerSecond(100)
-		call := func(key string) error {
-			a := authority.Acquisition{Key: auth.Key(l, key), Limit: l, Want: 1, Min: 1, Share: 1}
-			_, err := k.Acquire(context.Background(), Call{Brk: brk, Acq: a})
-			return err
-		}
 		if err := call("warm"); err != nil { // a connection, the script loaded; the witness has answered
 			t.Fatal(err)
 		}
 		w := p.nodes.witnessOf(brk, "")
 		px.Blackhole(true)
 		start := time.Now()
-		err := call("hung")
+		var err error
+		if tc.do {
+			_, err = p.Do(context.Background(), brk, "k", func(ctx context.Context) error {
+				<-ctx.Done() // no reply on a hung Redis
+				return ctx.Err()
+			})
+		} else {
+			err = call("hung")
+		}
 		w.mu.Lock()
-		f := w.flying
+		var f *flight
+		if n := len(w.flights); n > 0 {
+			f = w.flights[n-1]
+		}
 		w.mu.Unlock()
-		if !errors.Is(err, circuit.ErrBudget) {
-			t.Errorf("ContextTimeoutEnabled %v: Acquire on a hung Redis = %v; want it blamed on Redis (ErrBudget)", cte, err)
+		blamed := errors.Is(err, circuit.ErrBudget) // Do's error wraps the unavailable one instead
+		if tc.do {
+			blamed = errors.Is(err, unavailable)
+		}
+		if !blamed || errors.Is(err, ErrSaturated) {
+			t.Errorf("%s: a call on a hung Redis = %v; want it blamed on Redis (ErrBudget)", tc.name, err)
 		}
 		switch {
 		case f == nil:
-			t.Errorf("ContextTimeoutEnabled %v: no ask of the witness in flight on a hung Redis", cte)
+			t.Errorf("%s: no ask of the witness in flight on a hung Redis", tc.name)
 		case !f.began.Before(start.Add(budget)):
-			t.Errorf("ContextTimeoutEnabled %v: the witness was asked %v after the call began; want before its budget (%v) ended",
-				cte, f.began.Sub(start).Round(time.Millisecond), budget)
+			t.Errorf("%s: the witness was asked %v after the call began; want before its budget (%v) ended",
+				tc.name, f.began.Sub(start).Round(time.Millisecond), budget)
 		}
-		t.Logf("ContextTimeoutEnabled %v: blamed after %v (budget %v)", cte, time.Since(start).Round(time.Millisecond), budget)
-		p.Close()
-		p.Wait()
-		_ = c.Close()
+		t.Logf("%s: blamed after %v (budget %v)", tc.name, time.Since(start).Round(time.Millisecond), budget)
 	}
 }
