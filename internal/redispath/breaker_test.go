@@ -194,37 +194,48 @@ func TestBatchOutcome(t *testing.T) {
 // breaker's probe that sits on a pooled connection whose bytes were lost
 // (a blackhole, as a flushed NAT entry or a middlebox failing over does)
 // does not hold the breaker half-open until go-redis's ReadTimeout: Redis
-// answers the witness on a new connection, and the probe's waiter tells
-// the breaker so at its budget. Regression (a review): the probe held the
-// breaker half-open for go-redis's 3 s ReadTimeout, and meanwhile every
-// other call went to the failure policy (FailOpen decided 1.3-2.2 million
-// calls) while Redis answered new connections.
+// answers the witness on a new connection, and the breaker hears so. Also
+// when that answer comes after the probe's budget: the witness's own
+// connections, dropped in the outage, are made anew, and with Redis 60ms
+// away the script answers past the witness's wait (50ms). Regressions
+// (reviews): the probe held the breaker half-open for go-redis's 3 s
+// ReadTimeout, and meanwhile every other call went to the failure policy
+// (FailOpen decided 1.3-2.2 million calls) while Redis answered new
+// connections; then a probe whose witness answered in 72ms, past its
+// 50ms wait, was blamed, and the breaker opened again (FailOpen admitted
+// some 390,000 more on a spent bucket).
 func TestProbeOnATornConnection(t *testing.T) {
 	const (
 		budget  = 100 * time.Millisecond
 		openFor = 50 * time.Millisecond
 	)
-	px, p, call := newProxiedPath(t, &redis.Options{PoolSize: 1}, budget, openFor) // go-redis's defaults: a 3 s ReadTimeout
-	brk := p.Shared()
-	if err := call("warm"); err != nil {
-		t.Fatal(err)
-	}
-	px.Blackhole(true)
-	if err := call("lost"); !errors.Is(err, circuit.ErrBudget) {
-		t.Fatalf("a call while the proxy throws bytes away = %v; want ErrBudget", err)
-	}
-	if s := brk.State(); s != breaker.Open {
-		t.Fatalf("breaker %v after a call blamed on Redis; want open", s)
-	}
-	px.Blackhole(false) // new connections work; the pooled one's reply is lost
-	time.Sleep(2 * openFor)
-	start := time.Now()
-	err := call("probe")
-	t.Logf("the probe: %v after %v, breaker %v", err, time.Since(start).Round(time.Millisecond), brk.State())
-	for time.Since(start) < time.Second && brk.State() != breaker.Closed {
-		time.Sleep(10 * time.Millisecond)
-	}
-	if s := brk.State(); s != breaker.Closed {
-		t.Errorf("breaker %v a second after its probe began, Redis answering new connections; want closed", s)
+	for _, latency := range []time.Duration{0, 30 * time.Millisecond} { // each way
+		px, p, call := newProxiedPath(t, &redis.Options{PoolSize: 1}, budget, openFor) // go-redis's defaults: a 3 s ReadTimeout
+		brk := p.Shared()
+		if err := call("warm"); err != nil {
+			t.Fatal(err)
+		}
+		px.Blackhole(true)
+		if err := call("lost"); !errors.Is(err, circuit.ErrBudget) {
+			t.Fatalf("latency %v: a call while the proxy throws bytes away = %v; want ErrBudget", latency, err)
+		}
+		if s := brk.State(); s != breaker.Open {
+			t.Fatalf("latency %v: breaker %v after a call blamed on Redis; want open", latency, s)
+		}
+		if latency > 0 {
+			time.Sleep(witnessLife(budget) + budget) // the witness's asks end unanswered, their connections dropped
+			px.SetLatency(latency)
+		}
+		px.Blackhole(false) // new connections work; the pooled one's reply is lost
+		time.Sleep(2 * openFor)
+		start := time.Now()
+		err := call("probe")
+		t.Logf("latency %v: the probe: %v after %v, breaker %v", latency, err, time.Since(start).Round(time.Millisecond), brk.State())
+		for time.Since(start) < time.Second && brk.State() != breaker.Closed {
+			time.Sleep(10 * time.Millisecond)
+		}
+		if s := brk.State(); s != breaker.Closed {
+			t.Errorf("latency %v: breaker %v a second after its probe began, Redis answering new connections; want closed", latency, s)
+		}
 	}
 }

@@ -240,8 +240,7 @@ func (h *witness) answers(early *flight) bool {
 	if h == nil || h.client == nil {
 		return false
 	}
-	fresh := func() bool { return time.Now().UnixNano()-h.okAt.Load() < int64(h.wait) }
-	if fresh() {
+	if h.fresh() {
 		return true
 	}
 	f := early
@@ -257,7 +256,7 @@ func (h *witness) answers(early *flight) bool {
 		case <-timer.C:
 		}
 		releaseTimer(timer)
-		if fresh() {
+		if h.fresh() {
 			return true
 		}
 		select {
@@ -268,6 +267,28 @@ func (h *witness) answers(early *flight) bool {
 		}
 	}
 	return false
+}
+
+// fresh reports whether Redis answered an ask within the last wait.
+func (h *witness) fresh() bool { return time.Now().UnixNano()-h.okAt.Load() < int64(h.wait) }
+
+// answersInLife reports whether Redis answers ask (else a new one) before
+// the ask ends, up to its life: the verdict on a breaker's probe, which
+// its caller does not wait for (see Path.judgeProbe).
+func (h *witness) answersInLife(ask *flight) bool {
+	if h == nil || h.client == nil {
+		return false
+	}
+	if h.fresh() {
+		return true
+	}
+	if ask == nil {
+		if ask = h.ask(); ask == nil {
+			return false // closed
+		}
+	}
+	<-ask.done
+	return h.fresh()
 }
 
 // askEarly asks Redis for a call whose budget ends in the witness's wait
