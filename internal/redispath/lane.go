@@ -24,7 +24,8 @@ import (
 // goroutine (see claim), when the client honours context deadlines: no
 // hand-off, so one caller's latency is one round trip. Every other call
 // waits in the queue for the lane's senders: at most one long-lived
-// goroutine per pipeline, started when first needed and stopped by stop,
+// goroutine per pipeline (and per batch left behind, see overdueMax),
+// started when first needed and stopped by stop,
 // that carry batch after batch while the queue holds calls. The caller
 // waits for its outcome, bounded by the budget, and the sender delivers it
 // (see pending.finish) whether or not anyone still waits. No call has a
@@ -44,10 +45,10 @@ type lane struct {
 
 	mu       sync.Mutex
 	queue    []*pending
-	inflight int          // pipelines in flight, whether a caller or a sender sends them
-	flying   [][]*pending // the senders' batches in flight, until their delivery starts
-	senders  *crew        // one goroutine per pipeline
-	dog      watchdog     // wakes waiters at their first check point
+	inflight int        // pipelines in flight, whether a caller or a sender sends them
+	flying   []outBatch // the senders' batches in flight, until their delivery starts
+	senders  *crew      // one goroutine per pipeline
+	dog      watchdog   // wakes waiters at their first check point
 	// swept counts the calls at the queue's head whose check point the
 	// watchdog has passed: it looks at each queued call once, not at the
 	// whole queue on every firing (see bark).
@@ -65,6 +66,23 @@ type aloneCall struct {
 	rkey  string
 	early *flight
 }
+
+// outBatch is a batch a sender has sent, and its deadline.
+type outBatch struct {
+	calls []*pending
+	until time.Time
+}
+
+// overdueMax is how many of a lane's batches past their deadline, still
+// unanswered, may be left behind: their pipelines then no longer count
+// against the lane's. On a client that does not bound its reads by the
+// deadline, a batch sent on a connection whose bytes were lost (a
+// blackhole, a flushed NAT entry) holds its pipeline for go-redis's
+// ReadTimeout (3 s): with both held, every call after Redis came back
+// waited to the hard cap and was denied for 3 s (a review). The pool
+// has other connections; a Redis that hangs for good is sent at most
+// this many more batches.
+const overdueMax = 4
 
 // pending is one call waiting in a lane.
 type pending struct {
@@ -110,7 +128,7 @@ func lanePipelines(pool int) int { return min(pool, 2) }
 func newLane(auth *authority.Redis, brk *circuit.Breaker, pool int, fallback time.Duration, ep recorder.Endpoint, w *witness) *lane {
 	ln := &lane{auth: auth, brk: brk, max: lanePipelines(pool), fallback: fallback, ep: ep, witness: w}
 	ln.witnessOf = func(string) *witness { return w }
-	ln.senders = newCrew(&ln.mu, ln.max, ln.nextBatch)
+	ln.senders = newCrew(&ln.mu, ln.max+overdueMax, ln.nextBatch)
 	ln.dog.fire = ln.bark
 	return ln
 }
@@ -184,7 +202,11 @@ func (ln *lane) submit(p *pending) {
 	if !p.checkAt.IsZero() {
 		ln.dog.armFor(p.checkAt)
 	}
-	ln.senders.wake()
+	if ln.inflight < ln.max || ln.held(time.Now()) < ln.max {
+		// Else a sender takes the queue when its batch lands: an idle
+		// one (see overdueMax) woken now would find no pipeline free.
+		ln.senders.wake()
+	}
 	ln.mu.Unlock()
 }
 
@@ -192,7 +214,8 @@ func (ln *lane) submit(p *pending) {
 // waits, if a pipeline is free, sent and its outcomes delivered. ln.mu is
 // held.
 func (ln *lane) nextBatch() func() {
-	if ln.inflight >= ln.max {
+	now := time.Now()
+	if ln.held(now) >= ln.max {
 		return nil // sendAlone wakes a sender when it frees its pipeline
 	}
 	batch := ln.take()
@@ -200,9 +223,10 @@ func (ln *lane) nextBatch() func() {
 		return nil
 	}
 	ln.inflight++
-	ln.flying = append(ln.flying, batch)
+	until := batchDeadline(batch, now.Add(ln.fallback))
+	ln.flying = append(ln.flying, outBatch{batch, until})
 	return func() {
-		ln.send(batch)
+		ln.send(batch, until)
 		ln.mu.Lock()
 		ln.inflight--
 		ln.land(batch)
@@ -217,13 +241,41 @@ func (ln *lane) nextBatch() func() {
 // ln.mu is held.
 func (ln *lane) land(batch []*pending) {
 	for i, b := range ln.flying {
-		if &b[0] == &batch[0] {
+		if &b.calls[0] == &batch[0] {
 			last := len(ln.flying) - 1
-			ln.flying[i], ln.flying[last] = ln.flying[last], nil
+			ln.flying[i], ln.flying[last] = ln.flying[last], outBatch{}
 			ln.flying = ln.flying[:last]
 			return
 		}
 	}
+}
+
+// held is how many of the lane's pipelines hold it at now: those in
+// flight, but for up to overdueMax of the senders' batches past their
+// deadline. ln.mu is held.
+func (ln *lane) held(now time.Time) int {
+	overdue := 0
+	for _, b := range ln.flying {
+		if !b.until.After(now) {
+			overdue++
+		}
+	}
+	return ln.inflight - min(overdue, overdueMax)
+}
+
+// batchDeadline is the latest deadline of batch's calls, or fallback if
+// none has one.
+func batchDeadline(batch []*pending, fallback time.Time) time.Time {
+	var deadline time.Time
+	for _, p := range batch {
+		if p.deadline.After(deadline) {
+			deadline = p.deadline
+		}
+	}
+	if deadline.IsZero() {
+		return fallback
+	}
+	return deadline
 }
 
 // bark is the watchdog's firing: it wakes the waiter of every call, queued
@@ -255,8 +307,8 @@ func (ln *lane) bark() {
 		}
 		return true
 	}
-	for _, batch := range ln.flying { // at most a few pipelines of maxBatch
-		for _, p := range batch {
+	for _, b := range ln.flying { // at most a few pipelines of maxBatch
+		for _, p := range b.calls {
 			check(p)
 		}
 	}
@@ -314,7 +366,7 @@ func (ln *lane) take() []*pending {
 
 // send sends batch as one pipeline, each member's outcome in its a. The
 // pipeline's context carries the first member's values (its trace) and
-// the members' latest deadline.
+// deadline, the members' latest (see batchDeadline).
 //
 // The batch is one request of the node's breaker, as one round trip to
 // Redis, counted once (see batchOutcome). Its members were admitted when
@@ -323,21 +375,14 @@ func (ln *lane) take() []*pending {
 // that set a key's negative cache among them) are worth more than failing
 // calls already made. Members counted on their own (own: a probe while the
 // breaker was not closed) are left out of the batch's request.
-func (ln *lane) send(batch []*pending) {
-	var deadline time.Time
+func (ln *lane) send(batch []*pending, deadline time.Time) {
 	counted := false // a member the batch's request counts
 	for _, p := range batch {
-		if p.deadline.After(deadline) {
-			deadline = p.deadline
-		}
 		counted = counted || p.own == nil
 	}
 	var done func(error)
 	if counted {
 		done, _ = ln.brk.Allow() // nil if refused: the batch goes uncounted
-	}
-	if deadline.IsZero() {
-		deadline = time.Now().Add(ln.fallback)
 	}
 	as := make([]*authority.Acquisition, len(batch))
 	now := time.Now().UnixNano()

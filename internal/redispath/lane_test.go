@@ -2,6 +2,7 @@ package redispath
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -332,5 +333,50 @@ func TestLaneSenders(t *testing.T) {
 		if o.got[p].Grant.Granted != want {
 			t.Fatalf("call %d (the %dth on its key): granted %d; want %d", i, i/4+1, o.got[p].Grant.Granted, want)
 		}
+	}
+}
+
+// TestOverduePipelinesLeftBehind: on a client that does not bound its
+// reads by the deadline (go-redis's defaults: a 3 s ReadTimeout), batches
+// sent on connections whose bytes were lost (a blackhole) hold both of
+// the lane's pipelines; once past their deadline they are left behind,
+// and a call after Redis came back is sent on another connection and
+// answered. Regression (a review): every call waited behind them to the
+// hard cap and was denied, for go-redis's ReadTimeout (3 s) after Redis
+// came back.
+func TestOverduePipelinesLeftBehind(t *testing.T) {
+	const budget = 100 * time.Millisecond
+	px, p, call := newProxiedPath(t, &redis.Options{PoolSize: 4}, budget, 10*time.Millisecond)
+	if err := call("warm"); err != nil {
+		t.Fatal(err)
+	}
+	ln := p.nodes.laneFor(p.Shared())
+	px.Blackhole(true)
+	var wg sync.WaitGroup
+	for i := range ln.max { // one by one, each on a pipeline of its own, all before the first is blamed
+		wg.Go(func() { _ = call(fmt.Sprint("lost-", i)) })
+		for deadline := time.Now().Add(budget / 2); ; time.Sleep(100 * time.Microsecond) {
+			ln.mu.Lock()
+			inflight := ln.inflight
+			ln.mu.Unlock()
+			if inflight == i+1 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%d pipelines in flight; want %d of the lane's %d held", inflight, i+1, ln.max)
+			}
+		}
+	}
+	wg.Wait() // their waiters gave up
+	px.Blackhole(false)
+	time.Sleep(callLife(budget) + budget) // the lost batches are past their deadline
+	start := time.Now()
+	err := call("after")
+	ln.mu.Lock()
+	inflight := ln.inflight
+	ln.mu.Unlock()
+	if err != nil {
+		t.Errorf("a call %v after Redis came back = %v (after %v, %d pipelines in flight); want it answered",
+			callLife(budget)+budget, err, time.Since(start).Round(time.Millisecond), inflight)
 	}
 }
