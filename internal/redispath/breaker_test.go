@@ -209,7 +209,11 @@ func TestProbeOnATornConnection(t *testing.T) {
 		budget  = 100 * time.Millisecond
 		openFor = 50 * time.Millisecond
 	)
-	for _, latency := range []time.Duration{0, 30 * time.Millisecond} { // each way
+	for _, tc := range []struct {
+		latency time.Duration // each way, once Redis is back
+		probe   string        // the probe: an acquire call, a peek, reset or adjustment (Do), or a refund pipeline
+	}{{0, "acquire"}, {30 * time.Millisecond, "acquire"}, {0, "Do"}, {0, "refund"}} {
+		latency := tc.latency
 		px, p, call := newProxiedPath(t, &redis.Options{PoolSize: 1}, budget, openFor) // go-redis's defaults: a 3 s ReadTimeout
 		brk := p.Shared()
 		if err := call("warm"); err != nil {
@@ -229,13 +233,26 @@ func TestProbeOnATornConnection(t *testing.T) {
 		px.Blackhole(false) // new connections work; the pooled one's reply is lost
 		time.Sleep(2 * openFor)
 		start := time.Now()
-		err := call("probe")
-		t.Logf("latency %v: the probe: %v after %v, breaker %v", latency, err, time.Since(start).Round(time.Millisecond), brk.State())
+		var err error
+		switch tc.probe {
+		case "acquire":
+			err = call("probe")
+		case "Do":
+			_, err = p.Do(context.Background(), brk, "k", func(ctx context.Context) error {
+				return p.client.Eval(ctx, "return 1", nil).Err()
+			})
+		case "refund": // the refund queue's flusher waits for it; nothing else does
+			l := policy.PerSecond(100)
+			var wg sync.WaitGroup
+			wg.Go(func() { p.Refund(brk, []authority.Refund{{Key: p.auth.Key(l, "k"), Limit: l, Tokens: 1}}, 1) })
+			t.Cleanup(wg.Wait) // before the path's and the client's
+		}
+		t.Logf("latency %v, %s: the probe: %v after %v, breaker %v", latency, tc.probe, err, time.Since(start).Round(time.Millisecond), brk.State())
 		for time.Since(start) < time.Second && brk.State() != breaker.Closed {
 			time.Sleep(10 * time.Millisecond)
 		}
 		if s := brk.State(); s != breaker.Closed {
-			t.Errorf("latency %v: breaker %v a second after its probe began, Redis answering new connections; want closed", latency, s)
+			t.Errorf("latency %v, %s: breaker %v a second after its probe began, Redis answering new connections; want closed", latency, tc.probe, s)
 		}
 	}
 }

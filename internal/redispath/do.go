@@ -49,12 +49,14 @@ func (p *Path) Do(ctx context.Context, brk *circuit.Breaker, rkey string, op fun
 	ch := make(chan error, 1)
 	start, replies := time.Now(), brk.RepliesSeen()
 	limit := (1 + saturationGrace) * p.budget
+	tell, stopVouch := p.vouchedProbe(brk, rkey, done)
 	p.workers.run(func() {
 		defer p.gate.leave()
 		cctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), start.Add(limit))
 		defer cancel()
 		err := p.judged(brk, rkey, nil, start, limit, replies, op(cctx))
-		done(err)
+		stopVouch()
+		tell(err)
 		ch <- err
 	})
 	timer := newTimer(p.budget)

@@ -2,6 +2,7 @@ package redispath
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"testing"
 	"time"
@@ -130,7 +131,7 @@ func newProxiedPath(t *testing.T, opts *redis.Options, budget, openFor time.Dura
 	c := redis.NewClient(opts)
 	t.Cleanup(func() { _ = c.Close() })
 	auth, tel := authAndTel(t, c, "proxied")
-	p = New(Config{Client: c, Auth: auth, Budget: budget, Name: "proxied", Tel: tel,
+	p = New(Config{Client: c, Auth: auth, Budget: budget, Name: "proxied", Tel: tel, Unavailable: errors.New("unavailable"),
 		Breaker: circuit.Settings{Settings: breaker.Settings{Failures: 1, OpenFor: openFor}}})
 	t.Cleanup(func() { p.Close(); p.Wait() })
 	k := p.Caller(tel, nopReceiver{})

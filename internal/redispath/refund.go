@@ -19,20 +19,22 @@ func (p *Path) Refund(brk *circuit.Breaker, rs []authority.Refund, tokens int64)
 	if err != nil {
 		return nil, false
 	}
+	rkey := ""
+	if len(rs) > 0 {
+		rkey = rs[0].Key // rs share brk's node
+	}
+	tell, stopVouch := p.vouchedProbe(brk, rkey, done)
 	span := p.tel.StartRefund(p.nodes.laneFor(brk).ep, len(rs))
 	start, replies, limit := time.Now(), brk.RepliesSeen(), p.refundBudget(len(rs))
 	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	failed = p.auth.RefundAll(ctx, rs)
 	cancel()
+	stopVouch()
 	err = firstError(failed)
 	p.tel.EndRefund(span, tokens, err)
 	// A pipeline cut at its deadline while this process was behind is not
 	// Redis's failure (see judged).
-	rkey := ""
-	if len(rs) > 0 {
-		rkey = rs[0].Key // rs share brk's node
-	}
-	done(p.judged(brk, rkey, nil, start, limit, replies, err)) // no caller waits for it: no early ask
+	tell(p.judged(brk, rkey, nil, start, limit, replies, err)) // no caller waits for it: no early ask
 	return failed, true
 }
 

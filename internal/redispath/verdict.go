@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/leaselimit/leaselimit/breaker"
 	"github.com/leaselimit/leaselimit/internal/circuit"
 	"github.com/leaselimit/leaselimit/internal/overload"
 	"github.com/redis/go-redis/v9"
@@ -125,4 +126,43 @@ func (p *Path) congested(brk *circuit.Breaker, replies int64) bool {
 // before.
 func queued(brk *circuit.Breaker, replies int64, sent *atomic.Int64) bool {
 	return sent.Load() == 0 && brk.RepliesSeen() > replies
+}
+
+// vouchedProbe returns how to tell brk the outcome of a call that done
+// (from brk.Allow) counts, a peek, a reset, an adjustment or a refund
+// pipeline: done itself, unless the call is a probe of a breaker that is
+// not closed; then a tell that counts once, and that counts success first
+// if the call has no reply at the budget while Redis answers the witness
+// of rkey within its ask's life (as Path.judgeProbe does for an acquire
+// call). stop, called once the call's own outcome is known, ends that
+// wait. Such a probe on a pooled connection whose bytes were lost (a
+// blackhole) holds the breaker half-open for go-redis's ReadTimeout (3 s)
+// on a client that does not bound its reads by the deadline, and every
+// decision meanwhile goes to the failure policy while Redis answers
+// (TestProbeOnATornConnection).
+func (p *Path) vouchedProbe(brk *circuit.Breaker, rkey string, done func(error)) (tell func(error), stop func()) {
+	if brk.State() == breaker.Closed {
+		return done, func() {}
+	}
+	w := p.nodes.witnessOf(brk, rkey)
+	var told atomic.Bool
+	tell = func(err error) {
+		if errors.Is(err, ErrSaturated) && w.answered() {
+			// Cut while Redis answers the witness: that answers the
+			// probe's question (ErrSaturated alone, not counted, left
+			// the breaker half-open for the next call to probe).
+			err = nil
+		}
+		if told.CompareAndSwap(false, true) {
+			done(err)
+		}
+	}
+	t := time.AfterFunc(p.budget, func() {
+		p.gate.spawn(func() {
+			if w.answersInLife(nil) {
+				tell(nil)
+			}
+		})
+	})
+	return tell, func() { t.Stop() }
 }

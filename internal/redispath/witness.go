@@ -272,6 +272,10 @@ func (h *witness) answers(early *flight) bool {
 // fresh reports whether Redis answered an ask within the last wait.
 func (h *witness) fresh() bool { return time.Now().UnixNano()-h.okAt.Load() < int64(h.wait) }
 
+// answered is fresh, nil-safe: false where there is no client to ask
+// through.
+func (h *witness) answered() bool { return h != nil && h.client != nil && h.fresh() }
+
 // answersInLife reports whether Redis answers ask (else a new one) before
 // the ask ends, up to its life: the verdict on a breaker's probe, which
 // its caller does not wait for (see Path.judgeProbe).

@@ -175,7 +175,6 @@ func TestRefusedConnection(t *testing.T) {
 // 150-162ms at a budget of 100ms).
 func TestWitnessAskedBeforeTheBudgetEnds(t *testing.T) {
 	const budget = 400 * time.Millisecond // an ask half a budget early is 200ms before its end: room for a slow machine
-	unavailable := errors.New("unavailable")
 	for _, tc := range []struct {
 		name string
 		cte  bool
@@ -186,7 +185,6 @@ func TestWitnessAskedBeforeTheBudgetEnds(t *testing.T) {
 		{"Do in place", true, true},
 	} {
 		px, p, call := newProxiedPath(t, &redis.Options{ContextTimeoutEnabled: tc.cte}, budget, time.Hour)
-		p.unavailable = unavailable
 		brk := p.Shared()
 		if err := call("warm"); err != nil { // a connection, the script loaded; the witness has answered
 			t.Fatal(err)
@@ -211,7 +209,7 @@ func TestWitnessAskedBeforeTheBudgetEnds(t *testing.T) {
 		w.mu.Unlock()
 		blamed := errors.Is(err, circuit.ErrBudget) // Do's error wraps the unavailable one instead
 		if tc.do {
-			blamed = errors.Is(err, unavailable)
+			blamed = errors.Is(err, p.unavailable)
 		}
 		if !blamed || errors.Is(err, ErrSaturated) {
 			t.Errorf("%s: a call on a hung Redis = %v; want it blamed on Redis (ErrBudget)", tc.name, err)
