@@ -286,15 +286,7 @@ func (p *Path) judgeProbe(d *detachedCall, w *witness, ask *flight) {
 	if !d.told.CompareAndSwap(false, true) {
 		return
 	}
-	if w == nil || !p.gate.spawn(func() {
-		if w.answersInLife(ask) {
-			own(nil)
-		} else {
-			own(circuit.ErrBudget)
-		}
-	}) {
-		own(circuit.ErrBudget)
-	}
+	p.tellWhenAnswered(w, ask, own, circuit.ErrBudget)
 }
 
 // finished takes the call's outcome from its lane's sender, on the

@@ -157,12 +157,24 @@ func (p *Path) vouchedProbe(brk *circuit.Breaker, rkey string, done func(error))
 			done(err)
 		}
 	}
-	t := time.AfterFunc(p.budget, func() {
-		p.gate.spawn(func() {
-			if w.answersInLife(nil) {
-				tell(nil)
-			}
-		})
-	})
+	t := time.AfterFunc(p.budget, func() { p.tellWhenAnswered(w, nil, tell, nil) })
 	return tell, func() { t.Stop() }
+}
+
+// tellWhenAnswered tells a probe's outcome by the witness w, on a
+// goroutine Close waits for: success if Redis answers ask (else a new
+// one) before that ask ends, up to its life; else unanswered, if not nil
+// (at once if no goroutine can start).
+func (p *Path) tellWhenAnswered(w *witness, ask *flight, tell func(error), unanswered error) {
+	started := p.gate.spawn(func() {
+		switch {
+		case w.answersInLife(ask):
+			tell(nil)
+		case unanswered != nil:
+			tell(unanswered)
+		}
+	})
+	if !started && unanswered != nil {
+		tell(unanswered)
+	}
 }
