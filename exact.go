@@ -11,7 +11,7 @@ import (
 // every limit's bucket.
 func (l *Limiter) allowExact(ctx context.Context, key string, n int64) (Decision, error) {
 	brk, rkey := l.route(l.namer, key)
-	if brk.Rejects(l.clock.wall()) {
+	if brk.Rejects(l.clock.wall) {
 		return l.breakerOpen(ctx, brk, key, n)
 	}
 	if rkey == "" {

@@ -24,7 +24,7 @@ import (
 func (l *Limiter) miss(ctx context.Context, key string, n int64, a lease.Answer) (Decision, error) {
 	l.refunds.addReturn(a.Evicted)
 	brk, rkey := l.route(l.namer, key)
-	if brk.Rejects(l.clock.wall()) {
+	if brk.Rejects(l.clock.wall) {
 		return l.breakerOpen(ctx, brk, key, n)
 	}
 	if rkey == "" {
@@ -160,7 +160,7 @@ func (l *Limiter) prefetch(ctx context.Context, t lease.Ticket) {
 		defer l.leases.Prefetched(t)
 		rkey := l.namer.Key(t.Key())
 		brk := l.path.Route(rkey)
-		if brk.Rejects(l.clock.wall()) {
+		if brk.Rejects(l.clock.wall) {
 			return
 		}
 		// The request that claimed the prefetch may be over before the

@@ -90,7 +90,7 @@ func TestRefundQueueFlush(t *testing.T) {
 		t.Fatal(err)
 	}
 	done(circuit.ErrBudget)
-	if !l.path.Shared().Rejects(time.Now()) {
+	if !l.path.Shared().Rejects(time.Now) {
 		t.Fatal("breaker not open after a failure")
 	}
 	q.add(authority.Refund{Key: rkey, Limit: l.limit, Tokens: 3})

@@ -144,11 +144,13 @@ func (b *Breaker) NetworkErrorSince(t time.Time) bool { return b.lastNet.Load() 
 // Two readings tell how many replies arrived in between.
 func (b *Breaker) RepliesSeen() int64 { return b.replies.Load() }
 
-// Rejects reports, without locking, whether the breaker is open at now and
-// not yet due for a probe.
-func (b *Breaker) Rejects(now time.Time) bool {
+// Rejects reports, without locking, whether the breaker is open at now()
+// and not yet due for a probe. The clock is read only while the breaker is
+// open: a closed breaker's check is a single atomic load, and an exact
+// decision would otherwise read the clock once more for nothing.
+func (b *Breaker) Rejects(now func() time.Time) bool {
 	u := b.openUntil.Load()
-	return u != 0 && now.UnixNano() < u
+	return u != 0 && now().UnixNano() < u
 }
 
 // OpenUntil returns when the open breaker lets probes through, or the zero

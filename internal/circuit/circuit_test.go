@@ -283,8 +283,13 @@ func TestStateMachine(t *testing.T) {
 	var tr transitions
 	b := circuit.New("test", circuit.Settings{Settings: breaker.Settings{Failures: 3, OpenFor: openFor, Probes: 2, OnStateChange: tr.record}})
 
-	if b.State() != breaker.Closed || b.Rejects(time.Now()) || !b.OpenUntil().IsZero() {
-		t.Fatalf("new breaker: state %v, rejects %v, open until %v", b.State(), b.Rejects(time.Now()), b.OpenUntil())
+	if b.State() != breaker.Closed || b.Rejects(time.Now) || !b.OpenUntil().IsZero() {
+		t.Fatalf("new breaker: state %v, rejects %v, open until %v", b.State(), b.Rejects(time.Now), b.OpenUntil())
+	}
+	// A closed breaker's check reads no clock (it is on every exact
+	// decision's path).
+	if b.Rejects(func() time.Time { t.Fatal("Rejects read the clock of a closed breaker"); return time.Time{} }) {
+		t.Fatal("closed breaker rejects")
 	}
 	for _, s := range []struct {
 		st   breaker.State
@@ -327,10 +332,10 @@ func TestStateMachine(t *testing.T) {
 	if u := b.OpenUntil(); u.Before(before.Add(openFor)) || u.After(after.Add(openFor)) {
 		t.Errorf("OpenUntil = %v; want %v after the trip (between %v and %v)", u, openFor, before.Add(openFor), after.Add(openFor))
 	}
-	if !b.Rejects(time.Now()) {
+	if !b.Rejects(time.Now) {
 		t.Error("Rejects = false while open")
 	}
-	if b.Rejects(b.OpenUntil().Add(time.Nanosecond)) {
+	if b.Rejects(func() time.Time { return b.OpenUntil().Add(time.Nanosecond) }) {
 		t.Error("Rejects = true after OpenUntil")
 	}
 	if _, err := b.Allow(); !errors.Is(err, breaker.ErrOpen) {
@@ -339,7 +344,7 @@ func TestStateMachine(t *testing.T) {
 
 	// After OpenFor, probes are let through: half-open.
 	time.Sleep(time.Until(b.OpenUntil()) + 20*time.Millisecond)
-	if b.Rejects(time.Now()) {
+	if b.Rejects(time.Now) {
 		t.Error("Rejects = true after OpenFor")
 	}
 	p1, err := b.Allow()
@@ -368,7 +373,7 @@ func TestStateMachine(t *testing.T) {
 	if b.State() != breaker.Closed {
 		t.Fatalf("state %v after 2 probe successes; want closed", b.State())
 	}
-	if b.Rejects(time.Now()) || !b.OpenUntil().IsZero() {
+	if b.Rejects(time.Now) || !b.OpenUntil().IsZero() {
 		t.Error("closed breaker rejects or has an OpenUntil")
 	}
 
@@ -381,7 +386,7 @@ func TestStateMachine(t *testing.T) {
 	}
 	time.Sleep(time.Until(b.OpenUntil()) + 20*time.Millisecond)
 	call(t, b, errInfra)
-	if b.State() != breaker.Open || !b.Rejects(time.Now()) {
+	if b.State() != breaker.Open || !b.Rejects(time.Now) {
 		t.Fatalf("state %v after a failed probe; want open", b.State())
 	}
 	if n := tr.opens(); n != 3 {
@@ -426,7 +431,7 @@ func TestConcurrent(t *testing.T) {
 		go func(g int) {
 			defer wg.Done()
 			for i := 0; i < 2000; i++ {
-				_ = b.Rejects(time.Now())
+				_ = b.Rejects(time.Now)
 				_ = b.State()
 				done, err := b.Allow()
 				if err != nil {

@@ -113,7 +113,7 @@ func (k *Caller) detached(ctx context.Context, c Call, ln *lane, own func(error)
 	// waiter's cap decides first; go-redis honours it while waiting for a
 	// pooled connection, which late readers hold longer.
 	d.pending = pending{a: &d.c.Acq, ctx: d.ctx, deadline: start.Add(callLife(budget)), sent: &d.sent, own: own, checkAt: due, finish: d}
-	ln.submit(&d.pending)
+	ln.submit(&d.pending, start)
 	// taken completes the call with its delivered result, on the waiter's
 	// goroutine.
 	taken := func() (authority.Grant, error) {
@@ -239,7 +239,7 @@ func (k *Caller) detached(ctx context.Context, c Call, ln *lane, own func(error)
 			// reply comes. A pooled connection whose bytes were lost
 			// (a blackhole: a flushed NAT entry, a middlebox that
 			// failed over) held the probe, and the breaker half-open,
-			// for go-redis's ReadTimeout (3 s), while every other call
+			// for go-redis's ReadTimeout (5 s by default), while every other call
 			// went to the failure policy and Redis answered new
 			// connections (a review: FailOpen decided 1.3-2.2 million
 			// calls; TestProbeOnATornConnection). Its outcome is then

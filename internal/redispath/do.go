@@ -29,7 +29,7 @@ import (
 // the path's few workers on a context detached from ctx, and the breaker is
 // told op's real outcome whenever it comes.
 func (p *Path) Do(ctx context.Context, brk *circuit.Breaker, rkey string, op func(context.Context) error) (sent bool, err error) {
-	if brk.Rejects(p.nodes.now()) { // the breakers' clock (withClock)
+	if brk.Rejects(p.nodes.now) { // the breakers' clock (withClock)
 		return false, fmt.Errorf("%w: %w", p.unavailable, breaker.ErrOpen)
 	}
 	done, err := brk.Allow()

@@ -127,7 +127,7 @@ func (o *outcomes) finished(p *pending) {
 // submit queues a call of n tokens on key for ln's senders.
 func (o *outcomes) submit(ln *lane, key string, l policy.Limit, n int64) *pending {
 	p := &pending{a: &authority.Acquisition{Key: key, Limit: l, Want: n, Min: n, Share: 1}, deadline: time.Now().Add(5 * time.Second), finish: o}
-	ln.submit(p)
+	ln.submit(p, time.Now())
 	return p
 }
 
@@ -239,7 +239,7 @@ func BenchmarkLane(b *testing.B) {
 				return a.Err
 			}
 			w := &waiter{done: make(chan struct{})}
-			ln.submit(&pending{a: &a, deadline: time.Now().Add(time.Second), finish: w})
+			ln.submit(&pending{a: &a, deadline: time.Now().Add(time.Second), finish: w}, time.Now())
 			<-w.done
 			return a.Err
 		})
@@ -337,46 +337,63 @@ func TestLaneSenders(t *testing.T) {
 }
 
 // TestOverduePipelinesLeftBehind: on a client that does not bound its
-// reads by the deadline (go-redis's defaults: a 3 s ReadTimeout), batches
+// reads by the deadline (go-redis's defaults: a 5 s ReadTimeout), batches
 // sent on connections whose bytes were lost (a blackhole) hold both of
 // the lane's pipelines; once past their deadline they are left behind,
 // and a call after Redis came back is sent on another connection and
-// answered. Regression (a review): every call waited behind them to the
-// hard cap and was denied, for go-redis's ReadTimeout (3 s) after Redis
-// came back.
+// answered, also one queued just before they pass it. Regressions
+// (reviews): every call waited behind them to the hard cap and was denied,
+// for go-redis's ReadTimeout after Redis came back; then a call queued
+// 50ms before they passed their deadline waited to its hard cap (501ms)
+// with a pipeline free, nothing waking a sender, and was denied.
 func TestOverduePipelinesLeftBehind(t *testing.T) {
 	const budget = 100 * time.Millisecond
-	px, p, call := newProxiedPath(t, &redis.Options{PoolSize: 4}, budget, 10*time.Millisecond)
-	if err := call("warm"); err != nil {
-		t.Fatal(err)
-	}
-	ln := p.nodes.laneFor(p.Shared())
-	px.Blackhole(true)
-	var wg sync.WaitGroup
-	for i := range ln.max { // one by one, each on a pipeline of its own, all before the first is blamed
-		wg.Go(func() { _ = call(fmt.Sprint("lost-", i)) })
-		for deadline := time.Now().Add(budget / 2); ; time.Sleep(100 * time.Microsecond) {
-			ln.mu.Lock()
-			inflight := ln.inflight
-			ln.mu.Unlock()
-			if inflight == i+1 {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%d pipelines in flight; want %d of the lane's %d held", inflight, i+1, ln.max)
+	for _, before := range []time.Duration{-budget, budget / 2} { // when the call is made, before the lost batches are overdue
+		px, p, call := newProxiedPath(t, &redis.Options{PoolSize: 4}, budget, 10*time.Millisecond)
+		if err := call("warm"); err != nil {
+			t.Fatal(err)
+		}
+		ln := p.nodes.laneFor(p.Shared())
+		px.Blackhole(true)
+		var wg sync.WaitGroup
+		for i := range ln.max { // one by one, each on a pipeline of its own, all before the first is blamed
+			wg.Go(func() { _ = call(fmt.Sprint("lost-", i)) })
+			for deadline := time.Now().Add(budget / 2); ; time.Sleep(100 * time.Microsecond) {
+				ln.mu.Lock()
+				inflight := ln.inflight
+				ln.mu.Unlock()
+				if inflight == i+1 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("%d pipelines in flight; want %d of the lane's %d held", inflight, i+1, ln.max)
+				}
 			}
 		}
-	}
-	wg.Wait() // their waiters gave up
-	px.Blackhole(false)
-	time.Sleep(callLife(budget) + budget) // the lost batches are past their deadline
-	start := time.Now()
-	err := call("after")
-	ln.mu.Lock()
-	inflight := ln.inflight
-	ln.mu.Unlock()
-	if err != nil {
-		t.Errorf("a call %v after Redis came back = %v (after %v, %d pipelines in flight); want it answered",
-			callLife(budget)+budget, err, time.Since(start).Round(time.Millisecond), inflight)
+		wg.Wait() // their waiters gave up
+		px.Blackhole(false)
+		ln.mu.Lock()
+		var overdue time.Time // when the last of the lost batches is past its deadline
+		for _, b := range ln.flying {
+			if b.until.After(overdue) {
+				overdue = b.until
+			}
+		}
+		held := len(ln.flying)
+		ln.mu.Unlock()
+		if held != ln.max {
+			t.Fatalf("%d batches in flight after the blackhole; want the lane's %d", held, ln.max)
+		}
+		time.Sleep(time.Until(overdue.Add(-before)))
+		start := time.Now()
+		err := call("after")
+		ln.mu.Lock()
+		inflight := ln.inflight
+		ln.mu.Unlock()
+		t.Logf("a call %v before the lost batches were overdue: %v after %v", before, err, time.Since(start).Round(time.Millisecond))
+		if err != nil {
+			t.Errorf("a call %v before the lost batches were overdue, Redis back = %v (after %v, %d pipelines in flight); want it answered",
+				before, err, time.Since(start).Round(time.Millisecond), inflight)
+		}
 	}
 }

@@ -12,7 +12,7 @@ import (
 // the budget, and returns those that failed. It reports false, sending
 // nothing, when brk holds calls back: they wait for Redis.
 func (p *Path) Refund(brk *circuit.Breaker, rs []authority.Refund, tokens int64) (failed []authority.Failed, sent bool) {
-	if brk.Rejects(p.nodes.now()) { // the breakers' clock (withClock)
+	if brk.Rejects(p.nodes.now) { // the breakers' clock (withClock)
 		return nil, false
 	}
 	done, err := brk.Allow()

@@ -133,13 +133,17 @@ func queued(brk *circuit.Breaker, replies int64, sent *atomic.Int64) bool {
 // pipeline: done itself, unless the call is a probe of a breaker that is
 // not closed; then a tell that counts once, and that counts success first
 // if the call has no reply at the budget while Redis answers the witness
-// of rkey within its ask's life (as Path.judgeProbe does for an acquire
-// call). stop, called once the call's own outcome is known, ends that
-// wait. Such a probe on a pooled connection whose bytes were lost (a
-// blackhole) holds the breaker half-open for go-redis's ReadTimeout (3 s)
-// on a client that does not bound its reads by the deadline, and every
-// decision meanwhile goes to the failure policy while Redis answers
-// (TestProbeOnATornConnection).
+// of rkey within its ask's life, and a failure (circuit.ErrBudget) if the
+// witness is not answered either (as Path.judgeProbe does for an acquire
+// call): the breaker opens again, and the next call probes anew. stop,
+// called once the call's own outcome is known, ends that wait. Such a
+// probe on a pooled connection whose bytes were lost (a blackhole) would
+// otherwise hold the breaker half-open until go-redis's ReadTimeout (5 s
+// by default) on a client that does not bound its reads by the deadline,
+// and every decision meanwhile went to the failure policy while Redis
+// answered: when Redis answered the witness (TestProbeOnATornConnection),
+// and when Redis came back only after the witness's ask had ended
+// unanswered (TestProbeBeforeRedisCameBack).
 func (p *Path) vouchedProbe(brk *circuit.Breaker, rkey string, done func(error)) (tell func(error), stop func()) {
 	if brk.State() == breaker.Closed {
 		return done, func() {}
@@ -157,7 +161,7 @@ func (p *Path) vouchedProbe(brk *circuit.Breaker, rkey string, done func(error))
 			done(err)
 		}
 	}
-	t := time.AfterFunc(p.budget, func() { p.tellWhenAnswered(w, nil, tell, nil) })
+	t := time.AfterFunc(p.budget, func() { p.tellWhenAnswered(w, nil, tell, circuit.ErrBudget) })
 	return tell, func() { t.Stop() }
 }
 

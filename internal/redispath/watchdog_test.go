@@ -47,7 +47,7 @@ func (w *wakes) submit(ln *lane, auth *authority.Redis, l policy.Limit, key stri
 		p.checkAt = time.Now().Add(checkIn)
 	}
 	p.finish = watched{w: w, p: p}
-	ln.submit(p)
+	ln.submit(p, time.Now())
 	return p
 }
 
