@@ -243,6 +243,53 @@ func TestWaitFailsFast(t *testing.T) {
 	}
 }
 
+// TestWaitEndsOnClose: a WaitN asleep until tokens are due returns
+// ErrClosed when the Client (or a Limiter of its own) is closed, not when
+// its sleep ends: a wait can last until a quota's window ends. Regression
+// (a review): Wait returned 10s after Close, when its RetryAfter was up.
+func TestWaitEndsOnClose(t *testing.T) {
+	for _, viaClient := range []bool{true, false} {
+		_, c := newMini(t)
+		limit := policy.PerMinute(1).WithName("waitclose")
+		var lim *leaselimit.Limiter
+		var closeIt func() error
+		if viaClient {
+			client, err := leaselimit.NewClient(c, leaselimit.WithoutLease())
+			if err != nil {
+				t.Fatal(err)
+			}
+			lim, closeIt = client.Limiter(limit), client.Close
+		} else {
+			lim = mustNew(t, c, limit, leaselimit.WithoutLease())
+			closeIt = lim.Close
+		}
+		ctx := context.Background()
+		if err := lim.Wait(ctx, "k"); err != nil {
+			t.Fatal(err)
+		}
+		waited := make(chan error, 1)
+		go func() { waited <- lim.Wait(ctx, "k") }() // the next token is due in a minute
+		select {
+		case err := <-waited:
+			t.Fatalf("Wait on a spent bucket returned %v at once; want it asleep", err)
+		case <-time.After(100 * time.Millisecond):
+		}
+		start := time.Now()
+		if err := closeIt(); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case err := <-waited:
+			if !errors.Is(err, leaselimit.ErrClosed) {
+				t.Errorf("via client %v: Wait after Close = %v; want ErrClosed", viaClient, err)
+			}
+			t.Logf("via client %v: Wait returned %v after Close", viaClient, time.Since(start).Round(time.Millisecond))
+		case <-time.After(20 * time.Second):
+			t.Fatalf("via client %v: Wait still asleep 20s after Close (its token due in a minute)", viaClient)
+		}
+	}
+}
+
 func redisClient(t *testing.T, addr string) *redis.Client {
 	t.Helper()
 	c := redis.NewClient(&redis.Options{Addr: addr})

@@ -235,7 +235,7 @@ func (l *Limiter) Wait(ctx context.Context, key string) error {
 }
 
 // WaitN blocks until n tokens for key are admitted, ctx ends, or the Client
-// is closed. It fails fast, without waiting, for invalid input (n above the
+// is closed (ErrClosed, at once, even mid-sleep). It fails fast, without waiting, for invalid input (n above the
 // burst can never be admitted) and with ErrWouldExceedDeadline when a denial's
 // RetryAfter reaches past ctx's deadline.
 //
@@ -284,6 +284,10 @@ func (l *Limiter) WaitN(ctx context.Context, key string, n int64) (err error) {
 		case <-timer.C:
 		case <-ctx.Done():
 			return ctx.Err()
+		case <-l.path.Closing():
+			// A wait can last until a quota's window ends: Close must
+			// not leave its caller asleep (a review: 10s past Close).
+			return ErrClosed
 		}
 	}
 }

@@ -11,6 +11,22 @@ type gate struct {
 	mu     sync.RWMutex // orders close against enter's wg.Add
 	closed atomic.Bool
 	wg     sync.WaitGroup
+	// closing is closed when Close begins, made at the first call of
+	// done (guarded by mu): callers that sleep (WaitN) wake on it.
+	closing chan struct{}
+}
+
+// done returns a channel closed once Close has begun.
+func (g *gate) done() <-chan struct{} {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closing == nil {
+		g.closing = make(chan struct{})
+		if g.closed.Load() {
+			close(g.closing)
+		}
+	}
+	return g.closing
 }
 
 // isClosed reports whether Close has begun (one atomic load).
@@ -53,6 +69,9 @@ func (g *gate) close() bool {
 		return false
 	}
 	g.closed.Store(true)
+	if g.closing != nil {
+		close(g.closing)
+	}
 	return true
 }
 

@@ -85,6 +85,10 @@ func (p *Path) Retries() bool { return p.retries }
 // IsClosed reports whether Close has begun (one atomic load).
 func (p *Path) IsClosed() bool { return p.gate.isClosed() }
 
+// Closing returns a channel closed once Close has begun: a caller that
+// sleeps between calls wakes on it.
+func (p *Path) Closing() <-chan struct{} { return p.gate.done() }
+
 // Spawn runs f in a goroutine that Wait waits for; it fails once Close has
 // begun.
 func (p *Path) Spawn(f func()) bool { return p.gate.spawn(f) }
