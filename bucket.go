@@ -16,11 +16,16 @@ var ErrUnavailable = errors.New("leaselimit: redis unavailable")
 // Peek returns key's bucket as it is now, without taking anything:
 // Remaining counts the bucket's tokens and those this instance holds in
 // leases for key (taken from the bucket already, but still to be spent);
-// RetryAfter is how long until one token is available (0 when Remaining is
-// at least 1); ResetAfter is how long until the bucket is full; Allowed
-// reports whether a request for one token would be admitted now, as far as
-// the bucket and this instance know (other instances' leases are not
-// counted: they were taken from the bucket). Source is SourceAuthority.
+// RetryAfter is how long until a request for one token here would be
+// admitted (0 when it would be now); ResetAfter is how long until the
+// bucket is full; Allowed reports whether a request for one token would be
+// admitted now, as far as the bucket and this instance know (other
+// instances' leases are not counted: they were taken from the bucket).
+// Source is SourceAuthority. With leases, an instance that was just denied
+// keeps denying from its negative cache until a batch of tokens has
+// accrued (see docs/semantics.md, "Negative cache"): Peek then says
+// Allowed false and RetryAfter until the cache ends, though Remaining,
+// the bucket's, may be above zero.
 // With several limits, Parts holds each limit's bucket, and the Decision
 // is the most restrictive: the one that makes a one-token request wait
 // longest, or, when every one would admit it, the one with the fewest

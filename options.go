@@ -182,7 +182,7 @@ func WithoutLease() Option {
 }
 
 // WithMaxKeys bounds the number of keys the Client keeps local state for
-// (at least 64, whatever n). The bound is split over 64 shards: when a new
+// (n must be at least 1; a bound below 64 keeps 64, one per shard). The bound is split over 64 shards: when a new
 // key's shard is full, a key of that shard not used for a while is evicted (its
 // unused leased tokens are refunded), possibly before the whole table is
 // full. A key gets local state only when it repeats: the Client also

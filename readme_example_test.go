@@ -42,12 +42,12 @@ func apiInOneScreen(ctx context.Context, rdb redis.UniversalClient, key string, 
 	err = res.Settle(ctx, actual)               // ...and settle the actual cost later (or res.Cancel(ctx))
 	err = api.Reset(ctx, key)                   // the bucket is full again, fleet-wide
 
-	pro := client.Limiter(policy.PerMinute(1000).WithName("pro"))    // another limit, same Client: cheap per request
+	pro := client.Limiter(policy.PerMinute(1000).WithName("pro"))    // another limit, same Client: cheap per request once seen (limits are kept for the Client's life: plans and overrides, not one per request)
 	both := client.Limiter(perSecond, perDay)                        // several limits: all or nothing
 	login := api.With(leaselimit.WithFailureMode(policy.FailClosed)) // a view with its own failure policy
 	trial := pro.With(leaselimit.WithShadow())                       // decided, counted, traced; not enforced
 
-	// d.Allowed; d.Remaining; d.RetryAfter (denied: until n tokens can be there);
+	// d.Allowed; d.Remaining; d.RetryAfter (denied: until this instance would admit n; with leases, a batch of them);
 	// d.ResetAfter (until the bucket is full); d.Limit (the limit that decided);
 	// d.Source (lease, authority, cache, or fallback while Redis cannot answer);
 	// d.Parts (each limit's state, for several limits)
