@@ -88,7 +88,7 @@ func (l *Limiter) breakerOpen(ctx context.Context, brk *circuit.Breaker, key str
 func (l *Limiter) fallback(ctx context.Context, brk *circuit.Breaker, key string, n int64, reason string) Decision {
 	d := l.decideWithoutRedis(ctx, brk, key, n, reason, l.mode)
 	if d.Source == SourceFallback { // not a lease's decision
-		l.log.fallback(l.mode.String(), reason)
+		l.log.fallback(l.mode, reason)
 	}
 	return d
 }

@@ -6,6 +6,7 @@ import (
 
 	"github.com/leaselimit/leaselimit/breaker"
 	"github.com/leaselimit/leaselimit/internal/throttle"
+	"github.com/leaselimit/leaselimit/policy"
 )
 
 // logEvery is the least time between two lines of one kind: leaselimit logs
@@ -15,12 +16,18 @@ const logEvery = 10 * time.Second
 
 // The kinds of lines, each rate-limited on its own.
 const (
-	logFallback  = iota // the failure policy decides
-	logMisconfig        // Redis replied with an error that is not an outage
-	logReadonly         // READONLY: a failover, or a replica by mistake
-	logSaturated        // a call given up while this process was behind
-	logBreaker          // the breaker opened (closing is always logged)
-	logUncharged        // a failure policy's admission found the debt book full
+	// The failure policy decides: a kind per policy (logFallback plus the
+	// FailureMode), so that an operator hears of each that took over (a
+	// review: views under FailOpen, FailClosed and FailLocal logged one
+	// line, naming one of them).
+	logFallback  = iota
+	_            // FailClosed
+	_            // FailLocal
+	logMisconfig // Redis replied with an error that is not an outage
+	logReadonly  // READONLY: a failover, or a replica by mistake
+	logSaturated // a call given up while this process was behind
+	logBreaker   // the breaker opened (closing is always logged)
+	logUncharged // a failure policy's admission found the debt book full
 	logKinds
 )
 
@@ -62,13 +69,18 @@ func (g *logger) due(kind int) bool {
 	return g.last[kind].Due(logEvery)
 }
 
-// fallback logs that the failure policy decided, at most once per logEvery.
-func (g *logger) fallback(mode, reason string) {
-	if g == nil || !g.due(logFallback) {
+// fallback logs that the failure policy mode decided, at most once per
+// logEvery for each mode.
+func (g *logger) fallback(mode policy.FailureMode, reason string) {
+	kind := logFallback + int(mode)
+	if mode.Validate() != nil {
+		kind = logFallback // not reached: a view's mode is validated
+	}
+	if g == nil || !g.due(kind) {
 		return
 	}
 	g.out.Warn("leaselimit: Redis unavailable, the failure policy decides", g.whose,
-		slog.String("mode", mode), slog.String("reason", reason))
+		slog.String("mode", mode.String()), slog.String("reason", reason))
 }
 
 // misconfig logs a Redis reply that is neither a decision nor an outage.

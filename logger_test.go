@@ -91,7 +91,9 @@ func TestOutageLoggedByDefault(t *testing.T) {
 
 // TestOneLinePerClient: an outage over many limits writes one line of a
 // kind per Client, not one per limit: a service with a limit per tenant
-// wrote a line per tenant (2,000 lines in 0.6 s for 2,000 limits).
+// wrote a line per tenant (2,000 lines in 0.6 s for 2,000 limits). Each
+// failure policy that decides is a kind of its own: views under FailOpen,
+// FailClosed and FailLocal wrote one line, naming one of them (a review).
 func TestOneLinePerClient(t *testing.T) {
 	var out syncbuf.Buffer
 	m, c := newMini(t)
@@ -109,6 +111,19 @@ func TestOneLinePerClient(t *testing.T) {
 	}
 	if n := out.Count("the failure policy decides"); n != 1 {
 		t.Errorf("%d lines for an outage over 200 limits; want 1", n)
+	}
+	for _, mode := range []policy.FailureMode{policy.FailClosed, policy.FailLocal} {
+		for i := range 50 {
+			lim := client.Limiter(policy.Limit{Name: "tenant-" + strconv.Itoa(i), Rate: 10, Period: time.Second, Burst: 10}).With(leaselimit.WithFailureMode(mode))
+			if d, err := lim.Allow(context.Background(), "k"); err != nil || d.Source != leaselimit.SourceFallback {
+				t.Fatalf("Allow under %v with Redis loading = %+v, %v; want the failure policy's decision", mode, d, err)
+			}
+		}
+	}
+	for _, mode := range []string{"open", "closed", "local"} {
+		if n := out.Count("mode=" + mode); n != 1 {
+			t.Errorf("%d lines for the outage under mode=%s; want 1:\n%s", n, mode, out.String())
+		}
 	}
 }
 
