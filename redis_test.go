@@ -743,9 +743,10 @@ func TestPoolHeldByTheApplication(t *testing.T) {
 
 // poolHeld runs TestPoolHeldByTheApplication on c, a limit of name, in
 // lease mode or exact, while four BLPOP loops on each of queues hold c's
-// connections (none without queues): 8 callers for 3 s on a bucket of
-// 100 under FailOpen admit no more than it, the breaker stays closed, and
-// no decision waits past the hard cap and a second.
+// connections (none without queues): 8 callers for 2 s (each BLPOP holds
+// its connection a second) on a bucket of 100 under FailOpen admit no more
+// than it, the breaker stays closed, and no decision waits past the hard
+// cap and a second.
 func poolHeld(t *testing.T, c redis.UniversalClient, name string, queues []string, lease bool) {
 	bs, trips := tripCounter()
 	l := policy.Limit{Name: name, Rate: 1, Period: time.Hour, Burst: 100}
@@ -768,7 +769,7 @@ func poolHeld(t *testing.T, c redis.UniversalClient, name string, queues []strin
 		}
 	}
 	var decisions, admitted, fallbacks, slowest atomic.Int64
-	end := time.Now().Add(3 * time.Second)
+	end := time.Now().Add(2 * time.Second)
 	for range 8 {
 		wg.Go(func() {
 			for time.Now().Before(end) {
