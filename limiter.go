@@ -235,9 +235,10 @@ func (l *Limiter) Wait(ctx context.Context, key string) error {
 }
 
 // WaitN blocks until n tokens for key are admitted, ctx ends, or the Client
-// is closed (ErrClosed, at once, even mid-sleep). It fails fast, without waiting, for invalid input (n above the
-// burst can never be admitted) and with ErrWouldExceedDeadline when a denial's
-// RetryAfter reaches past ctx's deadline.
+// is closed (ErrClosed, at once, even mid-sleep). It fails fast, without
+// waiting, for invalid input (n above the burst can never be admitted) and
+// with ErrWouldExceedDeadline when a denial's RetryAfter reaches past
+// ctx's deadline.
 //
 // WaitN reserves nothing while it sleeps: it asks again when RetryAfter
 // says n tokens are due, and a key that others keep at its limit may have

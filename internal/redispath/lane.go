@@ -346,14 +346,17 @@ func (ln *lane) bark() {
 			next = c.askAt
 		}
 	}
-	if len(ln.queue) > 0 {
+	if len(ln.queue) > 0 && ln.inflight >= ln.max {
 		// Calls wait while every pipeline is held. A batch in flight that
 		// passes its deadline no longer holds one (see overdueMax), but
 		// nothing else wakes a sender then: a call queued just before
 		// waited to its hard cap with a pipeline free, and was denied
 		// (a review: 501ms, queued 50ms before the lost batches were
 		// overdue). The watchdog wakes one when it can send, and fires
-		// again at the next batch's deadline until then.
+		// again at the next batch's deadline until then. (While fewer
+		// pipelines are in flight, the sender whose batch landed, or
+		// submit, takes the queue: a sender woken here as well would
+		// only idle, one more goroutine for every other wake to stir.)
 		if ln.held(now) < ln.max {
 			ln.senders.wake()
 		} else if u := ln.nextOverdue(now); !u.IsZero() && (next.IsZero() || u.Before(next)) {
