@@ -45,11 +45,13 @@ import (
 	"runtime/debug"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/leaselimit/leaselimit"
 	"github.com/leaselimit/leaselimit/internal/clientaddr"
 	"github.com/leaselimit/leaselimit/internal/fields"
+	"github.com/leaselimit/leaselimit/internal/keyfield"
 	"github.com/leaselimit/leaselimit/internal/throttle"
 	"github.com/leaselimit/leaselimit/policy"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -84,14 +86,27 @@ type KeyFunc func(ctx context.Context, fullMethod string) (string, error)
 // ErrNoKey is returned by the KeyFuncs here when the call carries no key.
 var ErrNoKey = errors.New("grpclimit: the call carries no rate-limit key")
 
-// MetadataKey keys calls by the first value of the incoming metadata name
-// (an API key, a tenant id); a call without it is refused.
+// errRepeatedKey refuses a call that sends MetadataKey's entry more than
+// once.
+var errRepeatedKey = errors.New("grpclimit: the call sends its rate-limit key more than once")
+
+// MetadataKey keys calls by the value of the incoming metadata name (an
+// API key, a tenant id), surrounding spaces trimmed; a call without it, with
+// it blank, or with it more than once is refused (InvalidArgument), as
+// httplimit.Header refuses a repeated field: keyed by one of several
+// values, a client chose a fresh bucket for every call while whatever
+// authenticated it read another (a review: 20 of 20 admitted on a limit of
+// 1 an hour).
 func MetadataKey(name string) KeyFunc {
 	return func(ctx context.Context, _ string) (string, error) {
-		if v := metadata.ValueFromIncomingContext(ctx, name); len(v) > 0 && v[0] != "" {
-			return v[0], nil
+		switch k, why := keyfield.One(metadata.ValueFromIncomingContext(ctx, name)); why {
+		case keyfield.Repeated:
+			return "", errRepeatedKey
+		case keyfield.Missing:
+			return "", ErrNoKey
+		default:
+			return k, nil
 		}
-		return "", ErrNoKey
 	}
 }
 
@@ -99,12 +114,21 @@ func MetadataKey(name string) KeyFunc {
 // client's IP, an IPv4 address whole and an IPv6 one by its /64
 // ("2001:db8:1:2::/64", as httplimit.ClientIP; keyed by whole address, a
 // client with a /64 had 2^64 buckets); the whole address for other
-// transports.
+// transports. It logs a warning to slog.Default(), once, when it keys a
+// call that a proxy forwarded (metadata x-forwarded-for, forwarded or
+// x-real-ip) or a call from a Unix socket's client, which has no address
+// of its own: every client behind the proxy, or on the socket, then
+// shares one bucket; key such calls by something the client sends
+// (MetadataKey) instead.
 func PeerKey() KeyFunc {
+	var warned atomic.Bool
 	return func(ctx context.Context, _ string) (string, error) {
 		p, ok := peer.FromContext(ctx)
 		if !ok || p.Addr == nil {
 			return "", ErrNoKey
+		}
+		if !warned.Load() {
+			warnSharedPeer(ctx, &warned, p.Addr)
 		}
 		a := p.Addr.String()
 		host, _, splitErr := net.SplitHostPort(a)
@@ -120,6 +144,33 @@ func PeerKey() KeyFunc {
 		}
 		return host, nil
 	}
+}
+
+// forwardingMetadata are the metadata keys that say a proxy forwarded a
+// call.
+var forwardingMetadata = [...]string{"x-forwarded-for", "forwarded", "x-real-ip"}
+
+// warnSharedPeer logs, once (warned), that PeerKey keys by addr calls that
+// many clients share: a call a proxy forwarded, or one from a Unix
+// socket's client (Linux names it "@", or nothing).
+func warnSharedPeer(ctx context.Context, warned *atomic.Bool, addr net.Addr) {
+	why := ""
+	if u, isUnix := addr.(*net.UnixAddr); isUnix && (u.Name == "" || u.Name == "@") {
+		why = "a client of a Unix socket has no address of its own"
+	} else if md, ok := metadata.FromIncomingContext(ctx); ok {
+		for _, k := range forwardingMetadata {
+			if len(md.Get(k)) > 0 {
+				why = "the call was forwarded by a proxy (metadata " + k + ")"
+				break
+			}
+		}
+	}
+	if why == "" || !warned.CompareAndSwap(false, true) {
+		return
+	}
+	slog.Default().LogAttrs(ctx, slog.LevelWarn,
+		"grpclimit: PeerKey keys calls by an address many clients share: they share one bucket; key them by something each client sends (MetadataKey); logged once",
+		slog.String("why", why), slog.String("peer", addr.String()))
 }
 
 // Option configures the server interceptors.
@@ -285,9 +336,21 @@ func (in *interceptor) decideCall(ctx context.Context, fullMethod string) (metad
 			return nil, nil
 		}
 	}
+	if n < 0 {
+		// The server's cost function is wrong, not the call: said before
+		// the key is read (a call without one was told InvalidArgument,
+		// its client blamed for the server's bug).
+		if in.due(logLimiterError) {
+			in.cfg.logger.LogAttrs(ctx, slog.LevelError, "grpclimit: the cost function returned a negative cost; the call gets Internal (logged at most once per 10s)",
+				slog.String("policy", in.lim.Limit().Name), slog.String("method", fullMethod), slog.Int64("cost", n))
+		}
+		return nil, status.Error(codes.Internal, "the call could not be rate limited")
+	}
 	key, err := in.key(ctx, fullMethod)
 	if err != nil {
-		if _, ok := status.FromError(err); ok && !errors.Is(err, ErrNoKey) {
+		// A status error keeps its code, unless it is OK: the call would
+		// end without its handler, seen by the client as a success.
+		if st, ok := status.FromError(err); ok && st.Code() != codes.OK && !errors.Is(err, ErrNoKey) {
 			return nil, err
 		}
 		return nil, status.Error(codes.InvalidArgument, "the call does not identify its client as this service's rate limit requires")

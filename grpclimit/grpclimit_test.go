@@ -810,3 +810,132 @@ func TestKeyFuncPanicNil(t *testing.T) {
 		t.Errorf("a call whose key function panics with nil = %v; want Internal", err)
 	}
 }
+
+// TestMetadataKeyRefusesAmbiguity: MetadataKey keys by the one value of its
+// entry, trimmed, and refuses (InvalidArgument) a call that sends it twice
+// or blank. Regression (a review): keyed by the first of repeated values, a
+// client sending a fresh value first and the real one after got 20 calls
+// of 20 through a limit of 1 an hour, and a blank value was a key.
+func TestMetadataKeyRefusesAmbiguity(t *testing.T) {
+	key := grpclimit.MetadataKey("x-key")
+	for _, tc := range []struct {
+		values []string
+		want   string // "" for refused
+	}{
+		{[]string{"tenant-1"}, "tenant-1"},
+		{[]string{"  tenant-1 "}, "tenant-1"},
+		{[]string{"junk-1", "victim"}, ""},
+		{[]string{" "}, ""},
+		{[]string{""}, ""},
+		{nil, ""},
+	} {
+		md := metadata.MD{}
+		for _, v := range tc.values {
+			md.Append("x-key", v)
+		}
+		got, err := key(metadata.NewIncomingContext(context.Background(), md), "/x.Svc/M")
+		if (err == nil) != (tc.want != "") || got != tc.want {
+			t.Errorf("MetadataKey of %q = %q, %v; want %q", tc.values, got, err, tc.want)
+		}
+	}
+	srv := redistest.Start(t)
+	conn := serve(t, newLimiter(t, srv, policy.Limit{Name: "api", Rate: 1, Period: time.Hour, Burst: 1}, leaselimit.WithoutLease()))
+	tc := testgrpc.NewTestServiceClient(conn)
+	served := 0
+	for i := range 5 {
+		ctx := metadata.AppendToOutgoingContext(context.Background(), "x-key", fmt.Sprint("junk-", i), "x-key", "victim")
+		_, err := tc.EmptyCall(ctx, empty)
+		switch status.Code(err) {
+		case codes.OK:
+			served++
+		case codes.InvalidArgument:
+		default:
+			t.Fatalf("a call sending its key twice = %v; want InvalidArgument", err)
+		}
+	}
+	if served > 0 {
+		t.Errorf("%d calls of 5 sending their key twice served; want none", served)
+	}
+}
+
+// TestPeerKeyWarnsOfASharedAddress: PeerKey logs once when it keys calls
+// many clients share (forwarded by a proxy, or from a Unix socket's
+// client, which Linux names "@"): they share one bucket, and nothing said
+// so (a review).
+func TestPeerKeyWarnsOfASharedAddress(t *testing.T) {
+	old := slog.Default()
+	t.Cleanup(func() { slog.SetDefault(old) })
+	for _, tc := range []struct {
+		name string
+		addr net.Addr
+		md   metadata.MD
+		warn string // "" for none
+	}{
+		{"direct", &net.TCPAddr{IP: net.ParseIP("203.0.113.7"), Port: 443}, nil, ""},
+		{"forwarded", &net.TCPAddr{IP: net.ParseIP("10.0.0.2"), Port: 443}, metadata.Pairs("x-forwarded-for", "198.51.100.9"), "metadata x-forwarded-for"},
+		{"unix client", &net.UnixAddr{Name: "@", Net: "unix"}, nil, "Unix socket"},
+	} {
+		var out syncbuf.Buffer
+		slog.SetDefault(slog.New(slog.NewTextHandler(&out, nil)))
+		key := grpclimit.PeerKey()
+		ctx := peer.NewContext(context.Background(), &peer.Peer{Addr: tc.addr})
+		if tc.md != nil {
+			ctx = metadata.NewIncomingContext(ctx, tc.md)
+		}
+		for range 3 {
+			if _, err := key(ctx, "/x.Svc/M"); err != nil {
+				t.Fatalf("%s: PeerKey = %v", tc.name, err)
+			}
+		}
+		n := out.Count("PeerKey keys calls by an address many clients share")
+		switch {
+		case tc.warn == "" && n != 0:
+			t.Errorf("%s: %d warnings; want none:\n%s", tc.name, n, out.String())
+		case tc.warn != "" && (n != 1 || !strings.Contains(out.String(), tc.warn)):
+			t.Errorf("%s: %d warnings; want one naming %q:\n%s", tc.name, n, tc.warn, out.String())
+		}
+	}
+}
+
+// okStatus is a key function's error that claims status OK.
+type okStatus struct{}
+
+func (okStatus) Error() string              { return "no key, says OK" }
+func (okStatus) GRPCStatus() *status.Status { return status.New(codes.OK, "") }
+
+// TestKeyErrorWithStatusOK: a key function's error whose status is OK
+// refuses the call with InvalidArgument; returned as it was, the call
+// ended without its handler and the client saw a success (a stream) or a
+// cardinality violation (a review).
+func TestKeyErrorWithStatusOK(t *testing.T) {
+	lim := scripted{leaselimit.Decision{Allowed: true, Limit: policy.Limit{Name: "api", Rate: 1, Period: time.Second, Burst: 1}}}
+	conn := serveWith(t, lim, func(context.Context, string) (string, error) { return "", okStatus{} }, nil)
+	tc := testgrpc.NewTestServiceClient(conn)
+	if _, err := tc.EmptyCall(context.Background(), empty); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("unary call whose key function fails with status OK = %v; want InvalidArgument", err)
+	}
+	if err := stream(context.Background(), tc); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("stream whose key function fails with status OK = %v; want InvalidArgument", err)
+	}
+}
+
+// TestNegativeCost: a cost function that returns a negative cost is the
+// server's bug: Internal and a log line, whether or not the call has a
+// key (without one, the client was told InvalidArgument, and nothing was
+// logged; a review).
+func TestNegativeCost(t *testing.T) {
+	var out syncbuf.Buffer
+	lim := scripted{leaselimit.Decision{Allowed: true, Limit: policy.Limit{Name: "api", Rate: 1, Period: time.Second, Burst: 1}}}
+	conn := serveWith(t, lim, grpclimit.MetadataKey("x-key"), []grpclimit.Option{
+		grpclimit.WithCost(func(context.Context, string) int64 { return -3 }),
+		grpclimit.WithLogger(slog.New(slog.NewTextHandler(&out, nil)))})
+	tc := testgrpc.NewTestServiceClient(conn)
+	for _, ctx := range []context.Context{context.Background(), keyed("k")} {
+		if _, err := tc.EmptyCall(ctx, empty); status.Code(err) != codes.Internal {
+			t.Errorf("a call costing -3 = %v; want Internal", err)
+		}
+	}
+	if !strings.Contains(out.String(), "negative cost") {
+		t.Errorf("the negative cost was not logged:\n%s", out.String())
+	}
+}

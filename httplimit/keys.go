@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 
 	"github.com/leaselimit/leaselimit/internal/clientaddr"
+	"github.com/leaselimit/leaselimit/internal/keyfield"
 )
 
 // KeyError is a KeyFunc error whose Detail may be shown to the client; the
@@ -450,14 +451,14 @@ func Header(name string) KeyFunc {
 	missing := &KeyError{Detail: "The " + canon + " header field is missing or empty."}
 	repeated := &KeyError{Detail: "The " + canon + " header field is sent more than once."}
 	return func(r *http.Request) (string, error) {
-		v := r.Header[canon]
-		switch {
-		case len(v) > 1:
+		switch k, why := keyfield.One(r.Header[canon]); why {
+		case keyfield.Repeated:
 			return "", repeated
-		case len(v) == 0 || strings.TrimSpace(v[0]) == "":
+		case keyfield.Missing:
 			return "", missing
+		default:
+			return k, nil
 		}
-		return strings.TrimSpace(v[0]), nil
 	}
 }
 
@@ -465,7 +466,9 @@ func Header(name string) KeyFunc {
 // Composite(Header("X-Api-Key"), ClientIP()) for a limit per API key and
 // client address. Each part is written as its length in decimal, ':' and the
 // part, so different tuples never give the same key. The first error of any
-// fn is returned. Composite panics if fns is empty or holds nil.
+// fn is returned, and an empty part is an error (a KeyError): every request
+// whose fn returned "" would share one bucket. Composite panics if fns is
+// empty or holds nil.
 func Composite(fns ...KeyFunc) KeyFunc {
 	if len(fns) == 0 {
 		panic("httplimit: Composite of no KeyFunc")
@@ -476,12 +479,16 @@ func Composite(fns ...KeyFunc) KeyFunc {
 		}
 	}
 	fns = append([]KeyFunc(nil), fns...)
+	emptyPart := &KeyError{Detail: "The request does not identify its client as this service's rate limit requires."}
 	return func(r *http.Request) (string, error) {
 		var b []byte
 		for _, f := range fns {
 			k, err := f(r)
 			if err != nil {
 				return "", err
+			}
+			if k == "" {
+				return "", emptyPart
 			}
 			b = strconv.AppendInt(b, int64(len(k)), 10)
 			b = append(b, ':')

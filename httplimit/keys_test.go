@@ -373,6 +373,13 @@ func TestComposite(t *testing.T) {
 	if _, err := hk(r); err == nil {
 		t.Error("missing part gave no error")
 	}
+	// A part a custom KeyFunc returns empty, with no error, is refused:
+	// every such request shared one bucket, keyed "0:0:" (a review).
+	blank := func(*http.Request) (string, error) { return "", nil }
+	var ke *httplimit.KeyError
+	if k, err := httplimit.Composite(blank, httplimit.Header("A"))(r); !errors.As(err, &ke) {
+		t.Errorf("Composite with an empty part = %q, %v; want a KeyError", k, err)
+	}
 	ip := httplimit.Composite(httplimit.ClientIP(), httplimit.Header("A"))
 	r.RemoteAddr = "203.0.113.7:1"
 	if k, err := ip(r); err != nil || k != "11:203.0.113.71:x" {
