@@ -168,9 +168,25 @@ func (l *Limiter) policyDecision(mode policy.FailureMode, brk *circuit.Breaker, 
 	}
 	// FailOpen. Remaining is the best knowledge: what Redis last said for a
 	// key seen before, else a full bucket.
-	rem := l.leases.LastKnown(key)
-	return Decision{Allowed: true, Limit: l.limit, Remaining: rem,
-		ResetAfter: resetAfter(l.limit, rem), Source: SourceFallback}
+	if len(l.members) == 1 {
+		rem := l.leases.LastKnown(key)
+		return Decision{Allowed: true, Limit: l.limit, Remaining: rem,
+			ResetAfter: resetAfter(l.limit, rem), Source: SourceFallback}
+	}
+	// Several limits: each as a part, as FailLocal's shares and Redis's
+	// decisions are (the first limit alone, reported with its burst, left
+	// the others out of the response fields; a review), the one with the
+	// least room as the decision.
+	d := Decision{Allowed: true, Source: SourceFallback, Parts: make([]Part, 0, len(l.members))}
+	for i, m := range l.members {
+		rem := m.leases.LastKnown(key)
+		p := Part{Limit: m.limit, Remaining: rem, ResetAfter: resetAfter(m.limit, rem)}
+		if i == 0 || p.Remaining < d.Remaining {
+			d.Limit, d.Remaining, d.ResetAfter = p.Limit, p.Remaining, p.ResetAfter
+		}
+		d.Parts = append(d.Parts, p)
+	}
+	return d
 }
 
 // local is FailLocal's decision: n tokens of key's local bucket under m's

@@ -76,6 +76,33 @@ func TestFailLocalSeveralLimits(t *testing.T) {
 	}
 }
 
+// TestFailOpenSeveralLimits: FailOpen's admission of a request under
+// several limits reports each limit as a part (what Redis last said, else
+// a full bucket), the one with the least room as the decision. Regression
+// (a review): it reported the first limit alone, and httplimit's and
+// grpclimit's fields left the others out during an outage.
+func TestFailOpenSeveralLimits(t *testing.T) {
+	m, c := newMini(t)
+	ctx := context.Background()
+	perSecond := policy.Limit{Name: "ps", Rate: 10, Period: time.Second, Burst: 10}
+	daily := policy.Quota("daily", 8, policy.Day, nil)
+	root := mustNew(t, c, perSecond, leaselimit.WithFailureMode(policy.FailOpen),
+		leaselimit.WithBreaker(breaker.Settings{Failures: 1, OpenFor: time.Hour}))
+	both := root.For(perSecond, daily)
+	m.Close()
+	d, err := both.Allow(ctx, "k")
+	if err != nil || !d.Allowed || d.Source != leaselimit.SourceFallback {
+		t.Fatalf("Allow with Redis down = %+v, %v; want FailOpen's admission", d, err)
+	}
+	if len(d.Parts) != 2 || d.Parts[0].Limit.Name != "ps" || d.Parts[1].Limit.Name != "daily" ||
+		d.Parts[0].Remaining != 10 || d.Parts[1].Remaining != 8 {
+		t.Errorf("FailOpen's decision = %+v; want both limits as parts, full", d)
+	}
+	if d.Limit.Name != "daily" || d.Remaining != 8 {
+		t.Errorf("FailOpen's decision names %q with %d left; want the one with the least room, daily with 8", d.Limit.Name, d.Remaining)
+	}
+}
+
 // TestClockForBreakerRetry: under WithClock, a FailClosed denial's
 // RetryAfter (until the breaker lets a probe through) is on that clock, and
 // the open breaker holds Peek and Reset back too.
