@@ -60,9 +60,9 @@ func TestFailLocalSeveralLimits(t *testing.T) {
 	ctx := context.Background()
 	perSecond := policy.Limit{Name: "ps", Rate: 10, Period: time.Second, Burst: 10}
 	daily := policy.Quota("daily", 100, policy.Day, nil)
-	root := mustNew(t, c, perSecond, leaselimit.WithClock(clk),
+	root := mustNew(t, c, perSecond, leaselimit.WithClock(clk), leaselimit.WithTimeout(200*time.Millisecond),
 		leaselimit.WithFailureMode(policy.FailLocal), leaselimit.WithFleetSize(2),
-		leaselimit.WithBreaker(breaker.Settings{Failures: 1, OpenFor: time.Hour}))
+		leaselimit.WithBreaker(breaker.Settings{Failures: 1, OpenFor: time.Hour})) // a short budget: Close's last flush waits for it
 	both := root.For(perSecond, daily)
 	m.Close()
 	for i := int64(1); i <= 4; i++ {
@@ -86,8 +86,8 @@ func TestFailOpenSeveralLimits(t *testing.T) {
 	ctx := context.Background()
 	perSecond := policy.Limit{Name: "ps", Rate: 10, Period: time.Second, Burst: 10}
 	daily := policy.Quota("daily", 8, policy.Day, nil)
-	root := mustNew(t, c, perSecond, leaselimit.WithFailureMode(policy.FailOpen),
-		leaselimit.WithBreaker(breaker.Settings{Failures: 1, OpenFor: time.Hour}))
+	root := mustNew(t, c, perSecond, leaselimit.WithFailureMode(policy.FailOpen), leaselimit.WithTimeout(200*time.Millisecond),
+		leaselimit.WithBreaker(breaker.Settings{Failures: 1, OpenFor: time.Hour})) // a short budget: Close's last flush waits for it
 	both := root.For(perSecond, daily)
 	m.Close()
 	d, err := both.Allow(ctx, "k")
