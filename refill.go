@@ -34,7 +34,7 @@ func (l *Limiter) miss(ctx context.Context, key string, n int64, a lease.Answer)
 	for a.Status == lease.Miss {
 		t := a.Ticket
 		l.leases.Join(t)
-		refill := func() (any, error) { return l.refill(ctx, brk, rkey, t) }
+		refill := l.refillOf(ctx, brk, rkey, t)
 		var r singleflight.Result
 		if l.leases.Lead(t) {
 			// No refill of the key is running: this caller runs it on its
@@ -128,6 +128,14 @@ func (l *Limiter) refill(ctx context.Context, brk *circuit.Breaker, rkey string,
 		return nil, rep.err
 	}
 	return rc, nil
+}
+
+// refillOf returns the refill of t's key for singleflight. A function of
+// its own so that the closure captures copies: one capturing miss's rkey,
+// which miss assigns, moved rkey to the heap on every miss, a key decided
+// exactly included (an allocation per cold decision).
+func (l *Limiter) refillOf(ctx context.Context, brk *circuit.Breaker, rkey string, t lease.Ticket) func() (any, error) {
+	return func() (any, error) { return l.refill(ctx, brk, rkey, t) }
 }
 
 // errRefillLeft is a refill's error when the caller that ran it stopped
