@@ -3,53 +3,99 @@
 package cowmap
 
 import (
+	"maps"
 	"sync"
 	"sync/atomic"
 )
 
-// Map is a copy-on-write map: a lookup is one atomic load and one map
-// read, with no lock and no allocation; an addition copies the map under a
-// lock, so it suits a set that stops growing (a few thousand entries). The
-// zero Map is empty and ready to use.
+// Map is a map read on every request and added to now and then. A lookup
+// of a key it has held since its last promotion is one atomic load and one
+// map read, with no lock and no allocation. A new key goes to a second,
+// dirty map under the lock, and lookups that must take the lock count as
+// misses: once they reach the dirty map's size, it becomes the read map,
+// copied once. This is sync.Map's scheme; sync.Map itself keys by
+// interface, so a lookup of a struct key (a policy.Limit) would allocate.
+// Copying the whole map on each addition, as Map once did, cost O(n²):
+// 30,000 limits took 27 s, the lock held. The zero Map is empty and ready
+// to use.
 type Map[K comparable, V any] struct {
-	mu sync.Mutex // serialises additions
-	m  atomic.Pointer[map[K]V]
+	mu   sync.Mutex
+	read atomic.Pointer[readOnly[K, V]] // never changed once stored
+	// dirty holds read's entries and the keys added since read was
+	// stored, or is nil when it has none of its own. Guarded by mu.
+	dirty  map[K]V
+	misses int // lookups that took the lock since dirty was made; guarded by mu
+	copied int // entries copied from read to a new dirty, in all (for tests)
+}
+
+// readOnly is the lock-free part of a Map.
+type readOnly[K comparable, V any] struct {
+	m       map[K]V
+	amended bool // the dirty map holds keys m does not
 }
 
 // Load returns the value for k, if any.
 func (c *Map[K, V]) Load(k K) (V, bool) {
-	if m := c.m.Load(); m != nil {
-		v, ok := (*m)[k]
+	if r := c.read.Load(); r == nil || !r.amended {
+		var v V
+		var ok bool
+		if r != nil {
+			v, ok = r.m[k]
+		}
 		return v, ok
+	} else if v, ok := r.m[k]; ok {
+		return v, true
 	}
-	var zero V
-	return zero, false
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.loadLocked(k)
+}
+
+// loadLocked is Load with c.mu held; a lookup the read map could not
+// answer counts a miss.
+func (c *Map[K, V]) loadLocked(k K) (V, bool) {
+	r := c.read.Load()
+	if r != nil {
+		if v, ok := r.m[k]; ok || !r.amended {
+			return v, ok
+		}
+	}
+	v, ok := c.dirty[k]
+	c.misses++
+	if c.misses >= len(c.dirty) {
+		// As many lookups paid the lock as the dirty map has entries:
+		// promoting it now costs no more than they did.
+		c.read.Store(&readOnly[K, V]{m: c.dirty})
+		c.dirty, c.misses = nil, 0
+	}
+	return v, ok
 }
 
 // LoadOrMake returns the value for k, calling mk for it (once, under the
 // lock) when there is none.
 func (c *Map[K, V]) LoadOrMake(k K, mk func() V) V {
-	if v, ok := c.Load(k); ok {
-		return v
+	r := c.read.Load()
+	if r != nil {
+		if v, ok := r.m[k]; ok {
+			return v
+		}
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	old := c.m.Load()
-	var n int
-	if old != nil {
-		if v, ok := (*old)[k]; ok {
-			return v
-		}
-		n = len(*old)
+	if v, ok := c.loadLocked(k); ok {
+		return v
 	}
-	next := make(map[K]V, n+1)
-	if old != nil {
-		for key, v := range *old {
-			next[key] = v
+	if c.dirty == nil {
+		var old map[K]V
+		if r := c.read.Load(); r != nil {
+			old = r.m
 		}
+		c.dirty = make(map[K]V, len(old)+1)
+		maps.Copy(c.dirty, old)
+		c.copied += len(old)
+		c.read.Store(&readOnly[K, V]{m: old, amended: true})
 	}
 	v := mk()
-	next[k] = v
-	c.m.Store(&next)
+	c.dirty[k] = v
 	return v
 }

@@ -66,3 +66,77 @@ func BenchmarkLoad(b *testing.B) {
 		}
 	}
 }
+
+// TestManyAdditions: n keys added one after another, each looked up a few
+// times as a request would, cost O(n) copies in all, and every key is
+// found with no lock once the map settles. Regression: each addition
+// copied the whole map (30,000 keys took 27 s).
+func TestManyAdditions(t *testing.T) {
+	const n = 30_000
+	var m Map[int, int]
+	for k := range n {
+		if got := m.LoadOrMake(k, func() int { return -k }); got != -k {
+			t.Fatalf("LoadOrMake(%d) = %d", k, got)
+		}
+		for range 3 {
+			if v, ok := m.Load(k); !ok || v != -k {
+				t.Fatalf("Load(%d) = %d, %v just after it was made", k, v, ok)
+			}
+		}
+	}
+	t.Logf("%d additions copied %d entries", n, m.copied)
+	if m.copied > 6*n {
+		t.Errorf("%d additions copied %d entries; want O(n), at most %d", n, m.copied, 6*n)
+	}
+	for k := range n {
+		if v, ok := m.Load(k); !ok || v != -k {
+			t.Fatalf("Load(%d) = %d, %v after all additions", k, v, ok)
+		}
+	}
+	// A key looked up on every request settles: within as many lookups as
+	// the map has keys, it is found with no lock.
+	for i := 0; m.read.Load().amended; i++ {
+		if i > n {
+			t.Fatalf("%d lookups of the newest key and the map still takes the lock for it", i)
+		}
+		m.Load(n - 1)
+	}
+	if r := m.read.Load(); len(r.m) != n {
+		t.Errorf("settled read map of %d keys; want %d", len(r.m), n)
+	}
+	if a := testing.AllocsPerRun(100, func() { m.Load(n / 2) }); a != 0 {
+		t.Errorf("Load allocates %.1f times; want 0", a)
+	}
+}
+
+// TestConcurrentAdditions: goroutines adding keys and looking up their own
+// and each other's never lose one nor make one twice (run with -race).
+func TestConcurrentAdditions(t *testing.T) {
+	var m Map[int, *int]
+	var wg sync.WaitGroup
+	const per = 2000
+	made := make([][]*int, 4)
+	for g := range made {
+		made[g] = make([]*int, per*len(made))
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range per * len(made) {
+				k := (i*7 + g*per) % (per * len(made))
+				made[g][k] = m.LoadOrMake(k, func() *int { x := k; return &x })
+				if v, ok := m.Load(k); !ok || v != made[g][k] {
+					t.Errorf("Load(%d) right after LoadOrMake: %v, %v", k, v, ok)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	for k := range per * len(made) {
+		for g := range made {
+			if made[g][k] != made[0][k] || *made[g][k] != k {
+				t.Fatalf("key %d: two values made, or a wrong one", k)
+			}
+		}
+	}
+}
