@@ -40,12 +40,13 @@ func TestDoorkeeperSlots(t *testing.T) {
 	if d.size != 4 {
 		t.Fatalf("%d slots for 3; want 4", d.size)
 	}
-	const h1, h2 = 2, 2 + 8 // one slot: (h|1)>>1 & 3 is 1 for both
+	const h1, h2 = 1<<40 | 1, 2<<40 | 1 // one slot (h & 3 is 1), two tags
+	const now, window = 5e9, 2e9
 	for i, tc := range []struct {
 		h    uint64
 		want bool
 	}{{h1, false}, {h1, true}, {h2, false}, {h2, true}, {h1, false}, {4, false}, {h1, true}} {
-		if got := d.seen(tc.h); got != tc.want {
+		if got := d.seen(tc.h, now, window); got != tc.want {
 			t.Errorf("step %d: seen(%d) = %v; want %v", i, tc.h, got, tc.want)
 		}
 	}
@@ -57,8 +58,42 @@ func TestDoorkeeperSlots(t *testing.T) {
 	}
 	var zero doorkeeper
 	for _, h := range []uint64{h1, h1, h2} {
-		if !zero.seen(h) {
+		if !zero.seen(h, now, window) {
 			t.Errorf("the zero doorkeeper took %d for new", h)
 		}
+	}
+}
+
+// TestDoorkeeperWindow: a key is seen again only within the window of
+// its last sight (a lease's life): one back later is new, and a key
+// back within each window stays seen however long it goes on.
+func TestDoorkeeperWindow(t *testing.T) {
+	d := doorkeeper{size: doorkeeperSize(16)}
+	const h = 7<<40 | 3
+	const window = int64(2e9)
+	now := int64(1e12) // any start: the stamps wrap
+	for i, tc := range []struct {
+		after int64
+		want  bool
+	}{
+		{0, false},            // first sight
+		{window / 2, true},    // back within the window
+		{window, true},        // back at its end, counted from the last sight
+		{window + 5e6, false}, // back just after it: new again
+		{1, true},             // and now seen
+		{10 * window, false},  // long gone
+		{window - 2e6, true},  // kept warm sight after sight
+		{window - 2e6, true},
+		{window - 2e6, true},
+	} {
+		now += tc.after
+		if got := d.seen(h, now, window); got != tc.want {
+			t.Errorf("step %d (+%v): seen = %v; want %v", i, tc.after, got, tc.want)
+		}
+	}
+	// Across the stamps' wrap (2^52 ns): still measured right.
+	now = 1<<52 - window/4
+	if d.seen(h+(1<<41), now, window) || !d.seen(h+(1<<41), now+window/2, window) {
+		t.Error("a sight across the stamps' wrap was not measured right")
 	}
 }

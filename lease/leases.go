@@ -242,9 +242,10 @@ func (ls *Leases) Decide(key string, n, now int64) Answer {
 			return Answer{Status: Cached, Remaining: e.Remote(), RetryAfter: wait, Parts: ls.parts(e)}
 		}
 	}
-	if e == nil && !ls.table.Seen(ls, key) {
-		// A key not seen lately: exactly n from the authority, and no
-		// entry until it comes back (see doorkeeper).
+	if e == nil && !ls.table.Seen(ls, key, now, int64(ls.sizer.settings.TTL)) {
+		// A key not seen within a lease's life: exactly n from the
+		// authority, and no entry until it comes back within one (see
+		// doorkeeper).
 		return Answer{Status: Exact}
 	}
 	a := Answer{Status: Miss, Ticket: Ticket{e: e, n: n}}

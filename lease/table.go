@@ -104,13 +104,14 @@ func (t *table) shard(key string) *shard {
 }
 
 // Seen reports whether key under owner's limit, which the table does not
-// hold, was asked for lately (see doorkeeper), and marks it asked for.
-func (t *table) Seen(owner *Leases, key string) bool {
+// hold, was asked for within window of now (see doorkeeper), and marks it
+// asked for at now.
+func (t *table) Seen(owner *Leases, key string, now, window int64) bool {
 	h := maphash.String(t.seed, key)
 	if owner != nil {
 		h ^= owner.salt
 	}
-	return t.door.seen(h)
+	return t.door.seen(h, now, window)
 }
 
 // Get returns the entry of key under owner's limit, or nil.
