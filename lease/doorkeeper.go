@@ -77,7 +77,8 @@ func (d *doorkeeper) seen(h uint64, now, window int64) bool {
 
 // A slot's low 32 bits are the time of its key's last sight, in units of
 // 2^20 ns (about 1 ms), wrapping every 52 days: windows are lease TTLs,
-// far shorter.
+// far shorter (a TTL of 52 days or more takes every sight of a key whose
+// tag its slot still holds as within).
 const (
 	stampMask  = 1<<32 - 1
 	stampShift = 20
