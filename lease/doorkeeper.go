@@ -19,10 +19,12 @@ import (
 // against a TTL of 2 s, leases ran at 0.83× exact mode's rate).
 //
 // It is direct-mapped: each slot holds the top 32 bits of the hash of the
-// last key that fell in it and the time of its last sight. A key whose slot
+// last key that fell in it (bit 32 set: 31 of them tell keys apart) and
+// the time of its last sight. A key the table evicts is marked at its last
+// use, which the doorkeeper was not asked about while the table held it. A key whose slot
 // another key took meanwhile is taken for new again (one more exact
 // decision: its lease starts a sight later), and two keys of one slot and
-// one 32-bit tag are taken for one (a lease a sight early).
+// one tag are taken for one (a lease a sight early).
 // Neither changes what is admitted: an exact decision and a lease take
 // their tokens from the same bucket. It holds about as many keys as the
 // table, 8 bytes each, up to maxDoorkeeperSlots, made when first needed,
@@ -56,12 +58,10 @@ func (d *doorkeeper) seen(h uint64, now, window int64) bool {
 		d.slots.CompareAndSwap(nil, &made) // the first made wins
 		p = d.slots.Load()
 	}
-	s := &(*p)[h&(d.size-1)]
-	tag := h | 1<<32 // the top 32 bits, never 0: 0 is an empty slot
-	stamped := tag&^stampMask | uint64(stampOf(now))
+	s, tag, stamped := d.slot(p, h, now)
 	old := s.Load()
 	if sightWithin(old, tag, now, window) {
-		if old != stamped {
+		if later(stamped, old) {
 			s.CompareAndSwap(old, stamped) // kept warm; a lost race left a sight as recent
 		}
 		return true
@@ -75,10 +75,36 @@ func (d *doorkeeper) seen(h uint64, now, window int64) bool {
 	return sightWithin(s.Load(), tag, now, window)
 }
 
+// mark records a sight of the key of hash h at now, as seen does, without
+// asking: for a key the table held, whose sights the doorkeeper was not
+// asked about (see table.GetOrCreate). A later sight already in its slot,
+// of this key or another, stays.
+func (d *doorkeeper) mark(h uint64, now int64) {
+	p := d.slots.Load()
+	if d.size == 0 || p == nil {
+		return // off, or no key asked about yet: nothing to keep apart
+	}
+	s, _, stamped := d.slot(p, h, now)
+	if old := s.Load(); old == 0 || later(stamped, old) {
+		s.CompareAndSwap(old, stamped) // the later sight keeps the slot
+	}
+}
+
+// slot returns the slot of hash h in slots p, h's tag (its top 32 bits,
+// bit 32 forced on so that no stamped slot is 0, the empty one: 31 bits
+// tell keys apart) and the slot's value for a sight of it at now.
+func (d *doorkeeper) slot(p *[]atomic.Uint64, h uint64, now int64) (s *atomic.Uint64, tag, stamped uint64) {
+	tag = h | 1<<32
+	return &(*p)[h&(d.size-1)], tag, tag&^stampMask | uint64(stampOf(now))
+}
+
 // A slot's low 32 bits are the time of its key's last sight, in units of
-// 2^20 ns (about 1 ms), wrapping every 52 days: windows are lease TTLs,
-// far shorter (a TTL of 52 days or more takes every sight of a key whose
-// tag its slot still holds as within).
+// 2^20 ns (about 1 ms), compared as a signed difference: callers read the
+// clock before they ask, so a sight stamped a little after a caller's now
+// (another caller's later reading) is within, and a stamp never moves
+// back. The difference wraps at 26 days: windows are lease TTLs, far
+// shorter (a TTL of 26 days or more takes every sight of a key whose tag
+// its slot still holds as within, as does a sight 26-52 days old).
 const (
 	stampMask  = 1<<32 - 1
 	stampShift = 20
@@ -93,5 +119,9 @@ func sightWithin(slot, tag uint64, now, window int64) bool {
 	if slot == 0 || slot&^stampMask != tag&^stampMask {
 		return false
 	}
-	return int64(stampOf(now)-uint32(slot&stampMask)) <= window>>stampShift+1
+	age := int32(stampOf(now) - uint32(slot&stampMask))
+	return age < 0 || int64(age) <= window>>stampShift+1
 }
+
+// later reports whether slot value a's stamp is after b's.
+func later(a, b uint64) bool { return int32(uint32(a&stampMask)-uint32(b&stampMask)) > 0 }

@@ -1,7 +1,11 @@
 package lease
 
 import (
+	"fmt"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/leaselimit/leaselimit/policy"
 )
@@ -95,5 +99,90 @@ func TestDoorkeeperWindow(t *testing.T) {
 	now = 1<<52 - window/4
 	if d.seen(h+(1<<41), now, window) || !d.seen(h+(1<<41), now+window/2, window) {
 		t.Error("a sight across the stamps' wrap was not measured right")
+	}
+}
+
+// TestDoorkeeperClockOrder: callers read the clock before they ask, so
+// sights arrive a little out of order. A key seen 2 ns after a caller's
+// reading, across a stamp's unit, is still within; and of callers that
+// find a key new at once, with readings straddling a unit, one decides
+// exactly. Regression (review AE): the stamps' difference was unsigned, so
+// a stamp just ahead read as 52 days old: false, false here, and more than
+// one exact decision in 1,988-1,999 of 2,000 rounds.
+func TestDoorkeeperClockOrder(t *testing.T) {
+	const h = 7<<40 | 3
+	const window = int64(2e9)
+	d := doorkeeper{size: doorkeeperSize(16)}
+	boundary := int64(1000) << stampShift
+	if first, second := d.seen(h, boundary+1, window), d.seen(h, boundary-1, window); first || !second {
+		t.Errorf("a key seen 2 ns apart across a unit: first %v, second %v; want false, true", first, second)
+	}
+	// The earlier reading did not move the stamp back: within the
+	// window of the later one still.
+	if !d.seen(h, boundary+1+window, window) {
+		t.Error("a sight out of order moved the key's stamp back")
+	}
+	multi := 0
+	for r := range 500 {
+		d := doorkeeper{size: doorkeeperSize(64)}
+		h := uint64(r)<<40 | 5
+		base := int64(r+10) << stampShift
+		var exact atomic.Int32
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for g := range 8 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				if !d.seen(h, base-2+int64(g%2)*4, window) { // straddling a unit
+					exact.Add(1)
+				}
+			}()
+		}
+		close(start)
+		wg.Wait()
+		if exact.Load() != 1 {
+			multi++
+		}
+	}
+	if multi > 0 {
+		t.Errorf("%d of 500 rounds had other than one caller decide exactly", multi)
+	}
+}
+
+// TestEvictedBusyKeyRefills: a busy key the table evicts for others
+// comes back to a refill (Miss), not to an exact decision: its sights
+// while held were never asked of the doorkeeper, so eviction marks its
+// last use. Regression (review AE): Exact, 3 of 3, a millisecond after
+// its last request.
+func TestEvictedBusyKeyRefills(t *testing.T) {
+	tb := NewTable(768, policy.Lease{}) // 12 entries per shard
+	ls := New(tb, policy.PerSecond(1000), policy.Lease{}, 1)
+	slot := func(k string) uint64 { return tb.t.doorHash(ls, k) & (tb.t.door.size - 1) }
+	const ms = int64(time.Millisecond)
+	now := int64(time.Second)
+	ls.Decide("A", 1, now)
+	for range 10_000 { // A busy for 10 s through its entry
+		now += ms
+		ls.Decide("A", 1, now)
+	}
+	evictors := 0
+	for i := 0; tb.t.Get(ls, "A") != nil && i < 1_000_000; i++ {
+		k := fmt.Sprint("B", i)
+		if tb.t.shard(k) != tb.t.shard("A") || slot(k) == slot("A") {
+			continue // another shard, or A's own doorkeeper slot
+		}
+		evictors++
+		ls.Decide(k, 1, now)
+		ls.Decide(k, 1, now)
+		now += 10_000
+	}
+	if tb.t.Get(ls, "A") != nil {
+		t.Fatal("A was not evicted")
+	}
+	now += ms
+	if a := ls.Decide("A", 1, now); a.Status != Miss {
+		t.Errorf("busy key A, evicted by %d keys, asked for again a millisecond after its last request: %v; want a Miss (a refill)", evictors, a.Status)
 	}
 }

@@ -241,6 +241,9 @@ func (ls *Leases) Decide(key string, n, now int64) Answer {
 			e.Touch(now)
 			return Answer{Status: Cached, Remaining: e.Remote(), RetryAfter: wait, Parts: ls.parts(e)}
 		}
+		// A use too, whatever the refill brings: the eviction hand and
+		// the doorkeeper (see table.GetOrCreate) read it.
+		e.Touch(now)
 	}
 	if e == nil && !ls.table.Seen(ls, key, now, int64(ls.sizer.settings.TTL)) {
 		// A key not seen within a lease's life: exactly n from the

@@ -107,11 +107,16 @@ func (t *table) shard(key string) *shard {
 // hold, was asked for within window of now (see doorkeeper), and marks it
 // asked for at now.
 func (t *table) Seen(owner *Leases, key string, now, window int64) bool {
+	return t.door.seen(t.doorHash(owner, key), now, window)
+}
+
+// doorHash is key's hash in the doorkeeper under owner's limit.
+func (t *table) doorHash(owner *Leases, key string) uint64 {
 	h := maphash.String(t.seed, key)
 	if owner != nil {
 		h ^= owner.salt
 	}
-	return t.door.seen(h, now, window)
+	return h
 }
 
 // Get returns the entry of key under owner's limit, or nil.
@@ -137,6 +142,10 @@ func (t *table) GetOrCreate(owner *Leases, key string, now int64) (e, evicted *e
 	if len(s.m) >= s.max {
 		evicted = s.victim()
 		s.remove(evicted)
+		// Its last use was a sight the doorkeeper never saw (a key held
+		// is not asked about): marked now, a busy key pushed out by
+		// others comes back to a refill, not to an exact decision.
+		t.door.mark(t.doorHash(evicted.owner, evicted.key), evicted.lastUse.Load())
 		if evicted.owner != nil {
 			// Before the key can be made anew (this shard's lock is
 			// released after this call), so that its new FailLocal bucket
