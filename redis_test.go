@@ -648,16 +648,18 @@ func TestHalfOpenProbeOutlivesItsCaller(t *testing.T) {
 // counted as failures once Redis had answered none for an eighth of the
 // budget, and FailOpen then admitted 12,734-23,986 against a bound of 100.
 //
-// The budget is 250ms: each impatient caller's cut read costs go-redis
-// its connection, so the first patient call dials anew and pays three
-// round trips of 30ms (HELLO, CLIENT SETINFO, the script): 96-100ms
-// measured under -race, which a budget of 100ms failed now and then.
+// The impatient callers wait longer than an eighth of the budget (the
+// regression's threshold) and less than a round trip. Each one's cut read
+// costs go-redis its connection, so the first patient call dials anew and
+// pays three round trips (HELLO, CLIENT SETINFO, the script): with 30ms
+// round trips that took 96-100ms under -race, and the budget of 100ms
+// failed now and then; round trips of 20ms leave it 40ms.
 func TestHungRedisShortDeadlines(t *testing.T) {
 	srv := redistest.Start(t)
 	px := redistest.NewProxy(t, srv.Addr)
 	c := redisClientOpts(t, &redis.Options{Addr: px.Addr, ContextTimeoutEnabled: true})
 	lim := mustNew(t, c, policy.Limit{Name: "hung-short", Rate: 1, Period: time.Hour, Burst: 50},
-		leaselimit.WithoutLease(), leaselimit.WithTimeout(250*time.Millisecond),
+		leaselimit.WithoutLease(), leaselimit.WithTimeout(100*time.Millisecond),
 		leaselimit.WithFailureMode(policy.FailOpen),
 		leaselimit.WithBreaker(breaker.Settings{Failures: 1, OpenFor: time.Minute}))
 	ctx := context.Background()
@@ -679,10 +681,10 @@ func TestHungRedisShortDeadlines(t *testing.T) {
 		}
 	}
 
-	// Slow: every reply comes 30ms after the call, within the budget but
-	// after callers that give up at 18ms.
-	px.SetLatency(15 * time.Millisecond)
-	impatient("slow Redis", 20, 18*time.Millisecond)
+	// Slow: every reply comes 20ms after the call, within the budget but
+	// after callers that give up at 15ms (past an eighth of the budget).
+	px.SetLatency(10 * time.Millisecond)
+	impatient("slow Redis", 20, 15*time.Millisecond)
 	admitted := 0
 	for range 100 {
 		d, err := lim.Allow(ctx, "k")
