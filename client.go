@@ -132,7 +132,8 @@ func warnClientTimeouts(client redis.UniversalClient, cfg config) {
 // Limiter of limits seen before is one atomic load and one map lookup: no
 // lock, no allocation, so it is meant to be called per request (a limit
 // just added takes a lock for its first lookups, until the Client's map
-// of limits takes it in). Limits are kept for the Client's life: Limiter
+// of limits takes it in: after as many lookups of new limits as the
+// Client holds limits). Limits are kept for the Client's life: Limiter
 // is for a set of plans and overrides, which may be large (30,000 limits,
 // one per tenant, are added in about 0.3 s), not a limit computed afresh
 // for each request. An invalid limit (or limits
