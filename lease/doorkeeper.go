@@ -20,11 +20,11 @@ import (
 //
 // It is direct-mapped: each slot holds the top 32 bits of the hash of the
 // last key that fell in it (bit 32 set: 31 of them tell keys apart) and
-// the time of its last sight. A key the table evicts is marked at its last
-// use, which the doorkeeper was not asked about while the table held it. A key whose slot
-// another key took meanwhile is taken for new again (one more exact
-// decision: its lease starts a sight later), and two keys of one slot and
-// one tag are taken for one (a lease a sight early).
+// the time of its last sight. A key the table evicts is marked at its
+// last use, which the doorkeeper was not asked about while the table held
+// it. A key whose slot another key took meanwhile is taken for new again
+// (one more exact decision: its lease starts a sight later), and two keys
+// of one slot and one tag are taken for one (a lease a sight early).
 // Neither changes what is admitted: an exact decision and a lease take
 // their tokens from the same bucket. It holds about as many keys as the
 // table, 8 bytes each, up to maxDoorkeeperSlots, made when first needed,

@@ -36,29 +36,29 @@ type readOnly[K comparable, V any] struct {
 
 // Load returns the value for k, if any.
 func (c *Map[K, V]) Load(k K) (V, bool) {
-	if r := c.read.Load(); r == nil || !r.amended {
-		var v V
-		var ok bool
-		if r != nil {
-			v, ok = r.m[k]
-		}
+	if v, ok, final := fromRead(c.read.Load(), k); final {
 		return v, ok
-	} else if v, ok := r.m[k]; ok {
-		return v, true
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.loadLocked(k)
 }
 
+// fromRead looks k up in the read map r; final reports whether r's answer
+// is the Map's: k found, or no key added since r was stored.
+func fromRead[K comparable, V any](r *readOnly[K, V], k K) (v V, ok, final bool) {
+	if r == nil {
+		return v, false, true
+	}
+	v, ok = r.m[k]
+	return v, ok, ok || !r.amended
+}
+
 // loadLocked is Load with c.mu held; a lookup the read map could not
 // answer counts a miss.
 func (c *Map[K, V]) loadLocked(k K) (V, bool) {
-	r := c.read.Load()
-	if r != nil {
-		if v, ok := r.m[k]; ok || !r.amended {
-			return v, ok
-		}
+	if v, ok, final := fromRead(c.read.Load(), k); final {
+		return v, ok
 	}
 	v, ok := c.dirty[k]
 	c.misses++
@@ -74,11 +74,8 @@ func (c *Map[K, V]) loadLocked(k K) (V, bool) {
 // LoadOrMake returns the value for k, calling mk for it (once, under the
 // lock) when there is none.
 func (c *Map[K, V]) LoadOrMake(k K, mk func() V) V {
-	r := c.read.Load()
-	if r != nil {
-		if v, ok := r.m[k]; ok {
-			return v
-		}
+	if v, ok, _ := fromRead(c.read.Load(), k); ok {
+		return v
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
