@@ -206,10 +206,18 @@ type reasonRun struct {
 }
 
 // fallbackReasons makes calls decisions under FailOpen on a client of addr
-// (ContextTimeoutEnabled if direct) with a 100ms budget.
+// (ContextTimeoutEnabled if direct) with a 100ms budget. Without direct,
+// the client's reads time out at 500ms: past the budget, as go-redis's
+// default 5s is, but a silent Redis then holds Close (which waits for the
+// calls in flight, see docs/operations.md) 1s where the default held it
+// 10s or more.
 func fallbackReasons(t *testing.T, addr string, direct bool, calls int) reasonRun {
 	t.Helper()
-	c := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: direct})
+	opts := &redis.Options{Addr: addr, ContextTimeoutEnabled: direct}
+	if !direct {
+		opts.ReadTimeout = 500 * time.Millisecond
+	}
+	c := redis.NewClient(opts)
 	t.Cleanup(func() { _ = c.Close() })
 	rig := newTelemetryRig(t)
 	var out syncbuf.Buffer

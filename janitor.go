@@ -39,15 +39,7 @@ func (j *janitor) run() {
 	defer close(j.done)
 	t := time.NewTicker(j.every)
 	defer t.Stop()
-	for {
-		select {
-		case <-j.stop:
-			return
-		case <-t.C:
-		case <-j.closed:
-			// Redis answers again: what the failure policy admitted
-			// meanwhile is charged before the next tick.
-		}
+	for j.next(t.C) {
 		state := j.path.State()
 		if state == breaker.Closed && j.was != breaker.Closed {
 			j.table.OutageOver()
@@ -57,6 +49,29 @@ func (j *janitor) run() {
 		j.refunds.addReturns(j.table.Sweep(j.clock.now())...)
 		j.debts.move(j.refunds, j.path, false)
 		j.refunds.flush()
+	}
+}
+
+// next waits for the next tick, or for a breaker to close (Redis answers
+// again: what the failure policy admitted meanwhile is charged before the
+// next tick), and reports false once halt was called. A halt wins over a
+// tick that is also due: a round can take as long as a hung Redis holds
+// its refunds (the client's read timeout, when it does not apply context
+// deadlines), and select picks at random among ready cases, so halt would
+// otherwise wait for another such round half the time, again and again
+// (Close took 25s on a silent Redis with go-redis's 5s read timeout).
+func (j *janitor) next(tick <-chan time.Time) bool {
+	select {
+	case <-j.stop:
+		return false
+	case <-tick:
+	case <-j.closed:
+	}
+	select {
+	case <-j.stop:
+		return false
+	default:
+		return true
 	}
 }
 

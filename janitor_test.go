@@ -4,6 +4,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/alicebob/miniredis/v2"
 
@@ -62,4 +63,30 @@ func bucketTokens(t *testing.T, m *miniredis.Miniredis, rkey string) int64 {
 		t.Fatalf("bucket %s = %q: %v", rkey, v, err)
 	}
 	return w
+}
+
+// TestJanitorHaltWinsOverATick: once halt was called, the janitor starts
+// no other round, though a tick (or a breaker closing) is due as well. A
+// round can last as long as a hung Redis holds its refunds. Regression:
+// select picked the tick half the time, so Close on a silent Redis waited
+// for round after round (25s with go-redis's 5s read timeout).
+func TestJanitorHaltWinsOverATick(t *testing.T) {
+	closed := make(chan struct{})
+	close(closed)
+	j := &janitor{stop: make(chan struct{}), closed: closed}
+	tick := make(chan time.Time, 1)
+	tick <- time.Time{}
+	if !j.next(tick) {
+		t.Fatal("next = false before halt; want a round")
+	}
+	close(j.stop)
+	for i := range 1000 {
+		select {
+		case tick <- time.Time{}:
+		default:
+		}
+		if j.next(tick) {
+			t.Fatalf("next = true after halt, try %d, with a tick and a closed breaker due; want false", i+1)
+		}
+	}
 }
