@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -223,11 +224,18 @@ func TestPacedOverLimitCommandsPerDecision(t *testing.T) {
 	}
 }
 
-// TestKeyFlood: a flood of distinct keys keeps the local table within
-// WithMaxKeys and the heap bounded; every Redis key written has a TTL.
+// TestKeyFlood: a flood of distinct keys, each asked for twice in a row
+// (so that it earns a lease and an entry in the local table: a key seen
+// once is decided exactly and leaves none), by 16 goroutines in tight
+// loops. The table stays within WithMaxKeys, having reached it, the heap
+// does not grow with the keys, and every key written to Redis has a TTL.
+// (Before the doorkeeper, one sight of a key made its entry; since then
+// this test's keys, each asked for once, left the table empty, and it no
+// longer tested the bound.)
 func TestKeyFlood(t *testing.T) {
+	const maxKeys, workers, total = 10_000, 16, 60_000
 	srv := redistest.Start(t)
-	lim := mustNew(t, srv.Client(t), policy.PerMinute(5).WithName("flood"), leaselimit.WithMaxKeys(10_000))
+	lim := mustNew(t, srv.Client(t), policy.PerMinute(5).WithName("flood"), leaselimit.WithMaxKeys(maxKeys))
 	ctx := context.Background()
 	var ms runtime.MemStats
 	heapAt := func() uint64 {
@@ -235,26 +243,47 @@ func TestKeyFlood(t *testing.T) {
 		runtime.ReadMemStats(&ms)
 		return ms.HeapAlloc
 	}
-	const total = 60_000
-	var mid uint64
-	for i := 0; i < total; i++ {
-		if _, err := lim.Allow(ctx, fmt.Sprintf("flood-%d-%s", i, strings.Repeat("x", 64))); err != nil {
-			t.Fatal(err)
+	pad := strings.Repeat("x", 64)
+	flood := func(from, to int) {
+		var wg sync.WaitGroup
+		for w := range workers {
+			wg.Go(func() {
+				for i := from + w; i < to; i += workers {
+					key := "flood-" + strconv.Itoa(i) + "-" + pad
+					for range 2 {
+						if _, err := lim.Allow(ctx, key); err != nil {
+							t.Error(err)
+							return
+						}
+					}
+				}
+			})
 		}
-		if i == 20_000 {
-			mid = heapAt()
+		wg.Wait()
+		if t.Failed() {
+			t.FailNow()
 		}
 	}
-	end := heapAt()
-	if n := lim.LocalKeys(); n > 10_000 {
-		t.Errorf("local table holds %d keys; WithMaxKeys(10000)", n)
+	flood(0, total/3)
+	mid, midKeys := heapAt(), lim.LocalKeys()
+	flood(total/3, total)
+	end, endKeys := heapAt(), lim.LocalKeys()
+	t.Logf("heap after %d keys %d B (local keys %d), after %d %d B (local keys %d)", total/3, mid, midKeys, total, end, endKeys)
+	for _, n := range []int{midKeys, endKeys} {
+		if n > maxKeys {
+			t.Errorf("local table holds %d keys; WithMaxKeys(%d)", n, maxKeys)
+		}
+		// Each phase asked for far more keys than the bound within the
+		// lease TTL: a table well short of it was not flooded.
+		if n < maxKeys/2 {
+			t.Errorf("local table holds %d keys after a flood of distinct keys, each asked for twice; want near WithMaxKeys(%d)", n, maxKeys)
+		}
 	}
-	// From 20k keys to 60k keys the heap must not grow with the keys: allow
-	// 25% slack for the allocator and the GC's timing.
+	// From a third of the keys to all of them the heap must not grow with
+	// the keys: allow 25% slack for the allocator and the GC's timing.
 	if end > mid+mid/4 {
-		t.Errorf("heap grew from %d (20k keys) to %d (60k keys); want bounded", mid, end)
+		t.Errorf("heap grew from %d (%d keys) to %d (%d keys); want bounded", mid, total/3, end, total)
 	}
-	t.Logf("heap after 20k keys %d B, after 60k %d B; local keys %d", mid, end, lim.LocalKeys())
 	keys := toStrings(srv.Do(t, "KEYS", "leaselimit:flood:*"))
 	if len(keys) == 0 {
 		t.Fatal("no keys written")
