@@ -170,7 +170,7 @@ func TestEvictedBusyKeyRefills(t *testing.T) {
 	evictors := 0
 	for i := 0; tb.t.Get(ls, "A") != nil && i < 1_000_000; i++ {
 		k := fmt.Sprint("B", i)
-		if tb.t.shard(k) != tb.t.shard("A") || slot(k) == slot("A") {
+		if tb.t.shard(ls, k) != tb.t.shard(ls, "A") || slot(k) == slot("A") {
 			continue // another shard, or A's own doorkeeper slot
 		}
 		evictors++

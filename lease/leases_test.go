@@ -229,7 +229,7 @@ func TestProtocolEvictionReturns(t *testing.T) {
 	var b string
 	for i := 0; ; i++ {
 		b = "b" + string(rune('a'+i%26)) + string(rune('a'+i/26%26))
-		if ls.table.shard(b) == ls.table.shard("a") {
+		if ls.table.shard(ls, b) == ls.table.shard(ls, "a") {
 			break
 		}
 	}

@@ -550,7 +550,7 @@ func TestFloorAcrossEviction(t *testing.T) {
 	}
 	other := ""
 	for i := 0; other == ""; i++ {
-		if k := fmt.Sprint("o", i); tb.t.shard(k) == tb.t.shard("k") {
+		if k := fmt.Sprint("o", i); tb.t.shard(ls, k) == tb.t.shard(ls, "k") {
 			other = k
 		}
 	}

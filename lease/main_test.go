@@ -103,7 +103,7 @@ func over(z sizer, e *entry) *Leases {
 	}
 	ls := &Leases{table: newTable(minCapacity), limit: z.limit, local: z.limit, sizer: z,
 		maxShare: z.settings.MaxShare}
-	ls.table.shard(e.key).m[tkey{ls, e.key}] = e
+	ls.table.shard(ls, e.key).m[tkey{ls, e.key}] = e
 	protocols.Store(e, ls)
 	return ls
 }

@@ -99,8 +99,13 @@ func newTable(maxKeys int) *table {
 	return t
 }
 
-func (t *table) shard(key string) *shard {
-	return &t.shards[maphash.String(t.seed, key)%numShards]
+// shard returns the shard of key under owner's limit. The limit's salt is
+// part of the hash, as in the doorkeeper: one key under many limits (a
+// user's id under per-endpoint or per-tenant limits) spreads over the
+// shards. Regression: shards were chosen by the key alone, so 1000 limits
+// of one key shared a shard of WithMaxKeys/64 entries (16 of 1024 held).
+func (t *table) shard(owner *Leases, key string) *shard {
+	return &t.shards[t.doorHash(owner, key)%numShards]
 }
 
 // Seen reports whether key under owner's limit, which the table does not
@@ -121,7 +126,7 @@ func (t *table) doorHash(owner *Leases, key string) uint64 {
 
 // Get returns the entry of key under owner's limit, or nil.
 func (t *table) Get(owner *Leases, key string) *entry {
-	s := t.shard(key)
+	s := t.shard(owner, key)
 	s.mu.RLock()
 	e := s.m[tkey{owner, key}]
 	s.mu.RUnlock()
@@ -133,7 +138,7 @@ func (t *table) Get(owner *Leases, key string) *entry {
 // victim: O(1) amortised, never a scan of the shard) and returns it as
 // evicted (with removed set), so the caller can refund its tokens with Drain.
 func (t *table) GetOrCreate(owner *Leases, key string, now int64) (e, evicted *entry) {
-	s := t.shard(key)
+	s := t.shard(owner, key)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if e := s.m[tkey{owner, key}]; e != nil {
@@ -163,7 +168,7 @@ func (t *table) GetOrCreate(owner *Leases, key string, now int64) (e, evicted *e
 // Remove takes key's entry under owner's limit out of the table, if there
 // is one, and returns it (marked removed).
 func (t *table) Remove(owner *Leases, key string) *entry {
-	s := t.shard(key)
+	s := t.shard(owner, key)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e := s.m[tkey{owner, key}]

@@ -16,10 +16,10 @@ import (
 // shard of tab as key.
 func keyInShardOf(t testing.TB, tab *table, key, prefix string) string {
 	t.Helper()
-	want := tab.shard(key)
+	want := tab.shard(nil, key)
 	for i := 0; i < 1_000_000; i++ {
 		k := prefix + strconv.Itoa(i)
-		if k != key && tab.shard(k) == want {
+		if k != key && tab.shard(nil, k) == want {
 			return k
 		}
 	}
@@ -167,7 +167,7 @@ func TestTableEvictsLeastRecentlyUsed(t *testing.T) {
 	c := keyInShardOf(t, tab, a, "c")
 	d := keyInShardOf(t, tab, a, "d")
 	other := "zz"
-	for tab.shard(other) == tab.shard(a) {
+	for tab.shard(nil, other) == tab.shard(nil, a) {
 		other += "z"
 	}
 	const (
@@ -580,5 +580,24 @@ func TestEvictionCost(t *testing.T) {
 		if e != nil && e.removed.Load() {
 			t.Errorf("busy key %s was evicted", k)
 		}
+	}
+}
+
+// TestTableSpreadsOneKeyOverLimits: one key under many limits (a user's id
+// under per-tenant or per-endpoint limits) spreads over the shards as many
+// keys do, so a table of 1024 holds it under 1000 limits. Regression: the
+// shard was chosen by the key alone, and the 1000 entries shared one shard
+// of 16.
+func TestTableSpreadsOneKeyOverLimits(t *testing.T) {
+	settings := policy.Lease{TTL: time.Minute, IdleTTL: time.Hour}
+	tb := NewTable(1024, settings)
+	for i := range 1000 {
+		ls := New(tb, policy.PerSecond(1000), settings, 1)
+		if _, ev := tb.t.GetOrCreate(ls, "k", 1); ev != nil {
+			t.Fatalf("limit %d: GetOrCreate(k) evicted an entry with %d of 1024 held; want no eviction", i+1, tb.Len())
+		}
+	}
+	if n := tb.Len(); n != 1000 {
+		t.Errorf("Len = %d after one key under 1000 limits; want 1000", n)
 	}
 }
