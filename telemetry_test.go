@@ -103,8 +103,10 @@ func attrMap(kvs []attribute.KeyValue) map[attribute.Key]attribute.Value {
 }
 
 // TestTelemetryAllPaths: N decisions give N decision spans with the
-// documented attributes and ratelimit.decisions summing to N, on the lease,
-// authority, cache and fallback paths; the raw key appears nowhere.
+// documented attributes and ratelimit.decisions summing to N, on the
+// authority, cache and fallback paths (a burst of 3 makes no lease
+// decision: TestTelemetryLeaseHits covers those); the raw key appears
+// nowhere.
 func TestTelemetryAllPaths(t *testing.T) {
 	rig := newTelemetryRig(t)
 	m, c := newMini(t)
