@@ -152,10 +152,11 @@ func (c *Client) Limiter(limit policy.Limit, more ...policy.Limit) *Limiter {
 // Close refunds the unused leased tokens of every Limiter of c, waits for
 // Redis calls in flight and stops the background goroutine. On a hung
 // Redis, a client that applies context deadlines (ContextTimeoutEnabled)
-// lets Close return in about a second; one that does not holds it for up
-// to about twice its read timeout (a refund in flight, then the final
-// one: 10.6s with go-redis's default 5s), and for ever if it has no read
-// timeout either (NewClient warns of such a client). Later calls of every Limiter of c return ErrClosed, and so
+// lets Close return in about a second; one that does not holds it for its
+// read timeout (a refund in flight), then for the final refund's, or about
+// a second if that is longer (10.6s with go-redis's default 5s), and for
+// ever if it has no read timeout either (NewClient warns of such a
+// client). Later calls of every Limiter of c return ErrClosed, and so
 // does a second Close. The error is that of the final refund: tokens it
 // could not return stay debited until their bucket refills, which never
 // over-admits. Close does not close the Redis client.

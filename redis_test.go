@@ -172,6 +172,11 @@ func TestHungRedisWithinBudget(t *testing.T) {
 					t.Errorf("Allow on a hung Redis = %+v; want a FailClosed fallback denial", d)
 				}
 			}
+			// Each key's call made its entry before its refill was sent:
+			// these were the lease path's calls, not exact ones.
+			if n := lim.LocalKeys(); strings.HasPrefix(mode, "lease") && n < 10 {
+				t.Errorf("%d keys have entries after 10 refills on a hung Redis; want at least 10 (were the calls exact?)", n)
+			}
 			// The bound is generous for a noisy machine, and far below the
 			// client's 5 s read timeout that a naive call would wait out.
 			if worst > budget+time.Second {
