@@ -115,7 +115,8 @@ func (t *table) Seen(owner *Leases, key string, now, window int64) bool {
 	return t.door.seen(t.doorHash(owner, key), now, window)
 }
 
-// doorHash is key's hash in the doorkeeper under owner's limit.
+// doorHash is key's hash under owner's limit: its slot in the doorkeeper,
+// and its shard (see shard).
 func (t *table) doorHash(owner *Leases, key string) uint64 {
 	h := maphash.String(t.seed, key)
 	if owner != nil {
