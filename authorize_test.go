@@ -244,50 +244,64 @@ func TestSaturatedByOtherWork(t *testing.T) {
 			lim := newBudgeted(t, c, policy.PerSecond(1000).WithName(fmt.Sprint("sat-busy-", busy, run.client)),
 				append(rig.opts(), leaselimit.WithoutLease(), leaselimit.WithFailureMode(policy.FailOpen), leaselimit.WithBreaker(bs))...)
 			burn(t, busy)
-			time.Sleep(50 * time.Millisecond) // let them take the processors
 			var fallbacks int
 			var worst time.Duration
-			for i := range 10 { // more than the breaker's 5 failures
-				start := time.Now()
-				d, err := lim.Allow(ctx, fmt.Sprint("k", i))
-				worst = max(worst, time.Since(start))
-				switch {
-				case err != nil:
-					t.Fatalf("Allow = %v", err)
-				case d.Source == leaselimit.SourceFallback:
-					if d.Allowed {
-						t.Errorf("Allow %d admitted by the failure policy (%+v) while Redis answered every call", i, d)
-					}
-					fallbacks++
-				case d.Source != leaselimit.SourceAuthority || !d.Allowed:
-					t.Fatalf("Allow = %+v; want an authority grant or a fallback", d)
-				}
-			}
-			outcomes, reasons := rig.saturatedCalls(t)
-			// Redis calls that took longer than the budget (their span
-			// runs from the request to the reply being read) and the
-			// decisions marked as saturated.
-			long, marked := 0, 0
-			for _, s := range rig.spans.Ended() {
-				switch s.Name() {
-				case telemetry.AuthoritySpan:
-					if s.EndTime().Sub(s.StartTime()) > budget {
-						long++
-					}
-				case telemetry.DecisionSpan:
-					if v, ok := attrMap(s.Attributes())[telemetry.AttrSaturated]; ok && v.AsBool() {
-						marked++
+			var outcomes, reasons map[string]int64
+			var long, marked int
+			var saturated int64
+			// Rounds of 10 calls until one of them waited past the budget:
+			// on an idle machine all 10 were often answered in time (a
+			// review: 12 of 32 subtests in 8 runs), and the subtest then
+			// tested only the breaker.
+			for round := range 3 {
+				time.Sleep(50 * time.Millisecond) // let them take the processors
+				// More calls than the breaker's 5 failures.
+				for i := range 10 {
+					start := time.Now()
+					d, err := lim.Allow(ctx, fmt.Sprint("k", round, "-", i))
+					worst = max(worst, time.Since(start))
+					switch {
+					case err != nil:
+						t.Fatalf("Allow = %v", err)
+					case d.Source == leaselimit.SourceFallback:
+						if d.Allowed {
+							t.Errorf("Allow %d admitted by the failure policy (%+v) while Redis answered every call", i, d)
+						}
+						fallbacks++
+					case d.Source != leaselimit.SourceAuthority || !d.Allowed:
+						t.Fatalf("Allow = %+v; want an authority grant or a fallback", d)
 					}
 				}
+				outcomes, reasons = rig.saturatedCalls(t)
+				// Redis calls that took longer than the budget (their span
+				// runs from the request to the reply being read) and the
+				// decisions marked as saturated.
+				long, marked = 0, 0
+				for _, s := range rig.spans.Ended() {
+					switch s.Name() {
+					case telemetry.AuthoritySpan:
+						if s.EndTime().Sub(s.StartTime()) > budget {
+							long++
+						}
+					case telemetry.DecisionSpan:
+						if v, ok := attrMap(s.Attributes())[telemetry.AttrSaturated]; ok && v.AsBool() {
+							marked++
+						}
+					}
+				}
+				saturated = outcomes[telemetry.SaturatedAnswered] + outcomes[telemetry.SaturatedAbandoned]
+				t.Logf("round %d, %d busy goroutines, 10 calls a round: %d Redis calls longer than the budget, %d fallbacks %v; ratelimit.saturated %v; %d spans marked; slowest %v; breaker opened %d times",
+					round+1, busy, long, fallbacks, reasons, outcomes, marked, worst.Round(time.Millisecond), trips.Load())
+				if long+fallbacks > 0 || saturated > 0 {
+					break
+				}
 			}
-			saturated := outcomes[telemetry.SaturatedAnswered] + outcomes[telemetry.SaturatedAbandoned]
-			t.Logf("%d busy goroutines, 10 calls: %d Redis calls longer than the budget, %d fallbacks %v; ratelimit.saturated %v; %d spans marked; slowest %v; breaker opened %d times",
-				busy, long, fallbacks, reasons, outcomes, marked, worst.Round(time.Millisecond), trips.Load())
-			if long+fallbacks == 0 && saturated == 0 {
-				t.Skipf("every call was answered within the budget: this machine kept up with %d busy goroutines", busy)
-			}
+			// Whether or not a call was late, Redis answered every call.
 			if n := trips.Load(); n > 0 {
 				t.Errorf("the breaker opened %d times although Redis answered every call", n)
+			}
+			if long+fallbacks == 0 && saturated == 0 {
+				t.Skipf("every call of 3 rounds was answered within the budget: this machine kept up with %d busy goroutines", busy)
 			}
 			if int(reasons[telemetry.ReasonSaturated]) != fallbacks || len(reasons) > 1 {
 				t.Errorf("fallbacks by reason %v; want all %d with reason %q", reasons, fallbacks, telemetry.ReasonSaturated)

@@ -225,13 +225,25 @@ func fallbackReasons(t *testing.T, addr string, direct bool, calls int) reasonRu
 		leaselimit.WithFailureMode(policy.FailOpen), leaselimit.WithTimeout(100*time.Millisecond),
 		leaselimit.WithLogger(slog.New(slog.NewTextHandler(&out, nil))))...)
 	var run reasonRun
+	denied := 0
 	for i := range calls {
 		d, err := lim.Allow(context.Background(), "k"+strconv.Itoa(i))
-		if err != nil || !d.Allowed || d.Source != leaselimit.SourceFallback {
-			t.Fatalf("Allow #%d with Redis unable to answer = %+v, %v; want FailOpen's fallback", i+1, d, err)
+		if err != nil || d.Source != leaselimit.SourceFallback {
+			t.Fatalf("Allow #%d with Redis unable to answer = %+v, %v; want a fallback", i+1, d, err)
+		}
+		if !d.Allowed {
+			denied++ // this process was behind: denied whatever the policy (checked below)
 		}
 	}
 	_, run.metric = rig.saturatedCalls(t)
+	// A loaded machine may leave a call's outcome unread past the hard
+	// cap: reason saturated, a denial even under FailOpen (see
+	// TestSaturatedByOtherWork). Every other fallback is FailOpen's
+	// admission. (Before, such a denial failed the test before its
+	// allowance for a loaded machine was reached.)
+	if int64(denied) != run.metric[telemetry.ReasonSaturated] {
+		t.Errorf("%d of %d fallbacks denied under FailOpen; %d with reason %q: want the same", denied, calls, run.metric[telemetry.ReasonSaturated], telemetry.ReasonSaturated)
+	}
 	run.spans = map[string]int{}
 	for _, s := range spansNamed(rig, telemetry.DecisionSpan) {
 		v, _ := attrOf(s, telemetry.AttrReason)
@@ -289,7 +301,7 @@ func TestUnreachableReason(t *testing.T) {
 			// Regression (direct): a silent Redis's calls were error.type
 			// network, its connections dropped at their deadlines leaving
 			// the pool as empty as a refused address leaves it.
-			if run.types["network"] > 0 {
+			if !behind && run.types["network"] > 0 {
 				t.Errorf("Redis calls to a silent Redis by error.type: %v; want no network", run.types)
 			}
 		})
