@@ -446,7 +446,10 @@ func TestStallUnderLoad(t *testing.T) {
 		last = l2
 	}
 	if last.IsZero() && trips.Load() == 0 {
-		t.Logf("stall of %v: no fallback decision at all, the breaker never opened", stall)
+		// 48 callers on cold keys need Redis throughout a stall of five
+		// budgets: none falling back means the stall went unseen. (This
+		// was a log line; a review found it never fired in 11 runs.)
+		t.Errorf("stall of %v: no fallback decision at all, the breaker never opened", stall)
 		return
 	}
 	if !last.IsZero() {
