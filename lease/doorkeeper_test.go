@@ -159,7 +159,7 @@ func TestDoorkeeperClockOrder(t *testing.T) {
 func TestEvictedBusyKeyRefills(t *testing.T) {
 	tb := NewTable(768, policy.Lease{}) // 12 entries per shard
 	ls := New(tb, policy.PerSecond(1000), policy.Lease{}, 1)
-	slot := func(k string) uint64 { return tb.t.doorHash(ls, k) & (tb.t.door.size - 1) }
+	slot := func(k string) uint64 { return tb.t.keyHash(ls, k) & (tb.t.door.size - 1) }
 	const ms = int64(time.Millisecond)
 	now := int64(time.Second)
 	ls.Decide("A", 1, now)

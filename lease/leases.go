@@ -233,17 +233,16 @@ func (ls *Leases) Decide(key string, n, now int64) Answer {
 			}
 			return a
 		}
+		// A use, whether denied from the cache or refilled: the eviction
+		// hand and the doorkeeper (see table.GetOrCreate) read it.
+		e.Touch(now)
 		// A request larger than the lease that the bucket and the lease
 		// could serve together (a Settle surplus joined the lease) is not
 		// denied from the cache: it goes to the authority, whose denial
 		// the caller then pools with the lease (see Surrender).
 		if denied, wait := ls.sizer.Denied(e, n, now); denied && !pooled(e, n, now) {
-			e.Touch(now)
 			return Answer{Status: Cached, Remaining: e.Remote(), RetryAfter: wait, Parts: ls.parts(e)}
 		}
-		// A use too, whatever the refill brings: the eviction hand and
-		// the doorkeeper (see table.GetOrCreate) read it.
-		e.Touch(now)
 	}
 	if e == nil && !ls.table.Seen(ls, key, now, int64(ls.sizer.settings.TTL)) {
 		// A key not seen within a lease's life: exactly n from the

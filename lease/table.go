@@ -105,19 +105,19 @@ func newTable(maxKeys int) *table {
 // shards. Regression: shards were chosen by the key alone, so 1000 limits
 // of one key shared a shard of WithMaxKeys/64 entries (16 of 1024 held).
 func (t *table) shard(owner *Leases, key string) *shard {
-	return &t.shards[t.doorHash(owner, key)%numShards]
+	return &t.shards[t.keyHash(owner, key)%numShards]
 }
 
 // Seen reports whether key under owner's limit, which the table does not
 // hold, was asked for within window of now (see doorkeeper), and marks it
 // asked for at now.
 func (t *table) Seen(owner *Leases, key string, now, window int64) bool {
-	return t.door.seen(t.doorHash(owner, key), now, window)
+	return t.door.seen(t.keyHash(owner, key), now, window)
 }
 
-// doorHash is key's hash under owner's limit: its slot in the doorkeeper,
+// keyHash is key's hash under owner's limit: its slot in the doorkeeper,
 // and its shard (see shard).
-func (t *table) doorHash(owner *Leases, key string) uint64 {
+func (t *table) keyHash(owner *Leases, key string) uint64 {
 	h := maphash.String(t.seed, key)
 	if owner != nil {
 		h ^= owner.salt
@@ -151,7 +151,7 @@ func (t *table) GetOrCreate(owner *Leases, key string, now int64) (e, evicted *e
 		// Its last use was a sight the doorkeeper never saw (a key held
 		// is not asked about): marked now, a busy key pushed out by
 		// others comes back to a refill, not to an exact decision.
-		t.door.mark(t.doorHash(evicted.owner, evicted.key), evicted.lastUse.Load())
+		t.door.mark(t.keyHash(evicted.owner, evicted.key), evicted.lastUse.Load())
 		if evicted.owner != nil {
 			// Before the key can be made anew (this shard's lock is
 			// released after this call), so that its new FailLocal bucket
