@@ -312,9 +312,11 @@ func TestLocalShareEvicted(t *testing.T) {
 	if b := ls.newLocalBucket(now); !b.Full(ls.local, now) {
 		t.Fatal("a new FailLocal bucket after the outage starts empty")
 	}
-	// Once the forgotten buckets would have refilled (a minute), a new key
-	// starts full.
-	later := now + int64(time.Minute) + int64(time.Second)
+	// Once the forgotten buckets would have refilled (a minute after the
+	// last was spent: the hot key's second bucket, at now+4s), a new key
+	// starts full. (Measured from now, a new key that evicted that bucket,
+	// in its shard: about 1 run in 50, got an empty share, rightly.)
+	later := now + int64(4*time.Second) + int64(time.Minute) + int64(time.Second)
 	for i := range 15 {
 		if b := ls.AllowLocal("new", 1, later); !b.Allowed {
 			t.Fatalf("a new key after the forgotten buckets refilled: request %d denied: %+v", i, b)
