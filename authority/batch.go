@@ -103,8 +103,9 @@ func (r *Redis) check(a *Acquisition) bool {
 // batch is one batch invocation: its calls, then its script call.
 type batch struct {
 	calls []*Acquisition
-	// exactOnly: one limit, every call exact, so one value per call each
-	// way (see batch.lua, L = -1).
+	// exactOnly: one token bucket, every call exact, so one value per
+	// call each way, on the script's own path for it (see batch.lua,
+	// L = -1).
 	exactOnly bool
 	invocation
 }
@@ -116,8 +117,8 @@ func (r *Redis) newBatch(calls []*Acquisition) *batch { return r.batchOf(grouped
 // batchOf builds the invocation of calls (at most maxPerScript, checked):
 // the batch key, then the calls' keys; the limits' headers, each once,
 // then each call's limit index and cost (and min and share_ppm when it is
-// not exact), or its cost alone when the batch has one limit and only
-// exact calls, as most have. Without keyed, the invocation has no batch
+// not exact), or its cost alone when the batch has one token bucket and
+// only exact calls, as most have. Without keyed, the invocation has no batch
 // key (batch.lua's window_ms 0): it is not safe to resend.
 func (r *Redis) batchOf(calls []*Acquisition, keyed bool) *batch {
 	var lims [maxPerScript]*limitArgs
@@ -137,7 +138,7 @@ func (r *Redis) batchOf(calls []*Acquisition, keyed bool) *batch {
 			extra += 2
 		}
 	}
-	exactOnly := nl == 1 && extra == 0
+	exactOnly := nl == 1 && extra == 0 && !lims[0].quota
 	args := make([]any, 0, 2+3*nl+2*len(calls)+extra)
 	life := r.life
 	if !keyed {

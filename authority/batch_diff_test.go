@@ -36,8 +36,10 @@ func bucketFields(v string) string {
 // The batches repeat keys; the limits are everyday ones, ones at the edge of
 // the exact range (muldiv's slow path, saturation at 2^52) and hourly and
 // daily quotas; the clock jumps forwards and back, past windows' ends;
-// charges put buckets in debt; and the batch side now and then reads the
-// reference's buckets, in the old 8-field form.
+// charges put buckets in debt; a third of the batches are exact calls under
+// one token bucket, which the script decides on a path of its own; and the
+// batch side now and then reads the reference's buckets, in the old
+// 8-field form.
 func TestBatchMatchesReference(t *testing.T) {
 	ctx := context.Background()
 	client := time.Date(2025, 3, 1, 12, 30, 0, 0, time.UTC) // the client's clock
@@ -46,7 +48,7 @@ func TestBatchMatchesReference(t *testing.T) {
 	if testing.Short() {
 		seeds = 10
 	}
-	var granted, denied, debts int
+	var granted, denied, debts, exactOnly int
 	for seed := int64(1); seed <= int64(seeds); seed++ {
 		rng := rand.New(rand.NewSource(seed))
 		limits := []policy.Limit{randomLimit(rng, 1), randomLimit(rng, 2),
@@ -118,9 +120,20 @@ func TestBatchMatchesReference(t *testing.T) {
 					}
 				}
 
+				// A third of the batches are the usual kind, which the
+				// script decides on a path of its own: exact calls under
+				// one token bucket (limits 0 and 1, and the edge one).
+				from, usual := buckets, rng.Intn(3) == 0
+				if usual {
+					k := rng.Intn(2)
+					if len(limits) == 5 && rng.Intn(2) == 0 {
+						k = 4
+					}
+					from = buckets[3*k : 3*k+3]
+				}
 				var as []*Acquisition
 				for range rng.Intn(12) + 1 {
-					bk := buckets[rng.Intn(len(buckets))]
+					bk := from[rng.Intn(len(from))]
 					if rng.Intn(3) == 0 && len(as) > 0 { // the same key again
 						bk = bucket{as[len(as)-1].Key, as[len(as)-1].Limit}
 					}
@@ -129,10 +142,13 @@ func TestBatchMatchesReference(t *testing.T) {
 						want = rng.Int63n(bk.l.Burst) + 1
 					}
 					mn, share := want, 1.0
-					if rng.Intn(3) == 0 {
+					if !usual && rng.Intn(3) == 0 {
 						mn, share = rng.Int63n(want)+1, rng.Float64()
 					}
 					as = append(as, &Acquisition{Key: bk.key, Limit: bk.l, Want: want, Min: mn, Share: share})
+				}
+				if usual {
+					exactOnly++
 				}
 				r.AcquireAll(ctx, as)
 				for i, a := range as {
@@ -172,11 +188,46 @@ func TestBatchMatchesReference(t *testing.T) {
 			}
 		})
 	}
-	t.Logf("%d calls granted, %d denied; %d charges left a bucket in debt", granted, denied, debts)
-	if granted == 0 || denied == 0 || debts == 0 {
-		t.Error("the random calls do not exercise grants, denials and debt")
+	t.Logf("%d calls granted, %d denied; %d charges left a bucket in debt; %d batches of the usual kind", granted, denied, debts, exactOnly)
+	if granted == 0 || denied == 0 || debts == 0 || exactOnly == 0 {
+		t.Error("the random calls do not exercise grants, denials, debt and the usual batch")
 	}
 }
+
+// suiteBatchFullBucketStamp: a bucket stored full at an old time (as a
+// refund can leave it) is full now, not fuller: the grant taken from it is
+// stamped now, so that the time it sat full never refills it. Both forms
+// of the script: the usual batch (exact calls on one token bucket) and the
+// general one (a call that may take less).
+func suiteBatchFullBucketStamp(t *testing.T, nb backendFactory) {
+	ctx := context.Background()
+	b := nb(t)
+	r := b.newAuthority(t, testPrefix)
+	l := policy.Limit{Name: "stamp", Rate: 1, Period: time.Second, Burst: 5}
+	for _, tc := range []struct {
+		form string
+		min  int64
+	}{{"usual", 2}, {"general", 1}} {
+		key := r.Key(l, tc.form)
+		if err := b.client.Set(ctx, key, "5 0 1000000 -", time.Hour).Err(); err != nil {
+			t.Fatal(err)
+		}
+		as := []*Acquisition{{Key: key, Limit: l, Want: 2, Min: tc.min, Share: 1}}
+		r.AcquireAll(ctx, as)
+		if a := as[0]; a.Err != nil || a.Grant.Granted != 2 || a.Grant.Remaining != 3 {
+			t.Fatalf("%s: %+v, %v; want 2 granted, 3 left", tc.form, a.Grant, a.Err)
+		}
+		var w, f, stamp int64
+		if _, err := fmt.Sscanf(b.value(t, key), "%d %d %d -", &w, &f, &stamp); err != nil {
+			t.Fatal(err)
+		}
+		if w != 3 || f != 0 || stamp != as[0].Grant.At {
+			t.Errorf("%s: bucket %d %d %d; want 3 0 %d (stamped at the grant)", tc.form, w, f, stamp, as[0].Grant.At)
+		}
+	}
+}
+
+func TestBatchFullBucketStamp(t *testing.T) { forEachBackend(t, suiteBatchFullBucketStamp) }
 
 // suiteBatchRepeatedKey: one key six times in one batch, burst 5: decided
 // in order (five granted, the sixth denied) and written once.

@@ -79,32 +79,6 @@ local function valid_id(id)
   return #id > 0 and #id <= 64 and not string.find(id, '%s')
 end
 
--- until_tokens returns the µs until a bucket holding w + f/p tokens holds m
--- more whole tokens (m >= 1): ceil((m*p - f) / r), at most HUGE.
-local function until_tokens(m, f, r, p)
-  local q, rem = muldiv(m - 1, p, p - f, r)
-  if q >= HUGE then return HUGE end
-  if rem > 0 then q = q + 1 end
-  return q
-end
-
--- refill brings the bucket (w, f at last) to now, capped at burst. A clock
--- that went backwards (failover to a server with another clock) refills
--- nothing and keeps the later timestamp.
-local function refill(w, f, last, now, r, p, burst)
-  if w >= burst then return burst, 0, math.max(last, now) end
-  if now > last then
-    local q, rem = muldiv(now - last, r, f, p)
-    if q >= burst - w then
-      w, f = burst, 0
-    else
-      w, f = w + q, rem
-    end
-    last = now
-  end
-  return w, f, last
-end
-
 -- quota_ends reads a calendar quota's 'w<end>:<start>' (see spec): the
 -- end and the start of the client's window, or nil.
 local function quota_ends(v)

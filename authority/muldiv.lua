@@ -1,5 +1,5 @@
 -- leaselimit arithmetic prelude, prepended to every script: exact
--- integer arithmetic in Lua's doubles. Every number the scripts handle is an
+-- integer arithmetic in Lua's doubles, and a token bucket's refill by it. Every number the scripts handle is an
 -- integer below 2^53 (MAX), exact in a double; products that could pass it
 -- (elapsed µs × r, tokens × p) go through muldiv, which is exact and
 -- saturates its quotient at HUGE (2^52), far above any burst.
@@ -70,3 +70,28 @@ local function muldiv(a, b, f, c)
   return slow(a, b, f, c)
 end
 
+-- until_tokens returns the µs until a bucket holding w + f/p tokens holds m
+-- more whole tokens (m >= 1): ceil((m*p - f) / r), at most HUGE.
+local function until_tokens(m, f, r, p)
+  local q, rem = muldiv(m - 1, p, p - f, r)
+  if q >= HUGE then return HUGE end
+  if rem > 0 then q = q + 1 end
+  return q
+end
+
+-- refill brings the bucket (w, f at last) to now, capped at burst. A clock
+-- that went backwards (failover to a server with another clock) refills
+-- nothing and keeps the later timestamp.
+local function refill(w, f, last, now, r, p, burst)
+  if w >= burst then return burst, 0, math.max(last, now) end
+  if now > last then
+    local q, rem = muldiv(now - last, r, f, p)
+    if q >= burst - w then
+      w, f = burst, 0
+    else
+      w, f = w + q, rem
+    end
+    last = now
+  end
+  return w, f, last
+end

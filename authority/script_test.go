@@ -147,27 +147,30 @@ func suiteScripts(t *testing.T, nb backendFactory) {
 
 		garbage := []string{"abc", "", " ", "1.5", "0.999", "-1", "0", "-0", "9007199254740992",
 			"9007199254740993", "1e300", "-1e300", "nan", "NaN", "inf", "-inf", "1/2", "1,5", "--1", "1 2"}
-		valid := map[*script][]any{
-			// window, one limit (r, p, burst), one call under it (L+1: not
-			// exact) of want 1, min 1, share_ppm 1e6.
-			&batchScript:  {int64(5000), int64(1), int64(10), int64(1_000_000), int64(5), int64(2), int64(1), int64(1), int64(1_000_000)},
-			&refundScript: {int64(10), int64(1_000_000), int64(5), int64(1)},
-		}
 		type call struct {
 			name string
 			s    *script
 			argv []any
 		}
+		valid := []call{
+			// window, one limit (r, p, burst), one call under it (L+1: not
+			// exact) of want 1, min 1, share_ppm 1e6.
+			{"batch", &batchScript, []any{int64(5000), int64(1), int64(10), int64(1_000_000), int64(5), int64(2), int64(1), int64(1), int64(1_000_000)}},
+			// window, L = -1, one token bucket, one exact call of want 1:
+			// the usual batch, on the script's own path for it.
+			{"batch exact-only", &batchScript, []any{int64(5000), int64(-1), int64(10), int64(1_000_000), int64(5), int64(1)}},
+			{"refund", &refundScript, []any{int64(10), int64(1_000_000), int64(5), int64(1)}},
+		}
 		var calls []call
-		for s, argv := range valid {
-			name := "batch"
-			if s == &refundScript {
-				name = "refund"
-			}
+		for _, v := range valid {
+			name, s, argv := v.name, v.s, v.argv
 			for i := range argv {
 				for _, g := range garbage {
 					if s == &refundScript && i == 3 && g == "-1" {
 						continue // a refund of -1 is a charge of 1 (see refund.lua)
+					}
+					if name == "batch exact-only" && i == 1 && g == "-1" {
+						continue // the form itself
 					}
 					a := append([]any(nil), argv...)
 					a[i] = g
@@ -200,6 +203,8 @@ func suiteScripts(t *testing.T, nb backendFactory) {
 			call{"batch exact-only want 0", &batchScript, []any{5000, -1, 10, 1_000_000, 5, 0}},
 			call{"batch exact-only with a limit index", &batchScript, []any{5000, -1, 10, 1_000_000, 5, 1, 1}},
 			call{"batch exact-only without a call", &batchScript, []any{5000, -1, 10, 1_000_000, 5}},
+			call{"batch exact-only on a quota", &batchScript, []any{5000, -1, "w100:50", 200, 5, 1}},
+			call{"batch exact-only burst > 2^52", &batchScript, []any{5000, -1, 1, 1_000_000, int64(1<<52 + 1), 1}},
 			call{"batch L = -2", &batchScript, []any{5000, -2, 10, 1_000_000, 5, 1, 1}},
 			call{"refund n > burst", &refundScript, []any{10, 1_000_000, 5, 6}},
 			call{"refund n < -2·burst", &refundScript, []any{10, 1_000_000, 5, -11}},
