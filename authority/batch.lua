@@ -109,10 +109,10 @@ end
 if ARGV[2] == '-1' then
   -- The usual batch: one token bucket, every call exact. It is decided
   -- here, on a path of its own that builds none of the general path's
-  -- tables of limits and functions, paid for on every invocation (a
-  -- fifth more of Redis's time for an invocation of one call), and reads
-  -- each call's arguments once. The bucket in hand is the general
-  -- path's (see there), on one limit.
+  -- tables of limits and functions, paid for on every invocation (with
+  -- them, an invocation of one call took about a tenth more of Redis's
+  -- time: 17.9 against 16.0 µs), and reads each call's arguments once.
+  -- The bucket in hand is the general path's (see there), on one limit.
   local window, r, p, burst = int(ARGV[1]), int(ARGV[3]), int(ARGV[4]), int(ARGV[5])
   if not ((window or not keyed) and r and p and burst) or burst > HUGE or n < 1 or #ARGV ~= 5 + n then
     return redis.error_reply(BAD)

@@ -1,8 +1,9 @@
 -- leaselimit arithmetic prelude, prepended to every script: exact
--- integer arithmetic in Lua's doubles, and a token bucket's refill by it. Every number the scripts handle is an
--- integer below 2^53 (MAX), exact in a double; products that could pass it
--- (elapsed µs × r, tokens × p) go through muldiv, which is exact and
--- saturates its quotient at HUGE (2^52), far above any burst.
+-- integer arithmetic in Lua's doubles, and a token bucket's refill by it.
+-- Every number the scripts handle is an integer below 2^53 (MAX), exact in
+-- a double; products that could pass it (elapsed µs × r, tokens × p) go
+-- through muldiv, which is exact and saturates its quotient at HUGE
+-- (2^52), far above any burst.
 local MAX = 9007199254740992
 local HUGE = 4503599627370496
 local floor = math.floor
