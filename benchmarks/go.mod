@@ -4,6 +4,7 @@ go 1.26.0
 
 require (
 	github.com/go-redis/redis_rate/v10 v10.0.1
+	github.com/google/pprof v0.0.0-20261105003125-4bf881d7fb0b
 	github.com/leaselimit/leaselimit v0.2.0
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/tsenart/vegeta/v12 v12.13.0

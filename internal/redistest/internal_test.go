@@ -60,7 +60,8 @@ func TestParseStatsAndSub(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := Stats{TotalCommands: 20, Calls: map[string]int64{"set": 10, "info": 3, "script|flush": 1}}
+	want := Stats{TotalCommands: 20, Calls: map[string]int64{"set": 10, "info": 3, "script|flush": 1},
+		Usec: map[string]int64{"set": 50, "info": 9, "script|flush": 9}}
 	if !reflect.DeepEqual(st, want) {
 		t.Fatalf("parseStats = %+v, want %+v", st, want)
 	}
@@ -69,10 +70,12 @@ func TestParseStatsAndSub(t *testing.T) {
 	}
 
 	// Snapshots 2 and 5: calls 2, 3 and 4 sent one INFO each.
-	earlier := Stats{TotalCommands: 10, Calls: map[string]int64{"set": 4, "info": 1, "get": 2}, seq: 2}
-	later := Stats{TotalCommands: 20, Calls: map[string]int64{"set": 7, "info": 5, "get": 2}, seq: 5}
+	earlier := Stats{TotalCommands: 10, Calls: map[string]int64{"set": 4, "info": 1, "get": 2},
+		Usec: map[string]int64{"set": 20, "info": 3, "get": 9}, seq: 2}
+	later := Stats{TotalCommands: 20, Calls: map[string]int64{"set": 7, "info": 5, "get": 2},
+		Usec: map[string]int64{"set": 35, "info": 15, "get": 9}, seq: 5}
 	d := later.Sub(earlier)
-	wantD := Stats{TotalCommands: 7, Calls: map[string]int64{"set": 3, "info": 1}}
+	wantD := Stats{TotalCommands: 7, Calls: map[string]int64{"set": 3, "info": 1}, Usec: map[string]int64{"set": 15, "info": 12}}
 	if !reflect.DeepEqual(d, wantD) {
 		t.Errorf("Sub = %+v, want %+v", d, wantD)
 	}

@@ -589,6 +589,10 @@ type Stats struct {
 	// commandstats (e.g. "evalsha", "eval", "hset", or "script|flush" for a
 	// subcommand), to its number of calls. Commands never called are absent.
 	Calls map[string]int64
+	// Usec maps the same names to the microseconds Redis spent in them (usec
+	// in INFO commandstats); a script's includes the commands it ran, which
+	// also count under their own names.
+	Usec map[string]int64
 	// CPU is the server's CPU time so far (used_cpu_sys + used_cpu_user
 	// from INFO cpu), main thread and all.
 	CPU time.Duration
@@ -652,7 +656,7 @@ func ReadInfo(addr, section string) (string, error) {
 
 // parseStats extracts the counters from an INFO reply.
 func parseStats(info string) (Stats, error) {
-	st := Stats{Calls: make(map[string]int64)}
+	st := Stats{Calls: make(map[string]int64), Usec: make(map[string]int64)}
 	found := false
 	for line := range strings.Lines(info) {
 		key, val, ok := strings.Cut(strings.TrimRight(line, "\r\n"), ":")
@@ -675,13 +679,21 @@ func parseStats(info string) (Stats, error) {
 		case strings.HasPrefix(key, "cmdstat_"):
 			name := strings.ToLower(strings.TrimPrefix(key, "cmdstat_"))
 			for field := range strings.SplitSeq(val, ",") {
-				if c, ok := strings.CutPrefix(field, "calls="); ok {
-					n, err := strconv.ParseInt(c, 10, 64)
-					if err != nil {
-						return Stats{}, fmt.Errorf("parse %s: %w", key, err)
-					}
-					st.Calls[name] = n
+				counter, c, _ := strings.Cut(field, "=")
+				var into map[string]int64
+				switch counter {
+				case "calls":
+					into = st.Calls
+				case "usec":
+					into = st.Usec
+				default:
+					continue
 				}
+				n, err := strconv.ParseInt(c, 10, 64)
+				if err != nil {
+					return Stats{}, fmt.Errorf("parse %s: %w", key, err)
+				}
+				into[name] = n
 			}
 		}
 	}
@@ -710,23 +722,28 @@ func parseStats(info string) (Stats, error) {
 // snapshot records its call's sequence number, and Sub subtracts n from both
 // TotalCommands and Calls["info"]. This is exact as long as Stats calls on a
 // Server do not overlap. INFO commands sent by other connections are kept.
+// Usec keeps the time of every INFO command, Stats' own included.
 func (s Stats) Sub(earlier Stats) Stats {
 	own := s.seq - earlier.seq
 	d := Stats{
 		TotalCommands: s.TotalCommands - earlier.TotalCommands - own,
-		Calls:         make(map[string]int64),
+		Calls:         subCounts(s.Calls, earlier.Calls),
+		Usec:          subCounts(s.Usec, earlier.Usec),
 		CPU:           s.CPU - earlier.CPU,
 	}
-	for name, n := range s.Calls {
-		d.Calls[name] = n
+	if d.Calls["info"] -= own; d.Calls["info"] == 0 {
+		delete(d.Calls, "info")
 	}
-	for name, n := range earlier.Calls {
-		d.Calls[name] -= n
-	}
-	d.Calls["info"] -= own
-	for name, n := range d.Calls {
-		if n == 0 {
-			delete(d.Calls, name)
+	return d
+}
+
+// subCounts returns later - earlier per name, leaving out the names whose
+// count did not change.
+func subCounts(later, earlier map[string]int64) map[string]int64 {
+	d := make(map[string]int64)
+	for name, n := range later {
+		if n -= earlier[name]; n != 0 {
+			d[name] = n
 		}
 	}
 	return d

@@ -115,6 +115,11 @@ func (s *setup) slice(ctx context.Context, cfg config, round int, d time.Duratio
 	if wl.limited {
 		keys = sliceKeys(s.prefix+"r"+strconv.Itoa(round)+":", wl.keys)
 	}
+	if cfg.profiler != nil {
+		if err := cfg.profiler.start(); err != nil {
+			return err
+		}
+	}
 	c0, err := redistest.ReadStats(cfg.addr)
 	if err != nil {
 		return err
@@ -134,10 +139,19 @@ func (s *setup) slice(ctx context.Context, cfg config, round int, d time.Duratio
 	if err != nil {
 		return err
 	}
-	delta := c1.Sub(c0)
 	r := &s.res
+	if cfg.profiler != nil {
+		cats, err := cfg.profiler.stop()
+		if err != nil {
+			return err
+		}
+		r.categories = addUp(r.categories, cats)
+	}
+	delta := c1.Sub(c0)
 	r.reqs += s.reqs.Load() - r0
 	r.cmds += delta.TotalCommands - 1 // the first INFO is counted in the second reading
+	r.calls = addUp(r.calls, delta.Calls)
+	r.usec = addUp(r.usec, delta.Usec)
 	r.cpu += delta.CPU
 	r.clientCPU += cpu1 - cpu0
 	r.mallocs += int64(ms1.Mallocs - ms0.Mallocs)
@@ -151,6 +165,18 @@ func (s *setup) slice(ctx context.Context, cfg config, round int, d time.Duratio
 	}
 	s.rates = append(s.rates, float64(m.decisions)/m.elapsed.Seconds())
 	return nil
+}
+
+// addUp adds the values of d to sum's, by name, and returns sum (made if
+// nil).
+func addUp[V int64 | time.Duration](sum, d map[string]V) map[string]V {
+	if sum == nil {
+		sum = make(map[string]V)
+	}
+	for name, v := range d {
+		sum[name] += v
+	}
+	return sum
 }
 
 // runWorkload prepares every design for wl, then runs rounds of slices,

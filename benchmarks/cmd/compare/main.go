@@ -13,6 +13,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"flag"
 	"fmt"
@@ -20,7 +21,6 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
-	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -80,6 +80,7 @@ type config struct {
 	goroutines int
 	runID      string
 	out        io.Writer
+	profiler   *profiler // with -cpuprofile: profiles the measured slices
 }
 
 // selected reports whether workload name is picked by -workloads: a
@@ -114,7 +115,7 @@ func run() error {
 		only       = flag.String("designs", strings.Join(design.Names, ","), "comma-separated designs to run; the layers ("+strings.Join(design.Layers, ",")+") run only when named")
 		ctxTimeout = flag.Bool("context-timeout", false, "create every client with go-redis's ContextTimeoutEnabled (leaselimit then calls Redis on the caller's goroutine)")
 		which      = flag.String("workloads", "", "run only the workloads whose name starts with one of these comma-separated prefixes (default: all)")
-		cpuProfile = flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file (run one design on one workload to profile that cell)")
+		cpuProfile = flag.String("cpuprofile", "", "profile every measured slice: print each cell's client CPU per decision by category, and write the slices' profiles, merged, to this file")
 	)
 	flag.Parse()
 	design.ContextTimeoutEnabled = *ctxTimeout
@@ -141,18 +142,6 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	if *cpuProfile != "" {
-		f, err := os.Create(*cpuProfile)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return err
-		}
-		defer pprof.StopCPUProfile()
-	}
-
 	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer cancel()
 
@@ -164,6 +153,9 @@ func run() error {
 		goroutines: *goroutines,
 		runID:      strconv.FormatInt(time.Now().UnixNano(), 36),
 		out:        os.Stdout,
+	}
+	if *cpuProfile != "" {
+		cfg.profiler = &profiler{path: *cpuProfile}
 	}
 	version := ""
 	if cfg.addr == "" {
@@ -196,6 +188,12 @@ func run() error {
 		groups = append(groups, setups)
 	}
 	printTable(cfg, version, groups)
+	if cfg.profiler != nil {
+		printCategories(cfg.out, groups)
+		if err := cfg.profiler.write(); err != nil {
+			return err
+		}
+	}
 	for _, g := range groups {
 		for _, s := range g {
 			if r := s.res; r.fallbacks > 0 {
@@ -222,19 +220,22 @@ func pickDesigns(list string) ([]string, error) {
 
 // cellResult is what the slices of one workload × design measured, summed.
 type cellResult struct {
-	workload  workload
-	design    string
-	decisions int64 // demand: decisions made in the measured intervals
-	admitted  int64
-	fallbacks int64
-	elapsed   time.Duration
-	hist      latency.Hist
-	cmds      int64         // Redis total_commands_processed, minus our INFO calls
-	reqs      int64         // commands sent by the clients
-	cpu       time.Duration // Redis's CPU time in the measured intervals
-	clientCPU time.Duration // this process's CPU time in them (the design's alone runs then)
-	mallocs   int64         // heap allocations in them
-	idealSum  float64       // limited workloads: the slices' ideals, summed
+	workload   workload
+	design     string
+	decisions  int64 // demand: decisions made in the measured intervals
+	admitted   int64
+	fallbacks  int64
+	elapsed    time.Duration
+	hist       latency.Hist
+	cmds       int64                    // Redis total_commands_processed, minus our INFO calls
+	categories map[string]time.Duration // with -cpuprofile: client CPU by category (see profcat), summed
+	calls      map[string]int64         // Redis's calls per command (INFO commandstats), summed
+	usec       map[string]int64         // Redis's µs per command, summed: a script's includes what it ran
+	reqs       int64                    // commands sent by the clients
+	cpu        time.Duration            // Redis's CPU time in the measured intervals
+	clientCPU  time.Duration            // this process's CPU time in them (the design's alone runs then)
+	mallocs    int64                    // heap allocations in them
+	idealSum   float64                  // limited workloads: the slices' ideals, summed
 }
 
 func (r *cellResult) rate() float64 { return float64(r.decisions) / r.elapsed.Seconds() }
@@ -391,6 +392,7 @@ func printTable(cfg config, version string, groups [][]*setup) {
 		}
 	}
 	fmt.Fprintln(w)
+	printCommands(w, groups)
 	printLeaseVsExact(w, groups)
 	fmt.Fprintln(w, "Workloads: hot key and 10k keys use a limit of 1e9/s (burst 1e9), so every decision should be admitted;")
 	fmt.Fprintln(w, "at that rate redis_rate's float GCRA loses its 1ns increment and never writes its state; \"1000/s each\" keeps")
@@ -417,6 +419,52 @@ func printTable(cfg config, version string, groups [][]*setup) {
 			break
 		}
 	}
+}
+
+// printCommands prints what Redis ran per decision in each cell, from INFO
+// commandstats: its script calls and the time Redis spent in them (the
+// commands a script runs included), and its commands by name, scripts'
+// inner commands counted.
+func printCommands(w io.Writer, groups [][]*setup) {
+	fmt.Fprintln(w, "What Redis ran per decision (INFO commandstats; a script's time includes the commands it ran, which are also counted by name):")
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "| workload | design | script calls/decision | script µs/decision | µs per script call | commands/decision by name |")
+	fmt.Fprintln(w, "|---|---|---:|---:|---:|---|")
+	for _, r := range allResults(groups) {
+		n := float64(r.decisions)
+		if n == 0 {
+			continue
+		}
+		scripts := r.calls["evalsha"] + r.calls["eval"]
+		scriptUsec := r.usec["evalsha"] + r.usec["eval"]
+		perCall := "—"
+		if scripts > 0 {
+			perCall = fmt.Sprintf("%.1f", float64(scriptUsec)/float64(scripts))
+		}
+		fmt.Fprintf(w, "| %s | %s | %s | %.2f | %s | %s |\n", r.workload.name, r.design,
+			perDecision(float64(scripts)/n), float64(scriptUsec)/n, perCall, byName(r.calls, n))
+	}
+	fmt.Fprintln(w)
+}
+
+// byName lists the commands of calls per decision (of n), the most
+// frequent first, leaving out INFO (the harness's own) and those under one
+// in ten thousand decisions.
+func byName(calls map[string]int64, n float64) string {
+	names := make([]string, 0, len(calls))
+	for name, c := range calls {
+		if name != "info" && float64(c)/n >= 1e-4 {
+			names = append(names, name)
+		}
+	}
+	slices.SortFunc(names, func(a, b string) int {
+		return cmp.Or(cmp.Compare(calls[b], calls[a]), strings.Compare(a, b))
+	})
+	parts := make([]string, len(names))
+	for i, name := range names {
+		parts[i] = name + " " + perDecision(float64(calls[name])/n)
+	}
+	return strings.Join(parts, ", ")
 }
 
 // printLeaseVsExact prints, for each workload both leaselimit designs ran,
