@@ -31,6 +31,12 @@ type entry struct {
 	fallback  atomic.Pointer[localBucket]     // the FailLocal bucket, made on first use
 	parts     atomic.Pointer[authority.Multi] // a multi-limit's buckets at the last grant (see Leases.members)
 
+	// holders is its table's list of entries that hold tokens (nil for an
+	// entry made outside a table), and listed whether it is on it (see
+	// listHolder).
+	holders *holderList
+	listed  atomic.Bool
+
 	slot int   // position in its shard's ring; guarded by the shard's lock
 	seen int64 // lastUse when the eviction hand last passed; guarded by the shard's lock
 
@@ -153,7 +159,19 @@ func (e *entry) Give(n, since, newest, window, now int64) bool {
 	before := e.tokens.Add(n) - n + e.reserved.Load()
 	e.fresh = min(e.fresh, max(before, 0))
 	e.level += n
+	e.listHolder()
 	return true
+}
+
+// listHolder puts e on its table's list of entries that hold tokens, if
+// it is not on it, so that sweeps expire its lease (see table.Sweep). It
+// is called after tokens joined e: a sweep that unlists e reads its
+// tokens after doing so, so tokens that join meanwhile are seen by one of
+// the two.
+func (e *entry) listHolder() {
+	if e.holders != nil && !e.listed.Swap(true) {
+		e.holders.add(e)
+	}
 }
 
 // Charge takes n tokens out of a live lease, for an excess settled against

@@ -224,7 +224,8 @@ const maxTries = 4
 // doorkeeper), or a Miss to be refilled. It never blocks; a lease hit does
 // not allocate.
 func (ls *Leases) Decide(key string, n, now int64) Answer {
-	e := ls.table.Get(ls, key)
+	h := ls.table.keyHash(ls, key) // for the table, and for the doorkeeper on a miss
+	e := ls.table.getHashed(h, ls, key)
 	if e != nil {
 		if ok, left := e.Take(n, now); ok {
 			a := Answer{Status: Leased, Remaining: ls.remaining(e, left), Parts: ls.parts(e)}
@@ -244,7 +245,7 @@ func (ls *Leases) Decide(key string, n, now int64) Answer {
 			return Answer{Status: Cached, Remaining: e.Remote(), RetryAfter: wait, Parts: ls.parts(e)}
 		}
 	}
-	if e == nil && !ls.table.Seen(ls, key, now, int64(ls.sizer.settings.TTL)) {
+	if e == nil && !ls.table.seen(h, now, int64(ls.sizer.settings.TTL)) {
 		// A key not seen within a lease's life: exactly n from the
 		// authority, and no entry until it comes back within one (see
 		// doorkeeper).

@@ -303,6 +303,7 @@ func (z sizer) Install(e *entry, req request, o Outcome, now int64) (refund int6
 	e.lastNeed = part
 	e.reserved.Add(part)
 	e.level = e.tokens.Add(o.Granted - part)
+	e.listHolder()
 	// What the lease held before, at most: takes run without the lock
 	// (see entry.stampGrant).
 	e.stampGrant(o.At, o.Granted, e.level+e.reserved.Load()-o.Granted, o.Window, z.memberWindows(o))

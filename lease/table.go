@@ -16,10 +16,43 @@ const numShards = 64
 type table struct {
 	seed   maphash.Seed
 	shards [numShards]shard
-	door   doorkeeper // the keys lately asked for and not held (see Seen)
+	door   doorkeeper // the keys lately asked for and not held (see seen)
 	// outages counts the outages over (see Table.OutageOver): a FailLocal
 	// bucket forgotten in one says nothing of the next.
 	outages atomic.Uint64
+	// holders lists the entries tokens joined since a sweep last found
+	// them empty: a sweep expires their leases without visiting every
+	// entry (see Sweep).
+	holders holderList
+	// sweepMu serializes sweeps; lastFull is the now of the last sweep
+	// that visited every entry, and spare the holders' list a sweep
+	// hands back for reuse. Both are guarded by sweepMu.
+	sweepMu  sync.Mutex
+	lastFull int64
+	spare    []*entry
+}
+
+// holderList is a list of entries that hold or held tokens, each at most
+// once (see entry.listHolder).
+type holderList struct {
+	mu   sync.Mutex
+	list []*entry
+}
+
+// add appends e.
+func (h *holderList) add(e *entry) {
+	h.mu.Lock()
+	h.list = append(h.list, e)
+	h.mu.Unlock()
+}
+
+// swap returns the list and starts a new one on spare's storage.
+func (h *holderList) swap(spare []*entry) []*entry {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	l := h.list
+	h.list = spare[:0]
+	return l
 }
 
 // tkey is an entry's place in the table: the protocol of its limit (nil in
@@ -105,15 +138,16 @@ func newTable(maxKeys int) *table {
 // shards. Regression: shards were chosen by the key alone, so 1000 limits
 // of one key shared a shard of WithMaxKeys/64 entries (16 of 1024 held).
 func (t *table) shard(owner *Leases, key string) *shard {
-	return &t.shards[t.keyHash(owner, key)%numShards]
+	return t.shardOf(t.keyHash(owner, key))
 }
 
-// Seen reports whether key under owner's limit, which the table does not
-// hold, was asked for within window of now (see doorkeeper), and marks it
-// asked for at now.
-func (t *table) Seen(owner *Leases, key string, now, window int64) bool {
-	return t.door.seen(t.keyHash(owner, key), now, window)
-}
+// shardOf returns the shard of a key whose hash is h (see keyHash).
+func (t *table) shardOf(h uint64) *shard { return &t.shards[h%numShards] }
+
+// seen reports whether the key whose hash is h (see keyHash), which the
+// table does not hold, was asked for within window of now (see
+// doorkeeper), and marks it asked for at now.
+func (t *table) seen(h uint64, now, window int64) bool { return t.door.seen(h, now, window) }
 
 // keyHash is key's hash under owner's limit: its slot in the doorkeeper,
 // and its shard (see shard).
@@ -127,7 +161,13 @@ func (t *table) keyHash(owner *Leases, key string) uint64 {
 
 // Get returns the entry of key under owner's limit, or nil.
 func (t *table) Get(owner *Leases, key string) *entry {
-	s := t.shard(owner, key)
+	return t.getHashed(t.keyHash(owner, key), owner, key)
+}
+
+// getHashed is Get, given key's hash under owner's limit (see keyHash): a
+// caller that also asks the doorkeeper about the key hashes it once.
+func (t *table) getHashed(h uint64, owner *Leases, key string) *entry {
+	s := t.shardOf(h)
 	s.mu.RLock()
 	e := s.m[tkey{owner, key}]
 	s.mu.RUnlock()
@@ -160,7 +200,7 @@ func (t *table) GetOrCreate(owner *Leases, key string, now int64) (e, evicted *e
 			evicted.owner.forgetFallback(evicted, now)
 		}
 	}
-	e = &entry{owner: owner, key: key, seen: now} // not used since it was made
+	e = &entry{owner: owner, key: key, seen: now, holders: &t.holders} // not used since it was made
 	e.lastUse.Store(now)
 	s.add(e)
 	return e, evicted
@@ -191,31 +231,72 @@ func (t *table) Len() int {
 	return n
 }
 
-// Sweep visits every entry at now: it expires leases (calling refund with
-// the tokens taken back) and removes entries idle for longer than idle whose
-// lease is empty and whose negative cache has ended (and, for an entry with
-// an owner, whose FailLocal bucket has refilled: see holdsFallback). refund
-// is called without any table lock held.
+// Sweep expires leases at now (calling refund with the tokens taken back)
+// and removes entries idle for longer than idle whose lease is empty and
+// whose negative cache has ended (and, for an entry with an owner, whose
+// FailLocal bucket has refilled: see holdsFallback). refund is called
+// without any table lock held.
+//
+// Leases expire on every sweep, but a sweep visits only the entries
+// tokens joined since it last found them empty (see entry.listHolder):
+// a table of many keys that hold no lease, as a long tail of keys leaves
+// it, cost a visit to each of them on every sweep (4 a second, with the
+// default lease TTL). Every entry is visited at most every idle/8, to
+// forget idle keys and to expire any lease the list missed.
 func (t *table) Sweep(now, idle int64, refund func(e *entry, h held)) {
+	t.sweepMu.Lock()
+	defer t.sweepMu.Unlock()
+	t.sweepHolders(now, refund)
+	if since := now - t.lastFull; since >= 0 && since < idle/8 && t.lastFull != 0 {
+		return
+	}
+	t.lastFull = now
+	t.sweepAll(now, idle, refund)
+}
+
+// sweepHolders expires the leases of the listed entries, and keeps listed
+// those that still hold tokens. sweepMu is held.
+func (t *table) sweepHolders(now int64, refund func(e *entry, h held)) {
+	list := t.holders.swap(t.spare)
+	for i, e := range list {
+		// Unlisted before the look: tokens that join from now on list
+		// it again (see listHolder), and so does the look if it finds
+		// some left.
+		e.listed.Store(false)
+		if h := e.expireHeld(now); h.tokens > 0 {
+			refund(e, h)
+		}
+		if !e.removed.Load() && e.tokens.Load()+e.reserved.Load() > 0 {
+			e.listHolder()
+		}
+		list[i] = nil
+	}
+	t.spare = list[:0]
+}
+
+// sweepAll visits every entry: it expires leases, lists the entries that
+// still hold tokens, and removes idle ones. sweepMu is held.
+func (t *table) sweepAll(now, idle int64, refund func(e *entry, h held)) {
 	var batch []*entry
 	for i := range t.shards {
 		s := &t.shards[i]
-		batch = batch[:0]
 		s.mu.RLock()
-		for _, e := range s.m {
-			batch = append(batch, e)
-		}
+		batch = append(batch[:0], s.ring...)
 		s.mu.RUnlock()
 		var stale []*entry
 		for _, e := range batch {
 			if h := e.expireHeld(now); h.tokens > 0 {
 				refund(e, h)
 			}
+			if e.tokens.Load()+e.reserved.Load() > 0 {
+				e.listHolder()
+			}
 			if now-e.lastUse.Load() > idle && e.tokens.Load() == 0 && now >= e.denyUntil.Load() && !e.refilling.Load() &&
 				(e.owner == nil || !e.owner.holdsFallback(e, now)) {
 				stale = append(stale, e)
 			}
 		}
+		clear(batch)
 		if len(stale) == 0 {
 			continue
 		}

@@ -242,7 +242,7 @@ func TestTableSweep(t *testing.T) {
 		t2 = t0 + 2*s
 		t3 = t0 + 6*s
 		t4 = t0 + 8*s
-		t5 = t4 + 1*ms
+		t5 = t4 + idle/8 // the next sweep that visits every entry (see Sweep)
 	)
 	type refund struct {
 		key    string
@@ -350,6 +350,74 @@ func TestTableSweep(t *testing.T) {
 	}
 	if tab.Len() != 0 {
 		t.Errorf("t5: Len() = %d; want 0", tab.Len())
+	}
+}
+
+// TestTableSweepVisitsHolders: between the sweeps that visit every entry
+// (at most every idle/8), a sweep expires the leases of the entries tokens
+// joined, and leaves the others alone.
+func TestTableSweepVisitsHolders(t *testing.T) {
+	z := newSizer(policy.PerSecond(100), policy.Lease{TTL: 500 * time.Millisecond, IdleTTL: 16 * time.Second})
+	tab := newTable(64)
+	const (
+		idle = 16 * s // every entry is visited at most every 2s
+		t0   = 100 * s
+	)
+	var got map[string]int64
+	refund := func(e *entry, h held) { got[e.Key()] += h.tokens }
+	sweep := func(now int64) {
+		got = map[string]int64{}
+		tab.Sweep(now, idle, refund)
+	}
+	sweep(t0) // the first sweep visits every entry
+	// idle: unused for 20s, more than idle, made after that sweep.
+	idl, _ := tab.GetOrCreate(nil, "idle", t0-20*s)
+	// held: a lease of 4 granted at t0, expiring at t0+500ms.
+	held, _ := tab.GetOrCreate(nil, "held", t0)
+	z.Install(held, request{Want: 4, Min: 1}, Outcome{Granted: 4}, t0)
+	sweep(t0 + 1*s)
+	if got["held"] != 4 || len(got) != 1 {
+		t.Fatalf("t0+1s: refunds %v; want held's 4 tokens, from the list of holders", got)
+	}
+	if tab.Get(nil, "idle") != idl {
+		t.Fatalf("t0+1s: a sweep between full sweeps removed an idle entry")
+	}
+	if held.listed.Load() {
+		t.Errorf("t0+1s: an empty entry is still listed as a holder")
+	}
+	z.Install(held, request{Want: 2, Min: 1}, Outcome{Granted: 2, At: 1_000}, t0+1*s)
+	if !held.listed.Load() {
+		t.Fatalf("an install did not list the entry as a holder")
+	}
+	sweep(t0 + 1100*ms) // live: nothing, and it stays listed
+	if len(got) != 0 || !held.listed.Load() {
+		t.Fatalf("t0+1.1s: refunds %v, listed %v; want none, listed", got, held.listed.Load())
+	}
+	// The lease spent: the next sweep unlists it; a Settle surplus that
+	// joins it then (Give) lists it again, and it expires with them.
+	if ok, _ := held.Take(2, t0+1100*ms); !ok {
+		t.Fatal("Take of the lease's 2 tokens failed")
+	}
+	sweep(t0 + 1200*ms)
+	if len(got) != 0 || held.listed.Load() {
+		t.Fatalf("t0+1.2s: refunds %v, listed %v; want none, not listed", got, held.listed.Load())
+	}
+	if !held.Give(3, 1_000, 1_000, 0, t0+1200*ms) || held.Tokens() != 3 {
+		t.Fatalf("Give to a live lease failed: %d tokens", held.Tokens())
+	}
+	sweep(t0 + 1600*ms) // expired at t0+1.5s, before the next full sweep
+	if got["held"] != 3 || len(got) != 1 {
+		t.Fatalf("t0+1.6s: refunds %v; want the 3 tokens Give added", got)
+	}
+	if tab.Get(nil, "idle") != idl {
+		t.Fatalf("t0+1.6s: a sweep between full sweeps removed an idle entry")
+	}
+	sweep(t0 + 2*s) // idle/8 after the first: every entry
+	if len(got) != 0 {
+		t.Errorf("t0+2s: refunds %v; want none", got)
+	}
+	if tab.Get(nil, "idle") != nil || !idl.removed.Load() {
+		t.Errorf("t0+2s: the full sweep kept an idle entry")
 	}
 }
 
