@@ -94,6 +94,9 @@ func (z sizer) Plan(e *entry, now int64) (request, held) {
 	if r := e.reserved.Swap(0); r > 0 {
 		e.tokens.Add(r)
 		e.level += r
+		// A sweep that read tokens before the move and reserved after it
+		// found e empty and unlisted it (see table.sweepHolders).
+		e.listHolder()
 	}
 	cur := e.tokens.Load()
 	served := max(e.level-cur+e.lastNeed, 0)

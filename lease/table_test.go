@@ -421,6 +421,34 @@ func TestTableSweepVisitsHolders(t *testing.T) {
 	}
 }
 
+// TestPlanListsMovedReservation: a refill's plan moves a reservation no
+// caller claimed into the lease, and lists the entry, so that a sweep that
+// had found it empty (it read the tokens before the move and the
+// reservation after it) still expires those tokens before the next full
+// visit.
+func TestPlanListsMovedReservation(t *testing.T) {
+	z := newSizer(policy.PerSecond(100), policy.Lease{TTL: 500 * time.Millisecond, IdleTTL: 16 * time.Second})
+	tab := newTable(64)
+	const idle, t0 = 16 * s, 100 * s
+	var got int64
+	tab.Sweep(t0, idle, func(*entry, held) {}) // a full visit
+	e, _ := tab.GetOrCreate(nil, "k", t0)
+	z.Install(e, request{Want: 4, Min: 1, Need: 2}, Outcome{Granted: 4}, t0)
+	if ok, _ := e.Take(2, t0); !ok || e.Tokens() != 0 || e.reserved.Load() != 2 {
+		t.Fatalf("setup: tokens %d, reserved %d; want 0 and 2", e.Tokens(), e.reserved.Load())
+	}
+	e.listed.Store(false) // as that sweep leaves it
+	tab.holders.swap(nil)
+	z.Plan(e, t0+100*ms)
+	if !e.listed.Load() || e.Tokens() != 2 {
+		t.Fatalf("after the plan: listed %v, tokens %d; want listed, 2", e.listed.Load(), e.Tokens())
+	}
+	tab.Sweep(t0+1*s, idle, func(_ *entry, h held) { got += h.tokens }) // expired, before the next full visit
+	if got != 2 {
+		t.Errorf("refunded %d of the moved reservation's 2 tokens", got)
+	}
+}
+
 // TestTableSweepIdleWithLiveLease: an idle entry still holding a live lease
 // is kept until the lease expires, then refunded and removed together.
 func TestTableSweepIdleWithLiveLease(t *testing.T) {
