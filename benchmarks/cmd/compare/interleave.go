@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -128,7 +129,13 @@ func (s *setup) slice(ctx context.Context, cfg config, round int, d time.Duratio
 	cpu0 := processCPU()
 	var ms0 runtime.MemStats
 	runtime.ReadMemStats(&ms0)
-	m, err := drive(ctx, cfg, wl, s.decs, keys, d, true)
+	// The callers carry the cell's labels, so that a merged profile can be
+	// read one design at a time (go tool pprof -tagfocus design=NAME); the
+	// designs' own background goroutines, started before, carry none.
+	var m measured
+	pprof.Do(ctx, pprof.Labels("design", s.name, "workload", wl.name), func(ctx context.Context) {
+		m, err = drive(ctx, cfg, wl, s.decs, keys, d, true)
+	})
 	if err != nil {
 		return err
 	}
