@@ -235,7 +235,8 @@ func (t *table) Len() int {
 // and removes entries idle for longer than idle whose lease is empty and
 // whose negative cache has ended (and, for an entry with an owner, whose
 // FailLocal bucket has refilled: see holdsFallback). refund is called
-// without any table lock held.
+// without any shard's lock held, under the sweeps' own (sweepMu): it must
+// not sweep.
 //
 // Leases expire on every sweep, but a sweep visits only the entries
 // tokens joined since it last found them empty (see entry.listHolder):

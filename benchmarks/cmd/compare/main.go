@@ -155,7 +155,9 @@ func run() error {
 		out:        os.Stdout,
 	}
 	if *cpuProfile != "" {
-		cfg.profiler = &profiler{path: *cpuProfile}
+		if cfg.profiler, err = newProfiler(*cpuProfile); err != nil {
+			return err
+		}
 	}
 	version := ""
 	if cfg.addr == "" {

@@ -18,11 +18,21 @@ import (
 // every design's client CPU per decision by category; the slices'
 // profiles are merged into the file at the end.
 
-// profiler profiles slices and keeps their profiles for the file.
+// profiler profiles slices and keeps their profiles for the file, made
+// before the run so that a path that cannot be written fails at once.
 type profiler struct {
-	path   string
+	file   *os.File
 	slices []*profile.Profile
 	buf    bytes.Buffer
+}
+
+// newProfiler creates the profile's file at path.
+func newProfiler(path string) (*profiler, error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	return &profiler{file: f}, nil
 }
 
 // start starts profiling a slice.
@@ -42,24 +52,21 @@ func (pr *profiler) stop() (map[string]time.Duration, error) {
 	return profcat.Split(p)
 }
 
-// write merges the slices' profiles into the file.
+// write merges the slices' profiles into the file, and closes it.
 func (pr *profiler) write() error {
 	if len(pr.slices) == 0 {
-		return nil
+		return pr.file.Close()
 	}
 	merged, err := profile.Merge(pr.slices)
 	if err != nil {
+		pr.file.Close()
 		return fmt.Errorf("merge the slices' CPU profiles: %w", err)
 	}
-	f, err := os.Create(pr.path)
-	if err != nil {
+	if err := merged.Write(pr.file); err != nil {
+		pr.file.Close()
 		return err
 	}
-	if err := merged.Write(f); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
+	return pr.file.Close()
 }
 
 // printCategories prints each cell's client CPU per decision by category,
