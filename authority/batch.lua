@@ -62,18 +62,141 @@
 -- doubles; products that could pass 2^53 go through muldiv.
 local BAD = 'ERR leaselimit: invalid batch arguments'
 
--- int returns v as an integer in [1, 2^53), or nil.
-local function int(v)
-  v = tonumber(v)
-  if v == nil or v ~= v or v % 1 ~= 0 or v < 1 or v >= MAX then return nil end
-  return v
-end
-
 -- refused is the error reply for a command Redis refused (an ACL without
 -- it, OOM, a read-only replica, another program's key): Redis's own error
 -- code first, so that callers classify it as Redis meant.
 local function refused(cmd, r)
   return r.err .. ' (leaselimit: Redis refused ' .. cmd .. ' in the script)'
+end
+
+local keyed = ARGV[1] ~= '0' -- KEYS[1] is the batch key
+local base = keyed and 1 or 0 -- KEYS[base + i] is call i's bucket
+local n = #KEYS - base
+local type = type
+
+if keyed then
+  local done = redis.pcall('GET', KEYS[1])
+  if type(done) == 'table' then return redis.error_reply(refused('GET', done)) end
+  if done then return done end
+end
+
+if ARGV[2] == '-1' then
+  -- The usual batch: one token bucket, every call exact. It is decided
+  -- here, on a path of its own that builds none of the general path's
+  -- tables of limits and functions, and calls none of the script's
+  -- functions but on its rare slow paths (products past 2^53, a bucket it
+  -- cannot read): in Lua 5.1 a call of one costs about as much as the
+  -- work it does. With int, read, write, refill and until_tokens called,
+  -- an invocation of one call ran 1.5 times the VM instructions it runs
+  -- now (the lean contract's script in benchmarks/ runs half as many
+  -- again) and took about 2 µs more of Redis's time, each further call in
+  -- a batch about 0.3 µs more. The bucket in hand is the general path's
+  -- (see there), on one limit; its arithmetic is muldiv's fast path,
+  -- inline.
+  local window, r, p, burst = tonumber(ARGV[1]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+  -- int's tests inline: integers in [1, MAX) (a NaN fails every
+  -- comparison), burst at most HUGE; window only when there is a batch key.
+  if not (r and p and burst and r >= 1 and p >= 1 and burst >= 1 and r < MAX and p < MAX and burst <= HUGE
+      and r % 1 == 0 and p % 1 == 0 and burst % 1 == 0) or n < 1 or #ARGV ~= 5 + n
+      or keyed and not (window and window >= 1 and window < MAX and window % 1 == 0) then
+    return redis.error_reply(BAD)
+  end
+  for i = 6, 5 + n do
+    local want = tonumber(ARGV[i])
+    if not (want and want >= 1 and want <= burst and want % 1 == 0) then return redis.error_reply(BAD) end
+  end
+  local clock = redis.pcall('TIME')
+  if clock.err then return redis.error_reply(refused('TIME', clock)) end
+  local now = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
+  local format, match, pcall = string.format, string.match, redis.pcall
+  local out, errs, any = {format('%d', now)}, nil, false
+  -- The bucket in hand, as the general path's: w + f/p tokens at t,
+  -- refilled to now when read, written when the next key comes if took.
+  local key, w, f, t, took, ej = nil, 0, 0, 0, false, nil
+  for c = 1, n + 1 do
+    local kc = KEYS[base + c] -- nil after the last call: write its bucket
+    if kc ~= key then
+      if took then
+        -- write: w < burst after a grant; the TTL lasts until the
+        -- bucket is full again (until_tokens(burst - w, f, r, p) µs),
+        -- plus a margin.
+        local x, q = (burst - w - 1) * p + (p - f), HUGE
+        if x < MAX then
+          q = floor(x / r) -- then corrected for the division's rounding, to the ceiling
+          if q * r > x then q = q - 1 end
+          if q * r < x then q = q + 1 end
+          if q > HUGE then q = HUGE end
+        else
+          q = until_tokens(burst - w, f, r, p)
+        end
+        local res = pcall('SET', key, format('%d %d %d -', w, f, t), 'PX', math.ceil(q / 1000) + 1000)
+        if res.err then return redis.error_reply(refused('SET', res)) end
+      end
+      if kc == nil then break end
+      key, took, ej = kc, false, nil
+      -- read: a missing key is a full bucket.
+      local v = pcall('GET', kc)
+      if not v then
+        w, f, t = burst, 0, now
+      elseif type(v) == 'table' then
+        errs = errs or {}
+        errs[#errs + 1] = refused('GET', v)
+        ej = #errs
+      else
+        local a, b, d = match(v, '^(-?%d+) (%d+) (%d+) %S')
+        if not a then
+          errs = errs or {}
+          errs[#errs + 1] = 'ERR leaselimit: bucket ' .. kc .. ' holds an unknown value'
+          ej = #errs
+        else
+          w, f, t = tonumber(a), tonumber(b), tonumber(d)
+          -- refill to now (see refill in muldiv.lua)
+          if w >= burst then
+            w, f = burst, 0
+            if now > t then t = now end
+          elseif now > t then
+            local x = (now - t) * r
+            if x < MAX - f then
+              x = x + f
+              local q = floor(x / p)
+              if q > 0 and q * p > x then q = q - 1 end
+              local rem = x - q * p
+              if rem >= p then q, rem = q + 1, rem - p end
+              if q >= burst - w then w, f = burst, 0 else w, f = w + q, rem end
+              t = now
+            else
+              w, f, t = refill(w, f, t, now, r, p, burst)
+            end
+          end
+        end
+      end
+    end
+    if ej then
+      out[c + 1] = ' e ' .. ej
+    else
+      local want = tonumber(ARGV[5 + c])
+      if w >= want then
+        w, took, any = w - want, true, true
+        out[c + 1] = format(' %d %d', w, f)
+      else
+        out[c + 1] = format(' %d %d', w, -1 - f)
+      end
+    end
+  end
+  local reply = table.concat(out)
+  if errs then reply = reply .. '\n' .. table.concat(errs, '\n') end
+  if any and keyed then
+    local res = pcall('SET', KEYS[1], reply, 'PX', window)
+    if res.err then return redis.error_reply(refused('SET', res)) end
+  end
+  return reply
+end
+
+-- int returns v as an integer in [1, 2^53), or nil.
+local function int(v)
+  v = tonumber(v)
+  if v == nil or v ~= v or v % 1 ~= 0 or v < 1 or v >= MAX then return nil end
+  return v
 end
 
 -- read returns the bucket at key: w, f, t, all nil for a missing key (a
@@ -94,81 +217,6 @@ local function write(key, w, f, t, reset)
   local r = redis.pcall('SET', key, string.format('%d %d %d -', w, f, t), 'PX', math.ceil(reset / 1000) + 1000)
   if type(r) == 'table' and r.err then return refused('SET', r) end
   return nil
-end
-
-local keyed = ARGV[1] ~= '0' -- KEYS[1] is the batch key
-local base = keyed and 1 or 0 -- KEYS[base + i] is call i's bucket
-local n = #KEYS - base
-
-if keyed then
-  local done = redis.pcall('GET', KEYS[1])
-  if type(done) == 'table' then return redis.error_reply(refused('GET', done)) end
-  if done then return done end
-end
-
-if ARGV[2] == '-1' then
-  -- The usual batch: one token bucket, every call exact. It is decided
-  -- here, on a path of its own that builds none of the general path's
-  -- tables of limits and functions, paid for on every invocation (with
-  -- them, an invocation of one call took about a tenth more of Redis's
-  -- time: 17.9 against 16.0 µs), and reads each call's arguments once.
-  -- The bucket in hand is the general path's (see there), on one limit.
-  local window, r, p, burst = int(ARGV[1]), int(ARGV[3]), int(ARGV[4]), int(ARGV[5])
-  if not ((window or not keyed) and r and p and burst) or burst > HUGE or n < 1 or #ARGV ~= 5 + n then
-    return redis.error_reply(BAD)
-  end
-  for i = 6, 5 + n do
-    local want = tonumber(ARGV[i])
-    -- int's test inline (burst < MAX); a NaN fails every comparison.
-    if not (want and want >= 1 and want <= burst and want % 1 == 0) then return redis.error_reply(BAD) end
-  end
-  local clock = redis.pcall('TIME')
-  if clock.err then return redis.error_reply(refused('TIME', clock)) end
-  local now = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
-  local format = string.format
-  local out, errs, any = {format('%d', now)}, nil, false
-  -- The bucket in hand, as the general path's: w + f/p tokens at t,
-  -- refilled to now when read, written when the next key comes if took.
-  local key, w, f, t, took, ej = nil, 0, 0, 0, false, nil
-  for c = 1, n + 1 do
-    local kc = KEYS[base + c] -- nil after the last call: write its bucket
-    if kc ~= key then
-      if took then
-        local e = write(key, w, f, t, w < burst and until_tokens(burst - w, f, r, p) or 0)
-        if e then return redis.error_reply(e) end
-      end
-      if kc == nil then break end
-      key, took, ej = kc, false, nil
-      local bad
-      w, f, t, bad = read(kc)
-      if w == nil then w, f, t = burst, 0, now end
-      if bad then
-        errs = errs or {}
-        errs[#errs + 1] = bad
-        ej = #errs
-      else
-        w, f, t = refill(w, f, t, now, r, p, burst)
-      end
-    end
-    if ej then
-      out[c + 1] = ' e ' .. ej
-    else
-      local want = tonumber(ARGV[5 + c])
-      if w >= want then
-        w, took, any = w - want, true, true
-        out[c + 1] = format(' %d %d', w, f)
-      else
-        out[c + 1] = format(' %d %d', w, -1 - f)
-      end
-    end
-  end
-  local reply = table.concat(out)
-  if errs then reply = reply .. '\n' .. table.concat(errs, '\n') end
-  if any and keyed then
-    local res = redis.pcall('SET', KEYS[1], reply, 'PX', window)
-    if type(res) == 'table' and res.err then return redis.error_reply(refused('SET', res)) end
-  end
-  return reply
 end
 
 -- The general form: L limits, each call under one of them.
