@@ -23,7 +23,7 @@
 --            a grant is not written); a key that comes back after another is
 --            read again, and finds that write.
 -- ARGV       window_ms, L, then L limit headers of three values each
---            (L = -1: one token bucket, and every call exact; see below):
+--            (L = -1: one token bucket; see below):
 --              r, p, burst       a token bucket: r tokens every p µs (the
 --                                rate and period reduced by their gcd)
 --              'w<end>:<start>', next, burst
@@ -38,22 +38,25 @@
 --                                any other call under limit k: grant g with
 --                                min <= g <= want and
 --                                g <= max(min, floor(available*share_ppm/1e6))
---            or, when L is -1 (one token bucket, every call exact: the
---            usual batch, decided on a path of its own), per call
---              want              its cost alone.
+--            or, when L is -1 (one token bucket: the usual batch, decided
+--            on a path of its own), per call
+--              want              an exact call: its cost alone
+--              -want, min, share_ppm
+--                                any other call, as above.
 --            Every number is an integer.
 -- Returns    one bulk string: "<now>", then per call " <granted> <w> <x>":
 --            granted 0 for a denial; w the whole tokens left (negative for a
 --            bucket in debt); x the fraction f of a token bucket (it holds
 --            w + f/p tokens at now), or the window's end of a calendar quota.
---            When L is -1, two values per call, " <w> <x>", granted being
---            want or nothing: x for a grant, -1 - x for a denial.
+--            When L is -1, an exact call has two values, " <w> <x>",
+--            granted being want or nothing: x for a grant, -1 - x for a
+--            denial; any other call the usual three.
 --            The caller derives retry_after (until min tokens, denials only)
 --            and reset_after (until burst tokens) from them, as take() in
 --            the acquire script it replaced did: ceil((m*p - f)/r) µs for m tokens,
 --            saturated at 2^52, or window end - now for a quota. A call whose
 --            bucket could not be read (another program's key, a refused GET)
---            reads " e <j> 0" (" e <j>" when L is -1): the j-th line after
+--            reads " e <j> 0" (" e <j>" for an exact call when L is -1): the j-th line after
 --            the first holds the error.
 --
 -- The bucket is written in the compact form "<w> <f> <t> -"; the old form
@@ -81,7 +84,8 @@ if keyed then
 end
 
 if ARGV[2] == '-1' then
-  -- The usual batch: one token bucket, every call exact. It is decided
+  -- The usual batch: one token bucket (a lease's refills among its
+  -- exact calls, or not). It is decided
   -- here, on a path of its own that builds none of the general path's
   -- tables of limits and functions, and calls none of the script's
   -- functions but on its rare slow paths (products past 2^53, a bucket it
@@ -97,14 +101,30 @@ if ARGV[2] == '-1' then
   -- int's tests inline: integers in [1, MAX) (a NaN fails every
   -- comparison), burst at most HUGE; window only when there is a batch key.
   if not (r and p and burst and r >= 1 and p >= 1 and burst >= 1 and r < MAX and p < MAX and burst <= HUGE
-      and r % 1 == 0 and p % 1 == 0 and burst % 1 == 0) or n < 1 or #ARGV ~= 5 + n
+      and r % 1 == 0 and p % 1 == 0 and burst % 1 == 0) or n < 1
       or keyed and not (window and window >= 1 and window < MAX and window % 1 == 0) then
     return redis.error_reply(BAD)
   end
-  for i = 6, 5 + n do
-    local want = tonumber(ARGV[i])
+  -- Every call's arguments are checked before any bucket is read or
+  -- written, so that a bad list leaves nothing behind. A negative want
+  -- starts a call with a min and a share.
+  local j = 6 -- the next call's first ARGV
+  for _ = 1, n do
+    local want = tonumber(ARGV[j] or '')
+    if want and want < 0 then
+      local min, share = tonumber(ARGV[j + 1] or ''), tonumber(ARGV[j + 2] or '')
+      want = -want
+      if not (min and share and min >= 1 and min <= want and min % 1 == 0
+          and share >= 1 and share <= 1000000 and share % 1 == 0) then
+        return redis.error_reply(BAD)
+      end
+      j = j + 3
+    else
+      j = j + 1
+    end
     if not (want and want >= 1 and want <= burst and want % 1 == 0) then return redis.error_reply(BAD) end
   end
+  if #ARGV ~= j - 1 then return redis.error_reply(BAD) end
   local clock = redis.pcall('TIME')
   if clock.err then return redis.error_reply(refused('TIME', clock)) end
   local now = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
@@ -113,6 +133,7 @@ if ARGV[2] == '-1' then
   -- The bucket in hand, as the general path's: w + f/p tokens at t,
   -- refilled to now when read, written when the next key comes if took.
   local key, w, f, t, took, ej = nil, 0, 0, 0, false, nil
+  j = 6
   for c = 1, n + 1 do
     local kc = KEYS[base + c] -- nil after the last call: write its bucket
     if kc ~= key then
@@ -171,15 +192,34 @@ if ARGV[2] == '-1' then
         end
       end
     end
-    if ej then
-      out[c + 1] = ' e ' .. ej
-    else
-      local want = tonumber(ARGV[5 + c])
-      if w >= want then
+    local want = tonumber(ARGV[j])
+    if want > 0 then -- an exact call
+      j = j + 1
+      if ej then
+        out[c + 1] = ' e ' .. ej
+      elseif w >= want then
         w, took, any = w - want, true, true
         out[c + 1] = format(' %d %d', w, f)
       else
         out[c + 1] = format(' %d %d', w, -1 - f)
+      end
+    else -- a call with a min and a share, as the general path decides it
+      local min, share = tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2])
+      want, j = -want, j + 3
+      if ej then
+        out[c + 1] = ' e ' .. ej .. ' 0'
+      else
+        local g = 0
+        if w >= min then
+          g = want
+          if min < want then
+            g = floor(w / 1000000) * share + floor((w % 1000000) * share / 1000000)
+            if g < min then g = min end
+            if g > want then g = want end
+          end
+          w, took, any = w - g, true, true
+        end
+        out[c + 1] = format(' %d %d %d', g, w, f)
       end
     end
   end

@@ -36,7 +36,7 @@ func bucketFields(v string) string {
 // The batches repeat keys; the limits are everyday ones, ones at the edge of
 // the exact range (muldiv's slow path, saturation at 2^52) and hourly and
 // daily quotas; the clock jumps forwards and back, past windows' ends;
-// charges put buckets in debt; a third of the batches are exact calls under
+// charges put buckets in debt; a third of the batches are calls under
 // one token bucket, which the script decides on a path of its own; and the
 // batch side now and then reads the reference's buckets, in the old
 // 8-field form.
@@ -48,7 +48,7 @@ func TestBatchMatchesReference(t *testing.T) {
 	if testing.Short() {
 		seeds = 10
 	}
-	var granted, denied, debts, exactOnly int
+	var granted, denied, debts, exactOnly, ranged int
 	for seed := int64(1); seed <= int64(seeds); seed++ {
 		rng := rand.New(rand.NewSource(seed))
 		limits := []policy.Limit{randomLimit(rng, 1), randomLimit(rng, 2),
@@ -121,8 +121,8 @@ func TestBatchMatchesReference(t *testing.T) {
 				}
 
 				// A third of the batches are the usual kind, which the
-				// script decides on a path of its own: exact calls under
-				// one token bucket (limits 0 and 1, and the edge one).
+				// script decides on a path of its own: calls under one
+				// token bucket (limits 0 and 1, and the edge one).
 				from, usual := buckets, rng.Intn(3) == 0
 				if usual {
 					k := rng.Intn(2)
@@ -142,8 +142,11 @@ func TestBatchMatchesReference(t *testing.T) {
 						want = rng.Int63n(bk.l.Burst) + 1
 					}
 					mn, share := want, 1.0
-					if !usual && rng.Intn(3) == 0 {
+					if rng.Intn(3) == 0 { // a lease's refill
 						mn, share = rng.Int63n(want)+1, rng.Float64()
+						if usual {
+							ranged++
+						}
 					}
 					as = append(as, &Acquisition{Key: bk.key, Limit: bk.l, Want: want, Min: mn, Share: share})
 				}
@@ -188,8 +191,8 @@ func TestBatchMatchesReference(t *testing.T) {
 			}
 		})
 	}
-	t.Logf("%d calls granted, %d denied; %d charges left a bucket in debt; %d batches of the usual kind", granted, denied, debts, exactOnly)
-	if granted == 0 || denied == 0 || debts == 0 || exactOnly == 0 {
+	t.Logf("%d calls granted, %d denied; %d charges left a bucket in debt; %d batches of the usual kind, %d calls with a min and a share in them", granted, denied, debts, exactOnly, ranged)
+	if granted == 0 || denied == 0 || debts == 0 || exactOnly == 0 || ranged == 0 {
 		t.Error("the random calls do not exercise grants, denials, debt and the usual batch")
 	}
 }
@@ -197,22 +200,27 @@ func TestBatchMatchesReference(t *testing.T) {
 // suiteBatchFullBucketStamp: a bucket stored full at an old time (as a
 // refund can leave it) is full now, not fuller: the grant taken from it is
 // stamped now, so that the time it sat full never refills it. Both forms
-// of the script: the usual batch (exact calls on one token bucket) and the
-// general one (a call that may take less).
+// of the script: the usual batch (calls on one token bucket), with an
+// exact call and with one that may take less, and the general one.
 func suiteBatchFullBucketStamp(t *testing.T, nb backendFactory) {
 	ctx := context.Background()
 	b := nb(t)
 	r := b.newAuthority(t, testPrefix)
 	l := policy.Limit{Name: "stamp", Rate: 1, Period: time.Second, Burst: 5}
+	other := policy.Limit{Name: "other", Rate: 1, Period: time.Second, Burst: 5}
 	for _, tc := range []struct {
-		form string
-		min  int64
-	}{{"usual", 2}, {"general", 1}} {
+		form    string
+		min     int64
+		general bool // a call under another limit sends the batch to the general path
+	}{{"usual, exact", 2, false}, {"usual, a min", 1, false}, {"general", 1, true}} {
 		key := r.Key(l, tc.form)
 		if err := b.client.Set(ctx, key, "5 0 1000000 -", time.Hour).Err(); err != nil {
 			t.Fatal(err)
 		}
 		as := []*Acquisition{{Key: key, Limit: l, Want: 2, Min: tc.min, Share: 1}}
+		if tc.general {
+			as = append(as, &Acquisition{Key: r.Key(other, tc.form), Limit: other, Want: 1, Min: 1, Share: 1})
+		}
 		r.AcquireAll(ctx, as)
 		if a := as[0]; a.Err != nil || a.Grant.Granted != 2 || a.Grant.Remaining != 3 {
 			t.Fatalf("%s: %+v, %v; want 2 granted, 3 left", tc.form, a.Grant, a.Err)
@@ -396,7 +404,7 @@ func suiteBatchKeyComesBack(t *testing.T, nb backendFactory) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := decodeBatch(reply, bt.calls, bt.exactOnly); err != nil {
+	if err := decodeBatch(reply, bt.calls, bt.oneBucket); err != nil {
 		t.Fatal(err)
 	}
 	for i, want := range []struct{ granted, left int64 }{{3, 2}, {2, 3}, {0, 2}} {

@@ -220,7 +220,7 @@ func TestRedisCPUExactOnlyForm(t *testing.T) {
 		return (serverCPU() - before) * 1e6 / (invocations * perCall)
 	}
 	exactOnly := func(bt *batch) []any {
-		if !bt.exactOnly {
+		if !bt.oneBucket {
 			t.Fatal("a batch of exact calls on one limit is not in the exact-only form")
 		}
 		return bt.args

@@ -63,7 +63,7 @@ func suiteBatchResend(t *testing.T, nb backendFactory) {
 	}
 	g1, g2 := make([]Grant, 3), make([]Grant, 3)
 	for i, reply := range []string{first, again} {
-		if err := decodeBatch(reply, bt.calls, bt.exactOnly); err != nil {
+		if err := decodeBatch(reply, bt.calls, bt.oneBucket); err != nil {
 			t.Fatal(err)
 		}
 		for j, a := range as {
@@ -90,7 +90,7 @@ func suiteBatchResend(t *testing.T, nb backendFactory) {
 	decided := func(bt *batch) (string, Grant) {
 		t.Helper()
 		reply := send(bt)
-		if err := decodeBatch(reply, bt.calls, bt.exactOnly); err != nil {
+		if err := decodeBatch(reply, bt.calls, bt.oneBucket); err != nil {
 			t.Fatal(err)
 		}
 		return reply, bt.calls[0].Grant

@@ -159,6 +159,8 @@ func suiteScripts(t *testing.T, nb backendFactory) {
 			// window, L = -1, one token bucket, one exact call of want 1:
 			// the usual batch, on the script's own path for it.
 			{"batch exact-only", &batchScript, []any{int64(5000), int64(-1), int64(10), int64(1_000_000), int64(5), int64(1)}},
+			// The same form, one call of want 2 that may take 1, share 1.
+			{"batch one bucket, a min", &batchScript, []any{int64(5000), int64(-1), int64(10), int64(1_000_000), int64(5), int64(-2), int64(1), int64(1_000_000)}},
 			{"refund", &refundScript, []any{int64(10), int64(1_000_000), int64(5), int64(1)}},
 		}
 		var calls []call
@@ -169,8 +171,13 @@ func suiteScripts(t *testing.T, nb backendFactory) {
 					if s == &refundScript && i == 3 && g == "-1" {
 						continue // a refund of -1 is a charge of 1 (see refund.lua)
 					}
-					if name == "batch exact-only" && i == 1 && g == "-1" {
-						continue // the form itself
+					if strings.HasPrefix(name, "batch exact-only") || strings.HasPrefix(name, "batch one bucket") {
+						if i == 1 && g == "-1" {
+							continue // the form itself
+						}
+						if name == "batch one bucket, a min" && i == 5 && g == "-1" {
+							continue // want 1, min 1: valid
+						}
 					}
 					a := append([]any(nil), argv...)
 					a[i] = g
@@ -206,6 +213,11 @@ func suiteScripts(t *testing.T, nb backendFactory) {
 			call{"batch exact-only on a quota", &batchScript, []any{5000, -1, "w100:50", 200, 5, 1}},
 			call{"batch exact-only burst > 2^52", &batchScript, []any{5000, -1, 1, 1_000_000, int64(1<<52 + 1), 1}},
 			call{"batch L = -2", &batchScript, []any{5000, -2, 10, 1_000_000, 5, 1, 1}},
+			call{"batch one bucket, min > want", &batchScript, []any{5000, -1, 10, 1_000_000, 5, -2, 3, 1_000_000}},
+			call{"batch one bucket, want > burst", &batchScript, []any{5000, -1, 10, 1_000_000, 5, -6, 1, 1_000_000}},
+			call{"batch one bucket, share 1000001 ppm", &batchScript, []any{5000, -1, 10, 1_000_000, 5, -2, 1, 1_000_001}},
+			call{"batch one bucket, no share", &batchScript, []any{5000, -1, 10, 1_000_000, 5, -2, 1}},
+			call{"batch one bucket, one ARGV too many", &batchScript, []any{5000, -1, 10, 1_000_000, 5, -2, 1, 1_000_000, 1}},
 			call{"refund n > burst", &refundScript, []any{10, 1_000_000, 5, 6}},
 			call{"refund n < -2·burst", &refundScript, []any{10, 1_000_000, 5, -11}},
 			call{"refund burst*period+rate = 2^53+1", &refundScript, []any{2, 1, int64(1<<53 - 1), 1}},
