@@ -72,6 +72,16 @@ local function refused(cmd, r)
   return r.err .. ' (leaselimit: Redis refused ' .. cmd .. ' in the script)'
 end
 
+-- portion is the grant of a call with a min below its want from a bucket
+-- holding w >= min whole tokens: floor(w * share_ppm / 1e6), exactly (w
+-- split so that no product passes 2^53), within [min, want].
+local function portion(w, want, min, share)
+  local g = floor(w / 1000000) * share + floor((w % 1000000) * share / 1000000)
+  if g < min then return min end
+  if g > want then return want end
+  return g
+end
+
 local keyed = ARGV[1] ~= '0' -- KEYS[1] is the batch key
 local base = keyed and 1 or 0 -- KEYS[base + i] is call i's bucket
 local n = #KEYS - base
@@ -211,12 +221,7 @@ if ARGV[2] == '-1' then
       else
         local g = 0
         if w >= min then
-          g = want
-          if min < want then
-            g = floor(w / 1000000) * share + floor((w % 1000000) * share / 1000000)
-            if g < min then g = min end
-            if g > want then g = want end
-          end
+          g = min < want and portion(w, want, min, share) or want
           w, took, any = w - g, true, true
         end
         out[c + 1] = format(' %d %d %d', g, w, f)
@@ -390,13 +395,7 @@ for c = 1, n do
 
     local g = 0
     if w >= min then
-      g = want
-      if min < want then
-        -- floor(w * share / 1e6), exactly: split w so no product passes 2^53.
-        g = floor(w / 1000000) * share + floor((w % 1000000) * share / 1000000)
-        if g < min then g = min end
-        if g > want then g = want end
-      end
+      g = min < want and portion(w, want, min, share) or want
       w = w - g
       sw, sf, st, gk = w, f, last, k
       any = true
