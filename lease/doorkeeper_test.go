@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leaselimit/leaselimit/authority"
 	"github.com/leaselimit/leaselimit/policy"
 )
 
@@ -33,6 +34,52 @@ func TestDoorkeeperFirstSightIsExact(t *testing.T) {
 	}
 	if a := other.Decide("k", 1, 0); a.Status != Exact {
 		t.Fatalf("another limit's first Decide of k = %+v; want Exact", a)
+	}
+}
+
+// TestHeldKeyComesBackLate: a key the table holds whose lease is over is
+// decided exactly when it comes back more than a lease's life after its
+// last use, as a key the table does not hold; within it, it is refilled.
+// With the doorkeeper off, it is always refilled.
+func TestHeldKeyComesBackLate(t *testing.T) {
+	ttl := int64(policy.Lease{}.WithDefaults().TTL)
+	ms := int64(time.Millisecond)
+	for _, door := range []bool{true, false} {
+		tab := NewTable(1000, policy.Lease{})
+		if !door {
+			tab.t.door = doorkeeper{}
+		}
+		ls := New(tab, policy.PerSecond(100), policy.Lease{}, 1)
+		now := int64(time.Second)
+		ls.Decide("k", 1, now)
+		a := ls.Decide("k", 1, now)
+		if a.Status != Miss {
+			t.Fatalf("doorkeeper %v: second sight = %+v; want a Miss", door, a)
+		}
+		ls.Join(a.Ticket)
+		o, _ := ls.Complete(ls.Plan(a.Ticket, now), authority.Grant{Granted: 1, Remaining: 50}, now)
+		ls.Collect(a.Ticket, o, now)
+		e := tab.t.Get(ls, "k")
+		for _, step := range []struct {
+			after int64 // since the last decision
+			want  Status
+		}{
+			{ttl / 2, Miss},   // the lease spent: a refill
+			{ttl + ms, Exact}, // a lease's life and more since that use
+			{ttl / 2, Miss},   // used by the exact decision: a refill again
+		} {
+			now += step.after
+			want := step.want
+			if !door {
+				want = Miss
+			}
+			if a := ls.Decide("k", 1, now); a.Status != want {
+				t.Errorf("doorkeeper %v: %v after the last decision: %v; want %v", door, time.Duration(step.after), a.Status, want)
+			}
+			if tab.t.Get(ls, "k") != e {
+				t.Fatalf("doorkeeper %v: the entry changed", door)
+			}
+		}
 	}
 }
 

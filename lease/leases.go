@@ -227,6 +227,7 @@ func (ls *Leases) Decide(key string, n, now int64) Answer {
 	h := ls.table.keyHash(ls, key) // for the table, and for the doorkeeper on a miss
 	e := ls.table.getHashed(h, ls, key)
 	if e != nil {
+		used := e.lastUse.Load() // before this decision's use
 		if ok, left := e.Take(n, now); ok {
 			a := Answer{Status: Leased, Remaining: ls.remaining(e, left), Parts: ls.parts(e)}
 			if e.NeedsPrefetch(left) {
@@ -243,6 +244,12 @@ func (ls *Leases) Decide(key string, n, now int64) Answer {
 		// the caller then pools with the lease (see Surrender).
 		if denied, wait := ls.sizer.Denied(e, n, now); denied && !pooled(e, n, now) {
 			return Answer{Status: Cached, Remaining: e.Remote(), RetryAfter: wait, Parts: ls.parts(e)}
+		}
+		if now >= e.expires.Load() && !e.Removed() && ls.table.lapsed(used, now, int64(ls.sizer.settings.TTL)) {
+			// Its lease over and the key not used within a lease's life:
+			// new again, as a key the table does not hold (see
+			// table.lapsed).
+			return Answer{Status: Exact}
 		}
 	}
 	if e == nil && !ls.table.seen(h, now, int64(ls.sizer.settings.TTL)) {
