@@ -193,6 +193,7 @@ if ARGV[2] == '-1' then
               if q > 0 and q * p > x then q = q - 1 end
               local rem = x - q * p
               if rem >= p then q, rem = q + 1, rem - p end
+              if q >= HUGE then q, rem = HUGE, 0 end -- muldiv's saturation, which refill compares
               if q >= burst - w then w, f = burst, 0 else w, f = w + q, rem end
               t = now
             else

@@ -237,6 +237,35 @@ func suiteBatchFullBucketStamp(t *testing.T, nb backendFactory) {
 
 func TestBatchFullBucketStamp(t *testing.T) { forEachBackend(t, suiteBatchFullBucketStamp) }
 
+// TestBatchSaturatedRefill: both paths of the script refill a bucket in
+// deep debt alike when the tokens due pass 2^52 (HUGE), where muldiv
+// saturates: 2^52 - 1 tokens 5 µs after "-1" at 2^50 a µs, burst 2^52, so
+// a call for 2^52 is denied on either. A limit past policy.Validate's
+// bounds, which the authority accepts (a review: the usual path's inline
+// refill compared the unsaturated count, and granted it).
+func TestBatchSaturatedRefill(t *testing.T) {
+	ctx := context.Background()
+	b := newMiniBackend(t)
+	r := b.newAuthority(t, testPrefix)
+	l := policy.Limit{Name: "huge", Rate: 1 << 50, Period: time.Microsecond, Burst: 1 << 52}
+	other := policy.Limit{Name: "other", Rate: 1, Period: time.Second, Burst: 5}
+	for _, general := range []bool{false, true} {
+		key := r.Key(l, fmt.Sprint("general ", general))
+		stamp := t0.UnixMicro() - 5
+		if err := b.client.Set(ctx, key, fmt.Sprintf("-1 0 %d -", stamp), time.Hour).Err(); err != nil {
+			t.Fatal(err)
+		}
+		as := []*Acquisition{{Key: key, Limit: l, Want: 1 << 52, Min: 1 << 52, Share: 1}}
+		if general {
+			as = append(as, &Acquisition{Key: r.Key(other, "x"), Limit: other, Want: 1, Min: 1, Share: 1})
+		}
+		r.AcquireAll(ctx, as)
+		if a := as[0]; a.Err != nil || a.Grant.Granted != 0 || a.Grant.Remaining != 1<<52-1 {
+			t.Errorf("general path %v: %+v, %v; want a denial, 2^52 - 1 left", general, a.Grant, a.Err)
+		}
+	}
+}
+
 // suiteBatchRepeatedKey: one key six times in one batch, burst 5: decided
 // in order (five granted, the sixth denied) and written once.
 func suiteBatchRepeatedKey(t *testing.T, nb backendFactory) {
