@@ -98,15 +98,14 @@ if ARGV[2] == '-1' then
   -- exact calls, or not). It is decided
   -- here, on a path of its own that builds none of the general path's
   -- tables of limits and functions, and calls none of the script's
-  -- functions but on its rare slow paths (products past 2^53, a bucket it
-  -- cannot read): in Lua 5.1 a call of one costs about as much as the
-  -- work it does. With int, read, write, refill and until_tokens called,
-  -- an invocation of one call ran 1.5 times the VM instructions it runs
-  -- now (the lean contract's script in benchmarks/ runs half as many
-  -- again) and took about 2 µs more of Redis's time, each further call in
-  -- a batch about 0.3 µs more. The bucket in hand is the general path's
-  -- (see there), on one limit; its arithmetic is muldiv's fast path,
-  -- inline.
+  -- functions but muldiv, the arithmetic (once for a key's refill, once
+  -- for its write): in Lua 5.1 a call costs about as much as the work
+  -- these do. With int, read, write, refill and until_tokens called (and
+  -- muldiv from two of them), an invocation of one call ran 1.5 times the
+  -- VM instructions it ran after (the lean contract's script in
+  -- benchmarks/ runs half as many again) and took about 2 µs more of
+  -- Redis's time, each further call in a batch about 0.3 µs more. The
+  -- bucket in hand is the general path's (see there), on one limit.
   local window, r, p, burst = tonumber(ARGV[1]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
   -- int's tests inline: integers in [1, MAX) (a NaN fails every
   -- comparison), burst at most HUGE; window only when there is a batch key.
@@ -151,15 +150,8 @@ if ARGV[2] == '-1' then
         -- write: w < burst after a grant; the TTL lasts until the
         -- bucket is full again (until_tokens(burst - w, f, r, p) µs),
         -- plus a margin.
-        local x, q = (burst - w - 1) * p + (p - f), HUGE
-        if x < MAX then
-          q = floor(x / r) -- then corrected for the division's rounding, to the ceiling
-          if q * r > x then q = q - 1 end
-          if q * r < x then q = q + 1 end
-          if q > HUGE then q = HUGE end
-        else
-          q = until_tokens(burst - w, f, r, p)
-        end
+        local q, rem = muldiv(burst - w - 1, p, p - f, r) -- until_tokens' body: one call, not two
+        if rem > 0 and q < HUGE then q = q + 1 end
         local res = pcall('SET', key, format('%d %d %d -', w, f, t), 'PX', math.ceil(q / 1000) + 1000)
         if res.err then return redis.error_reply(refused('SET', res)) end
       end
@@ -186,19 +178,9 @@ if ARGV[2] == '-1' then
             w, f = burst, 0
             if now > t then t = now end
           elseif now > t then
-            local x = (now - t) * r
-            if x < MAX - f then
-              x = x + f
-              local q = floor(x / p)
-              if q > 0 and q * p > x then q = q - 1 end
-              local rem = x - q * p
-              if rem >= p then q, rem = q + 1, rem - p end
-              if q >= HUGE then q, rem = HUGE, 0 end -- muldiv's saturation, which refill compares
-              if q >= burst - w then w, f = burst, 0 else w, f = w + q, rem end
-              t = now
-            else
-              w, f, t = refill(w, f, t, now, r, p, burst)
-            end
+            local q, rem = muldiv(now - t, r, f, p) -- refill's body: one call, not two
+            if q >= burst - w then w, f = burst, 0 else w, f = w + q, rem end
+            t = now
           end
         end
       end
