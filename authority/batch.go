@@ -255,16 +255,29 @@ func (b *batch) decode() {
 	}
 }
 
+// clockOf reads the server's clock at the head of a batch reply, "<s>
+// <us>" as TIME gave it, in µs, and returns the rest of the reply.
+func clockOf(body string) (now int64, rest string, ok bool) {
+	st, rest := field(body)
+	ut, rest := field(rest)
+	s, err1 := strconv.ParseInt(st, 10, 64)
+	us, err2 := strconv.ParseInt(ut, 10, 64)
+	if err1 != nil || err2 != nil || us < 0 || us >= 1e6 || s < 0 || s > (maxExact-1-us)/1e6 {
+		return 0, "", false
+	}
+	return s*1e6 + us, rest, true
+}
+
 // decodeBatch decodes a batch reply (see batch.lua) in place, into each
 // call's Grant or Err; oneBucket tells a batch on one token bucket, where
 // an exact call has two values, not the usual three.
 func decodeBatch(reply string, calls []*Acquisition, oneBucket bool) error {
 	body, lines, _ := strings.Cut(reply, "\n")
-	tok, rest := field(body)
-	now, err := strconv.ParseInt(tok, 10, 64)
-	if err != nil || now < 0 || now >= maxExact {
+	now, rest, ok := clockOf(body)
+	if !ok {
 		return fmt.Errorf("%w: batch reply %.80q", ErrReply, reply)
 	}
+	var err error
 	for _, a := range calls {
 		exact := oneBucket && a.Min == a.Want
 		values := 3 // " <g> <w> <x>"

@@ -44,7 +44,10 @@
 --              -want, min, share_ppm
 --                                any other call, as above.
 --            Every number is an integer.
--- Returns    one bulk string: "<now>", then per call " <granted> <w> <x>":
+-- Returns    one bulk string: "<s> <us>", the server's clock as TIME gave
+--            it (now = s*10^6 + us µs; the strings themselves, as
+--            formatting now cost an invocation of one call about 1 µs, a
+--            twelfth of the lean contract's whole script, in Redis), then per call " <granted> <w> <x>":
 --            granted 0 for a denial; w the whole tokens left (negative for a
 --            bucket in debt); x the fraction f of a token bucket (it holds
 --            w + f/p tokens at now), or the window's end of a calendar quota.
@@ -76,6 +79,7 @@ end
 -- holding w >= min whole tokens: floor(w * share_ppm / 1e6), exactly (w
 -- split so that no product passes 2^53), within [min, want].
 local function portion(w, want, min, share)
+  local floor = math.floor -- not the script's: a function that captures none is made at little cost
   local g = floor(w / 1000000) * share + floor((w % 1000000) * share / 1000000)
   if g < min then return min end
   if g > want then return want end
@@ -95,17 +99,19 @@ end
 
 if ARGV[2] == '-1' then
   -- The usual batch: one token bucket (a lease's refills among its
-  -- exact calls, or not). It is decided
-  -- here, on a path of its own that builds none of the general path's
-  -- tables of limits and functions, and calls none of the script's
-  -- functions but muldiv, the arithmetic (once for a key's refill, once
-  -- for its write): in Lua 5.1 a call costs about as much as the work
-  -- these do. With int, read, write, refill and until_tokens called (and
-  -- muldiv from two of them), an invocation of one call ran 1.5 times the
-  -- VM instructions it ran after (the lean contract's script in
-  -- benchmarks/ runs half as many again) and took about 2 µs more of
-  -- Redis's time, each further call in a batch about 0.3 µs more. The
-  -- bucket in hand is the general path's (see there), on one limit.
+  -- exact calls, or not). It is decided here, on a path of its own that
+  -- builds none of the general path's tables of limits and functions,
+  -- calls no function but portion (for a refill), and makes the
+  -- arithmetic's (see arith in muldiv.lua) only for a product past 2^53:
+  -- its refill and TTL are muldiv's fast path, inline (keep them alike).
+  -- In Lua 5.1 a call costs about as much as the work these do, and
+  -- making a function that captures the script's locals costs
+  -- allocations. With int, read, write, refill and until_tokens called,
+  -- an invocation of one call ran 1.5 times the VM instructions it runs
+  -- now and took about 2 µs more of Redis's time; with muldiv made and
+  -- called, 5% more machine instructions (callgrind, plain Lua) and about
+  -- 0.8 µs more. The bucket in hand is the general path's (see there), on
+  -- one limit.
   local window, r, p, burst = tonumber(ARGV[1]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
   -- int's tests inline: integers in [1, MAX) (a NaN fails every
   -- comparison), burst at most HUGE; window only when there is a batch key.
@@ -138,7 +144,7 @@ if ARGV[2] == '-1' then
   if clock.err then return redis.error_reply(refused('TIME', clock)) end
   local now = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
   local format, match, pcall = string.format, string.match, redis.pcall
-  local out, errs, any = {format('%d', now)}, nil, false
+  local out, errs, any = {clock[1], ' ', clock[2]}, nil, false
   -- The bucket in hand, as the general path's: w + f/p tokens at t,
   -- refilled to now when read, written when the next key comes if took.
   local key, w, f, t, took, ej = nil, 0, 0, 0, false, nil
@@ -150,8 +156,16 @@ if ARGV[2] == '-1' then
         -- write: w < burst after a grant; the TTL lasts until the
         -- bucket is full again (until_tokens(burst - w, f, r, p) µs),
         -- plus a margin.
-        local q, rem = muldiv(burst - w - 1, p, p - f, r) -- until_tokens' body: one call, not two
-        if rem > 0 and q < HUGE then q = q + 1 end
+        local x, q = (burst - w - 1) * p + (p - f), nil
+        if x < MAX then
+          q = floor(x / r) -- then corrected for the division's rounding, to the ceiling
+          if q * r > x then q = q - 1 end
+          if q * r < x then q = q + 1 end
+          if q > HUGE then q = HUGE end
+        else
+          local _, until_tokens = arith(MAX, HUGE, floor)
+          q = until_tokens(burst - w, f, r, p)
+        end
         local res = pcall('SET', key, format('%d %d %d -', w, f, t), 'PX', math.ceil(q / 1000) + 1000)
         if res.err then return redis.error_reply(refused('SET', res)) end
       end
@@ -178,9 +192,20 @@ if ARGV[2] == '-1' then
             w, f = burst, 0
             if now > t then t = now end
           elseif now > t then
-            local q, rem = muldiv(now - t, r, f, p) -- refill's body: one call, not two
-            if q >= burst - w then w, f = burst, 0 else w, f = w + q, rem end
-            t = now
+            local x = (now - t) * r
+            if x < MAX - f then -- muldiv's fast path
+              x = x + f
+              local q = floor(x / p)
+              if q > 0 and q * p > x then q = q - 1 end
+              local rem = x - q * p
+              if rem >= p then q, rem = q + 1, rem - p end
+              if q >= HUGE then q, rem = HUGE, 0 end -- muldiv's saturation, which refill compares
+              if q >= burst - w then w, f = burst, 0 else w, f = w + q, rem end
+              t = now
+            else
+              local _, _, refill = arith(MAX, HUGE, floor)
+              w, f, t = refill(w, f, t, now, r, p, burst)
+            end
           end
         end
       end
@@ -189,25 +214,25 @@ if ARGV[2] == '-1' then
     if want > 0 then -- an exact call
       j = j + 1
       if ej then
-        out[c + 1] = ' e ' .. ej
+        out[c + 3] = ' e ' .. ej
       elseif w >= want then
         w, took, any = w - want, true, true
-        out[c + 1] = format(' %d %d', w, f)
+        out[c + 3] = format(' %d %d', w, f)
       else
-        out[c + 1] = format(' %d %d', w, -1 - f)
+        out[c + 3] = format(' %d %d', w, -1 - f)
       end
     else -- a call with a min and a share, as the general path decides it
       local min, share = tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2])
       want, j = -want, j + 3
       if ej then
-        out[c + 1] = ' e ' .. ej .. ' 0'
+        out[c + 3] = ' e ' .. ej .. ' 0'
       else
         local g = 0
         if w >= min then
           g = min < want and portion(w, want, min, share) or want
           w, took, any = w - g, true, true
         end
-        out[c + 1] = format(' %d %d %d', g, w, f)
+        out[c + 3] = format(' %d %d %d', g, w, f)
       end
     end
   end
@@ -248,6 +273,7 @@ local function write(key, w, f, t, reset)
 end
 
 -- The general form: L limits, each call under one of them.
+local _, until_tokens, refill = arith(MAX, HUGE, floor)
 local window, L = int(ARGV[1]), int(ARGV[2])
 if not ((window or not keyed) and L) or n < 1 or #ARGV < 2 + 3 * L then
   return redis.error_reply(BAD)
@@ -314,7 +340,7 @@ if #ARGV ~= j then return redis.error_reply(BAD) end
 -- what a script pays most for per call, after GET and SET.
 local key, sw, sf, st, gk, ej = nil, nil, nil, nil, 0, nil
 local errs, any = nil, false
-local out = {string.format('%d', now)}
+local out = {clock[1], ' ', clock[2]}
 
 -- flush writes the bucket in hand if a call took from it, with a TTL until
 -- it is full again (a missing key reads as full) plus a margin; it returns
@@ -352,7 +378,7 @@ for c = 1, n do
   end
 
   if ej then
-    out[c + 1] = ' e ' .. ej .. ' 0'
+    out[c + 3] = ' e ' .. ej .. ' 0'
   else
     local cal, a, b, burst = CAL[k], A[k], B[k], BURST[k]
     local w, f, last = sw, sf, st
@@ -384,7 +410,7 @@ for c = 1, n do
       any = true
     end
     if cal then f = last end
-    out[c + 1] = string.format(' %d %d %d', g, w, f)
+    out[c + 3] = string.format(' %d %d %d', g, w, f)
   end
 end
 local e = flush()

@@ -19,6 +19,10 @@
 -- Every number is an integer below 2^53, exact in Lua's doubles (see
 -- muldiv.lua, prepended to this file).
 
+-- The arithmetic (see arith in muldiv.lua): these scripts use refill and
+-- until_tokens on every call.
+local _, until_tokens, refill = arith(MAX, HUGE, floor)
+
 -- int returns ARGV[i] as an integer in [1, 2^53), or nil.
 local function int(i)
   local v = tonumber(ARGV[i])

@@ -196,3 +196,31 @@ func TestDecodeRefGrantAcceptsEveryValidReply(t *testing.T) {
 		}
 	}
 }
+
+// The head of a batch reply is the server's clock as TIME gave it, "<s>
+// <us>"; a head that is not that, or past 2^53 µs, is a bad reply.
+func TestDecodeBatchClock(t *testing.T) {
+	good := []struct {
+		in   string
+		want int64
+	}{
+		{"0 0", 0},
+		{"1733400000 5", 1733400000_000005},
+		{"1733400000 999999 7 3", 1733400000_999999},
+		{"9007199254 740991", 1<<53 - 1},
+	}
+	for _, tc := range good {
+		if got, _, ok := clockOf(tc.in); !ok || got != tc.want {
+			t.Errorf("clockOf(%q) = %d, %v; want %d, true", tc.in, got, ok, tc.want)
+		}
+	}
+	for _, in := range []string{"", "1733400000", "1733400000 ", "1733400000123456", "x 5", "5 x",
+		"-1 5", "5 -1", "5 1000000", "9007199254 740992", "9007199255 0", "1.5 3"} {
+		if _, _, ok := clockOf(in); ok {
+			t.Errorf("clockOf(%q) accepted", in)
+		}
+		if err := decodeBatch(in, nil, true); !errors.Is(err, ErrReply) {
+			t.Errorf("decodeBatch(%q) = %v, want ErrReply", in, err)
+		}
+	}
+}
