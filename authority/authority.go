@@ -29,6 +29,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -439,9 +440,15 @@ var batchLifeArg, unkeyedArg any = batchLife.Milliseconds(), int64(0)
 // returns its first reply instead of taking tokens twice.
 func (r *Redis) AcquireAll(ctx context.Context, as []*Acquisition) {
 	as = r.acquireWith(ctx, as)
-	ready := make([]*Acquisition, 0, len(as))
-	for _, a := range as {
-		if r.check(a) {
+	// The calls that pass check: as itself until one fails (no copy, as
+	// in nearly every batch), a copy of those before it then.
+	ready, copied := as, false
+	for i, a := range as {
+		ok := r.check(a)
+		switch {
+		case !ok && !copied:
+			ready, copied = append(make([]*Acquisition, 0, len(as)), as[:i]...), true
+		case ok && copied:
 			ready = append(ready, a)
 		}
 	}
@@ -543,6 +550,9 @@ func hashTag(key string) string {
 // acquireWith makes the multi-limit calls of as (those with With), in one
 // pipeline of acquire_all calls, and returns the others.
 func (r *Redis) acquireWith(ctx context.Context, as []*Acquisition) []*Acquisition {
+	if !slices.ContainsFunc(as, func(a *Acquisition) bool { return len(a.With) > 0 }) {
+		return as // the usual case, without a copy
+	}
 	var invs []*invocation
 	var multi []*Acquisition
 	rest := as[:0:0]

@@ -122,8 +122,11 @@ func (r *Redis) sendAll(ctx context.Context, s script, invs []*invocation) {
 // read, write or dial deadline of go-redis's), which says nothing of
 // whether Redis ran the call.
 func clientTimedOut(err error) bool {
+	if err == nil {
+		return false // before ne, which escapes: a call that succeeded allocates nothing here
+	}
 	var ne net.Error
-	return err != nil && errors.As(err, &ne) && ne.Timeout()
+	return errors.As(err, &ne) && ne.Timeout()
 }
 
 // atDeadline returns err, a call's error, as ctx's error (wrapping err) if
@@ -178,4 +181,7 @@ func (r *Redis) runKeys(ctx context.Context, s script, keys []string, args ...an
 	return v, nil
 }
 
-func isNoScript(err error) bool { return redis.HasErrorPrefix(err, "NOSCRIPT") }
+// isNoScript reports whether err is Redis's NOSCRIPT. A nil err is looked
+// at first: HasErrorPrefix allocates on every call, and nearly every reply
+// is not an error.
+func isNoScript(err error) bool { return err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") }
