@@ -566,9 +566,6 @@ func (r *Redis) acquireWith(ctx context.Context, as []*Acquisition) []*Acquisiti
 			invs = append(invs, r.multiInvocation(a, true))
 		}
 	}
-	if len(rest) == len(as) {
-		return as
-	}
 	if len(multi) == 0 {
 		return rest
 	}
