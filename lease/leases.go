@@ -227,7 +227,6 @@ func (ls *Leases) Decide(key string, n, now int64) Answer {
 	h := ls.table.keyHash(ls, key) // for the table, and for the doorkeeper on a miss
 	e := ls.table.getHashed(h, ls, key)
 	if e != nil {
-		used := e.lastUse.Load() // before this decision's use
 		if ok, left := e.Take(n, now); ok {
 			a := Answer{Status: Leased, Remaining: ls.remaining(e, left), Parts: ls.parts(e)}
 			if e.NeedsPrefetch(left) {
@@ -235,6 +234,11 @@ func (ls *Leases) Decide(key string, n, now int64) Answer {
 			}
 			return a
 		}
+		// The last use before this decision, for the lapse below: Take
+		// touched the entry only if its lease was live, and the lapse
+		// applies only to a lease that is over, so it is read here, off
+		// the lease hit's path, and before the Touch.
+		used := e.lastUse.Load()
 		// A use, whether denied from the cache or refilled: the eviction
 		// hand and the doorkeeper (see table.GetOrCreate) read it.
 		e.Touch(now)
