@@ -16,7 +16,8 @@
 //     (see leanhandoff.go).
 //   - lean_contract: the floor with only what leaselimit's contract makes
 //     every design pay: its key names, resend safety per batch, a cost per
-//     call in and two values per call back (see leancontract.go).
+//     call in and two values per call back, a key repeated in a batch read
+//     and written once (see leancontract.go).
 //   - leaselimit_exact: leaselimit with WithoutLease(): every decision is one
 //     call of leaselimit's own acquire script, through its breaker and time
 //     budget.

@@ -26,14 +26,18 @@ import (
 //     a batch go-redis resends returns that reply instead of taking twice;
 //   - one cost per call in, two values per call back (the grant and the
 //     whole tokens left, for Decision.Remaining), in one bulk string, the
-//     form a stored reply takes.
+//     form a stored reply takes;
+//   - calls on one key decided in order in one batch, the key read and
+//     written once (issue 25, item 2): what lets a batched design serve
+//     one hot key at less than a GET and a SET per decision.
 //
 // Batching, script and state are otherwise the floor's. Its share of the
 // floor is what the contract costs on the machine at hand; leaselimit's
 // share of it is what leaselimit's own code costs over that.
 
 // leanContractScript decides one batch. KEYS[1] is the batch key, then one
-// bucket per call (repeats allowed). ARGV: the batch key's life in ms, r, p
+// bucket per call (repeats allowed: a repeated key is read once, decided
+// in order, and written once, after the last call). ARGV: the batch key's life in ms, r, p
 // (the limit as r tokens every p µs, reduced), burst, then one cost per
 // call. Returns "<granted> <whole tokens left>" per call, space-separated.
 var leanContractScript = redis.NewScript(`
@@ -43,15 +47,25 @@ local r, p, burst = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
 local out, any = {}, false
+local W, F, T, written, nw = {}, {}, {}, {}, 0
 for i = 2, #KEYS do
   local k, cost = KEYS[i], tonumber(ARGV[i + 3])
-` + leanBucketAt + `  local g = 0
+  if not W[k] then
+` + leanBucketAt + `    W[k], F[k], T[k] = w, f, t
+  end
+  local w, g = W[k], 0
   if w >= cost then
     g, w, any = cost, w - cost, true
-    local ttl = math.ceil(((burst - w) * p - f) / r / 1000) + 1000
-    redis.call('SET', k, string.format('%d %d %d', w, f, t), 'PX', ttl)
+    W[k] = w
+    if not written[k] then written[k], nw = true, nw + 1; written[nw] = k end
   end
   out[i - 1] = string.format('%d %d', g, w)
+end
+for j = 1, nw do
+  local k = written[j]
+  local w, f = W[k], F[k]
+  local ttl = math.ceil(((burst - w) * p - f) / r / 1000) + 1000
+  redis.call('SET', k, string.format('%d %d %d', w, f, T[k]), 'PX', ttl)
 end
 local reply = table.concat(out, ' ')
 if any then redis.call('SET', KEYS[1], reply, 'PX', ARGV[1]) end

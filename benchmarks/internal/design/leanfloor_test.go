@@ -121,3 +121,48 @@ func TestLeanContractResendTakesOnce(t *testing.T) {
 		t.Errorf("Allow with the bucket empty = %+v, %v; want denied", r, err)
 	}
 }
+
+// TestLeanContractReadsARepeatedKeyOnce: calls on one key in one batch are
+// decided in order on one read of its bucket, which is written once after
+// them (issue 25, item 2), as leaselimit's batch script does.
+func TestLeanContractReadsARepeatedKeyOnce(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	c := NewClient(srv.Addr, nil)
+	defer c.Close()
+	d, err := New(LeanContract, c, policy.Limit{Name: "repeat", Rate: 1, Period: time.Hour, Burst: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	hot, cold := d.(*leanDecider).keyOf("hot"), d.(*leanDecider).keyOf("cold")
+	keys := []string{"ll-contr:batch:{x}:repeat", hot, cold, hot, hot, hot, hot, hot, hot}
+	args := []any{leanContractLife, 1, 3600_000_000, 5, 2, 1, 1, 1, 1, 1, 1, 1}
+	if err := c.ConfigResetStat(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	got, err := leanContractScript.Run(ctx, c, keys, args...).Text()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// hot: 2 of 5, then 1 at a time to empty, then denied three times; cold: 1.
+	if want := "2 3 1 4 1 2 1 1 1 0 0 0 0 0 0 0"; got != want {
+		t.Errorf("reply %q; want %q", got, want)
+	}
+	stats, err := c.Info(ctx, "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// GET: the batch key, hot and cold once each; SET: hot, cold, the batch key.
+	for cmd, want := range map[string]string{"get": "calls=3,", "set": "calls=3,"} {
+		if !strings.Contains(stats, "cmdstat_"+cmd+":"+want) {
+			t.Errorf("commandstats after one batch: want %s %s in\n%s", cmd, want, stats)
+		}
+	}
+	if r, err := d.Allow(ctx, "hot"); err != nil || r.Allowed {
+		t.Errorf("Allow on the emptied hot key = %+v, %v; want denied", r, err)
+	}
+	if r, err := d.Allow(ctx, "cold"); err != nil || !r.Allowed {
+		t.Errorf("Allow on cold (4 of 5 left) = %+v, %v; want admitted", r, err)
+	}
+}
