@@ -199,7 +199,7 @@ func run() error {
 	for _, g := range groups {
 		for _, s := range g {
 			if r := s.res; r.fallbacks > 0 {
-				fmt.Fprintf(os.Stderr, "compare: warning: %s / %s: %d decisions were made by leaselimit's failure policy (Redis over its time budget)\n",
+				fmt.Fprintf(os.Stderr, "compare: warning: %s / %s: %d decisions were made without Redis's reply (leaselimit's failure policy, or a lean hand-off's denial: Redis over the time budget)\n",
 					r.workload.name, r.design, r.fallbacks)
 			}
 		}

@@ -55,9 +55,11 @@ var Names = []string{RedisRate, LuaPerRequest, LeanFloor, LeanHandoff, LeanContr
 type Result struct {
 	Allowed bool
 	// Fallback is true when leaselimit's failure policy decided because
-	// Redis did not answer within its budget (SourceFallback). Such a
-	// decision did not consult Redis, so a benchmark that counts it as a
-	// normal decision flatters the design; callers report how many there were.
+	// Redis did not answer within its budget (SourceFallback), or a lean
+	// hand-off design (lean_handoff, lean_necessary) denied a call whose
+	// reply it waited for past its budget. Such a decision did not consult
+	// Redis, so a benchmark that counts it as a normal decision flatters
+	// the design; callers report how many there were.
 	Fallback bool
 }
 

@@ -166,3 +166,48 @@ func TestLeanContractReadsARepeatedKeyOnce(t *testing.T) {
 		t.Errorf("Allow on cold (4 of 5 left) = %+v, %v; want admitted", r, err)
 	}
 }
+
+// TestLeanHandoffPastTheBudgetIsAFallback: a hand-off design's call that
+// gets no reply within its budget is denied as a fallback, which the
+// harness counts, not an error, which stopped a whole run; the design
+// serves again once Redis does.
+func TestLeanHandoffPastTheBudgetIsAFallback(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	c := NewClient(srv.Addr, nil)
+	defer c.Close()
+	for _, name := range []string{LeanHandoff, LeanNecessary} {
+		t.Run(name, func(t *testing.T) {
+			d, err := New(name, c, policy.Limit{Name: "budget", Rate: 1, Period: time.Hour, Burst: 5})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r, err := d.Allow(ctx, "k"); err != nil || !r.Allowed {
+				t.Fatalf("Allow before the pause = %+v, %v", r, err)
+			}
+			srv.Pause(t)
+			done := make(chan struct{})
+			var r Result
+			go func() {
+				defer close(done)
+				r, err = d.Allow(ctx, "k")
+			}()
+			select {
+			case <-done:
+			case <-time.After(10 * leanBudget):
+				t.Errorf("Allow on a paused Redis still waiting after %v; budget %v", 10*leanBudget, leanBudget)
+			}
+			srv.Resume(t)
+			<-done
+			if err != nil || r.Allowed || !r.Fallback {
+				t.Errorf("Allow past the budget = %+v, %v; want denied as a fallback, no error", r, err)
+			}
+			if r, err := d.Allow(ctx, "k"); err != nil || !r.Allowed || r.Fallback {
+				t.Errorf("Allow after the resume = %+v, %v; want admitted by Redis", r, err)
+			}
+			if err := d.Close(); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+}
