@@ -37,8 +37,13 @@ type entry struct {
 	holders *holderList
 	listed  atomic.Bool
 
-	slot int   // position in its shard's ring; guarded by the shard's lock
-	seen int64 // lastUse when the eviction hand last passed; guarded by the shard's lock
+	hash uint64 // its key's hash in its table (see table.keyHash)
+	// Guarded by the shard's lock: the next entry whose key's hash is
+	// the same (see shard.m), the position in the shard's ring, and
+	// lastUse when the eviction hand last passed.
+	next *entry
+	slot int
+	seen int64
 
 	pendSum atomic.Int64 // tokens wanted by callers waiting on a refill
 	pendMin atomic.Int64 // smallest such want (0: none)

@@ -47,7 +47,10 @@ type Leases struct {
 	// taken from each of their buckets, and goes back to each. limit is
 	// then the multi-limit's envelope (see NewGroup).
 	members []policy.Limit
-	salt    uint64 // this limit's, so its keys and another's are apart in the doorkeeper
+	// salt is this limit's, no other's: with a key it names the key's
+	// entry in the table, and it keeps its keys and another's apart in
+	// the doorkeeper and over the shards.
+	salt uint64
 	// forgotUntil is when (unix ns) the last FailLocal bucket the table
 	// evicted before it refilled would have refilled: until then a new
 	// one starts empty (see newLocalBucket).

@@ -103,7 +103,11 @@ func over(z sizer, e *entry) *Leases {
 	}
 	ls := &Leases{table: newTable(minCapacity), limit: z.limit, local: z.limit, sizer: z,
 		maxShare: z.settings.MaxShare}
-	ls.table.shard(ls, e.key).m[tkey{ls, e.key}] = e
+	// Under e's owner's salt, which with the key names an entry (see
+	// shard.find); e's own hash and chain are its table's.
+	ls.salt = saltOf(e.owner)
+	h := ls.table.keyHash(ls, e.key)
+	ls.table.shardOf(h).m[h] = e
 	protocols.Store(e, ls)
 	return ls
 }

@@ -3,6 +3,7 @@ package lease
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -25,6 +26,100 @@ func keyInShardOf(t testing.TB, tab *table, key, prefix string) string {
 	}
 	t.Fatalf("no key with prefix %q in the shard of %q", prefix, key)
 	return ""
+}
+
+// TestShardChainsEqualHashes: entries whose keys' hashes are equal share
+// the map's slot in a chain; each is found by its own key and limit, and
+// taking one out, first, middle or last, leaves the others found.
+func TestShardChainsEqualHashes(t *testing.T) {
+	const h = 7
+	other := &Leases{salt: 5}
+	sh := &shard{m: make(map[uint64]*entry), max: 10}
+	a := &entry{key: "a", hash: h}
+	b := &entry{key: "b", hash: h}
+	c := &entry{key: "c", hash: h}
+	a2 := &entry{key: "a", hash: h, owner: other} // a's key under another limit
+	all := []*entry{a, b, c, a2}
+	for _, e := range all {
+		sh.add(e)
+	}
+	check := func(when string, present ...*entry) {
+		t.Helper()
+		for _, e := range all {
+			want := e
+			if !slices.Contains(present, e) {
+				want = nil
+			}
+			if got := sh.find(h, saltOf(e.owner), e.key); got != want {
+				t.Errorf("%s: find(%q, salt %d) = %p; want %p", when, e.key, saltOf(e.owner), got, want)
+			}
+		}
+		if got := sh.find(h, 0, "d"); got != nil {
+			t.Errorf("%s: find of a key never added = %p", when, got)
+		}
+		if len(sh.ring) != len(present) {
+			t.Errorf("%s: ring of %d; want %d", when, len(sh.ring), len(present))
+		}
+	}
+	check("all added", all...)
+	sh.remove(c) // in the middle of the chain a2, c, b, a
+	check("c removed", a, b, a2)
+	sh.remove(a2) // its head
+	check("a2 removed", a, b)
+	sh.remove(a) // its tail
+	check("a removed", b)
+	sh.remove(b)
+	check("b removed")
+	if len(sh.m) != 0 {
+		t.Errorf("map of %d slots with every entry removed; want 0", len(sh.m))
+	}
+	for _, e := range all {
+		if !e.removed.Load() || e.next != nil {
+			t.Errorf("%q: removed %v, next %p; want removed and unchained", e.key, e.removed.Load(), e.next)
+		}
+	}
+}
+
+// TestTableChainedEntries: a table counts, sweeps and drains every entry
+// of a chain, not only the first (the map holds but that one).
+func TestTableChainedEntries(t *testing.T) {
+	tab := newTable(minCapacity)
+	sh := tab.shardOf(7)
+	idle1 := &entry{key: "idle1", hash: 7, holders: &tab.holders}
+	idle2 := &entry{key: "idle2", hash: 7, holders: &tab.holders}
+	holder := &entry{key: "holder", hash: 7, holders: &tab.holders}
+	holder2 := &entry{key: "holder2", hash: 7, holders: &tab.holders}
+	for _, e := range []*entry{idle1, holder, idle2, holder2} {
+		e.lastUse.Store(1 * s)
+		sh.add(e)
+	}
+	for _, e := range []*entry{holder, holder2} {
+		e.tokens.Store(int64(len(e.key)))
+		e.expires.Store(100 * s)
+	}
+	if got := tab.Len(); got != 4 {
+		t.Errorf("Len = %d; want 4", got)
+	}
+	tab.Sweep(10*s, 2*s, func(e *entry, h held) { t.Errorf("Sweep refunded %d of %q", h.tokens, e.key) })
+	if got := tab.Len(); got != 2 || !idle1.removed.Load() || !idle2.removed.Load() || holder.removed.Load() || holder2.removed.Load() {
+		t.Errorf("after Sweep: Len %d, removed idle1 %v idle2 %v holder %v holder2 %v; want 2, the idle two removed",
+			got, idle1.removed.Load(), idle2.removed.Load(), holder.removed.Load(), holder2.removed.Load())
+	}
+	if tab.Get(nil, "holder") != nil {
+		t.Fatal("Get found an entry added under a hash of the test's")
+	}
+	if sh.find(7, 0, "holder") != holder || sh.find(7, 0, "holder2") != holder2 {
+		t.Error("the holders no longer found after the sweep removed the entries chained with them")
+	}
+	got := map[string]int64{}
+	tab.Drain(func(e *entry, h held) { got[e.key] += h.tokens })
+	if len(got) != 2 || got["holder"] != 6 || got["holder2"] != 7 {
+		t.Errorf("Drain refunded %v; want holder's 6 and holder2's 7", got)
+	}
+	if tab.Len() != 0 || !holder.removed.Load() || !holder2.removed.Load() {
+		t.Errorf("after Drain: Len %d, removed holder %v holder2 %v; want 0, both removed",
+			tab.Len(), holder.removed.Load(), holder2.removed.Load())
+	}
 }
 
 func TestTableCapacity(t *testing.T) {
