@@ -104,7 +104,8 @@ func over(z sizer, e *entry) *Leases {
 	ls := &Leases{table: newTable(minCapacity), limit: z.limit, local: z.limit, sizer: z,
 		maxShare: z.settings.MaxShare}
 	// Under e's owner's salt, which with the key names an entry (see
-	// shard.find); e's own hash and chain are its table's.
+	// shard.find); e's own hash and chain are its table's, so it must
+	// never be removed through ls (unlink would follow them).
 	ls.salt = saltOf(e.owner)
 	h := ls.table.keyHash(ls, e.key)
 	ls.table.shardOf(h).m[h] = e

@@ -122,6 +122,30 @@ func TestTableChainedEntries(t *testing.T) {
 	}
 }
 
+// TestTableFullByEntries: a shard is full when it holds its share of
+// entries, however few slots of its map they take: entries whose hashes
+// are equal share one.
+func TestTableFullByEntries(t *testing.T) {
+	tab := newTable(3 * numShards) // three entries per shard
+	sh := tab.shardOf(7)
+	for _, k := range []string{"a", "b", "c"} {
+		sh.add(&entry{key: k, hash: 7, holders: &tab.holders})
+	}
+	var key string
+	for i := 0; key == ""; i++ {
+		if k := "k" + strconv.Itoa(i); tab.shard(nil, k) == sh {
+			key = k
+		}
+	}
+	e, evicted := tab.GetOrCreate(nil, key, 1*s)
+	if evicted == nil || !evicted.removed.Load() {
+		t.Errorf("GetOrCreate in a shard of three chained entries evicted %v; want one of them", evicted)
+	}
+	if tab.Get(nil, key) != e || len(sh.ring) != 3 {
+		t.Errorf("after GetOrCreate: %q found %v, ring of %d; want found, 3", key, tab.Get(nil, key) == e, len(sh.ring))
+	}
+}
+
 func TestTableCapacity(t *testing.T) {
 	for _, tc := range []struct{ maxKeys, want int }{
 		{-5, numShards},
