@@ -15,7 +15,7 @@ func (l *Limiter) allowExact(ctx context.Context, key string, n int64) (Decision
 		return l.breakerOpen(ctx, brk, key, n)
 	}
 	if rkey == "" {
-		rkey = l.namer.Key(key)
+		rkey = l.names.Key(key)
 	}
 	return l.callExact(ctx, brk, rkey, key, n)
 }

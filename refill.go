@@ -28,7 +28,7 @@ func (l *Limiter) miss(ctx context.Context, key string, n int64, a lease.Answer)
 		return l.breakerOpen(ctx, brk, key, n)
 	}
 	if rkey == "" {
-		rkey = l.namer.Key(key)
+		rkey = l.names.Key(key)
 	}
 	state := brk.State() // before the call: a failing call may trip the breaker
 	for a.Status == lease.Miss {

@@ -37,6 +37,7 @@ type limitSet struct {
 	members []*member       // in the order given
 	limit   policy.Limit    // the first member's: a decision's Limit unless Parts say otherwise
 	namer   authority.Namer // the first member's: the Redis key of a call (the rest go With it)
+	names   *keyNames       // namer's, remembering the last key named on each processor
 	maxCost int64           // the least Burst of the members: the most one request may take
 	// leases is the protocol that decides: the one member's own, or for
 	// several limits a joint lease whose every token was taken from each
@@ -97,6 +98,7 @@ func (e *engine) newSet(members []*member) *limitSet {
 		members: members,
 		limit:   members[0].limit,
 		namer:   members[0].namer,
+		names:   newKeyNames(members[0].namer),
 		maxCost: members[0].limit.Burst,
 		tel:     e.meters.WithLimit(name),
 		log:     e.log.forLimit(name),
