@@ -154,7 +154,11 @@ func (l *Limiter) route(namer authority.Namer, key string) (brk *circuit.Breaker
 	if l.path.Cluster() == nil {
 		return l.path.Shared(), ""
 	}
-	rkey = namer.Key(key)
+	if namer == l.namer {
+		rkey = l.names.Key(key) // a hot key is named once per processor
+	} else {
+		rkey = namer.Key(key)
+	}
 	return l.path.Route(rkey), rkey
 }
 
