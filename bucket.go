@@ -91,9 +91,9 @@ func (l *Limiter) Peek(ctx context.Context, key string) (Decision, error) {
 // peekBucket reads key's bucket under m's limit, and counts the tokens of
 // it that m's own lease holds here (see Peek).
 func (l *Limiter) peekBucket(ctx context.Context, m *member, key string) (Decision, error) {
-	brk, rkey := l.route(m.namer, key)
+	brk, rkey := l.route(m.names, key)
 	if rkey == "" {
-		rkey = m.namer.Key(key)
+		rkey = m.names.Key(key)
 	}
 	var b authority.Bucket
 	before := m.leases.Outstanding(key, l.clock.now())
@@ -161,9 +161,9 @@ func (l *Limiter) Reset(ctx context.Context, key string) error {
 		return err
 	}
 	for _, m := range l.members {
-		brk, rkey := l.route(m.namer, key)
+		brk, rkey := l.route(m.names, key)
 		if rkey == "" {
-			rkey = m.namer.Key(key)
+			rkey = m.names.Key(key)
 		}
 		if _, err := l.path.Do(ctx, brk, rkey, func(ctx context.Context) error {
 			_, err := l.auth.Reset(ctx, rkey)

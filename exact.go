@@ -10,7 +10,7 @@ import (
 // allowExact decides by asking Redis for exactly n tokens (exact mode), of
 // every limit's bucket.
 func (l *Limiter) allowExact(ctx context.Context, key string, n int64) (Decision, error) {
-	brk, rkey := l.route(l.namer, key)
+	brk, rkey := l.route(l.names, key)
 	if brk.Rejects(l.clock.wall) {
 		return l.breakerOpen(ctx, brk, key, n)
 	}

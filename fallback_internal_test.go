@@ -33,7 +33,7 @@ func TestFallbackServedByLease(t *testing.T) {
 	if !leased {
 		t.Fatal("no lease decision in 50 requests of one key")
 	}
-	brk, _ := l.route(l.namer, "hot")
+	brk, _ := l.route(l.names, "hot")
 	if d := l.fallback(ctx, brk, "hot", 1, telemetry.ReasonBreakerOpen); d.Source != SourceLease || !d.Allowed {
 		t.Fatalf("fallback with a lease in hand = %+v; want allowed by the lease", d)
 	}
@@ -63,7 +63,7 @@ func TestSaturatedCallIsShed(t *testing.T) {
 			}
 			l, reader := meteredLimiter(t, c, policy.PerSecond(1000).WithName("shed"), opts...)
 			ctx := context.Background()
-			brk, _ := l.route(l.namer, "k")
+			brk, _ := l.route(l.names, "k")
 			late := fmt.Errorf("%w: 512ms", errSaturated)
 			for i := range 3 {
 				d, err := l.onError(ctx, brk, "k", 1, late)

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/leaselimit/leaselimit/authority"
 	"github.com/leaselimit/leaselimit/internal/circuit"
 	"github.com/leaselimit/leaselimit/internal/overload"
 	"github.com/leaselimit/leaselimit/internal/recorder"
@@ -146,19 +145,15 @@ func callerError(err error) bool {
 func recording(ctx context.Context) (trace.Span, bool) { return recorder.DecisionSpan(ctx) }
 
 // route returns the breaker for key and, on a Cluster (where finding the
-// breaker needs it), key's Redis key under namer; elsewhere rkey is "" and
+// breaker needs it), key's Redis key under names; elsewhere rkey is "" and
 // is built only when a Redis call is to be made, so breaker-open decisions
 // stay cheap. Every bucket of one key is on one node (see authority.Namer),
 // so the first bucket's breaker is every member's.
-func (l *Limiter) route(namer authority.Namer, key string) (brk *circuit.Breaker, rkey string) {
+func (l *Limiter) route(names *keyNames, key string) (brk *circuit.Breaker, rkey string) {
 	if l.path.Cluster() == nil {
 		return l.path.Shared(), ""
 	}
-	if namer == l.namer {
-		rkey = l.names.Key(key) // a hot key is named once per processor
-	} else {
-		rkey = namer.Key(key)
-	}
+	rkey = names.Key(key)
 	return l.path.Route(rkey), rkey
 }
 

@@ -23,7 +23,7 @@ import (
 // decides for it at once.
 func (l *Limiter) miss(ctx context.Context, key string, n int64, a lease.Answer) (Decision, error) {
 	l.refunds.addReturn(a.Evicted)
-	brk, rkey := l.route(l.namer, key)
+	brk, rkey := l.route(l.names, key)
 	if brk.Rejects(l.clock.wall) {
 		return l.breakerOpen(ctx, brk, key, n)
 	}
@@ -166,7 +166,7 @@ func (l *Limiter) prefetch(ctx context.Context, t lease.Ticket) {
 	ok := l.path.Spawn(func() {
 		defer func() { <-l.slots }()
 		defer l.leases.Prefetched(t)
-		rkey := l.namer.Key(t.Key())
+		rkey := l.names.Key(t.Key())
 		brk := l.path.Route(rkey)
 		if brk.Rejects(l.clock.wall) {
 			return

@@ -231,7 +231,7 @@ func (r *Reservation) oweExcess(ctx context.Context, excess int64) error {
 	}
 	var first error
 	for _, m := range l.members {
-		rf := authority.Refund{Key: m.namer.Key(r.key), Limit: m.limit, Tokens: -excess, Window: windowOf(m.limit, r.stamp.taken)}
+		rf := authority.Refund{Key: m.names.Key(r.key), Limit: m.limit, Tokens: -excess, Window: windowOf(m.limit, r.stamp.taken)}
 		if err := l.adjustAfterClose(ctx, rf); err != nil && first == nil {
 			first = err
 		}
@@ -321,9 +321,9 @@ func (l *Limiter) adjustBucket(ctx context.Context, ms []*member, key string, n 
 	if l.settleLocally(m.leases, ms, key, n, st) {
 		return nil
 	}
-	brk, rkey := l.route(m.namer, key)
+	brk, rkey := l.route(m.names, key)
 	if rkey == "" {
-		rkey = m.namer.Key(key)
+		rkey = m.names.Key(key)
 	}
 	rf := l.refunds.adjustment(rkey, m.limit, n, st.windowFor(m.limit, n), st.of(n).since)
 	if l.path.IsClosed() {

@@ -34,11 +34,10 @@ type Part struct {
 type limitSet struct {
 	*engine
 
-	members []*member       // in the order given
-	limit   policy.Limit    // the first member's: a decision's Limit unless Parts say otherwise
-	namer   authority.Namer // the first member's: the Redis key of a call (the rest go With it)
-	names   *keyNames       // namer's, remembering the last key named on each processor
-	maxCost int64           // the least Burst of the members: the most one request may take
+	members []*member    // in the order given
+	limit   policy.Limit // the first member's: a decision's Limit unless Parts say otherwise
+	names   *keyNames    // the first member's: the Redis key of a call (the rest go With it)
+	maxCost int64        // the least Burst of the members: the most one request may take
 	// leases is the protocol that decides: the one member's own, or for
 	// several limits a joint lease whose every token was taken from each
 	// member's bucket at once. joint is that joint lease, nil for one
@@ -58,7 +57,8 @@ type limitSet struct {
 // alone).
 type member struct {
 	limit  policy.Limit
-	namer  authority.Namer
+	namer  authority.Namer // what debts are owed under (see debtKey)
+	names  *keyNames       // namer's names, the last on each processor remembered
 	leases *lease.Leases
 }
 
@@ -97,8 +97,7 @@ func (e *engine) newSet(members []*member) *limitSet {
 		engine:  e,
 		members: members,
 		limit:   members[0].limit,
-		namer:   members[0].namer,
-		names:   newKeyNames(members[0].namer),
+		names:   members[0].names,
 		maxCost: members[0].limit.Burst,
 		tel:     e.meters.WithLimit(name),
 		log:     e.log.forLimit(name),
@@ -119,7 +118,8 @@ func (e *engine) newSet(members []*member) *limitSet {
 
 // newMember returns limit's own state on e.
 func (e *engine) newMember(limit policy.Limit) *member {
-	return &member{limit: limit, namer: e.auth.Namer(limit), leases: lease.New(e.table, limit, e.cfg.lease, e.cfg.fleetSize)}
+	namer := e.auth.Namer(limit)
+	return &member{limit: limit, namer: namer, names: newKeyNames(namer), leases: lease.New(e.table, limit, e.cfg.lease, e.cfg.fleetSize)}
 }
 
 // invalidSet is the set of a Limiter whose limits cannot be enforced
@@ -141,7 +141,7 @@ func (e *engine) invalidSet(limits []policy.Limit) *limitSet {
 func (s *limitSet) with(key string) []authority.Member {
 	with := make([]authority.Member, len(s.members)-1)
 	for i, m := range s.members[1:] {
-		with[i] = authority.Member{Key: m.namer.Key(key), Limit: m.limit}
+		with[i] = authority.Member{Key: m.names.Key(key), Limit: m.limit}
 	}
 	return with
 }
