@@ -477,7 +477,7 @@ func TestTableSweep(t *testing.T) {
 // joined, and leaves the others alone.
 func TestTableSweepVisitsHolders(t *testing.T) {
 	z := newSizer(policy.PerSecond(100), policy.Lease{TTL: 500 * time.Millisecond, IdleTTL: 16 * time.Second})
-	tab := newTable(64)
+	tab := newTable(1000) // many entries per shard: "idle" and "held" may share one
 	const (
 		idle = 16 * s // every entry is visited at most every 2s
 		t0   = 100 * s
