@@ -6,6 +6,7 @@ import (
 
 	"github.com/leaselimit/leaselimit/authority"
 	"github.com/leaselimit/leaselimit/breaker"
+	"github.com/leaselimit/leaselimit/internal/nilclient"
 	"github.com/leaselimit/leaselimit/internal/recorder"
 	"github.com/leaselimit/leaselimit/internal/redispath"
 	"github.com/leaselimit/leaselimit/lease"
@@ -36,7 +37,7 @@ type Client struct {
 // The Client starts one background goroutine (lease expiry, refunds and
 // idle-key eviction); Close stops it.
 func NewClient(client redis.UniversalClient, opts ...Option) (*Client, error) {
-	if client == nil {
+	if nilclient.Is(client) {
 		return nil, errors.New("leaselimit: nil redis client")
 	}
 	cfg := defaultConfig()

@@ -177,6 +177,16 @@ func TestBadInput(t *testing.T) {
 	if _, err := leaselimit.New(nil, policy.PerSecond(1)); err == nil {
 		t.Error("New(nil client): no error")
 	}
+	// A nil pointer of a client type is a non-nil interface: NewClient
+	// panicked reading its options.
+	var unset *redis.Client
+	if _, err := leaselimit.NewClient(unset); err == nil {
+		t.Error("NewClient((*redis.Client)(nil)): no error")
+	}
+	var unsetCluster *redis.ClusterClient
+	if _, err := leaselimit.New(unsetCluster, policy.PerSecond(1)); err == nil {
+		t.Error("New((*redis.ClusterClient)(nil)): no error")
+	}
 	if keys := m.Keys(); len(keys) != 0 {
 		t.Errorf("bad input wrote keys %v", keys)
 	}

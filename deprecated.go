@@ -6,6 +6,7 @@ import (
 	"log/slog"
 
 	"github.com/leaselimit/leaselimit/breaker"
+	"github.com/leaselimit/leaselimit/internal/nilclient"
 	"github.com/leaselimit/leaselimit/policy"
 	"github.com/leaselimit/leaselimit/telemetry"
 	"github.com/redis/go-redis/v9"
@@ -20,7 +21,7 @@ import (
 // Deprecated: use NewClient(client, opts...) and Client.Limiter(limit);
 // Close the Client.
 func New(client redis.UniversalClient, limit policy.Limit, opts ...Option) (*Limiter, error) {
-	if client == nil {
+	if nilclient.Is(client) {
 		return nil, errors.New("leaselimit: nil redis client")
 	}
 	if err := limit.Validate(); err != nil {

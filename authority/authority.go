@@ -39,6 +39,7 @@ import (
 	"github.com/leaselimit/leaselimit/internal/circuit"
 	"github.com/leaselimit/leaselimit/internal/cowmap"
 	"github.com/leaselimit/leaselimit/internal/keybytes"
+	"github.com/leaselimit/leaselimit/internal/nilclient"
 	"github.com/leaselimit/leaselimit/policy"
 	"github.com/redis/go-redis/v9"
 )
@@ -171,7 +172,7 @@ func WithResendWindow(d time.Duration) Option {
 // New returns an authority on client with the given key prefix (see
 // ValidatePrefix). It makes no Redis call.
 func New(client redis.UniversalClient, prefix string, opts ...Option) (*Redis, error) {
-	if client == nil {
+	if nilclient.Is(client) {
 		return nil, errors.New("authority: nil redis client")
 	}
 	if err := ValidatePrefix(prefix); err != nil {

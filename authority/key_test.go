@@ -188,6 +188,10 @@ func TestNew(t *testing.T) {
 	if r, err := New(nil, testPrefix); err == nil || r != nil {
 		t.Errorf("New(nil) = %v, %v; want an error", r, err)
 	}
+	var unset *redis.Client // a non-nil interface holding a nil pointer
+	if r, err := New(unset, testPrefix); err == nil || r != nil {
+		t.Errorf("New((*redis.Client)(nil)) = %v, %v; want an error", r, err)
+	}
 	for _, p := range []string{"", "a b", "{x}", strings.Repeat("p", MaxPrefixLen+1)} {
 		if r, err := New(c, p); !errors.Is(err, ErrPrefix) || r != nil {
 			t.Errorf("New(c, %q) = %v, %v; want ErrPrefix", p, r, err)
