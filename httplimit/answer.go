@@ -107,7 +107,9 @@ func addFields(h http.Header, ps []*fields.Policy, d leaselimit.Decision, outage
 // appendPolicies adds the RateLimit-Policy members of ps.
 func appendPolicies(h http.Header, ps []*fields.Policy) {
 	for _, p := range ps {
-		appendMember(h, HeaderRateLimitPolicy, p.Member)
+		if p.Member != "" { // an invalid limit's (see fields.Policy)
+			appendMember(h, HeaderRateLimitPolicy, p.Member)
+		}
 	}
 }
 
