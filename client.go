@@ -153,14 +153,19 @@ func (c *Client) Limiter(limit policy.Limit, more ...policy.Limit) *Limiter {
 // Close refunds the unused leased tokens of every Limiter of c, waits for
 // Redis calls in flight and stops the background goroutine. On a hung
 // Redis, a client that applies context deadlines (ContextTimeoutEnabled)
-// lets Close return in about a second; one that does not holds it for its
-// read timeout (a refund in flight), then for the final refund's, or about
-// a second if that is longer (10.6s with go-redis's default 5s), and for
-// ever if it has no read timeout either (NewClient warns of such a
+// lets Close return in one to two seconds; one that does not holds it for
+// its read timeout (a refund in flight), then for the final refund's, or
+// about a second if that is longer (10.6s with go-redis's default 5s), and
+// for ever if it has no read timeout either (NewClient warns of such a
 // client). Later calls of every Limiter of c return ErrClosed, and so
-// does a second Close. The error is that of the final refund: tokens it
-// could not return stay debited until their bucket refills, which never
-// over-admits. Close does not close the Redis client.
+// does a second Close. The error is that of the final round of
+// adjustments, and says how many it could not send: tokens it could not
+// return stay debited until their bucket refills (under-admission); a
+// charge it could not make (what FailOpen admitted during an outage, a
+// Settle's cost above its reservation) is dropped, and those tokens were
+// admitted without being counted (counted on
+// ratelimit.settle.charges.dropped). Close does not close the Redis
+// client.
 func (c *Client) Close() error { return c.e.shutdown() }
 
 // BreakerState returns the state of the circuit breaker around Redis calls.
