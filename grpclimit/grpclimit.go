@@ -428,9 +428,7 @@ func (in *interceptor) refusal(d leaselimit.Decision, outage bool) error {
 func (in *interceptor) fields(d leaselimit.Decision, quota bool) metadata.MD {
 	md := metadata.MD{}
 	for _, p := range in.policy {
-		if p.Member != "" { // an invalid limit's (see fields.Policy)
-			md.Append(MetadataRateLimitPolicy, p.Member)
-		}
+		md.Append(MetadataRateLimitPolicy, p.Member)
 	}
 	if !quota {
 		return md

@@ -107,9 +107,7 @@ func addFields(h http.Header, ps []*fields.Policy, d leaselimit.Decision, outage
 // appendPolicies adds the RateLimit-Policy members of ps.
 func appendPolicies(h http.Header, ps []*fields.Policy) {
 	for _, p := range ps {
-		if p.Member != "" { // an invalid limit's (see fields.Policy)
-			appendMember(h, HeaderRateLimitPolicy, p.Member)
-		}
+		appendMember(h, HeaderRateLimitPolicy, p.Member)
 	}
 }
 

@@ -106,8 +106,7 @@
 // leaselimit bug — never a Redis outage, which the failure policy decides)
 // gets WithErrorHandler's response, by default 503 Service Unavailable
 // (500 for a negative cost, an invalid limit or a refused view option,
-// which are server bugs; an invalid limit's response carries no
-// RateLimit-Policy) with a generic problem+json body: the error text
+// which are server bugs) with a generic problem+json body: the error text
 // never reaches the client. The default error handler logs the error,
 // without the key, to WithLogger's logger.
 package httplimit

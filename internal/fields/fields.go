@@ -18,21 +18,14 @@ const MaxInt = 999_999_999_999_999
 
 // Policy is what a limit puts in the header fields, formatted once.
 type Policy struct {
-	Limit policy.Limit
-	// Member is the RateLimit-Policy member (see policyMember), empty for
-	// an invalid limit: it has no policy to announce (every call of its
-	// Limiter fails), and a member would announce a quota of 0.
-	Member string
+	Limit  policy.Limit
+	Member string // the RateLimit-Policy member (see policyMember)
 	prefix string // the RateLimit member up to its remaining count: `"name";r=`
 }
 
 // NewPolicy formats l's fields.
 func NewPolicy(l policy.Limit) *Policy {
-	member := ""
-	if l.Validate() == nil {
-		member = policyMember(l)
-	}
-	return &Policy{Limit: l, Member: member, prefix: string(AppendString(nil, l.Name)) + ";r="}
+	return &Policy{Limit: l, Member: policyMember(l), prefix: string(AppendString(nil, l.Name)) + ";r="}
 }
 
 // RateLimit returns the RateLimit member of p's limit: `"name";r=<remaining>;t=<t>`.
