@@ -97,6 +97,7 @@ func (d *demo) run(ctx context.Context) error {
 	}
 	d.tr = newTraffic(cfg)
 	d.tel = newTracing(ctx, cfg)
+	d.tel.outageAct = cfg.outage > 0 && be.embedded() // see act2
 	defer d.tel.close()
 	// Every run and design gets buckets of its own, also on a shared Redis.
 	d.prefix = fmt.Sprintf("lldemo-%x", time.Now().UnixNano())

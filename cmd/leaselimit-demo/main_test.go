@@ -6,13 +6,11 @@ import (
 	"context"
 	"encoding/xml"
 	"errors"
-	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -21,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leaselimit/leaselimit/internal/redistest"
 	"go.uber.org/goleak"
 )
 
@@ -412,39 +411,10 @@ func TestHelp(t *testing.T) {
 	}
 }
 
-// TestRealRedis runs the demo against a redis-server when one is on PATH:
+// TestRealRedis runs the demo against a redis-server (see redistest.Start):
 // commands are counted with INFO, and the outage act is skipped.
 func TestRealRedis(t *testing.T) {
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		t.Skip("redis-server is not on PATH")
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	cmd := exec.Command(bin, "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no")
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		cmd.Wait()
-	})
-	addr := fmt.Sprintf("127.0.0.1:%d", port)
-	for i := 0; ; i++ {
-		c, err := net.Dial("tcp", addr)
-		if err == nil {
-			c.Close()
-			break
-		}
-		if i == 100 {
-			t.Fatalf("redis-server did not start: %v", err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	addr := redistest.Start(t).Addr // skips without redis-server, unless LEASELIMIT_REQUIRE_REDIS=1
 
 	noOTLPEnv(t)
 	code, out, errOut := runDemo(t, "-redis", addr, "-duration", "500ms", "-instances", "2", "-limit", "20", "-load", "600", "-timeout", "1s")
@@ -457,6 +427,9 @@ func TestRealRedis(t *testing.T) {
 	}
 	if !strings.Contains(out, "outage act needs the embedded Redis") {
 		t.Errorf("the outage act was not skipped")
+	}
+	if strings.Contains(out, "FailLocal instance") {
+		t.Errorf("the report speaks of the skipped act's traced FailLocal instance")
 	}
 	designs := parseDesigns(t, out)
 	if r, ok := designs["(c)"]["hot"]; !ok || r.admitted > r.ideal {

@@ -121,6 +121,10 @@ type tracing struct {
 	// The in-memory sample.
 	sample   *spanSample
 	sampleTP *sdktrace.TracerProvider
+	// outageAct says whether act 2 runs, whose FailLocal instance feeds
+	// the sample too: with -redis or -outage 0 it does not, and the
+	// report must not say it traced (a new user's trial).
+	outageAct bool
 
 	closeOnce sync.Once
 	closeErr  error
@@ -220,7 +224,11 @@ func (t *tracing) describe() string {
 		return fmt.Sprintf("tracing: every leaselimit Limiter samples %s of its decisions (ParentBased(TraceIDRatioBased(%v)))\n"+
 			"  and exports them over OTLP/HTTP to %s (from %s)", pctFloat(t.ratio), t.ratio, t.where, t.from)
 	}
-	return "tracing: one instance of design (c) and one FailLocal instance record every decision in memory;\n" +
+	who := "one instance of design (c) records"
+	if t.outageAct {
+		who = "one instance of design (c) and one FailLocal instance record"
+	}
+	return "tracing: " + who + " every decision in memory;\n" +
 		"  a few sample spans are printed at the end (-otlp ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT exports them)"
 }
 
@@ -555,10 +563,14 @@ func (t *tracing) printSample(w io.Writer) {
 		list = append(list, fallback[0])
 	}
 
-	fmt.Fprintf(w, "\nSample decision spans: one instance of design (c) in act 1 and one FailLocal instance in act 2 traced\n")
+	who, those := "one instance of design (c) in act 1 and one FailLocal instance in act 2", "Those two have"
+	if !t.outageAct {
+		who, those = "one instance of design (c) in act 1", "It has"
+	}
+	fmt.Fprintf(w, "\nSample decision spans: %s traced\n", who)
 	fmt.Fprintf(w, "every decision (%s) into memory (tracetest.SpanRecorder, the first %d of each source × allowed kept);\n",
 		num(float64(t.sample.seen.Load())), perKind)
-	fmt.Fprintf(w, "the other Limiters traced nothing. Those two have WithKeyRedactor(telemetry.KeyDigest(secret)), so\n")
+	fmt.Fprintf(w, "the other Limiters traced nothing. %s WithKeyRedactor(telemetry.KeyDigest(secret)), so\n", those)
 	fmt.Fprintf(w, "ratelimit.key is a keyed digest; without a redactor no form of the key is recorded. -otlp ENDPOINT\n")
 	fmt.Fprintf(w, "(or OTEL_EXPORTER_OTLP_ENDPOINT) exports the spans of every Limiter to a collector instead.\n")
 	if len(list) == 0 {

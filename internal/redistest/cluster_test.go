@@ -251,6 +251,9 @@ func TestClusterKillMaster(t *testing.T) {
 func TestStartClusterWithoutCLI(t *testing.T) {
 	server, err := exec.LookPath(redistest.Binary)
 	if err != nil {
+		if os.Getenv(redistest.RequireEnv) == "1" {
+			t.Fatal("redis-server not on PATH")
+		}
 		t.Skip("redis-server not on PATH")
 	}
 	dir := t.TempDir()
