@@ -38,7 +38,8 @@ func (r *Redis) checkKey(i int) string {
 func (r *Redis) Check(ctx context.Context, each time.Duration) error {
 	cc, ok := r.client.(*redis.ClusterClient)
 	if !ok {
-		return r.checkNode(ctx, each, r.checkKey(0), r.client, "")
+		single, _ := r.client.(*redis.Client) // a Sentinel's client too
+		return r.checkNode(ctx, each, r.checkKey(0), r.client, single, "")
 	}
 	var mu sync.Mutex // ForEachMaster calls its function concurrently
 	var masters []string
@@ -68,7 +69,7 @@ func (r *Redis) Check(ctx context.Context, each time.Duration) error {
 			continue
 		}
 		delete(todo, addr)
-		if err := r.checkNode(ctx, each, key, r.client, addr); err != nil {
+		if err := r.checkNode(ctx, each, key, r.client, node, addr); err != nil {
 			errs = append(errs, err)
 		}
 		if err := checkEviction(ctx, each, node, addr); err != nil {
@@ -82,9 +83,11 @@ func (r *Redis) Check(ctx context.Context, each time.Duration) error {
 }
 
 // checkNode runs the scripts on key through client; node names the node in
-// errors (empty: the client's own). On a non-cluster client it checks the
+// errors (empty: the client's own), and direct, if not nil, is the node's
+// own client, whose dialer tells why a call that ran out of time could not
+// reach it (see dialFailure). On a non-cluster client it checks the
 // eviction policy too.
-func (r *Redis) checkNode(ctx context.Context, each time.Duration, key string, client redis.UniversalClient, node string) error {
+func (r *Redis) checkNode(ctx context.Context, each time.Duration, key string, client redis.UniversalClient, direct *redis.Client, node string) error {
 	where := ""
 	if node != "" {
 		where = node + ": "
@@ -112,6 +115,11 @@ func (r *Redis) checkNode(ctx context.Context, each time.Duration, key string, c
 		}
 		return client.Del(ctx, idKey(key, rf.ID), bt.keys[0]).Err()
 	})
+	if err != nil && errors.Is(err, context.DeadlineExceeded) && direct != nil {
+		if derr := dialFailure(ctx, direct, each/2); derr != nil {
+			return fmt.Errorf("%w: %scannot connect to Redis (%v): check the address and that Redis is running", ErrCheck, where, derr)
+		}
+	}
 	if err != nil {
 		return fmt.Errorf("%w: %s%s", ErrCheck, where, explain(err))
 	}
@@ -166,6 +174,27 @@ func explain(err error) string {
 		return msg
 	}
 	return "cannot reach Redis (" + msg + "): check the address and that Redis is running"
+}
+
+// dialFailure returns why a new connection to c's node cannot be made, or
+// nil if one can, trying once within wait with c's own dialer (its TLS and
+// a Sentinel's master lookup included). go-redis retries a failed dial
+// until the call's deadline and reports the deadline, so a wrong address
+// or a stopped Redis read as "context deadline exceeded" (a new user's
+// trial: Check on a port nothing listens on).
+func dialFailure(ctx context.Context, c *redis.Client, wait time.Duration) error {
+	o := c.Options()
+	if o.Dialer == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), wait)
+	defer cancel()
+	conn, err := o.Dialer(ctx, o.Network, o.Addr)
+	if err != nil {
+		return err
+	}
+	_ = conn.Close()
+	return nil
 }
 
 func withTimeout(ctx context.Context, d time.Duration, f func(context.Context) error) error {
