@@ -9,8 +9,10 @@ import (
 // (loading them if needed, which also exercises the ACL), writes a reserved
 // key under the prefix with a TTL and gives its token back (which deletes
 // it), and, where CONFIG GET is allowed, reports a maxmemory-policy that can
-// evict buckets. Each node's check is bounded by the time budget
-// (WithTimeout), whatever the client's own timeouts; ctx can end it sooner.
+// evict buckets. Each of its calls is bounded by the time budget
+// (WithTimeout), whatever the client's own timeouts, and the scripts'
+// call that runs out of it is tried once more (a cold client's first call
+// dials and loads the scripts); ctx can end it sooner.
 //
 // The error wraps authority.ErrCheck and says, per node, what is wrong and
 // what to do: Redis unreachable, a replica (READONLY), an ACL without a

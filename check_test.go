@@ -1,6 +1,7 @@
 package leaselimit_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -86,6 +87,24 @@ func TestCheck(t *testing.T) {
 		// and why: the call ran out of time while go-redis retried its
 		// dials, and it said only "context deadline exceeded".
 		wantCheckError(t, checkLimiter(t, c).Check(ctx), "cannot connect to Redis", "connection refused", "address", addr)
+	})
+
+	t.Run("cold-first-call", func(t *testing.T) {
+		// The first script call's reply is held past the budget (Redis
+		// ran it), as a cold client's dial and script load can take:
+		// Check tries once more, on a new connection, and passes.
+		srv := redistest.Start(t)
+		px := redistest.NewProxy(t, srv.Addr)
+		c := redis.NewClient(&redis.Options{Addr: px.Addr, ContextTimeoutEnabled: true})
+		t.Cleanup(func() { _ = c.Close() })
+		px.HoldReplies(func(chunk []byte) bool { return bytes.Contains(bytes.ToLower(chunk), []byte("evalsha")) })
+		defer px.ReleaseReplies()
+		if err := checkLimiter(t, c).Check(ctx); err != nil {
+			t.Fatalf("Check with the first call's reply held = %v", err)
+		}
+		if keys := toStrings(srv.Do(t, "KEYS", "*:_check:*")); len(keys) > 0 {
+			t.Errorf("Check left keys %v", keys)
+		}
 	})
 
 	t.Run("eviction", func(t *testing.T) {
