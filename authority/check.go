@@ -85,8 +85,8 @@ func (r *Redis) Check(ctx context.Context, each time.Duration) error {
 
 // checkNode runs the scripts on key through client; node names the node in
 // errors (empty: the client's own), and direct, if not nil, is the node's
-// own client, whose dialer tells why a call that ran out of time could not
-// reach it (see dialFailure). On a non-cluster client it checks the
+// own client, whose pool tells whether a call that ran out of time could
+// not connect (see dialsFailed). On a non-cluster client it checks the
 // eviction policy too.
 func (r *Redis) checkNode(ctx context.Context, each time.Duration, key string, client redis.UniversalClient, direct *redis.Client, node string) error {
 	where := ""
@@ -122,14 +122,13 @@ func (r *Redis) checkNode(ctx context.Context, each time.Duration, key string, c
 	// Lua compiles slowly: the quick start's test failed so in CI) and
 	// says nothing of the calls that follow. The second must pass within
 	// the budget.
+	mark := markPool(direct)
 	err := withTimeout(ctx, each, try)
 	if err != nil && errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
 		err = withTimeout(ctx, each, try)
 	}
-	if err != nil && errors.Is(err, context.DeadlineExceeded) && direct != nil {
-		if derr := dialFailure(ctx, direct, each/2); derr != nil {
-			return fmt.Errorf("%w: %scannot connect to Redis (%v): check the address and that Redis is running", ErrCheck, where, derr)
-		}
+	if err != nil && errors.Is(err, context.DeadlineExceeded) && mark.dialsFailed(direct) {
+		return fmt.Errorf("%w: %scannot connect to Redis: every connection the check needed failed to open (go-redis logs why): check the address and that Redis is running", ErrCheck, where)
 	}
 	if err != nil {
 		return fmt.Errorf("%w: %s%s", ErrCheck, where, explain(err))
@@ -187,25 +186,40 @@ func explain(err error) string {
 	return "cannot reach Redis (" + msg + "): check the address and that Redis is running"
 }
 
-// dialFailure returns why a new connection to c's node cannot be made, or
-// nil if one can, trying once within wait with c's own dialer (its TLS and
-// a Sentinel's master lookup included). go-redis retries a failed dial
-// until the call's deadline and reports the deadline, so a wrong address
-// or a stopped Redis read as "context deadline exceeded" (a new user's
-// trial: Check on a port nothing listens on).
-func dialFailure(ctx context.Context, c *redis.Client, wait time.Duration) error {
-	o := c.Options()
-	if o.Dialer == nil {
-		return nil
+// poolMark is a node's pool statistics before a check's calls (see
+// dialsFailed); ok is false for a client without a pool to read.
+type poolMark struct {
+	misses, made uint32
+	ok           bool
+}
+
+// markPool reads c's pool statistics; c may be nil (no mark).
+func markPool(c *redis.Client) poolMark {
+	if c == nil {
+		return poolMark{}
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), wait)
-	defer cancel()
-	conn, err := o.Dialer(ctx, o.Network, o.Addr)
-	if err != nil {
-		return err
+	st := c.PoolStats()
+	if st == nil {
+		return poolMark{}
 	}
-	_ = conn.Close()
-	return nil
+	return poolMark{misses: st.Misses, made: st.TotalConns + st.StaleConns, ok: true}
+}
+
+// dialsFailed reports whether c's pool needed new connections since m and
+// opened none (its connections, open or removed, did not grow): every
+// dial failed. go-redis retries a failed dial until the call's deadline
+// and reports the deadline, so a wrong address or a stopped Redis read as
+// "context deadline exceeded" (a new user's trial: Check on a port nothing
+// listens on); a hung Redis, or one too far for the budget, accepts the
+// dial. The statistics say so without a dial of leaselimit's own, which a
+// dialer that ignores its context (go-redis's own with TLS) could hold past
+// the check's bound, and Close with it (a review).
+func (m poolMark) dialsFailed(c *redis.Client) bool {
+	if !m.ok {
+		return false
+	}
+	st := c.PoolStats()
+	return st != nil && st.Misses > m.misses && st.TotalConns+st.StaleConns == m.made
 }
 
 func withTimeout(ctx context.Context, d time.Duration, f func(context.Context) error) error {

@@ -31,13 +31,13 @@ func (p *Path) Check(ctx context.Context) error {
 	}
 }
 
-// checkBudget bounds a whole Check: four budgets a node (the scripts,
-// tried twice, a dial to say why they timed out, and the eviction policy;
-// see authority.Check), and as many for the cluster's masters.
+// checkBudget bounds a whole Check: three budgets a node (the scripts,
+// tried twice, and the eviction policy; see authority.Check), and as many
+// for the cluster's masters.
 func (p *Path) checkBudget() time.Duration {
 	nodes := 1
 	if p.nodes.cluster != nil {
 		nodes = max(len(p.nodes.cluster.Options().Addrs), 1) + 1
 	}
-	return time.Duration(4*nodes) * p.budget
+	return time.Duration(3*nodes) * p.budget
 }
