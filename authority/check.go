@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/leaselimit/leaselimit/internal/dialstat"
 	"github.com/leaselimit/leaselimit/policy"
 	"github.com/redis/go-redis/v9"
 )
@@ -189,8 +190,8 @@ func explain(err error) string {
 // poolMark is a node's pool statistics before a check's calls (see
 // dialsFailed); ok is false for a client without a pool to read.
 type poolMark struct {
-	misses, made uint32
-	ok           bool
+	dialstat.Mark
+	ok bool
 }
 
 // markPool reads c's pool statistics; c may be nil (no mark).
@@ -202,24 +203,23 @@ func markPool(c *redis.Client) poolMark {
 	if st == nil {
 		return poolMark{}
 	}
-	return poolMark{misses: st.Misses, made: st.TotalConns + st.StaleConns, ok: true}
+	return poolMark{Mark: dialstat.Of(st), ok: true}
 }
 
 // dialsFailed reports whether c's pool needed new connections since m and
-// opened none (its connections, open or removed, did not grow): every
-// dial failed. go-redis retries a failed dial until the call's deadline
-// and reports the deadline, so a wrong address or a stopped Redis read as
-// "context deadline exceeded" (a new user's trial: Check on a port nothing
-// listens on); a hung Redis, or one too far for the budget, accepts the
-// dial. The statistics say so without a dial of leaselimit's own, which a
-// dialer that ignores its context (go-redis's own with TLS) could hold past
-// the check's bound, and Close with it (a review).
+// opened none (see dialstat): a wrong address or a stopped Redis read as
+// "context deadline exceeded" otherwise (a new user's trial: Check on a
+// port nothing listens on), while a hung Redis, or one too far for the
+// budget, accepts the dial. The statistics say so without a dial of
+// leaselimit's own, which a dialer that ignores its context (go-redis's
+// own with TLS) could hold past the check's bound, and Close with it (a
+// review).
 func (m poolMark) dialsFailed(c *redis.Client) bool {
 	if !m.ok {
 		return false
 	}
 	st := c.PoolStats()
-	return st != nil && st.Misses > m.misses && st.TotalConns+st.StaleConns == m.made
+	return st != nil && m.Failing(dialstat.Of(st))
 }
 
 func withTimeout(ctx context.Context, d time.Duration, f func(context.Context) error) error {

@@ -3,6 +3,7 @@ package redispath
 import (
 	"sync/atomic"
 
+	"github.com/leaselimit/leaselimit/internal/dialstat"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -32,10 +33,10 @@ func (d *dials) look(client redis.UniversalClient) {
 // or removed, did not grow). With no dial since the last look, that look's
 // verdict stands.
 func (d *dials) failing(st *redis.PoolStats) bool {
-	made := st.TotalConns + st.StaleConns
-	m, c := d.misses.Swap(st.Misses), d.made.Swap(made)
-	if m != st.Misses || c != made {
-		d.failed.Store(c == made)
+	now := dialstat.Of(st)
+	last := dialstat.Mark{Misses: d.misses.Swap(now.Misses), Made: d.made.Swap(now.Made)}
+	if last != now {
+		d.failed.Store(last.Failing(now))
 	}
 	return d.failed.Load()
 }
