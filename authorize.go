@@ -53,7 +53,7 @@ func (l *Limiter) authorize(ctx context.Context, c call) reply {
 	if c.refill != nil {
 		rc.Keep, rc.Tag = true, c.refill
 	}
-	g, err := l.calls.Acquire(ctx, rc)
+	g, err := l.calls.Acquire(ctx, &rc)
 	if err != nil {
 		return reply{err: err}
 	}

@@ -444,8 +444,12 @@ func (r *Redis) AcquireAll(ctx context.Context, as []*Acquisition) {
 	// The calls that pass check: as itself until one fails (no copy, as
 	// in nearly every batch), a copy of those before it then.
 	ready, copied := as, false
+	var prev *limitArgs // the last checked call's
 	for i, a := range as {
-		ok := r.check(a)
+		ok := r.checkAfter(a, prev)
+		if ok {
+			prev = a.lim
+		}
 		switch {
 		case !ok && !copied:
 			ready, copied = append(make([]*Acquisition, 0, len(as)), as[:i]...), true

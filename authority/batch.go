@@ -29,6 +29,7 @@ const maxCachedLimits = 1024
 // limitArgs is what the batch script and the decoding of its reply need of
 // a limit, worked out once.
 type limitArgs struct {
+	limit        policy.Limit
 	err          error // the script would reject the limit (ErrScript)
 	quota        bool
 	cal          policy.Calendar
@@ -55,7 +56,7 @@ func (r *Redis) limitArgsOf(l policy.Limit) *limitArgs {
 // script would reject: a burst outside [1, 2^52], a rate or period (reduced)
 // outside [1, 2^53), a calendar without windows.
 func newLimitArgs(l policy.Limit) *limitArgs {
-	la := &limitArgs{quota: l.IsQuota(), cal: l.Calendar, burst: l.Burst}
+	la := &limitArgs{limit: l, quota: l.IsQuota(), cal: l.Calendar, burst: l.Burst}
 	bad := l.Burst < 1 || l.Burst > huge
 	if la.quota {
 		start, end, next := l.Calendar.Bounds(wallClock())
@@ -86,8 +87,17 @@ func (la *limitArgs) header(args []any) []any {
 // check checks a single-limit call's arguments and finds its limit's. It
 // reports false, with a.Err set, for arguments the script would reject, so
 // that they fail alone and never reach it.
-func (r *Redis) check(a *Acquisition) bool {
-	la := r.limitArgsOf(a.Limit)
+func (r *Redis) check(a *Acquisition) bool { return r.checkAfter(a, nil) }
+
+// checkAfter is check given prev, the limit's arguments of the call before
+// a in its batch (nil: none). A batch's calls nearly always share a limit,
+// which is then compared with prev's rather than hashed for the cache
+// (about 0.07 µs a call on the hot key).
+func (r *Redis) checkAfter(a *Acquisition, prev *limitArgs) bool {
+	la := prev
+	if la == nil || la.limit != a.Limit {
+		la = r.limitArgsOf(a.Limit)
+	}
 	if la.err != nil {
 		a.Err = la.err
 		return false
@@ -189,8 +199,16 @@ var keyIndexes = sync.Pool{New: func() any { return make(map[string]int, maxPerS
 // so a key that comes back after another would be read and written again.
 // It returns calls itself when no key does, as in most batches.
 func grouped(calls []*Acquisition) []*Acquisition {
-	if len(calls) < 3 {
-		return calls // one or two runs whatever the keys
+	runs := 1 // of calls on one key
+	for i := 1; i < len(calls) && runs < 3; i++ {
+		if calls[i].Key != calls[i-1].Key {
+			runs++
+		}
+	}
+	if runs < 3 {
+		// One or two runs: no key comes back after another. A hot key's
+		// batch, one run, takes no map from the pool.
+		return calls
 	}
 	index := keyIndexes.Get().(map[string]int) // key -> its group
 	defer func() {

@@ -86,6 +86,9 @@ local function portion(w, want, min, share)
   return g
 end
 
+-- Locals: every reading of a global is a table lookup, two per call here
+-- (about 2% of an invocation of 18 calls, in plain Lua's instructions).
+local KEYS, ARGV = KEYS, ARGV
 local keyed = ARGV[1] ~= '0' -- KEYS[1] is the batch key
 local base = keyed and 1 or 0 -- KEYS[base + i] is call i's bucket
 local n = #KEYS - base
@@ -128,7 +131,11 @@ if ARGV[2] == '-1' then
   local j = 6 -- the next call's first ARGV
   local wants = {}
   for c = 1, n do
-    local want = tonumber(ARGV[j] or '')
+    -- A cost of 1, nearly every call's, by one comparison: Lua's strings
+    -- are interned, so it compares two pointers where tonumber runs
+    -- strtod, about a fifth of a call's whole work in the script.
+    local a = ARGV[j]
+    local want = a == '1' and 1 or tonumber(a or '')
     wants[c] = want
     if want and want < 0 then
       local min, share = tonumber(ARGV[j + 1] or ''), tonumber(ARGV[j + 2] or '')

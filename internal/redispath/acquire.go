@@ -8,7 +8,8 @@ import (
 	"github.com/leaselimit/leaselimit/internal/deadline"
 )
 
-// Acquire makes call c within the time budget. The error is the Path's
+// Acquire makes call c within the time budget; c is the caller's, read
+// and not kept (a Call is some 250 bytes, copied once where it must be). The error is the Path's
 // closed error, ErrSaturated, one wrapping circuit.ErrBudget (no reply in
 // the budget) or breaker.ErrOpen, ctx's, or the call's own.
 //
@@ -17,7 +18,7 @@ import (
 // call waits for the lane's senders (see detached). A client that does not
 // honour them could hold an in-place call for its ReadTimeout, past the
 // budget, so its calls are all carried by the senders.
-func (k *Caller) Acquire(ctx context.Context, c Call) (authority.Grant, error) {
+func (k *Caller) Acquire(ctx context.Context, c *Call) (authority.Grant, error) {
 	if err := deadline.Ended(ctx); err != nil {
 		// Ended already: no call, rather than a race between its reply
 		// and ctx.Done.
@@ -37,7 +38,7 @@ func (k *Caller) Acquire(ctx context.Context, c Call) (authority.Grant, error) {
 			ln.release()
 			return authority.Grant{}, err
 		}
-		return k.direct(ctx, c, ln, done)
+		return k.direct(ctx, *c, ln, done)
 	}
 	// A detached call goes through the breaker with its batch (see
 	// lane.send). While the breaker is not closed, a call goes through it

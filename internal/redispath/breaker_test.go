@@ -46,7 +46,7 @@ func newSlowPath(t *testing.T, openFor time.Duration, queued int) *slowPath {
 	l := policy.PerSecond(100)
 	sp.call = func(i int) (authority.Grant, error) {
 		a := authority.Acquisition{Key: auth.Key(l, "k"+strconv.Itoa(i)), Limit: l, Want: 1, Min: 1, Share: 1}
-		return k.Acquire(context.Background(), Call{Brk: sp.brk, Acq: a})
+		return k.Acquire(context.Background(), &Call{Brk: sp.brk, Acq: a})
 	}
 	if g, err := sp.call(0); err != nil || g.Granted != 1 { // a connection, the script loaded
 		t.Fatalf("first call: %+v, %v; want 1 token", g, err)

@@ -41,6 +41,7 @@ type detachedCall struct {
 	span    callSpan
 	ctx     context.Context // the call span's
 	start   time.Time
+	elapsed time.Duration // from start to the outcome's completion (see complete)
 	sent    atomic.Int64
 	state   atomic.Int32 // callPending, then who decided
 	told    atomic.Bool  // the breaker was told the outcome of a call with own (see account)
@@ -88,14 +89,15 @@ func (d *detachedCall) release() {
 // waiter that gives up on Redis (see blame); a call with own (the breaker's
 // done, from admit: the breaker was not closed) is counted on its own
 // instead, its outcome or the waiter's verdict.
-func (k *Caller) detached(ctx context.Context, c Call, ln *lane, own func(error)) (authority.Grant, error) {
+func (k *Caller) detached(ctx context.Context, c *Call, ln *lane, own func(error)) (authority.Grant, error) {
 	budget := k.p.budget
 	start := time.Now()
 	hardCap := start.Add((1 + saturationGrace) * budget)
 	replies := c.Brk.RepliesSeen()
 	d := newDetachedCall()
 	defer d.release() // after the results below are read
-	d.k, d.c, d.start = k, c, start
+	d.k, d.c, d.start = k, *c, start
+	c = &d.c
 	d.ctx, d.span.span = k.tel.StartAuthority(ctx, c.Acq.Want, c.Acq.Min, ln.ep)
 	// Check points: at an eighth of the budget (if the process is behind
 	// by then, its decisions start yielding at once, rather than after a
@@ -119,7 +121,7 @@ func (k *Caller) detached(ctx context.Context, c Call, ln *lane, own func(error)
 	taken := func() (authority.Grant, error) {
 		g, err := d.complete()
 		d.account(err)
-		k.sawLate(ctx, err, start)
+		k.sawLate(ctx, err, d.elapsed)
 		return g, err
 	}
 	// settle ends the wait with what the waiter decided, unless the call
@@ -338,7 +340,8 @@ func (d *detachedCall) gaveUp() bool { return d.state.Load() == callGaveUp }
 // the sender's.
 func (d *detachedCall) complete() (authority.Grant, error) {
 	defer d.k.p.gate.leave()
-	g, err := d.k.end(d.ctx, d.c, &d.span, d.start, d.c.Acq.Grant, d.c.Acq.Err)
+	d.elapsed = time.Since(d.start)
+	g, err := d.k.end(d.ctx, &d.c, &d.span, d.start, d.elapsed, d.c.Acq.Grant, d.c.Acq.Err)
 	if errors.Is(err, circuit.ErrBudget) {
 		// The call's own deadline lies past the hard cap: the waiter
 		// decides every timeout before it, unless this process kept

@@ -105,7 +105,8 @@ func (k *Caller) direct(ctx context.Context, c Call, ln *lane, done func(error))
 		return authority.Grant{}, err
 	}
 	noted(c.Brk, c.Acq.Err)
-	g, err := k.end(cctx, c, &span, start, c.Acq.Grant, c.Acq.Err)
+	elapsed := time.Since(start)
+	g, err := k.end(cctx, &c, &span, start, elapsed, c.Acq.Grant, c.Acq.Err)
 	if err != nil && errors.Is(err, circuit.ErrBudget) && k.p.behind(c.Brk, k.p.nodes.witnessOf(c.Brk, c.Acq.Key), early, start, limit, replies) {
 		// Whoever waits (a lease refill runs on after its caller left:
 		// c.Keep), a timeout is Redis's only if this process was not
@@ -116,7 +117,7 @@ func (k *Caller) direct(ctx context.Context, c Call, ln *lane, done func(error))
 	case errors.Is(err, ErrSaturated): // behind, or no connection of the pool while Redis answered
 		k.sawSaturation(ctx, telemetry.SaturatedAbandoned)
 		k.recv.Saturated()
-	case err == nil && time.Since(start) > budget:
+	case err == nil && elapsed > budget:
 		// Answered within its deadline, yet delivered late: this
 		// process kept the caller from running (as sawLate).
 		k.sawSaturation(ctx, telemetry.SaturatedAnswered)

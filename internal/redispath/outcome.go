@@ -32,13 +32,13 @@ func (s *callSpan) finish(tel *recorder.Recorder, granted int64, err error, errT
 	}
 }
 
-// end is what follows a call begun at start with its outcome g, err, once
-// noted has told its breaker: its metrics and span, whether the path
+// end is what follows a call begun at start with its outcome g, err,
+// elapsed after start, once noted has told its breaker: its metrics and span, whether the path
 // counts it as failed, and for a call with Keep the grant handed to the
 // Receiver. A deadline overrun is marked with
 // circuit.ErrBudget.
-func (k *Caller) end(ctx context.Context, c Call, span *callSpan, start time.Time, g authority.Grant, err error) (authority.Grant, error) {
-	k.tel.RecordAuthority(ctx, time.Since(start), g.Granted, err, c.Keep)
+func (k *Caller) end(ctx context.Context, c *Call, span *callSpan, start time.Time, elapsed time.Duration, g authority.Grant, err error) (authority.Grant, error) {
+	k.tel.RecordAuthority(ctx, elapsed, g.Granted, err, c.Keep)
 	errType := ""
 	if !isNetworkError(err) && errors.Is(err, context.DeadlineExceeded) && k.p.unreachable(c.Brk, start) {
 		errType = "network"
@@ -57,7 +57,7 @@ func (k *Caller) end(ctx context.Context, c Call, span *callSpan, start time.Tim
 		return authority.Grant{}, err
 	}
 	if c.Keep {
-		k.recv.Arrived(c, g)
+		k.recv.Arrived(*c, g)
 	}
 	return g, nil
 }
@@ -66,12 +66,12 @@ func (k *Caller) end(ctx context.Context, c Call, span *callSpan, start time.Tim
 // by its own deadline while the process was behind (ErrSaturated), or
 // answered after the budget and not blamed on Redis (the waiter found the
 // process behind, or was itself too late to look).
-func (k *Caller) sawLate(ctx context.Context, err error, start time.Time) {
+func (k *Caller) sawLate(ctx context.Context, err error, elapsed time.Duration) {
 	switch {
 	case errors.Is(err, ErrSaturated):
 		k.sawSaturation(ctx, telemetry.SaturatedAbandoned)
 		k.recv.Saturated()
-	case time.Since(start) > k.p.budget:
+	case elapsed > k.p.budget:
 		k.sawSaturation(ctx, telemetry.SaturatedAnswered)
 	}
 }

@@ -101,7 +101,7 @@ func TestIdleCallsInPlace(t *testing.T) {
 		l := policy.PerSecond(100)
 		for i := range 20 {
 			a := authority.Acquisition{Key: auth.Key(l, "k"+strconv.Itoa(i)), Limit: l, Want: 1, Min: 1, Share: 1}
-			if g, err := k.Acquire(context.Background(), Call{Brk: p.Shared(), Acq: a}); err != nil || g.Granted != 1 {
+			if g, err := k.Acquire(context.Background(), &Call{Brk: p.Shared(), Acq: a}); err != nil || g.Granted != 1 {
 				t.Fatalf("ContextTimeoutEnabled %v: call %d: %+v, %v; want 1 token", tc.opts.ContextTimeoutEnabled, i, g, err)
 			}
 		}
@@ -138,7 +138,7 @@ func newProxiedPath(t *testing.T, opts *redis.Options, budget, openFor time.Dura
 	l := policy.PerSecond(100)
 	call = func(key string) error {
 		a := authority.Acquisition{Key: auth.Key(l, key), Limit: l, Want: 1, Min: 1, Share: 1}
-		_, err := k.Acquire(context.Background(), Call{Brk: p.Shared(), Acq: a})
+		_, err := k.Acquire(context.Background(), &Call{Brk: p.Shared(), Acq: a})
 		return err
 	}
 	return px, p, call

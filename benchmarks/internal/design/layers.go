@@ -114,7 +114,7 @@ func newPathLayer(client *redis.Client, limit policy.Limit) (Decider, error) {
 
 func (d *pathLayer) Allow(ctx context.Context, key string) (Result, error) {
 	rkey := d.namer.Key(key)
-	g, err := d.caller.Acquire(ctx, redispath.Call{Brk: d.path.Route(rkey),
+	g, err := d.caller.Acquire(ctx, &redispath.Call{Brk: d.path.Route(rkey),
 		Acq: authority.Acquisition{Key: rkey, Limit: d.limit, Want: 1, Min: 1, Share: 1}})
 	return Result{Allowed: err == nil && g.Granted > 0}, err
 }
