@@ -8,10 +8,11 @@ import (
 	"github.com/leaselimit/leaselimit/internal/deadline"
 )
 
-// Acquire makes call c within the time budget; c is the caller's, read
-// and not kept (a Call is some 250 bytes, copied once where it must be). The error is the Path's
-// closed error, ErrSaturated, one wrapping circuit.ErrBudget (no reply in
-// the budget) or breaker.ErrOpen, ctx's, or the call's own.
+// Acquire makes call c within the time budget. c is the caller's, read
+// and not kept: a Call is some 250 bytes, copied once where it must be.
+// The error is the Path's closed error, ErrSaturated, one wrapping
+// circuit.ErrBudget (no reply in the budget) or breaker.ErrOpen, ctx's,
+// or the call's own.
 //
 // On a client that honours context deadlines, a call that finds its lane
 // idle is made in place, on the caller's goroutine (see direct); any other

@@ -33,9 +33,9 @@ func (s *callSpan) finish(tel *recorder.Recorder, granted int64, err error, errT
 }
 
 // end is what follows a call begun at start with its outcome g, err,
-// elapsed after start, once noted has told its breaker: its metrics and span, whether the path
-// counts it as failed, and for a call with Keep the grant handed to the
-// Receiver. A deadline overrun is marked with
+// elapsed after start, once noted has told its breaker: its metrics and
+// span, whether the path counts it as failed, and for a call with Keep the
+// grant handed to the Receiver. A deadline overrun is marked with
 // circuit.ErrBudget.
 func (k *Caller) end(ctx context.Context, c *Call, span *callSpan, start time.Time, elapsed time.Duration, g authority.Grant, err error) (authority.Grant, error) {
 	k.tel.RecordAuthority(ctx, elapsed, g.Granted, err, c.Keep)
