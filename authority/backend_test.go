@@ -304,6 +304,19 @@ func forEachBackend(t *testing.T, suite func(t *testing.T, nb backendFactory)) {
 	})
 }
 
+// startReal starts a redis-server for tb alone and returns it, a client
+// of it and an authority on that client.
+func startReal(tb testing.TB) (*redistest.Server, *redis.Client, *Redis) {
+	tb.Helper()
+	srv := redistest.Start(tb)
+	c := srv.Client(tb)
+	r, err := New(c, testPrefix)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return srv, c, r
+}
+
 // recorder is a go-redis hook that records the names of the commands sent,
 // one entry per command, with pipelines as "[evalsha evalsha]".
 type recorder struct {

@@ -160,6 +160,11 @@ if ARGV[2] == '-1' then
   -- The bucket in hand, as the general path's: w + f/p tokens at t,
   -- refilled to now when read, written when the next key comes if took.
   local key, w, f, t, took, ej = nil, 0, 0, 0, false, nil
+  -- fresh: the key in hand was missing and is written with its one call
+  -- granted (see read below): freshv, freshpx, freshout its value, TTL
+  -- and reply, made at the first such key; missing counts the keys found
+  -- missing less those found present so far.
+  local fresh, freshv, freshpx, freshout, missing = false, nil, nil, nil, 0
   j = 6
   for c = 1, n + 1 do
     local kc = KEYS[base + c] -- nil after the last call: write its bucket
@@ -182,16 +187,46 @@ if ARGV[2] == '-1' then
         if res.err then return redis.error_reply(refused('SET', res)) end
       end
       if kc == nil then break end
-      key, took, ej = kc, false, nil
-      -- read: a missing key is a full bucket.
-      local v = pcall('GET', kc)
-      if not v then
-        w, f, t = burst, 0, now
+      key, took, ej, fresh = kc, false, nil, false
+      -- read: a missing key is a full bucket. A lone call of cost 1 on
+      -- its key (the long tail's usual call) asks in one command: SET NX
+      -- GET writes what the call leaves of a full bucket if the key is
+      -- missing (its reply then nil), else changes nothing and returns
+      -- the bucket, decided as usual. On the long tail the key has
+      -- expired, and GET then SET cost about a fifth more of Redis's time
+      -- than the one SET; on a present key the SET NX GET costs about a
+      -- sixth more than a GET (both measured in a loop of 200k keys in
+      -- one script on redis-server 7.0.15). So it is asked while the
+      -- batch has found at least as many keys missing as present. Its
+      -- value and TTL are the same for every such key of the batch, made
+      -- once; a refused SET NX GET reads again with GET, so that every
+      -- error is met as before.
+      local v
+      if missing >= 0 and wants[c] == 1 and KEYS[base + c + 1] ~= kc then
+        if not freshv then
+          -- the write's TTL below, of w = burst - 1, f = 0: x = p
+          local q = floor(p / r)
+          if q * r > p then q = q - 1 end
+          if q * r < p then q = q + 1 end
+          if q > HUGE then q = HUGE end
+          freshv, freshpx = format('%d 0 %d -', burst - 1, now), math.ceil(q / 1000) + 1000
+          freshout = format(' %d 0', burst - 1)
+        end
+        v = pcall('SET', kc, freshv, 'NX', 'GET', 'PX', freshpx)
+        if type(v) == 'table' then v = pcall('GET', kc) elseif not v then fresh = true end
+      else
+        v = pcall('GET', kc)
+      end
+      if fresh then
+        w, f, t, missing = burst - 1, 0, now, missing + 1 -- written: the call's grant, taken
+      elseif not v then
+        w, f, t, missing = burst, 0, now, missing + 1
       elseif type(v) == 'table' then
         errs = errs or {}
         errs[#errs + 1] = refused('GET', v)
         ej = #errs
       else
+        missing = missing - 1
         local a, b, d = match(v, '^(-?%d+) (%d+) (%d+) %S')
         if not a then
           errs = errs or {}
@@ -225,7 +260,10 @@ if ARGV[2] == '-1' then
     local want = wants[c]
     if want > 0 then -- an exact call
       j = j + 1
-      if ej then
+      if fresh then
+        any = true
+        out[c + 3] = freshout
+      elseif ej then
         out[c + 3] = ' e ' .. ej
       elseif w >= want then
         w, took, any = w - want, true, true

@@ -374,6 +374,48 @@ func TestBatchWritesOnce(t *testing.T) {
 	})
 }
 
+// TestBatchMissingKeyOneCommand counts the commands on a real server: a
+// lone call of cost 1 on a missing bucket is decided and written in one
+// (SET NX GET); once a batch finds more buckets present than missing, it
+// reads them with GET, which costs a present bucket less.
+func TestBatchMissingKeyOneCommand(t *testing.T) {
+	_, c, r := startReal(t)
+	ctx := context.Background()
+	l := policy.PerSecond(10)
+	as := make([]*Acquisition, 8)
+	for i := range as {
+		as[i] = &Acquisition{Key: r.Key(l, fmt.Sprint("user", i)), Limit: l, Want: 1, Min: 1, Share: 1}
+	}
+	r.AcquireAll(ctx, []*Acquisition{{Key: r.Key(l, "load"), Limit: l, Want: 1, Min: 1, Share: 1}}) // loads the script
+	for _, step := range []struct {
+		name     string
+		set, get int
+		left     int64
+	}{
+		// eight SET NX GET that write, the batch key's GET and SET
+		{"missing", 9, 1, 9},
+		// the first SET NX GET finds its bucket; then seven GET, and
+		// eight SET of the buckets, the batch key's GET and SET
+		{"present", 10, 8, 8},
+	} {
+		if err := c.ConfigResetStat(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		r.AcquireAll(ctx, as)
+		for i, a := range as {
+			if a.Err != nil || a.Grant.Granted != 1 || a.Grant.Remaining < step.left {
+				t.Errorf("%s: call %d: %+v, %v; want 1 granted, %d or more left", step.name, i, a.Grant, a.Err, step.left)
+			}
+		}
+		stats := c.Info(ctx, "commandstats").Val()
+		for _, want := range []string{fmt.Sprintf("cmdstat_set:calls=%d,", step.set), fmt.Sprintf("cmdstat_get:calls=%d,", step.get)} {
+			if !strings.Contains(stats, want) {
+				t.Errorf("%s: commandstats lack %q:\n%s", step.name, want, stats)
+			}
+		}
+	}
+}
+
 // TestGrouped: grouped puts the calls on each key together, keys in the
 // order of their first calls and each key's calls in their order, and
 // leaves a batch whose keys never come back as it is.
@@ -490,4 +532,64 @@ func TestBatchForeignKeyFailsAlone(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestBatchRefusedWriteTakesNothing: on a Redis that refuses every write
+// (maxmemory reached, noeviction), a call fails and nothing is written,
+// whether its bucket is missing (the lone call's SET NX GET is refused,
+// and the key read again with GET) or present, alone or among others.
+func TestBatchRefusedWriteTakesNothing(t *testing.T) {
+	srv, _, r := startReal(t)
+	ctx := context.Background()
+	l := policy.PerSecond(10)
+	present := r.Key(l, "present")
+	seed := []*Acquisition{{Key: present, Limit: l, Want: 1, Min: 1, Share: 1}}
+	if r.AcquireAll(ctx, seed); seed[0].Err != nil || seed[0].Grant.Granted != 1 {
+		t.Fatalf("seed: %+v, %v", seed[0].Grant, seed[0].Err)
+	}
+	before := srv.Do(t, "GET", present)
+	srv.Do(t, "CONFIG", "SET", "maxmemory-policy", "noeviction")
+	srv.Do(t, "CONFIG", "SET", "maxmemory", "1")
+	t.Cleanup(func() { srv.Do(t, "CONFIG", "SET", "maxmemory", "0") })
+
+	missing := r.Key(l, "missing")
+	batches := map[string][]*Acquisition{
+		"lone missing":     {{Key: missing, Limit: l, Want: 1, Min: 1, Share: 1}},
+		"lone present":     {{Key: present, Limit: l, Want: 1, Min: 1, Share: 1}},
+		"missing, present": {{Key: missing, Limit: l, Want: 1, Min: 1, Share: 1}, {Key: present, Limit: l, Want: 1, Min: 1, Share: 1}},
+		"with a share":     {{Key: missing, Limit: l, Want: 1, Min: 1, Share: 1}, {Key: r.Key(l, "other"), Limit: l, Want: 2, Min: 1, Share: 0.5}},
+	}
+	for name, as := range batches {
+		// Keyed, as AcquireAll sends it, and without a batch key (the form
+		// for a Cluster slot in migration), whose failure no refused write
+		// of the batch key would hide.
+		for _, keyed := range []bool{true, false} {
+			for _, a := range as {
+				a.Err, a.Grant = nil, Grant{}
+			}
+			if keyed {
+				r.AcquireAll(ctx, as)
+			} else {
+				for _, a := range as {
+					if !r.check(a) {
+						t.Fatal(a.Err)
+					}
+				}
+				bt := r.batchOf(grouped(as), false)
+				r.runAll(ctx, batchScript, []*invocation{&bt.invocation})
+				bt.decode()
+			}
+			for i, a := range as {
+				if a.Err == nil || !strings.Contains(a.Err.Error(), "OOM") || a.Grant.Granted != 0 {
+					t.Errorf("%s, keyed %v: call %d: %+v, %v; want an OOM error and nothing granted", name, keyed, i, a.Grant, a.Err)
+				}
+			}
+		}
+	}
+	if n := srv.Do(t, "EXISTS", missing, r.Key(l, "other")); n != int64(0) {
+		t.Errorf("%d of the missing buckets written under OOM", n)
+	}
+	if after := srv.Do(t, "GET", present); after != before {
+		t.Errorf("present bucket %q became %q under OOM", before, after)
+	}
 }

@@ -69,13 +69,8 @@ func TestRedisCPUPerDecision(t *testing.T) {
 		t.Skip("a measurement: set LEASELIMIT_MEASURE=1")
 	}
 	const perCall, invocations, rounds = 32, 2000, 9
-	srv := redistest.Start(t)
-	c := srv.Client(t)
+	_, c, r := startReal(t)
 	ctx := context.Background()
-	r, err := New(c, testPrefix)
-	if err != nil {
-		t.Fatal(err)
-	}
 	oldSHA, err := c.ScriptLoad(ctx, refAcquireManySrc).Result()
 	if err != nil {
 		t.Fatal(err)
@@ -159,13 +154,8 @@ func TestRedisCPUExactOnlyForm(t *testing.T) {
 		t.Skip("a measurement: set LEASELIMIT_MEASURE=1")
 	}
 	const perCall, invocations, rounds, userKeys = 20, 4000, 11, 10_000
-	srv := redistest.Start(t)
-	c := srv.Client(t)
+	_, c, r := startReal(t)
 	ctx := context.Background()
-	r, err := New(c, testPrefix)
-	if err != nil {
-		t.Fatal(err)
-	}
 	if err := c.ScriptLoad(ctx, batchScript.src).Err(); err != nil {
 		t.Fatal(err)
 	}
