@@ -194,9 +194,9 @@ if ARGV[2] == '-1' then
       -- missing (its reply then nil), else changes nothing and returns
       -- the bucket, decided as usual. On the long tail the key has
       -- expired, and GET then SET cost about a fifth more of Redis's time
-      -- than the one SET; on a present key the SET NX GET costs about a
-      -- sixth more than a GET (both measured in a loop of 200k keys in
-      -- one script on redis-server 7.0.15). So it is asked while the
+      -- than the one SET; on a present key the SET NX GET costs a sixth
+      -- to a half more than a GET (both measured in a loop of 200k keys
+      -- in one script on redis-server 7.0.15). So it is asked while the
       -- batch has found at least as many keys missing as present. Its
       -- value and TTL are the same for every such key of the batch, made
       -- once; a refused SET NX GET reads again with GET, so that every
