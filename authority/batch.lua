@@ -209,7 +209,9 @@ if ARGV[2] == '-1' then
           if q * r > p then q = q - 1 end
           if q * r < p then q = q + 1 end
           if q > HUGE then q = HUGE end
-          freshv, freshpx = format('%d 0 %d -', burst - 1, now), math.ceil(q / 1000) + 1000
+          -- (the TTL a string: Redis formats a number argument with
+          -- %.14g on every call, about 0.15 µs of a SET's 1.5)
+          freshv, freshpx = format('%d 0 %d -', burst - 1, now), format('%d', math.ceil(q / 1000) + 1000)
           freshout = format(' %d 0', burst - 1)
         end
         v = pcall('SET', kc, freshv, 'NX', 'GET', 'PX', freshpx)
