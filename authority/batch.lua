@@ -200,7 +200,9 @@ if ARGV[2] == '-1' then
       -- batch has found at least as many keys missing as present. Its
       -- value and TTL are the same for every such key of the batch, made
       -- once; a refused SET NX GET reads again with GET, so that every
-      -- error is met as before.
+      -- refusal is met as before (but for an ACL that allows SET and not
+      -- GET: a lone call of the form without a batch key now passes,
+      -- debited as any).
       local v
       if missing >= 0 and wants[c] == 1 and KEYS[base + c + 1] ~= kc then
         if not freshv then
@@ -209,8 +211,8 @@ if ARGV[2] == '-1' then
           if q * r > p then q = q - 1 end
           if q * r < p then q = q + 1 end
           if q > HUGE then q = HUGE end
-          -- (the TTL a string: Redis formats a number argument with
-          -- %.14g on every call, about 0.15 µs of a SET's 1.5)
+          -- (the TTL a string: Redis formats a number argument as a
+          -- double on every call, about 0.15 µs of a SET's 1.5)
           freshv, freshpx = format('%d 0 %d -', burst - 1, now), format('%d', math.ceil(q / 1000) + 1000)
           freshout = format(' %d 0', burst - 1)
         end
