@@ -324,6 +324,29 @@ func (r *Redis) nextID(kind string) string {
 	return r.idBase + kind + strconv.FormatUint(r.seq.Add(1), 36)
 }
 
+// resendKey returns a new resend key for an invocation whose first bucket
+// is key (see batch.lua and acquire_all.lua): the prefix, ":batch:", key's
+// hash tag in braces, so that a Cluster keeps the two on one node, then a
+// batch id (nextID of kind "b"). Every keyed invocation makes one, a lone
+// call included, so it is built in one allocation, not the four that
+// joining its parts took.
+func (r *Redis) resendKey(key string) string {
+	const mid, tail = ":batch:{", "}:"
+	tag := hashTag(key)
+	var seq [13]byte // the longest uint64 in base 36
+	id := strconv.AppendUint(seq[:0], r.seq.Add(1), 36)
+	var b strings.Builder
+	b.Grow(len(r.prefix) + len(mid) + len(tag) + len(tail) + len(r.idBase) + 1 + len(id))
+	b.WriteString(r.prefix)
+	b.WriteString(mid)
+	b.WriteString(tag)
+	b.WriteString(tail)
+	b.WriteString(r.idBase)
+	b.WriteByte('b')
+	b.Write(id)
+	return b.String()
+}
+
 // Acquire takes between min and want tokens from key's bucket under l, at
 // most max(min, available×share) of them, where share is in (0, 1]; or none
 // when fewer than min are available. It needs 1 <= min <= want <= l.Burst.
@@ -398,7 +421,7 @@ func (r *Redis) multiInvocation(a *Acquisition, keyed bool) *invocation {
 	ks := make([]string, 0, 2+len(a.With))
 	args := a.args
 	if keyed {
-		ks = append(ks, r.prefix+":batch:{"+hashTag(a.Key)+"}:"+r.nextID("b"))
+		ks = append(ks, r.resendKey(a.Key))
 	} else {
 		args = append([]any{unkeyedArg}, args[1:]...)
 	}

@@ -179,7 +179,7 @@ func (r *Redis) batchOf(calls []*Acquisition, keyed bool) *batch {
 	var keys []string
 	if keyed {
 		keys = make([]string, 1, 1+len(calls))
-		keys[0] = r.prefix + ":batch:{" + hashTag(calls[0].Key) + "}:" + r.nextID("b")
+		keys[0] = r.resendKey(calls[0].Key)
 	} else {
 		keys = make([]string, 0, len(calls))
 	}

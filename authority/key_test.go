@@ -8,6 +8,7 @@ import (
 	"reflect"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -222,5 +223,34 @@ func TestNamer(t *testing.T) {
 	long := strings.Repeat("k", 4096)
 	if allocs := testing.AllocsPerRun(100, func() { _ = n.Key(long) }); allocs != 1 {
 		t.Errorf("Namer.Key allocates %v times; want 1", allocs)
+	}
+}
+
+// TestResendKey: a resend key is the prefix, ":batch:", the bucket key's
+// hash tag in braces, then an id of kind "b" (nextID's form), new on
+// every call, whatever the sequence number's length.
+func TestResendKey(t *testing.T) {
+	r := &Redis{prefix: "pfx", idBase: "0a1b-"}
+	for _, tc := range []struct {
+		key, tag string
+		seq      uint64
+	}{
+		{"pfx:n:1/1s/1:{0123abcd}", "0123abcd", 0},
+		{"plain", "plain", 35},
+		{"a{}b{c}", "a{}b{c}", 1 << 40},
+		{"x{tag}y", "tag", ^uint64(0) - 1}, // the next id is the longest in base 36
+	} {
+		r.seq.Store(tc.seq)
+		got := r.resendKey(tc.key)
+		want := "pfx:batch:{" + tc.tag + "}:0a1b-b" + strconv.FormatUint(tc.seq+1, 36)
+		if got != want {
+			t.Errorf("resendKey(%q) at %d = %q, want %q", tc.key, tc.seq, got, want)
+		}
+		if again := r.resendKey(tc.key); again == got {
+			t.Errorf("resendKey(%q) repeated %q", tc.key, got)
+		}
+	}
+	if n := testing.AllocsPerRun(100, func() { _ = r.resendKey("k{t}") }); n != 1 {
+		t.Errorf("resendKey allocates %v times, want 1", n)
 	}
 }
