@@ -35,6 +35,9 @@ var ErrUnavailable = errors.New("leaselimit: redis unavailable")
 // Redis's clock and writes nothing; it changes no local state either.
 // While Redis is unavailable it returns an error wrapping ErrUnavailable.
 func (l *Limiter) Peek(ctx context.Context, key string) (Decision, error) {
+	if err := l.callable(ctx); err != nil {
+		return Decision{Source: SourceNone}, err
+	}
 	if err := l.usable(); err != nil {
 		return Decision{Source: SourceNone}, err
 	}
@@ -154,6 +157,9 @@ func (l *Limiter) jointOutstanding(key string) int64 {
 // authority.MarkLife (24h) after a Reset of its key is the exception: by
 // then the mark is gone.
 func (l *Limiter) Reset(ctx context.Context, key string) error {
+	if err := l.callable(ctx); err != nil {
+		return err
+	}
 	if err := l.usable(); err != nil {
 		return err
 	}

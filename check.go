@@ -2,6 +2,7 @@ package leaselimit
 
 import (
 	"context"
+	"fmt"
 )
 
 // Check verifies that c can work, for start-up and readiness
@@ -19,5 +20,14 @@ import (
 // command the scripts run, a full Redis, another program's key under the
 // prefix, an eviction policy that drops buckets. Check makes no decision
 // and touches no bucket; a failed Check changes nothing c does. After
-// Close it returns ErrClosed.
-func (c *Client) Check(ctx context.Context) error { return c.e.ready(ctx) }
+// Close it returns ErrClosed; with a nil ctx, ErrNilContext; on a nil
+// *Client, an error wrapping ErrClosed.
+func (c *Client) Check(ctx context.Context) error {
+	if c == nil {
+		return fmt.Errorf("%w: nil *Client", ErrClosed)
+	}
+	if ctx == nil {
+		return ErrNilContext
+	}
+	return c.e.ready(ctx)
+}

@@ -192,6 +192,92 @@ func TestBadInput(t *testing.T) {
 	}
 }
 
+// TestNilContextAndReceiver: a nil ctx, or a method called on a nil
+// *Limiter, *Reservation or *Client, gets a clear error and touches
+// nothing, in both modes. A nil ctx used to panic, in a lease refill's
+// singleflight as well as on the caller's goroutine.
+func TestNilContextAndReceiver(t *testing.T) {
+	m, c := newMini(t)
+	var nilCtx context.Context
+	ctx := context.Background()
+	for i, mode := range []leaselimit.Option{leaselimit.WithoutLease(), nil} {
+		lim := mustNew(t, c, policy.PerSecond(10).WithName(fmt.Sprint("nil", i)), mode)
+		calls := map[string]func() error{
+			"Allow":  func() error { _, err := lim.Allow(nilCtx, "k"); return err },
+			"AllowN": func() error { _, err := lim.AllowN(nilCtx, "k", 2); return err },
+			"Wait":   func() error { return lim.Wait(nilCtx, "k") },
+			"WaitN":  func() error { return lim.WaitN(nilCtx, "k", 2) },
+			"Peek":   func() error { _, err := lim.Peek(nilCtx, "k"); return err },
+			"Reset":  func() error { return lim.Reset(nilCtx, "k") },
+			"Check":  func() error { return lim.Check(nilCtx) },
+			"Reserve": func() error {
+				r, err := lim.Reserve(nilCtx, "k", 1)
+				if r != nil {
+					t.Errorf("mode %d: Reserve(nil ctx) returned a Reservation", i)
+				}
+				return err
+			},
+		}
+		for name, call := range calls {
+			if err := call(); !errors.Is(err, leaselimit.ErrNilContext) {
+				t.Errorf("mode %d: %s(nil ctx) = %v; want ErrNilContext", i, name, err)
+			}
+		}
+		if keys := m.Keys(); len(keys) != 0 {
+			t.Fatalf("mode %d: calls with a nil ctx wrote keys %v", i, keys)
+		}
+		// Settle with a nil ctx settles nothing: the Reservation is
+		// settled by the next Settle, which gives its surplus back.
+		r, err := lim.Reserve(ctx, "s", 5)
+		if err != nil || !r.Decision().Allowed {
+			t.Fatalf("mode %d: Reserve = %+v, %v", i, r, err)
+		}
+		if err := r.Settle(nilCtx, 1); !errors.Is(err, leaselimit.ErrNilContext) {
+			t.Errorf("mode %d: Settle(nil ctx) = %v; want ErrNilContext", i, err)
+		}
+		if err := r.Settle(ctx, 1); err != nil {
+			t.Fatalf("mode %d: Settle after a nil ctx: %v", i, err)
+		}
+		if d, err := lim.AllowN(ctx, "s", 9); err != nil || !d.Allowed {
+			t.Errorf("mode %d: AllowN(9) after settling 1 of 5 = %+v, %v; want admitted (the surplus back)", i, d, err)
+		}
+		m.FlushAll() // the next mode's nil calls must find no key
+	}
+
+	var nilLim *leaselimit.Limiter
+	for name, call := range map[string]func() error{
+		"Allow":   func() error { _, err := nilLim.Allow(ctx, "k"); return err },
+		"Wait":    func() error { return nilLim.Wait(ctx, "k") },
+		"Peek":    func() error { _, err := nilLim.Peek(ctx, "k"); return err },
+		"Reset":   func() error { return nilLim.Reset(ctx, "k") },
+		"Check":   func() error { return nilLim.Check(ctx) },
+		"Reserve": func() error { _, err := nilLim.Reserve(ctx, "k", 1); return err },
+	} {
+		if err := call(); !errors.Is(err, leaselimit.ErrClosed) {
+			t.Errorf("(*Limiter)(nil).%s = %v; want an error wrapping ErrClosed", name, err)
+		}
+	}
+	var nilRes *leaselimit.Reservation
+	if err := nilRes.Settle(ctx, 1); !errors.Is(err, leaselimit.ErrClosed) {
+		t.Errorf("(*Reservation)(nil).Settle = %v; want an error wrapping ErrClosed", err)
+	}
+	if err := nilRes.Cancel(ctx); !errors.Is(err, leaselimit.ErrClosed) {
+		t.Errorf("(*Reservation)(nil).Cancel = %v; want an error wrapping ErrClosed", err)
+	}
+	var nilClient *leaselimit.Client
+	if err := nilClient.Check(ctx); !errors.Is(err, leaselimit.ErrClosed) {
+		t.Errorf("(*Client)(nil).Check = %v; want an error wrapping ErrClosed", err)
+	}
+	cl, err := leaselimit.NewClient(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	if err := cl.Check(nilCtx); !errors.Is(err, leaselimit.ErrNilContext) {
+		t.Errorf("Client.Check(nil ctx) = %v; want ErrNilContext", err)
+	}
+}
+
 func TestOddKeys(t *testing.T) {
 	_, c := newMini(t)
 	ctx := context.Background()

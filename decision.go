@@ -22,6 +22,9 @@ var (
 	ErrClosed = errors.New("leaselimit: limiter closed")
 	// ErrWouldExceedDeadline: Wait could not be admitted before ctx's deadline.
 	ErrWouldExceedDeadline = errors.New("leaselimit: wait would exceed context deadline")
+	// ErrNilContext: a nil context.Context was passed (pass
+	// context.Background() when there is no other). The call does nothing.
+	ErrNilContext = errors.New("leaselimit: nil context")
 )
 
 // MaxKeyLen is the longest key accepted, in bytes. Keys are opaque bytes:

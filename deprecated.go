@@ -92,7 +92,12 @@ func (l *Limiter) Close() error {
 // Check is Client.Check of l's Client.
 //
 // Deprecated: use Client.Check.
-func (l *Limiter) Check(ctx context.Context) error { return l.ready(ctx) }
+func (l *Limiter) Check(ctx context.Context) error {
+	if err := l.callable(ctx); err != nil {
+		return err
+	}
+	return l.ready(ctx)
+}
 
 // BreakerState is Client.BreakerState of l's Client.
 //

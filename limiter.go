@@ -61,7 +61,8 @@ func (l *Limiter) Allow(ctx context.Context, key string) (Decision, error) {
 // so (all or nothing; a denial takes nothing). n must be between 1 and the
 // limit's Burst (the least Burst of several limits), and key 1 to MaxKeyLen
 // bytes; other input returns ErrInvalidCost or ErrInvalidKey and touches
-// nothing.
+// nothing. So does a nil ctx (ErrNilContext) and a nil *Limiter (an error
+// wrapping ErrClosed), in every method that takes a ctx.
 //
 // A denial is a Decision with Allowed false, not an error. Errors are
 // ErrClosed, the ctx's error when ctx ends before a decision, invalid input,
@@ -76,6 +77,9 @@ func (l *Limiter) AllowN(ctx context.Context, key string, n int64) (Decision, er
 // allowCounted is AllowN, traced and counted; exact makes the decision by
 // asking Redis for exactly n tokens even in lease mode (see Reserve).
 func (l *Limiter) allowCounted(ctx context.Context, key string, n int64, exact bool) (Decision, error) {
+	if err := l.callable(ctx); err != nil {
+		return Decision{Source: SourceNone}, err // before a span: there is no ctx to start it in
+	}
 	var span trace.Span
 	if l.tel.Tracing() {
 		ctx, span = l.tel.StartDecision(ctx)
@@ -187,6 +191,21 @@ func (l *Limiter) allowN(ctx context.Context, key string, n int64, exact bool) (
 	return l.miss(ctx, key, n, a)
 }
 
+// callable returns the error of a call that cannot be made at all: on a
+// nil *Limiter (wrapping ErrClosed: nothing can be decided through it) or
+// with a nil ctx (ErrNilContext). Either used to panic deep in the call,
+// on a lease refill's singleflight as likely as on the caller's goroutine.
+// It is the first check of every method that takes a ctx.
+func (l *Limiter) callable(ctx context.Context) error {
+	if l == nil {
+		return fmt.Errorf("%w: nil *Limiter", ErrClosed)
+	}
+	if ctx == nil {
+		return ErrNilContext
+	}
+	return nil
+}
+
 // usable returns the error every call of l returns before it does
 // anything: the Limiter's own (an invalid limit, an option With cannot
 // take), or ErrClosed.
@@ -248,6 +267,9 @@ func (l *Limiter) Wait(ctx context.Context, key string) error {
 // ContextTimeoutEnabled, where a call its ctx cut short may have been
 // granted (under-admission).
 func (l *Limiter) WaitN(ctx context.Context, key string, n int64) (err error) {
+	if err := l.callable(ctx); err != nil {
+		return err
+	}
 	var d Decision
 	if l.tel.Tracing() {
 		var span trace.Span

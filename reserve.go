@@ -142,6 +142,9 @@ func (l *Limiter) stampOf(d Decision, key string, taken time.Time, pre lease.Sta
 // answers again, like every admission of the policy; its Settle adds an
 // excess to that charge, and gives no surplus back.
 func (l *Limiter) Reserve(ctx context.Context, key string, estimate int64) (*Reservation, error) {
+	if err := l.callable(ctx); err != nil {
+		return nil, err
+	}
 	// Read before the tokens are taken: a quota's window read early can
 	// only make a surplus be dropped (under-admission), read late it could
 	// put an old window's tokens into a new one; and a lease's Since
@@ -200,8 +203,16 @@ func (r *Reservation) Decision() Decision { return r.decision }
 // Settle makes its one call on the caller's goroutine and returns its
 // error.
 //
-// actual < 0 returns ErrInvalidCost and settles nothing.
+// actual < 0 returns ErrInvalidCost, a nil ctx ErrNilContext, and a nil
+// *Reservation (Reserve's with an error: nothing was reserved) an error
+// wrapping ErrClosed; each settles nothing.
 func (r *Reservation) Settle(ctx context.Context, actual int64) error {
+	if r == nil {
+		return fmt.Errorf("%w: nil *Reservation", ErrClosed)
+	}
+	if ctx == nil {
+		return ErrNilContext
+	}
 	if actual < 0 {
 		return fmt.Errorf("%w: actual cost %d, want >= 0", ErrInvalidCost, actual)
 	}
