@@ -31,7 +31,7 @@ func TestFailLocalReportsShare(t *testing.T) {
 	l := policy.PerMinute(100).WithName("share")
 	lim := mustNew(t, c, l, leaselimit.WithClock(clk),
 		leaselimit.WithFailureMode(policy.FailLocal), leaselimit.WithFleetSize(4),
-		leaselimit.WithBreaker(breaker.Settings{Failures: 1, OpenFor: time.Hour}))
+		leaselimit.WithBreaker(breaker.Settings{Failures: 1, OpenFor: breaker.MaxOpenFor}))
 	m.Close() // Redis is down: every decision is FailLocal's
 	share := policy.Limit{Name: "share", Rate: 25, Period: time.Minute, Burst: 25}
 	for i := int64(0); i <= share.Burst; i++ {
@@ -62,7 +62,7 @@ func TestFailLocalSeveralLimits(t *testing.T) {
 	daily := policy.Quota("daily", 100, policy.Day, nil)
 	root := mustNew(t, c, perSecond, leaselimit.WithClock(clk), leaselimit.WithTimeout(200*time.Millisecond),
 		leaselimit.WithFailureMode(policy.FailLocal), leaselimit.WithFleetSize(2),
-		leaselimit.WithBreaker(breaker.Settings{Failures: 1, OpenFor: time.Hour})) // a short budget: Close's last flush waits for it
+		leaselimit.WithBreaker(breaker.Settings{Failures: 1, OpenFor: breaker.MaxOpenFor})) // a short budget: Close's last flush waits for it
 	both := root.For(perSecond, daily)
 	m.Close()
 	for i := int64(1); i <= 4; i++ {
@@ -87,7 +87,7 @@ func TestFailOpenSeveralLimits(t *testing.T) {
 	perSecond := policy.Limit{Name: "ps", Rate: 10, Period: time.Second, Burst: 10}
 	daily := policy.Quota("daily", 8, policy.Day, nil)
 	root := mustNew(t, c, perSecond, leaselimit.WithFailureMode(policy.FailOpen), leaselimit.WithTimeout(200*time.Millisecond),
-		leaselimit.WithBreaker(breaker.Settings{Failures: 1, OpenFor: time.Hour})) // a short budget: Close's last flush waits for it
+		leaselimit.WithBreaker(breaker.Settings{Failures: 1, OpenFor: breaker.MaxOpenFor})) // a short budget: Close's last flush waits for it
 	both := root.For(perSecond, daily)
 	m.Close()
 	d, err := both.Allow(ctx, "k")
@@ -115,7 +115,7 @@ func TestClockForBreakerRetry(t *testing.T) {
 	ctx := context.Background()
 	lim := mustNew(t, c, policy.PerMinute(10).WithName("clock"), leaselimit.WithClock(clk), leaselimit.WithoutLease(),
 		leaselimit.WithFailureMode(policy.FailClosed),
-		leaselimit.WithBreaker(breaker.Settings{Failures: 1, OpenFor: time.Hour}))
+		leaselimit.WithBreaker(breaker.Settings{Failures: 1, OpenFor: breaker.MaxOpenFor}))
 	m.Close()
 	if d, err := lim.Allow(ctx, "k"); err != nil || d.Source != leaselimit.SourceFallback {
 		t.Fatalf("Allow with Redis down = %+v, %v", d, err)

@@ -112,7 +112,7 @@ func TestTelemetryAllPaths(t *testing.T) {
 	m, c := newMini(t)
 	ctx := context.Background()
 	lim := mustNew(t, c, policy.PerHour(3).WithName("tel"), append(rig.opts(),
-		leaselimit.WithBreaker(breaker.Settings{Failures: 1, OpenFor: time.Hour}))...)
+		leaselimit.WithBreaker(breaker.Settings{Failures: 1, OpenFor: breaker.MaxOpenFor}))...)
 	calls := 0
 	sources := map[leaselimit.Source]int{}
 	allow := func(key string) leaselimit.Decision {

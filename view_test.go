@@ -35,7 +35,7 @@ func mustClient(t *testing.T, c redis.UniversalClient, opts ...leaselimit.Option
 func TestViewsFailurePolicies(t *testing.T) {
 	m, rdb := newMini(t)
 	c := mustClient(t, rdb, leaselimit.WithTimeout(time.Second), leaselimit.WithFleetSize(2),
-		leaselimit.WithBreaker(breaker.Settings{Failures: 1, OpenFor: time.Hour}))
+		leaselimit.WithBreaker(breaker.Settings{Failures: 1, OpenFor: breaker.MaxOpenFor}))
 	ctx := context.Background()
 	loginLimit := policy.PerMinute(5).WithName("login")
 	searchLimit := policy.PerMinute(4).WithName("search") // a share of 2 on each of 2 instances

@@ -17,6 +17,7 @@ package breaker
 
 import (
 	"errors"
+	"fmt"
 	"strconv"
 	"time"
 )
@@ -61,7 +62,8 @@ type Settings struct {
 	// price, during a long outage, is up to Probes calls per node every
 	// OpenFor (plus the budget each probe waits), each making its caller
 	// wait up to the time budget; a longer OpenFor saves those waits and
-	// keeps the failure policy deciding longer after Redis is back.
+	// keeps the failure policy deciding longer after Redis is back. At
+	// most MaxOpenFor.
 	OpenFor time.Duration
 	// Probes is how many calls may run while half-open; that many successes
 	// in a row close the breaker, one failure opens it again. Default 1:
@@ -77,10 +79,21 @@ type Settings struct {
 	OnStateChange func(from, to State)
 }
 
+// MaxOpenFor is the longest OpenFor Validate takes. However short the
+// outage that opened it, the breaker lets no call reach Redis for OpenFor,
+// and the failure policy decides every one: FailOpen admits all, without
+// bound, FailClosed denies all. An OpenFor of hours (a review gave
+// math.MaxInt64) turned a blip into as long an outage of the limit, while
+// Redis answered and Check said all was well.
+const MaxOpenFor = time.Minute
+
 // Validate reports whether s is usable.
 func (s Settings) Validate() error {
 	if s.OpenFor < 0 || s.Interval < 0 {
 		return errors.New("breaker: OpenFor and Interval must be >= 0")
+	}
+	if s.OpenFor > MaxOpenFor {
+		return fmt.Errorf("breaker: OpenFor %v is above MaxOpenFor (%v): the failure policy would decide every call for that long after Redis answers again", s.OpenFor, MaxOpenFor)
 	}
 	return nil
 }

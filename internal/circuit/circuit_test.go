@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"os"
 	"strings"
@@ -230,7 +231,10 @@ func TestDefaultsAndValidate(t *testing.T) {
 	if err := (breaker.Settings{}).Validate(); err != nil {
 		t.Errorf("zero Settings: %v", err)
 	}
-	for _, bad := range []breaker.Settings{{OpenFor: -time.Second}, {Interval: -1}} {
+	if err := (breaker.Settings{OpenFor: breaker.MaxOpenFor}).Validate(); err != nil {
+		t.Errorf("OpenFor MaxOpenFor: %v", err)
+	}
+	for _, bad := range []breaker.Settings{{OpenFor: -time.Second}, {Interval: -1}, {OpenFor: breaker.MaxOpenFor + 1}, {OpenFor: math.MaxInt64}} {
 		if err := bad.Validate(); err == nil {
 			t.Errorf("Validate(%+v): no error", bad)
 		}
