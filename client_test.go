@@ -278,6 +278,42 @@ func TestNilContextAndReceiver(t *testing.T) {
 	}
 }
 
+// TestLongestLeaseTTL: a lease of MaxLeaseTTL lives, and one longer is
+// refused. A TTL near math.MaxInt64 overflowed the lease's expiry, and
+// every lease expired as it was granted, silently: each decision went to
+// Redis and leases took tokens they never spent.
+func TestLongestLeaseTTL(t *testing.T) {
+	_, c := newMini(t)
+	calls := countCalls(c)
+	ctx := context.Background()
+	longest := policy.Lease{TTL: policy.MaxLeaseTTL, IdleTTL: policy.MaxLeaseTTL}
+	lim := mustNew(t, c, policy.PerHour(1000).WithName("longttl"), leaselimit.WithLease(longest))
+	before := calls.n.Load()
+	admitted := 0
+	for range 2000 {
+		d, err := lim.Allow(ctx, "k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Allowed {
+			admitted++
+		}
+	}
+	// 1000/hour: at most a token more refills during the loop.
+	if admitted < 999 || admitted > 1001 {
+		t.Errorf("admitted %d of 2000 on a bucket of 1000; want about 1000", admitted)
+	}
+	// Leases that live serve most decisions locally: an expired lease
+	// would send every one to Redis (a script call each, and more).
+	if n := calls.n.Load() - before; n > 400 {
+		t.Errorf("%d Redis commands for 2000 decisions: leases of MaxLeaseTTL do not live", n)
+	}
+	tooLong := policy.Lease{TTL: policy.MaxLeaseTTL + time.Nanosecond, IdleTTL: math.MaxInt64}
+	if _, err := leaselimit.New(c, policy.PerHour(1000).WithName("toolong"), leaselimit.WithLease(tooLong)); !errors.Is(err, policy.ErrInvalidLimit) {
+		t.Errorf("New with a lease TTL above MaxLeaseTTL = %v; want ErrInvalidLimit", err)
+	}
+}
+
 func TestOddKeys(t *testing.T) {
 	_, c := newMini(t)
 	ctx := context.Background()

@@ -35,7 +35,7 @@ type Lease struct {
 	// only while they are used within TTL/2, so it also bounds how many busy
 	// keys an instance can lease at once: each must be refilled within TTL/2,
 	// so a key count above TTL/2 × the Redis calls per second the instance
-	// can make keeps leases small. Default 2s.
+	// can make keeps leases small. Default 2s; at most MaxLeaseTTL.
 	TTL time.Duration
 
 	// MaxShare caps one grant at this fraction of the tokens the bucket holds
@@ -57,6 +57,14 @@ type Lease struct {
 	// Default 30s.
 	IdleTTL time.Duration
 }
+
+// MaxLeaseTTL is the longest lease TTL Validate takes. A lease's expiry is
+// its grant's time plus TTL, in nanoseconds: a TTL near math.MaxInt64
+// overflowed, and every lease expired as it was granted (a review: 93
+// admissions of 2,000 where an hour's TTL gave 1,011, with 568 Redis
+// commands against 172), silently. A day is far past any use (leased
+// tokens are held back from the rest of the fleet until they expire).
+const MaxLeaseTTL = 24 * time.Hour
 
 // DefaultLease returns the default lease settings.
 func DefaultLease() Lease {
@@ -110,6 +118,8 @@ func (s Lease) Validate() error {
 		return fmt.Errorf("%w: lease Horizon %v must be >= 0", ErrInvalidLimit, s.Horizon)
 	case s.TTL < time.Millisecond:
 		return fmt.Errorf("%w: lease TTL %v must be >= 1ms", ErrInvalidLimit, s.TTL)
+	case s.TTL > MaxLeaseTTL:
+		return fmt.Errorf("%w: lease TTL %v must be <= MaxLeaseTTL (%v)", ErrInvalidLimit, s.TTL, MaxLeaseTTL)
 	case !(s.MaxShare > 0 && s.MaxShare <= 1):
 		return fmt.Errorf("%w: lease MaxShare %v must be in (0, 1]", ErrInvalidLimit, s.MaxShare)
 	case s.Prefetch >= 1 || s.Prefetch != s.Prefetch:
