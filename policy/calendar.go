@@ -139,20 +139,55 @@ func (c Calendar) Bounds(t time.Time) (start, end, next time.Time) {
 		end = start.Add(time.Hour)
 		next = end.Add(time.Hour)
 	case Day:
-		start = time.Date(y, m, d, 0, 0, 0, 0, loc)
-		end = time.Date(y, m, d+1, 0, 0, 0, 0, loc)
-		next = time.Date(y, m, d+2, 0, 0, 0, 0, loc)
+		start = dayStart(y, m, d, loc)
+		end = dayStart(y, m, d+1, loc)
+		next = dayStart(y, m, d+2, loc)
 	case Week:
 		sinceMonday := (int(t.Weekday()) + 6) % 7
-		start = time.Date(y, m, d-sinceMonday, 0, 0, 0, 0, loc)
-		end = time.Date(y, m, d-sinceMonday+7, 0, 0, 0, 0, loc)
-		next = time.Date(y, m, d-sinceMonday+14, 0, 0, 0, 0, loc)
+		start = dayStart(y, m, d-sinceMonday, loc)
+		end = dayStart(y, m, d-sinceMonday+7, loc)
+		next = dayStart(y, m, d-sinceMonday+14, loc)
 	case Month:
-		start = time.Date(y, m, 1, 0, 0, 0, 0, loc)
-		end = time.Date(y, m+1, 1, 0, 0, 0, 0, loc)
-		next = time.Date(y, m+2, 1, 0, 0, 0, 0, loc)
+		start = dayStart(y, m, 1, loc)
+		end = dayStart(y, m+1, 1, loc)
+		next = dayStart(y, m+2, 1, loc)
 	}
 	return start, end, next
+}
+
+// dayStart returns the first instant of the local day y-m-d in loc (the
+// date normalised as time.Date does: d 0 is the last of the month
+// before). That is its midnight, but for a zone whose clocks skip or
+// repeat midnight, where time.Date's reading of a midnight is not
+// guaranteed: in America/Santiago summer time begins at 00:00, which
+// becomes 01:00, and time.Date read the missing midnight as 23:00 the day
+// before, so that the window of a daily quota ended before the times it
+// held (23:30 fell past its end; a review, in four zones of 2020-2027).
+// There the day begins where the gap ends; where midnight comes twice (a
+// zone that leaves summer time at 01:00), at the first.
+func dayStart(y int, m time.Month, d int, loc *time.Location) time.Time {
+	y, m, d = time.Date(y, m, d, 12, 0, 0, 0, time.UTC).Date()
+	t := time.Date(y, m, d, 0, 0, 0, 0, loc)
+	if !sameDay(t, y, m, d) {
+		// A missing midnight read before the gap, on the day before:
+		// the day begins as the gap ends.
+		_, end := t.ZoneBounds()
+		return end
+	}
+	if begun, _ := t.ZoneBounds(); !begun.IsZero() && sameDay(begun.Add(-time.Nanosecond), y, m, d) {
+		// A midnight that came twice, read as the second: the first
+		// was the same wall time on the offset before the change.
+		_, before := begun.Add(-time.Nanosecond).Zone()
+		_, after := t.Zone()
+		return t.Add(time.Duration(after-before) * time.Second)
+	}
+	return t
+}
+
+// sameDay reports whether t falls on the local day y-m-d of its Location.
+func sameDay(t time.Time, y int, m time.Month, d int) bool {
+	ty, tm, td := t.Date()
+	return ty == y && tm == m && td == d
 }
 
 // zones maps a time zone's name to the one *time.Location Canonical gives
@@ -181,7 +216,18 @@ func (l Limit) Canonical() Limit {
 		l.Calendar.Location = nil
 		return l
 	}
-	kept := zones.LoadOrMake(loc.String(), func() *time.Location { return loc })
+	kept, ok := zones.Load(loc.String())
+	if !ok {
+		if l.Validate() != nil {
+			// Only a limit Validate takes may name a zone for good: a
+			// refused one (a quota of 0 tokens, say) kept its zone's
+			// name, and every later quota of the true zone by that name
+			// was refused, on every Client, for the life of the process
+			// (a review).
+			return l
+		}
+		kept = zones.LoadOrMake(loc.String(), func() *time.Location { return loc })
+	}
 	if kept != loc && !sameOffsets(kept, loc) {
 		return l
 	}
@@ -210,8 +256,19 @@ func validateZone(l Limit) error {
 		// The name of a nil Location's key (see Canonical).
 		return fmt.Errorf("%w: %s: a zone named UTC must be UTC", ErrInvalidLimit, l.Name)
 	}
-	if kept, ok := zones.Load(name); ok && kept != loc && !sameOffsets(kept, loc) {
+	kept, ok := zones.Load(name)
+	if ok && kept != loc && !sameOffsets(kept, loc) {
 		return fmt.Errorf("%w: %s: the zone name %q already names a zone of other offsets in this process; one name must mean one zone on every instance", ErrInvalidLimit, l.Name, name)
+	}
+	if kept != loc {
+		// Not kept yet (or another Location of the kept zone): a name of
+		// the time zone database must mean its zone there. A fixed zone
+		// named "Europe/Paris" at +01:00 the year round, kept first, had
+		// the real Europe/Paris refused from then on, and instances that
+		// loaded each would share its buckets under different windows.
+		if db, err := time.LoadLocation(name); err == nil && !sameOffsets(db, loc) {
+			return fmt.Errorf("%w: %s: the zone name %q is the time zone database's, whose offsets differ from this Location's; load it with time.LoadLocation, or name the zone otherwise", ErrInvalidLimit, l.Name, name)
+		}
 	}
 	return nil
 }

@@ -67,6 +67,65 @@ func TestCalendarWindow(t *testing.T) {
 	}
 }
 
+// TestCalendarWindowsTile: in zones whose clocks skip or repeat midnight
+// (America/Santiago and America/Havana begin summer time at 00:00,
+// America/Scoresbysund has left it at midnight, Asia/Gaza left it at 01:00
+// in 2020), as in ordinary ones, every instant of 2020-2027 falls in the
+// window Bounds gives it, each window begins where the one before ends,
+// and each begins on its own local day. time.Date read a skipped midnight
+// as 23:00 the day before: the window of 23:30 ended before it (a review).
+func TestCalendarWindowsTile(t *testing.T) {
+	var locs []*time.Location
+	for _, name := range []string{"America/Santiago", "America/Havana", "America/Scoresbysund", "Asia/Gaza", "America/New_York", "Australia/Lord_Howe"} {
+		loc, err := time.LoadLocation(name)
+		if err != nil {
+			t.Skip("no time zone database:", err)
+		}
+		locs = append(locs, loc)
+	}
+	for _, loc := range locs {
+		for _, every := range []CalendarUnit{Day, Week, Month} {
+			c := Calendar{Every: every, Location: loc}
+			bad := 0
+			// Half an hour after and before each local midnight, and noon:
+			// where a window that began or ended an hour off would show.
+			var ats []time.Time
+			for day := time.Date(2020, 1, 1, 12, 0, 0, 0, time.UTC); day.Year() < 2028; day = day.AddDate(0, 0, 1) {
+				y, m, d := day.Date()
+				ats = append(ats, time.Date(y, m, d, 0, 30, 0, 0, loc), time.Date(y, m, d, 12, 0, 0, 0, loc), time.Date(y, m, d, 23, 30, 0, 0, loc))
+			}
+			for _, at := range ats {
+				if bad >= 3 {
+					break
+				}
+				start, end, next := c.Bounds(at)
+				_, nextEnd, _ := c.Bounds(end)
+				prevStart, prevEnd, _ := c.Bounds(start.Add(-time.Nanosecond))
+				local := start.In(loc)
+				ok := !at.Before(start) && at.Before(end) && end.Before(next) && nextEnd.Equal(next) && prevEnd.Equal(start) && prevStart.Before(start)
+				switch every {
+				case Week:
+					ok = ok && local.Weekday() == time.Monday
+				case Month:
+					ok = ok && local.Day() == 1
+				}
+				if !ok {
+					bad++
+					t.Errorf("%v %s: Bounds(%v) = %v, %v, %v; the window before %v to %v, the one after ends %v",
+						loc, every, at.In(loc), start.In(loc), end.In(loc), next.In(loc), prevStart.In(loc), prevEnd.In(loc), nextEnd.In(loc))
+				}
+			}
+		}
+	}
+	// The review's case: 23:30 in Santiago the day before summer time
+	// begins (midnight becomes 01:00) is in the day that ends at 01:00.
+	santiago := locs[0]
+	start, end, _ := Calendar{Every: Day, Location: santiago}.Bounds(time.Date(2026, 9, 6, 3, 30, 0, 0, time.UTC))
+	if want := time.Date(2026, 9, 6, 4, 0, 0, 0, time.UTC); !end.Equal(want) || !start.Equal(time.Date(2026, 9, 5, 4, 0, 0, 0, time.UTC)) {
+		t.Errorf("Santiago, 2026-09-05 23:30: window %v to %v; want 2026-09-05 00:00 -04 to %v", start.In(santiago), end.In(santiago), want.In(santiago))
+	}
+}
+
 func TestQuotaValidate(t *testing.T) {
 	if err := Quota("daily", 10_000, Day, time.UTC).Validate(); err != nil {
 		t.Errorf("Quota(daily) = %v", err)
@@ -174,5 +233,27 @@ func TestZoneNameIsItsIdentity(t *testing.T) {
 	}
 	if err := other.Validate(); !errors.Is(err, ErrInvalidLimit) {
 		t.Errorf("another zone under a name kept: Validate = %v; want ErrInvalidLimit", err)
+	}
+
+	// A limit Validate refuses names no zone: the true zone of that name
+	// is taken afterwards (a refused quota of 0 tokens kept its fake
+	// zone's name for the process's life).
+	if err := Quota("refused", 0, Day, time.FixedZone("TestZone-3", 5*3600)).Canonical().Validate(); !errors.Is(err, ErrInvalidLimit) {
+		t.Fatalf("a quota of 0 tokens: Validate = %v; want ErrInvalidLimit", err)
+	}
+	if err := Quota("taken", 10, Day, time.FixedZone("TestZone-3", -3*3600)).Canonical().Validate(); err != nil {
+		t.Errorf("a zone whose name only a refused limit used: %v", err)
+	}
+
+	// A name of the time zone database means its zone.
+	paris, err := time.LoadLocation("Europe/Paris")
+	if err != nil {
+		t.Skip("no time zone database:", err)
+	}
+	if err := Quota("fake", 10, Day, time.FixedZone("Europe/Paris", 3600)).Canonical().Validate(); !errors.Is(err, ErrInvalidLimit) {
+		t.Errorf("a fixed zone named Europe/Paris: Validate = %v; want ErrInvalidLimit", err)
+	}
+	if err := Quota("paris", 10, Day, paris).Canonical().Validate(); err != nil {
+		t.Errorf("Europe/Paris after a fake of its name was refused: %v", err)
 	}
 }
