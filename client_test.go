@@ -187,6 +187,13 @@ func TestBadInput(t *testing.T) {
 	if _, err := leaselimit.New(unsetCluster, policy.PerSecond(1)); err == nil {
 		t.Error("New((*redis.ClusterClient)(nil)): no error")
 	}
+	// A zero value no constructor made panicked as a nil one did.
+	if _, err := leaselimit.NewClient(new(redis.Client)); err == nil {
+		t.Error("NewClient(new(redis.Client)): no error")
+	}
+	if _, err := leaselimit.New(new(redis.ClusterClient), policy.PerSecond(1)); err == nil {
+		t.Error("New(new(redis.ClusterClient)): no error")
+	}
 	if keys := m.Keys(); len(keys) != 0 {
 		t.Errorf("bad input wrote keys %v", keys)
 	}
