@@ -2,7 +2,6 @@ package leaselimit
 
 import (
 	"context"
-	"fmt"
 )
 
 // Check verifies that c can work, for start-up and readiness
@@ -23,8 +22,8 @@ import (
 // Close it returns ErrClosed; with a nil ctx, ErrNilContext; on a nil
 // *Client, an error wrapping ErrClosed.
 func (c *Client) Check(ctx context.Context) error {
-	if c == nil {
-		return fmt.Errorf("%w: nil *Client", ErrClosed)
+	if err := c.missing(); err != nil {
+		return err
 	}
 	if ctx == nil {
 		return ErrNilContext

@@ -147,7 +147,23 @@ func warnClientTimeouts(client redis.UniversalClient, cfg config) {
 // never spent under the new one; the janitor gives them back to the old
 // bucket when the lease expires (within the lease TTL).
 func (c *Client) Limiter(limit policy.Limit, more ...policy.Limit) *Limiter {
+	if err := c.missing(); err != nil {
+		return &Limiter{err: err} // every call returns err
+	}
 	return c.e.limiter(limit, more)
+}
+
+// missing returns the error of a nil *Client, or a zero one NewClient did
+// not make (wrapping ErrClosed: nothing can be decided through it), whose
+// methods panicked (a review).
+func (c *Client) missing() error {
+	switch {
+	case c == nil:
+		return fmt.Errorf("%w: nil *Client", ErrClosed)
+	case c.e == nil:
+		return fmt.Errorf("%w: a zero Client (make one with NewClient)", ErrClosed)
+	}
+	return nil
 }
 
 // Close refunds the unused leased tokens of every Limiter of c, waits for
@@ -166,13 +182,29 @@ func (c *Client) Limiter(limit policy.Limit, more ...policy.Limit) *Limiter {
 // admitted without being counted (counted on
 // ratelimit.settle.charges.dropped). Close does not close the Redis
 // client.
-func (c *Client) Close() error { return c.e.shutdown() }
+func (c *Client) Close() error {
+	if err := c.missing(); err != nil {
+		return err
+	}
+	return c.e.shutdown()
+}
 
 // BreakerState returns the state of the circuit breaker around Redis calls.
 // On a Redis Cluster, each master node has its own breaker; this is the most
 // severe of their states.
-func (c *Client) BreakerState() breaker.State { return c.e.path.State() }
+// A nil or zero Client's is Open: no call can reach Redis through it.
+func (c *Client) BreakerState() breaker.State {
+	if c.missing() != nil {
+		return breaker.Open
+	}
+	return c.e.path.State()
+}
 
 // LocalKeys returns how many keys c holds local state for, over every
 // limit (the table that WithMaxKeys bounds).
-func (c *Client) LocalKeys() int { return c.e.table.Len() }
+func (c *Client) LocalKeys() int {
+	if c.missing() != nil {
+		return 0
+	}
+	return c.e.table.Len()
+}

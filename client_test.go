@@ -16,6 +16,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/leaselimit/leaselimit"
 	"github.com/leaselimit/leaselimit/authority"
+	"github.com/leaselimit/leaselimit/breaker"
 	"github.com/leaselimit/leaselimit/policy"
 	"github.com/leaselimit/leaselimit/telemetry"
 	"github.com/redis/go-redis/v9"
@@ -264,16 +265,39 @@ func TestNilContextAndReceiver(t *testing.T) {
 			t.Errorf("(*Limiter)(nil).%s = %v; want an error wrapping ErrClosed", name, err)
 		}
 	}
-	var nilRes *leaselimit.Reservation
-	if err := nilRes.Settle(ctx, 1); !errors.Is(err, leaselimit.ErrClosed) {
-		t.Errorf("(*Reservation)(nil).Settle = %v; want an error wrapping ErrClosed", err)
+	// A zero Limiter (no constructor made it) is as a nil one, and so are
+	// its accessors and views.
+	zeroLim := new(leaselimit.Limiter)
+	for name, l := range map[string]*leaselimit.Limiter{"nil": nilLim, "zero": zeroLim, "zero's view": zeroLim.With(leaselimit.WithShadow())} {
+		if _, err := l.Allow(ctx, "k"); !errors.Is(err, leaselimit.ErrClosed) {
+			t.Errorf("a %s Limiter's Allow = %v; want an error wrapping ErrClosed", name, err)
+		}
+		if lim := l.Limit(); lim != (policy.Limit{}) || l.Limits() != nil {
+			t.Errorf("a %s Limiter's Limit = %v, Limits = %v; want none", name, lim, l.Limits())
+		}
 	}
-	if err := nilRes.Cancel(ctx); !errors.Is(err, leaselimit.ErrClosed) {
-		t.Errorf("(*Reservation)(nil).Cancel = %v; want an error wrapping ErrClosed", err)
+	for name, r := range map[string]*leaselimit.Reservation{"nil": nil, "zero": new(leaselimit.Reservation)} {
+		if err := r.Settle(ctx, 1); !errors.Is(err, leaselimit.ErrClosed) {
+			t.Errorf("a %s Reservation's Settle = %v; want an error wrapping ErrClosed", name, err)
+		}
+		if err := r.Cancel(ctx); !errors.Is(err, leaselimit.ErrClosed) {
+			t.Errorf("a %s Reservation's Cancel = %v; want an error wrapping ErrClosed", name, err)
+		}
 	}
 	var nilClient *leaselimit.Client
-	if err := nilClient.Check(ctx); !errors.Is(err, leaselimit.ErrClosed) {
-		t.Errorf("(*Client)(nil).Check = %v; want an error wrapping ErrClosed", err)
+	for name, cl := range map[string]*leaselimit.Client{"nil": nilClient, "zero": new(leaselimit.Client)} {
+		if err := cl.Check(ctx); !errors.Is(err, leaselimit.ErrClosed) {
+			t.Errorf("a %s Client's Check = %v; want an error wrapping ErrClosed", name, err)
+		}
+		if _, err := cl.Limiter(policy.PerSecond(1).WithName("z")).Allow(ctx, "k"); !errors.Is(err, leaselimit.ErrClosed) {
+			t.Errorf("a %s Client's Limiter: Allow = %v; want an error wrapping ErrClosed", name, err)
+		}
+		if err := cl.Close(); !errors.Is(err, leaselimit.ErrClosed) {
+			t.Errorf("a %s Client's Close = %v; want an error wrapping ErrClosed", name, err)
+		}
+		if st, n := cl.BreakerState(), cl.LocalKeys(); st != breaker.Open || n != 0 {
+			t.Errorf("a %s Client's BreakerState, LocalKeys = %v, %d; want open, 0", name, st, n)
+		}
 	}
 	cl, err := leaselimit.NewClient(c)
 	if err != nil {

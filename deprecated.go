@@ -83,7 +83,7 @@ var errCloseView = errors.New("leaselimit: Close on a Limiter that New did not r
 //
 // Deprecated: use Client.Close.
 func (l *Limiter) Close() error {
-	if !l.owner {
+	if l == nil || !l.owner {
 		return errCloseView
 	}
 	return l.shutdown()

@@ -50,7 +50,13 @@ type Limiter struct {
 
 // Limit returns the limit the Limiter enforces: its only one, or the first
 // of several (see Limits).
-func (l *Limiter) Limit() policy.Limit { return l.limit }
+// A nil or zero Limiter's is the zero Limit, which Validate refuses.
+func (l *Limiter) Limit() policy.Limit {
+	if l == nil || l.limitSet == nil {
+		return policy.Limit{}
+	}
+	return l.limit
+}
 
 // Allow is shorthand for AllowN(ctx, key, 1).
 func (l *Limiter) Allow(ctx context.Context, key string) (Decision, error) {
@@ -192,16 +198,32 @@ func (l *Limiter) allowN(ctx context.Context, key string, n int64, exact bool) (
 }
 
 // callable returns the error of a call that cannot be made at all: on a
-// nil *Limiter (wrapping ErrClosed: nothing can be decided through it) or
-// with a nil ctx (ErrNilContext). Either used to panic deep in the call,
-// on a lease refill's singleflight as likely as on the caller's goroutine.
-// It is the first check of every method that takes a ctx.
+// nil *Limiter, or a zero one that neither New nor Client.Limiter made
+// (wrapping ErrClosed: nothing can be decided through it), or with a nil
+// ctx (ErrNilContext). Each used to panic deep in the call, on a lease
+// refill's singleflight as likely as on the caller's goroutine. It is the
+// first check of every method that takes a ctx.
 func (l *Limiter) callable(ctx context.Context) error {
-	if l == nil {
-		return fmt.Errorf("%w: nil *Limiter", ErrClosed)
+	if err := l.present(); err != nil {
+		return err
 	}
 	if ctx == nil {
 		return ErrNilContext
+	}
+	return nil
+}
+
+// present returns the error of a nil *Limiter or a zero one (see
+// callable), and nil for any other.
+func (l *Limiter) present() error {
+	if l == nil {
+		return fmt.Errorf("%w: nil *Limiter", ErrClosed)
+	}
+	if l.limitSet == nil {
+		if l.err != nil {
+			return l.err // a nil or zero Client's (see Client.Limiter)
+		}
+		return fmt.Errorf("%w: a zero Limiter (make one with Client.Limiter)", ErrClosed)
 	}
 	return nil
 }

@@ -207,8 +207,8 @@ func (r *Reservation) Decision() Decision { return r.decision }
 // *Reservation (Reserve's with an error: nothing was reserved) an error
 // wrapping ErrClosed; each settles nothing.
 func (r *Reservation) Settle(ctx context.Context, actual int64) error {
-	if r == nil {
-		return fmt.Errorf("%w: nil *Reservation", ErrClosed)
+	if r == nil || r.lim == nil {
+		return fmt.Errorf("%w: a nil or zero *Reservation (nothing was reserved)", ErrClosed)
 	}
 	if ctx == nil {
 		return ErrNilContext

@@ -149,6 +149,9 @@ func (s *limitSet) with(key string) []authority.Member {
 // Limits returns the limits the Limiter enforces, in the order given to
 // Client.Limiter: one, or several taken from together.
 func (l *Limiter) Limits() []policy.Limit {
+	if l == nil || l.limitSet == nil {
+		return nil
+	}
 	out := make([]policy.Limit, len(l.members))
 	for i, m := range l.members {
 		out[i] = m.limit

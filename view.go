@@ -58,6 +58,9 @@ func WithFailureMode(m policy.FailureMode) Option {
 // them, rather than calling With per request (Client.Limiter, by contrast,
 // is meant to be called per request). A view has no Close: Close the Client.
 func (l *Limiter) With(opts ...Option) *Limiter {
+	if err := l.present(); err != nil {
+		return &Limiter{err: err} // a nil or zero Limiter's view: every call returns err
+	}
 	v := *l
 	v.owner = false
 	if v.err != nil {
