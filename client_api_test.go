@@ -3,6 +3,7 @@ package leaselimit_test
 import (
 	"context"
 	"errors"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -113,6 +114,10 @@ func TestNewClientErrors(t *testing.T) {
 		{leaselimit.WithFailureMode(policy.FailureMode(99)), []string{"WithFailureMode", "99"}},
 		{leaselimit.WithMaxKeys(0), []string{"WithMaxKeys"}},
 		{leaselimit.WithLease(policy.Lease{TTL: time.Minute}), []string{"WithLease", "TTL 1m0s", "default", "set IdleTTL"}},
+		{leaselimit.WithLease(policy.Lease{TTL: policy.MaxLeaseTTL + 1, IdleTTL: math.MaxInt64}), []string{"WithLease", "MaxLeaseTTL"}},
+		{leaselimit.WithFleetSize(leaselimit.MaxFleetSize + 1), []string{"WithFleetSize", "MaxFleetSize"}},
+		{leaselimit.WithFleetSize(math.MaxInt), []string{"WithFleetSize", "MaxFleetSize"}},
+		{leaselimit.WithBreaker(breaker.Settings{OpenFor: breaker.MaxOpenFor + 1}), []string{"WithBreaker", "MaxOpenFor"}},
 	} {
 		cl, err := leaselimit.NewClient(rdb, c.o)
 		if err == nil {
@@ -130,6 +135,23 @@ func TestNewClientErrors(t *testing.T) {
 		}
 		if strings.Count(err.Error(), "leaselimit:") > 1 {
 			t.Errorf("NewClient: %q; want the package named once", err)
+		}
+	}
+	// WithLease and WithoutLease contradict each other, in either order:
+	// the later silently undid the earlier (leases after all, or lease
+	// settings dropped).
+	for _, pair := range [][]leaselimit.Option{
+		{leaselimit.WithoutLease(), leaselimit.WithLease(policy.Lease{})},
+		{leaselimit.WithLease(policy.Lease{}), leaselimit.WithoutLease()},
+	} {
+		cl, err := leaselimit.NewClient(rdb, pair...)
+		if err == nil {
+			cl.Close()
+			t.Error("NewClient with WithLease and WithoutLease: no error")
+			continue
+		}
+		if !errors.Is(err, leaselimit.ErrInvalidOption) || !strings.Contains(err.Error(), "WithLease and WithoutLease") {
+			t.Errorf("NewClient with WithLease and WithoutLease: %v", err)
 		}
 	}
 }

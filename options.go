@@ -1,6 +1,7 @@
 package leaselimit
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -70,6 +71,12 @@ const MinTimeout = time.Millisecond
 // A decision that waits longer for Redis is no longer rate limiting.
 const MaxTimeout = 10 * time.Second
 
+// MaxFleetSize is the most instances WithFleetSize takes. A share of a
+// limit is computed as (rate + n - 1) / n: a fleet size near math.MaxInt
+// overflowed it, and every instance's share under FailLocal was a limit
+// of 0 tokens that denied everything (a review), with no error.
+const MaxFleetSize = 1 << 20
+
 // Defaults of other options.
 const (
 	defaultMaxKeys = 100_000      // the bound on the local key table (WithMaxKeys)
@@ -81,6 +88,7 @@ type config struct {
 	prefix    string
 	lease     policy.Lease
 	noLease   bool
+	leaseSet  bool // WithLease was given
 	maxKeys   int
 	fleetSize int
 	clock     clockSource
@@ -159,27 +167,39 @@ func WithPrefix(p string) Option {
 }
 
 // WithLease tunes local leases; zero fields take their defaults (see
-// policy.Lease). Leases are on by default.
+// policy.Lease). Leases are on by default. It cannot be given with
+// WithoutLease.
 func WithLease(s policy.Lease) Option {
 	return engineOption{"WithLease", func(c *config) error {
 		if err := s.Validate(); err != nil {
 			return err
 		}
+		if c.noLease {
+			return errLeaseAndNot
+		}
 		c.lease = s.WithDefaults()
-		c.noLease = false
+		c.leaseSet = true
 		return nil
 	}}
 }
 
 // WithoutLease selects exact mode: every decision asks Redis, nothing is
 // cached locally, and the decisions for a key are exactly those of one
-// central token bucket.
+// central token bucket. It cannot be given with WithLease.
 func WithoutLease() Option {
 	return engineOption{"WithoutLease", func(c *config) error {
+		if c.leaseSet {
+			return errLeaseAndNot
+		}
 		c.noLease = true
 		return nil
 	}}
 }
+
+// errLeaseAndNot is the error of WithLease and WithoutLease given together:
+// the later silently undid the earlier (exact mode, then leases after all,
+// or lease settings dropped; a review).
+var errLeaseAndNot = errors.New("leaselimit: WithLease and WithoutLease contradict each other: give one")
 
 // WithMaxKeys bounds the number of keys the Client keeps local state for
 // (n must be at least 1; a bound below 64 keeps 64, one per shard). The bound is split over 64 shards: when a new
@@ -202,11 +222,14 @@ func WithMaxKeys(n int) Option {
 
 // WithFleetSize tells the Client how many instances share its limits; under
 // policy.FailLocal each instance enforces 1/n of each limit locally during
-// an outage. Default 1.
+// an outage. Default 1; 1 to MaxFleetSize.
 func WithFleetSize(n int) Option {
 	return engineOption{"WithFleetSize", func(c *config) error {
 		if n < 1 {
 			return fmt.Errorf("leaselimit: fleet size %d must be >= 1", n)
+		}
+		if n > MaxFleetSize {
+			return fmt.Errorf("leaselimit: fleet size %d is above MaxFleetSize (%d)", n, MaxFleetSize)
 		}
 		c.fleetSize = n
 		return nil

@@ -39,6 +39,7 @@ package grpclimit
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -221,7 +222,8 @@ func WithMethods(limited func(fullMethod string) bool) Option {
 // dashboards that the service is down for now, not that the caller asked
 // too much. codes.ResourceExhausted answers an outage as overuse. The
 // refusal carries a RetryInfo until the breaker's next probe either way.
-// The interceptors panic on codes.OK, which would let refused calls through.
+// The interceptors panic on codes.OK, which would let refused calls through,
+// and on a value that is no gRPC code (above codes.Unauthenticated).
 func WithOutageCode(code codes.Code) Option {
 	return func(c *config) { c.outage = code }
 }
@@ -279,6 +281,10 @@ func newInterceptor(lim Limiter, key KeyFunc, opts []Option) *interceptor {
 	}
 	if in.cfg.outage == codes.OK {
 		panic("grpclimit: WithOutageCode(codes.OK) would let refused calls through")
+	}
+	if in.cfg.outage > codes.Unauthenticated {
+		// No gRPC code: clients and dashboards would read it as Unknown.
+		panic(fmt.Sprintf("grpclimit: WithOutageCode(%d) is not a gRPC status code", uint32(in.cfg.outage)))
 	}
 	limits := []policy.Limit{lim.Limit()}
 	if ml, ok := lim.(interface{ Limits() []policy.Limit }); ok {

@@ -504,15 +504,21 @@ func TestRefusals(t *testing.T) {
 	}
 }
 
-// TestOutageCodeOK: an outage code that would let refused calls through is
-// refused at construction.
+// TestOutageCodeOK: an outage code that would let refused calls through,
+// or that is no gRPC code, is refused at construction.
 func TestOutageCodeOK(t *testing.T) {
-	defer func() {
-		if recover() == nil {
-			t.Error("WithOutageCode(codes.OK) did not panic")
-		}
-	}()
-	grpclimit.UnaryServerInterceptor(scripted{}, grpclimit.PeerKey(), grpclimit.WithOutageCode(codes.OK))
+	for _, code := range []codes.Code{codes.OK, codes.Unauthenticated + 1, 999} {
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Errorf("WithOutageCode(%d) did not panic", code)
+				}
+			}()
+			grpclimit.UnaryServerInterceptor(scripted{}, grpclimit.PeerKey(), grpclimit.WithOutageCode(code))
+		}()
+	}
+	// The last code is taken.
+	grpclimit.UnaryServerInterceptor(scripted{}, grpclimit.PeerKey(), grpclimit.WithOutageCode(codes.Unauthenticated))
 }
 
 // sequence is a Limiter whose decisions are ds in turn, then the last.

@@ -131,7 +131,14 @@ const (
 // KeyDigest returns a redactor that records the first 64 bits of
 // HMAC-SHA256(secret, key) in hex: stable across instances that share the
 // secret, so a dashboard can group by key without ever seeing one.
+//
+// It panics on an empty secret (a secret read from an unset variable,
+// say): the digests would be an unkeyed hash, which anyone can reverse by
+// trying the likely keys (every IPv4 address is 2^32 tries).
 func KeyDigest(secret []byte) func(string) string {
+	if len(secret) == 0 {
+		panic("telemetry: KeyDigest with an empty secret: its digests of keys such as IP addresses could be reversed by trying them")
+	}
 	s := append([]byte(nil), secret...)
 	return func(key string) string {
 		h := hmac.New(sha256.New, s)

@@ -17,3 +17,18 @@ func TestKeyDigest(t *testing.T) {
 		t.Errorf("digest %q: want 16 hex digits and no trace of the key", d)
 	}
 }
+
+// TestKeyDigestEmptySecret: an empty secret panics at once, rather than
+// give digests anyone could reverse by trying the likely keys.
+func TestKeyDigestEmptySecret(t *testing.T) {
+	for _, secret := range [][]byte{nil, {}} {
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Errorf("KeyDigest(%q) did not panic", secret)
+				}
+			}()
+			KeyDigest(secret)
+		}()
+	}
+}
