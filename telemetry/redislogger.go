@@ -26,6 +26,10 @@ const redisLogEvery = 10 * time.Second
 // set it once, at start-up:
 //
 //	redis.SetLogger(telemetry.NewRedisLogger(logger))
+//
+// A zero RedisLogger is NewRedisLogger(nil)'s; a nil one writes every
+// line to slog.Default(), unthrottled (it has nowhere to count), rather
+// than panic inside go-redis.
 type RedisLogger struct {
 	out *slog.Logger
 	now func() time.Time // time.Now; tests set it
@@ -57,9 +61,19 @@ func NewRedisLogger(out *slog.Logger) *RedisLogger {
 // in the last 10 seconds. It implements go-redis's logging interface.
 func (r *RedisLogger) Printf(ctx context.Context, format string, v ...any) {
 	msg := strings.TrimSuffix(fmt.Sprintf(format, v...), "\n")
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	if r == nil {
+		slog.Default().Log(ctx, slog.LevelWarn, msg, slog.String("logger", "go-redis"))
+		return
+	}
 	kind := redisLineKind(format, msg)
-	now := r.now()
 	r.mu.Lock()
+	if r.kinds == nil { // a zero RedisLogger
+		r.out, r.now, r.kinds = slog.Default(), time.Now, make(map[string]*redisKind)
+	}
+	now := r.now()
 	k := r.kinds[kind]
 	if k == nil {
 		if len(r.kinds) >= maxRedisKinds {
@@ -78,15 +92,13 @@ func (r *RedisLogger) Printf(ctx context.Context, format string, v ...any) {
 	}
 	suppressed := k.suppressed
 	k.last, k.suppressed = now, 0
+	out := r.out
 	r.mu.Unlock()
-	if ctx == nil {
-		ctx = context.Background()
-	}
 	if suppressed > 0 {
-		r.out.Log(ctx, slog.LevelWarn, msg, slog.String("logger", "go-redis"), slog.Int64("suppressed", suppressed))
+		out.Log(ctx, slog.LevelWarn, msg, slog.String("logger", "go-redis"), slog.Int64("suppressed", suppressed))
 		return
 	}
-	r.out.Log(ctx, slog.LevelWarn, msg, slog.String("logger", "go-redis"))
+	out.Log(ctx, slog.LevelWarn, msg, slog.String("logger", "go-redis"))
 }
 
 // redisLineKind is the kind of a go-redis line: its format (one per place

@@ -166,3 +166,26 @@ func TestRedisLoggerConcurrent(t *testing.T) {
 		t.Errorf("next line: %q; want suppressed 799", got)
 	}
 }
+
+// TestRedisLoggerZeroAndNil: a zero RedisLogger throttles to
+// slog.Default(), as NewRedisLogger(nil)'s; a nil one writes every line
+// there. Both panicked inside go-redis.
+func TestRedisLoggerZeroAndNil(t *testing.T) {
+	var buf bytes.Buffer
+	defer slog.SetDefault(slog.Default())
+	slog.SetDefault(slog.New(slog.NewTextHandler(&buf, nil)))
+	zero := new(RedisLogger)
+	zero.Printf(context.Background(), "redis: dial %s failed", "a")
+	zero.Printf(context.Background(), "redis: dial %s failed", "b")
+	if n := strings.Count(buf.String(), "dial"); n != 1 {
+		t.Errorf("a zero RedisLogger wrote %d lines of one kind at once; want 1:\n%s", n, buf.String())
+	}
+	buf.Reset()
+	var none *RedisLogger
+	none.Printf(context.Background(), "redis: dial %s failed", "a")
+	var noCtx context.Context // go-redis may pass one
+	none.Printf(noCtx, "redis: dial %s failed", "b")
+	if n := strings.Count(buf.String(), "dial"); n != 2 {
+		t.Errorf("a nil RedisLogger wrote %d lines; want 2:\n%s", n, buf.String())
+	}
+}
