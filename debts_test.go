@@ -252,7 +252,7 @@ func TestDebtBookFull(t *testing.T) {
 	var logs syncbuf.Buffer // the janitor logs the breaker's state meanwhile
 	lim := mustNew(t, c, debtLimit("debt-full", 10), leaselimit.WithoutLease(), leaselimit.WithMaxKeys(8),
 		leaselimit.WithMeterProvider(mp), leaselimit.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))),
-		leaselimit.WithBreaker(breaker.Settings{Failures: 1, OpenFor: time.Hour}))
+		leaselimit.WithBreaker(breaker.Settings{Failures: 1, OpenFor: breaker.MaxOpenFor}))
 	m.Close()
 	ctx := context.Background()
 	for i := range 20 {

@@ -129,13 +129,13 @@ func TestClockForBreakerRetry(t *testing.T) {
 			t.Fatalf("breaker %v after a failure with Failures 1", lim.BreakerState())
 		}
 	}
-	clk.Add(10 * time.Minute)
+	clk.Add(10 * time.Second)
 	d, err := lim.Allow(ctx, "k")
 	if err != nil || d.Allowed || d.Source != leaselimit.SourceFallback {
 		t.Fatalf("Allow with the breaker open = %+v, %v", d, err)
 	}
-	if d.RetryAfter != 50*time.Minute {
-		t.Errorf("RetryAfter %v 10 minutes into a 1h open breaker, on the fake clock; want 50m", d.RetryAfter)
+	if want := breaker.MaxOpenFor - 10*time.Second; d.RetryAfter != want {
+		t.Errorf("RetryAfter %v 10s into a breaker open for %v, on the fake clock; want %v", d.RetryAfter, breaker.MaxOpenFor, want)
 	}
 	// Peek and Reset are held back as decisions are, on the same clock.
 	if _, err := lim.Peek(ctx, "k"); !errors.Is(err, breaker.ErrOpen) {

@@ -848,7 +848,7 @@ func TestFailLocalIdleEviction(t *testing.T) {
 	lim := mustNew(t, redisClient(t, srv.Addr), l, leaselimit.WithFailureMode(policy.FailLocal),
 		leaselimit.WithTimeout(20*time.Millisecond),
 		leaselimit.WithLease(policy.Lease{TTL: 50 * time.Millisecond, IdleTTL: 100 * time.Millisecond}),
-		leaselimit.WithBreaker(breaker.Settings{Failures: 1, OpenFor: time.Hour}))
+		leaselimit.WithBreaker(breaker.Settings{Failures: 1, OpenFor: breaker.MaxOpenFor}))
 	admitted := 0
 	for round := 0; round < 4; round++ {
 		for i := 0; i < 3; i++ {
@@ -881,7 +881,7 @@ func BenchmarkAllowBreakerOpen(b *testing.B) {
 			lim, err := leaselimit.New(c, hotLimit.WithName("bench-open"),
 				leaselimit.WithFailureMode(mode), leaselimit.WithFleetSize(4),
 				leaselimit.WithTimeout(20*time.Millisecond),
-				leaselimit.WithBreaker(breaker.Settings{Failures: 1, OpenFor: time.Hour}))
+				leaselimit.WithBreaker(breaker.Settings{Failures: 1, OpenFor: breaker.MaxOpenFor}))
 			if err != nil {
 				b.Fatal(err)
 			}

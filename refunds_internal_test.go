@@ -76,7 +76,7 @@ func TestRefundQueueFlush(t *testing.T) {
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
 	l, err := New(c, policy.PerSecond(100).WithName("flush"), WithMeterProvider(mp),
-		WithBreaker(breaker.Settings{Failures: 1, OpenFor: time.Hour}))
+		WithBreaker(breaker.Settings{Failures: 1, OpenFor: breaker.MaxOpenFor}))
 	if err != nil {
 		t.Fatal(err)
 	}

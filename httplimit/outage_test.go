@@ -127,7 +127,7 @@ func TestOutage(t *testing.T) {
 func TestOutageRetryAfterIsTheBreakers(t *testing.T) {
 	clk := &stepClock{t: frozen}
 	c := downClient(t, policy.FailClosed, withClock(clk),
-		leaselimit.WithoutLease(), leaselimit.WithBreaker(breaker.Settings{Failures: 1, OpenFor: time.Hour}))
+		leaselimit.WithoutLease(), leaselimit.WithBreaker(breaker.Settings{Failures: 1, OpenFor: breaker.MaxOpenFor}))
 	h := httplimit.Middleware(c.Limiter(policy.PerMinute(10).WithName("login")), constKey("k"))(&okHandler{})
 	readProblem(t, get(h), http.StatusServiceUnavailable)
 	// The breaker may hear of the failed call only when the call ends.
@@ -136,9 +136,10 @@ func TestOutageRetryAfterIsTheBreakers(t *testing.T) {
 			t.Fatalf("breaker %v after a failure with Failures 1", c.BreakerState())
 		}
 	}
-	clk.set(frozen.Add(10*time.Minute + 500*time.Millisecond))
-	// 49 min 59.5 s until the probe, rounded up.
-	wantOutage(t, get(h), `"login";q=10;w=60`, 3000)
+	clk.set(frozen.Add(10*time.Second + 500*time.Millisecond))
+	// 49.5 s until the probe (the breaker opens for MaxOpenFor, a
+	// minute), rounded up.
+	wantOutage(t, get(h), `"login";q=10;w=60`, 50)
 }
 
 // TestOutageAsDenial: WithOutageAsDenial answers an outage's denials as

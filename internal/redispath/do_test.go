@@ -37,7 +37,7 @@ func TestDoCutWhileBehind(t *testing.T) {
 				m.Close()
 			}
 			p := New(Config{Client: c, Auth: auth, Budget: budget, Name: "do-cut", Unavailable: unavailable, Tel: tel,
-				Breaker: circuit.Settings{Settings: breaker.Settings{Failures: 1, OpenFor: time.Hour}}})
+				Breaker: circuit.Settings{Settings: breaker.Settings{Failures: 1, OpenFor: breaker.MaxOpenFor}}})
 			brk := p.Shared()
 			_, err := p.Do(context.Background(), brk, "k", func(ctx context.Context) error {
 				if answered {
@@ -85,7 +85,7 @@ func TestWitnessWaitsForASlowRedis(t *testing.T) {
 			c := redis.NewClient(&redis.Options{Addr: px.Addr, ContextTimeoutEnabled: cte})
 			auth, tel := authAndTel(t, c, "slow-witness")
 			p := New(Config{Client: c, Auth: auth, Budget: budget, Name: "slow-witness", Unavailable: errors.New("unavailable"), Tel: tel,
-				Breaker: circuit.Settings{Settings: breaker.Settings{Failures: 1, OpenFor: time.Hour}}})
+				Breaker: circuit.Settings{Settings: breaker.Settings{Failures: 1, OpenFor: breaker.MaxOpenFor}}})
 			brk := p.Shared()
 			_, err := p.Do(context.Background(), brk, "k", func(ctx context.Context) error {
 				<-ctx.Done() // this call's own reply never read
