@@ -2,6 +2,7 @@ package policy
 
 import (
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/leaselimit/leaselimit/internal/cowmap"
@@ -127,17 +128,23 @@ func (c Calendar) Window(t time.Time) (end, next time.Time) {
 func (c Calendar) Bounds(t time.Time) (start, end, next time.Time) {
 	loc := c.location()
 	t = t.In(loc)
-	y, m, d := t.Date()
-	switch c.Every {
-	case Hour:
+	if c.Every == Hour {
 		// From the start of t's local hour, in absolute time: t less its
 		// minutes and seconds past the hour. time.Date would read the
 		// next o'clock in one of the two offsets of the hour repeated at
 		// the end of summer time, which made that hour's window two
 		// hours long (01:30 EDT ended at 02:00 EST).
 		start = t.Add(-(time.Duration(t.Minute())*time.Minute + time.Duration(t.Second())*time.Second + time.Duration(t.Nanosecond())))
-		end = start.Add(time.Hour)
-		next = end.Add(time.Hour)
+		return start, start.Add(time.Hour), start.Add(2 * time.Hour)
+	}
+	if c.Every < Day || c.Every > Month {
+		return // not a calendar quota's unit (Validate refuses it)
+	}
+	if w := lastWindow[c.Every].Load(); w != nil && w.loc == loc && !t.Before(w.start) && t.Before(w.end) {
+		return w.start, w.end, w.next
+	}
+	y, m, d := t.Date()
+	switch c.Every {
 	case Day:
 		start = dayStart(y, m, d, loc)
 		end = dayStart(y, m, d+1, loc)
@@ -152,8 +159,24 @@ func (c Calendar) Bounds(t time.Time) (start, end, next time.Time) {
 		end = dayStart(y, m+1, 1, loc)
 		next = dayStart(y, m+2, 1, loc)
 	}
+	lastWindow[c.Every].Store(&window{loc: loc, start: start, end: end, next: next})
 	return start, end, next
 }
+
+// window is one window of a calendar unit in a zone, and the next one's
+// end, as Bounds returns them.
+type window struct {
+	loc              *time.Location
+	start, end, next time.Time
+}
+
+// lastWindow keeps, per calendar unit, the window Bounds computed last: a
+// quota's decisions (a lease hit's included) ask for the window of now,
+// which is nearly always the one asked for last, and computing a day's
+// start where the clocks may skip midnight (see dayStart) took a quota's
+// lease hit from about 400 to 500-650 ns (a review). Locations are
+// compared by pointer: Canonical gives one per zone name.
+var lastWindow [Month + 1]atomic.Pointer[window]
 
 // dayStart returns the first instant of the local day y-m-d in loc (the
 // date normalised as time.Date does: d 0 is the last of the month
@@ -174,12 +197,19 @@ func dayStart(y int, m time.Month, d int, loc *time.Location) time.Time {
 		_, end := t.ZoneBounds()
 		return end
 	}
-	if begun, _ := t.ZoneBounds(); !begun.IsZero() && sameDay(begun.Add(-time.Nanosecond), y, m, d) {
+	begun, _ := t.ZoneBounds()
+	switch {
+	case begun.IsZero():
+	case sameDay(begun.Add(-time.Nanosecond), y, m, d):
 		// A midnight that came twice, read as the second: the first
 		// was the same wall time on the offset before the change.
 		_, before := begun.Add(-time.Nanosecond).Zone()
 		_, after := t.Zone()
 		return t.Add(time.Duration(after-before) * time.Second)
+	case begun.Before(t) && sameDay(begun, y, m, d):
+		// A missing midnight read after a gap that ended past it (from
+		// 23:30 to 00:30, say): the day begins as the gap ends.
+		return begun
 	}
 	return t
 }
@@ -201,8 +231,10 @@ var zones cowmap.Map[string, *time.Location]
 // time); other limits are returned as they are. leaselimit canonicalises
 // every limit it is given.
 //
-// A Location without a name, or whose name this package already keeps for
-// a zone of other offsets, is returned as it is, and Validate refuses it:
+// A limit Validate refuses is returned as it is, and its zone's name is
+// not kept. A Location without a name, or whose name this package already
+// keeps for a zone of other offsets, is returned as it is, and Validate
+// refuses it:
 // the name is the zone's identity here and in the bucket's Redis key, so
 // two zones under one name would share windows and buckets.
 func (l Limit) Canonical() Limit {
@@ -256,19 +288,8 @@ func validateZone(l Limit) error {
 		// The name of a nil Location's key (see Canonical).
 		return fmt.Errorf("%w: %s: a zone named UTC must be UTC", ErrInvalidLimit, l.Name)
 	}
-	kept, ok := zones.Load(name)
-	if ok && kept != loc && !sameOffsets(kept, loc) {
+	if kept, ok := zones.Load(name); ok && kept != loc && !sameOffsets(kept, loc) {
 		return fmt.Errorf("%w: %s: the zone name %q already names a zone of other offsets in this process; one name must mean one zone on every instance", ErrInvalidLimit, l.Name, name)
-	}
-	if kept != loc {
-		// Not kept yet (or another Location of the kept zone): a name of
-		// the time zone database must mean its zone there. A fixed zone
-		// named "Europe/Paris" at +01:00 the year round, kept first, had
-		// the real Europe/Paris refused from then on, and instances that
-		// loaded each would share its buckets under different windows.
-		if db, err := time.LoadLocation(name); err == nil && !sameOffsets(db, loc) {
-			return fmt.Errorf("%w: %s: the zone name %q is the time zone database's, whose offsets differ from this Location's; load it with time.LoadLocation, or name the zone otherwise", ErrInvalidLimit, l.Name, name)
-		}
 	}
 	return nil
 }
