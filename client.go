@@ -38,7 +38,7 @@ type Client struct {
 // idle-key eviction); Close stops it.
 func NewClient(client redis.UniversalClient, opts ...Option) (*Client, error) {
 	if nilclient.Is(client) {
-		return nil, errors.New("leaselimit: nil redis client")
+		return nil, errors.New("leaselimit: nil or zero redis client (make one with redis.NewClient, NewClusterClient, NewFailoverClient or NewRing)")
 	}
 	cfg := defaultConfig()
 	for _, o := range opts {

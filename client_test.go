@@ -234,20 +234,23 @@ func TestNilContextAndReceiver(t *testing.T) {
 		if keys := m.Keys(); len(keys) != 0 {
 			t.Fatalf("mode %d: calls with a nil ctx wrote keys %v", i, keys)
 		}
-		// Settle with a nil ctx settles nothing: the Reservation is
-		// settled by the next Settle, which gives its surplus back.
-		r, err := lim.Reserve(ctx, "s", 5)
+		// Settle with a nil ctx settles as with context.Background(): a
+		// deferred Settle whose error is ignored must not drop an excess.
+		// Its surplus comes back (a bucket of 10 an hour: no refill to
+		// speak of during the test).
+		hourly := mustNew(t, c, policy.PerHour(10).WithName(fmt.Sprint("nilsettle", i)), mode)
+		r, err := hourly.Reserve(ctx, "s", 5)
 		if err != nil || !r.Decision().Allowed {
 			t.Fatalf("mode %d: Reserve = %+v, %v", i, r, err)
 		}
-		if err := r.Settle(nilCtx, 1); !errors.Is(err, leaselimit.ErrNilContext) {
-			t.Errorf("mode %d: Settle(nil ctx) = %v; want ErrNilContext", i, err)
+		if err := r.Settle(nilCtx, 1); err != nil {
+			t.Errorf("mode %d: Settle(nil ctx) = %v; want it settled", i, err)
 		}
-		if err := r.Settle(ctx, 1); err != nil {
-			t.Fatalf("mode %d: Settle after a nil ctx: %v", i, err)
+		if d, err := hourly.AllowN(ctx, "s", 9); err != nil || !d.Allowed {
+			t.Errorf("mode %d: AllowN(9) after settling 1 of 5 with a nil ctx = %+v, %v; want admitted (the surplus back)", i, d, err)
 		}
-		if d, err := lim.AllowN(ctx, "s", 9); err != nil || !d.Allowed {
-			t.Errorf("mode %d: AllowN(9) after settling 1 of 5 = %+v, %v; want admitted (the surplus back)", i, d, err)
+		if d, err := hourly.AllowN(ctx, "s", 1); err != nil || d.Allowed {
+			t.Errorf("mode %d: AllowN(1) on a spent bucket = %+v, %v; want denied", i, d, err)
 		}
 		m.FlushAll() // the next mode's nil calls must find no key
 	}
@@ -275,6 +278,17 @@ func TestNilContextAndReceiver(t *testing.T) {
 		if lim := l.Limit(); lim != (policy.Limit{}) || l.Limits() != nil {
 			t.Errorf("a %s Limiter's Limit = %v, Limits = %v; want none", name, lim, l.Limits())
 		}
+		for view, v := range map[string]*leaselimit.Limiter{"For": l.For(policy.PerSecond(1).WithName("f")), "Enforcing": l.Enforcing(0.5)} {
+			if _, err := v.Allow(ctx, "k"); !errors.Is(err, leaselimit.ErrClosed) {
+				t.Errorf("a %s Limiter's %s: Allow = %v; want an error wrapping ErrClosed", name, view, err)
+			}
+		}
+		if st, n := l.BreakerState(), l.LocalKeys(); st != breaker.Open || n != 0 {
+			t.Errorf("a %s Limiter's BreakerState, LocalKeys = %v, %d; want open, 0", name, st, n)
+		}
+	}
+	if d := (*leaselimit.Reservation)(nil).Decision(); d.Source != leaselimit.SourceNone {
+		t.Errorf("a nil Reservation's Decision = %+v; want that of an error", d)
 	}
 	for name, r := range map[string]*leaselimit.Reservation{"nil": nil, "zero": new(leaselimit.Reservation)} {
 		if err := r.Settle(ctx, 1); !errors.Is(err, leaselimit.ErrClosed) {

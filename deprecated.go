@@ -22,7 +22,7 @@ import (
 // Close the Client.
 func New(client redis.UniversalClient, limit policy.Limit, opts ...Option) (*Limiter, error) {
 	if nilclient.Is(client) {
-		return nil, errors.New("leaselimit: nil redis client")
+		return nil, errors.New("leaselimit: nil or zero redis client (make one with redis.NewClient, NewClusterClient, NewFailoverClient or NewRing)")
 	}
 	if err := limit.Validate(); err != nil {
 		return nil, err
@@ -43,6 +43,9 @@ func New(client redis.UniversalClient, limit policy.Limit, opts ...Option) (*Lim
 // Deprecated: use Client.Limiter(limit, more...), and With for another
 // failure policy or enforcement.
 func (l *Limiter) For(limit policy.Limit, more ...policy.Limit) *Limiter {
+	if err := l.present(); err != nil {
+		return &Limiter{err: err}
+	}
 	f := l.limiter(limit, more)
 	if l.err != nil && f.err == nil && errors.As(l.err, new(optionError)) {
 		// A view With refused gives Limiters that refuse too: the view it
@@ -67,6 +70,9 @@ func (l *Limiter) For(limit policy.Limit, more ...policy.Limit) *Limiter {
 //
 // Deprecated: use l.With(WithEnforce(share)).
 func (l *Limiter) Enforcing(share float64) *Limiter {
+	if err := l.present(); err != nil {
+		return &Limiter{err: err}
+	}
 	if err := validShare("Enforcing", share); err != nil && l.err == nil {
 		v := *l
 		v.owner, v.err = false, optionError{err}
@@ -102,12 +108,22 @@ func (l *Limiter) Check(ctx context.Context) error {
 // BreakerState is Client.BreakerState of l's Client.
 //
 // Deprecated: use Client.BreakerState.
-func (l *Limiter) BreakerState() breaker.State { return l.path.State() }
+func (l *Limiter) BreakerState() breaker.State {
+	if l.present() != nil {
+		return breaker.Open
+	}
+	return l.path.State()
+}
 
 // LocalKeys is Client.LocalKeys of l's Client.
 //
 // Deprecated: use Client.LocalKeys.
-func (l *Limiter) LocalKeys() int { return l.table.Len() }
+func (l *Limiter) LocalKeys() int {
+	if l.present() != nil {
+		return 0
+	}
+	return l.table.Len()
+}
 
 // RedisLogger writes go-redis's own log lines to a slog.Logger, throttled.
 //

@@ -177,7 +177,13 @@ func (l *Limiter) Reserve(ctx context.Context, key string, estimate int64) (*Res
 }
 
 // Decision returns the decision Reserve made.
-func (r *Reservation) Decision() Decision { return r.decision }
+// A nil Reservation's is that of an error (Source SourceNone).
+func (r *Reservation) Decision() Decision {
+	if r == nil {
+		return Decision{Source: SourceNone}
+	}
+	return r.decision
+}
 
 // Settle charges the reservation its actual cost: estimate − actual tokens
 // go back when actual is lower; actual − estimate more are taken when it is
@@ -203,15 +209,18 @@ func (r *Reservation) Decision() Decision { return r.decision }
 // Settle makes its one call on the caller's goroutine and returns its
 // error.
 //
-// actual < 0 returns ErrInvalidCost, a nil ctx ErrNilContext, and a nil
-// *Reservation (Reserve's with an error: nothing was reserved) an error
-// wrapping ErrClosed; each settles nothing.
+// actual < 0 returns ErrInvalidCost and settles nothing, as does a nil or
+// zero *Reservation (Reserve's with an error: nothing was reserved), with
+// an error wrapping ErrClosed. A nil ctx settles as context.Background()
+// would: a settlement deferred with its error ignored must not drop an
+// excess (over-admission) for want of a ctx, which Settle only reads values
+// from.
 func (r *Reservation) Settle(ctx context.Context, actual int64) error {
 	if r == nil || r.lim == nil {
 		return fmt.Errorf("%w: a nil or zero *Reservation (nothing was reserved)", ErrClosed)
 	}
 	if ctx == nil {
-		return ErrNilContext
+		ctx = context.Background()
 	}
 	if actual < 0 {
 		return fmt.Errorf("%w: actual cost %d, want >= 0", ErrInvalidCost, actual)

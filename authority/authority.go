@@ -173,7 +173,7 @@ func WithResendWindow(d time.Duration) Option {
 // ValidatePrefix). It makes no Redis call.
 func New(client redis.UniversalClient, prefix string, opts ...Option) (*Redis, error) {
 	if nilclient.Is(client) {
-		return nil, errors.New("authority: nil redis client")
+		return nil, errors.New("authority: nil or zero redis client")
 	}
 	if err := ValidatePrefix(prefix); err != nil {
 		return nil, err
