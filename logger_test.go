@@ -2,6 +2,7 @@ package leaselimit_test
 
 import (
 	"context"
+	"log"
 	"log/slog"
 	"slices"
 	"strconv"
@@ -86,9 +87,9 @@ func TestLogger(t *testing.T) {
 // outage let every request through with nothing to tell an operator.
 func TestOutageLoggedByDefault(t *testing.T) {
 	var out syncbuf.Buffer
-	old := slog.Default()
+	old, w, f := slog.Default(), log.Writer(), log.Flags() // SetDefault redirects the log package, which setting old back does not undo
 	slog.SetDefault(slog.New(slog.NewTextHandler(&out, nil)))
-	t.Cleanup(func() { slog.SetDefault(old) })
+	t.Cleanup(func() { slog.SetDefault(old); log.SetOutput(w); log.SetFlags(f) })
 	m, c := newMini(t)
 	lim := mustNew(t, c, policy.PerSecond(10).WithName("unlogged"), leaselimit.WithTimeout(200*time.Millisecond))
 	m.SetError("LOADING Redis is loading the dataset in memory")

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log"
 	"log/slog"
 	"net"
 	"slices"
@@ -869,8 +870,11 @@ func TestMetadataKeyRefusesAmbiguity(t *testing.T) {
 // client, which Linux names "@"): they share one bucket, and nothing said
 // so (a review).
 func TestPeerKeyWarnsOfASharedAddress(t *testing.T) {
-	old := slog.Default()
-	t.Cleanup(func() { slog.SetDefault(old) })
+	// slog.SetDefault points the log package at the new handler, and
+	// setting the old one back does not undo that: its writer and flags
+	// are restored too.
+	old, w, f := slog.Default(), log.Writer(), log.Flags()
+	t.Cleanup(func() { slog.SetDefault(old); log.SetOutput(w); log.SetFlags(f) })
 	for _, tc := range []struct {
 		name string
 		addr net.Addr

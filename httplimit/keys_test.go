@@ -3,6 +3,7 @@ package httplimit_test
 import (
 	"context"
 	"errors"
+	"log"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -199,9 +200,9 @@ func (w *warnings) get() []map[string]string {
 func captureDefault(t *testing.T) *warnings {
 	t.Helper()
 	w := &warnings{}
-	old := slog.Default()
+	old, lw, lf := slog.Default(), log.Writer(), log.Flags() // SetDefault redirects the log package, which setting old back does not undo
 	slog.SetDefault(slog.New(w))
-	t.Cleanup(func() { slog.SetDefault(old) })
+	t.Cleanup(func() { slog.SetDefault(old); log.SetOutput(lw); log.SetFlags(lf) })
 	return w
 }
 

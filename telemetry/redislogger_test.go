@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log"
 	"log/slog"
 	"strings"
 	"sync"
@@ -172,7 +173,8 @@ func TestRedisLoggerConcurrent(t *testing.T) {
 // there. Both panicked inside go-redis.
 func TestRedisLoggerZeroAndNil(t *testing.T) {
 	var buf bytes.Buffer
-	defer slog.SetDefault(slog.Default())
+	old, w, f := slog.Default(), log.Writer(), log.Flags() // SetDefault redirects the log package, which setting old back does not undo
+	defer func() { slog.SetDefault(old); log.SetOutput(w); log.SetFlags(f) }()
 	slog.SetDefault(slog.New(slog.NewTextHandler(&buf, nil)))
 	zero := new(RedisLogger)
 	zero.Printf(context.Background(), "redis: dial %s failed", "a")
