@@ -1,7 +1,6 @@
 package leaselimit
 
 import (
-	"errors"
 	"fmt"
 
 	"github.com/leaselimit/leaselimit/authority"
@@ -38,7 +37,7 @@ type Client struct {
 // idle-key eviction); Close stops it.
 func NewClient(client redis.UniversalClient, opts ...Option) (*Client, error) {
 	if nilclient.Is(client) {
-		return nil, errors.New("leaselimit: nil or zero redis client (make one with redis.NewClient, NewClusterClient, NewFailoverClient or NewRing)")
+		return nil, errNoRedisClient
 	}
 	cfg := defaultConfig()
 	for _, o := range opts {

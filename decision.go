@@ -27,6 +27,10 @@ var (
 	ErrNilContext = errors.New("leaselimit: nil context")
 )
 
+// errNoRedisClient is New's and NewClient's error for a nil or zero go-redis
+// client (see nilclient.Is).
+var errNoRedisClient = errors.New("leaselimit: nil or zero redis client (make one with redis.NewClient, NewClusterClient, NewFailoverClient or NewRing)")
+
 // MaxKeyLen is the longest key accepted, in bytes. Keys are opaque bytes:
 // braces, control bytes and invalid UTF-8 are fine; Redis only ever sees a
 // digest of them.

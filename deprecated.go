@@ -22,7 +22,7 @@ import (
 // Close the Client.
 func New(client redis.UniversalClient, limit policy.Limit, opts ...Option) (*Limiter, error) {
 	if nilclient.Is(client) {
-		return nil, errors.New("leaselimit: nil or zero redis client (make one with redis.NewClient, NewClusterClient, NewFailoverClient or NewRing)")
+		return nil, errNoRedisClient
 	}
 	if err := limit.Validate(); err != nil {
 		return nil, err

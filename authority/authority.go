@@ -321,29 +321,39 @@ func (r *Redis) NewID() string { return r.nextID("r") }
 // a batch invocation's): the random base, then kind, then a sequence
 // number.
 func (r *Redis) nextID(kind string) string {
-	return r.idBase + kind + strconv.FormatUint(r.seq.Add(1), 36)
+	var b strings.Builder
+	b.Grow(len(r.idBase) + len(kind) + maxSeqLen)
+	r.writeID(&b, kind)
+	return b.String()
+}
+
+// maxSeqLen is the length of the longest uint64 in base 36.
+const maxSeqLen = 13
+
+// writeID writes a new id of kind to b (see nextID).
+func (r *Redis) writeID(b *strings.Builder, kind string) {
+	var seq [maxSeqLen]byte
+	b.WriteString(r.idBase)
+	b.WriteString(kind)
+	b.Write(strconv.AppendUint(seq[:0], r.seq.Add(1), 36))
 }
 
 // resendKey returns a new resend key for an invocation whose first bucket
 // is key (see batch.lua and acquire_all.lua): the prefix, ":batch:", key's
 // hash tag in braces, so that a Cluster keeps the two on one node, then a
-// batch id (nextID of kind "b"). Every keyed invocation makes one, a lone
-// call included, so it is built in one allocation, not the four that
-// joining its parts took.
+// batch id (an id of kind "b"). Every keyed invocation makes one, a lone
+// call included, so it is built in one allocation (joining its parts took
+// one more per call).
 func (r *Redis) resendKey(key string) string {
 	const mid, tail = ":batch:{", "}:"
 	tag := hashTag(key)
-	var seq [13]byte // the longest uint64 in base 36
-	id := strconv.AppendUint(seq[:0], r.seq.Add(1), 36)
 	var b strings.Builder
-	b.Grow(len(r.prefix) + len(mid) + len(tag) + len(tail) + len(r.idBase) + 1 + len(id))
+	b.Grow(len(r.prefix) + len(mid) + len(tag) + len(tail) + len(r.idBase) + 1 + maxSeqLen)
 	b.WriteString(r.prefix)
 	b.WriteString(mid)
 	b.WriteString(tag)
 	b.WriteString(tail)
-	b.WriteString(r.idBase)
-	b.WriteByte('b')
-	b.Write(id)
+	r.writeID(&b, "b")
 	return b.String()
 }
 
