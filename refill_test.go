@@ -9,7 +9,9 @@ import (
 	"time"
 
 	"github.com/leaselimit/leaselimit"
+	"github.com/leaselimit/leaselimit/internal/redistest"
 	"github.com/leaselimit/leaselimit/policy"
+	"github.com/redis/go-redis/v9"
 )
 
 // TestCoalescedMiss: concurrent callers of a cold key share script calls,
@@ -153,5 +155,68 @@ func TestWaitFailsFastOnCache(t *testing.T) {
 	err := lim.Wait(wctx, "k")
 	if !errors.Is(err, leaselimit.ErrWouldExceedDeadline) {
 		t.Fatalf("Wait with a 5s deadline, next token 30s away = %v; want ErrWouldExceedDeadline", err)
+	}
+}
+
+// TestShortDeadlineLeadsARefill: a caller whose ctx ends before the time
+// budget, and who leads its key's lease refill, gets ctx's error at its
+// deadline while Redis holds the call, and the refill goes on without it:
+// its grant still lands in the lease, whose unused tokens Close gives back,
+// so that the bucket is left with exactly what was admitted taken from it.
+// Regression (a review): on a client with ContextTimeoutEnabled the refill
+// ran on the caller's goroutine, detached from its ctx so that the grant
+// would land, and held a 3ms caller for the whole budget.
+func TestShortDeadlineLeadsARefill(t *testing.T) {
+	srv := redistest.Start(t)
+	c := redisClientOpts(t, &redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true,
+		ReadTimeout: 2 * leaselimit.MaxTimeout, WriteTimeout: 2 * leaselimit.MaxTimeout})
+	// No refill within the test: the bucket's level is the ledger.
+	l := policy.Limit{Name: "short-refill", Rate: 1, Period: time.Hour, Burst: 1000}
+	lim := newBudgeted(t, c, l, leaselimit.WithTimeout(leaselimit.MaxTimeout))
+	ctx := context.Background()
+	// A key's first sight is an exact call; its next miss refills a lease.
+	if d, err := lim.Allow(ctx, "k"); err != nil || !d.Allowed {
+		t.Fatalf("first Allow = %+v, %v", d, err)
+	}
+	srv.Do(t, "CLIENT", "PAUSE", "60000", "WRITE") // holds the refill's script
+	unpaused := false
+	unpause := func() {
+		if !unpaused {
+			unpaused = true
+			srv.Do(t, "CLIENT", "UNPAUSE")
+		}
+	}
+	t.Cleanup(unpause)
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	type result struct {
+		d   leaselimit.Decision
+		err error
+	}
+	got := make(chan result, 1)
+	go func() {
+		d, err := lim.Allow(short, "k")
+		got <- result{d, err}
+	}()
+	// Well short of the budget (10s), long past the caller's 50ms.
+	select {
+	case r := <-got:
+		if !errors.Is(r.err, context.DeadlineExceeded) {
+			t.Errorf("Allow with a 50ms deadline while Redis holds its refill = %+v, %v; want ctx's error", r.d, r.err)
+		}
+	case <-time.After(5 * time.Second):
+		unpause()
+		<-got
+		t.Fatalf("Allow with a 50ms deadline was still held 5s later by its refill (budget %v)", leaselimit.MaxTimeout)
+	}
+	unpause()
+	// Close waits for the refill, answered now, and gives back what its
+	// grant put in the lease: one token admitted, one taken.
+	if err := lim.Close(); err != nil {
+		t.Fatalf("Close = %v", err)
+	}
+	peek := newBudgeted(t, c, l, leaselimit.WithoutLease())
+	if d, err := peek.Peek(ctx, "k"); err != nil || d.Remaining != l.Burst-1 {
+		t.Errorf("Peek after Close = %+v, %v; want %d tokens left (one admitted)", d, err, l.Burst-1)
 	}
 }

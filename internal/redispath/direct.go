@@ -52,25 +52,31 @@ func callerEnded(ctx, cctx context.Context, err error) bool {
 	return !cd.Before(d)
 }
 
+// inPlaceLimit is the deadline of a call made in place at start (see
+// direct): the hard cap if a probe found the process behind within the
+// last budget, else the budget.
+func inPlaceLimit(start time.Time, budget time.Duration) time.Duration {
+	if overload.Recent(start, budget) {
+		return (1 + saturationGrace) * budget
+	}
+	return budget
+}
+
 // direct makes the call in place, on the caller's goroutine, alone on the
 // pipeline of ln that claim took, bounded by a deadline that the client
 // applies to its reads: a reply abandoned then leaves its tokens debited
 // (under-admission). A deadline cannot be moved once a read has started,
-// so it is chosen up front: the hard cap if a probe found the process
-// behind within the last budget (its decisions then yield while the call
-// runs), else the budget. A timeout is probed before it is blamed on
-// Redis: one while the process is behind does not count against the
-// breaker, and the caller gets ErrSaturated. A call its caller's ctx ended
-// is not Redis's failure: the caller gets ctx's error. done is the
-// breaker's, from admit.
-func (k *Caller) direct(ctx context.Context, c Call, ln *lane, done func(error)) (authority.Grant, error) {
+// so it is chosen up front, limit after start (see inPlaceLimit; while it
+// is the hard cap, the process's decisions yield as the call runs). A
+// timeout is probed before it is blamed on Redis: one while the process
+// is behind does not count against the breaker, and the caller gets
+// ErrSaturated. A call its caller's ctx ended is not Redis's failure: the
+// caller gets ctx's error. done is the breaker's, from admit.
+func (k *Caller) direct(ctx context.Context, c Call, ln *lane, done func(error), start time.Time, limit time.Duration) (authority.Grant, error) {
 	defer k.p.gate.leave()
 	budget := k.p.budget
-	start := time.Now()
 	replies := c.Brk.RepliesSeen()
-	limit := budget
-	if overload.Recent(start, budget) {
-		limit = (1 + saturationGrace) * budget
+	if limit > budget {
 		overload.Hold()
 		defer overload.Release()
 	}
