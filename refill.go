@@ -98,7 +98,7 @@ func (l *Limiter) pool(ctx context.Context, brk *circuit.Breaker, rkey, key stri
 	back := l.refunds.returned(r)
 	for i, rf := range back {
 		rf.ID = l.auth.NewID()
-		if ok, err := l.send(ctx, brk, rf); !ok || err != nil {
+		if ok, err := l.send(ctx, brk, rf, false); !ok || err != nil {
 			// This one is queued (see send); so must the rest be.
 			for _, rest := range back[i+1:] {
 				l.refunds.add(rest)
@@ -171,6 +171,17 @@ func (l *Limiter) prefetch(ctx context.Context, t lease.Ticket) {
 		if brk.Rejects(l.clock.wall) {
 			return
 		}
+		// The prefetch holds the key's refill claim (see miss), so that a
+		// caller whose lease runs dry meanwhile waits for it bounded by
+		// its own ctx (DoChan), rather than take the claim and join it
+		// with Do, which nothing bounds: such a caller was held until the
+		// prefetch ended, up to the budget, whatever its deadline
+		// (TestShortDeadlineMissesDuringAPrefetch). A caller's refill
+		// that holds the claim refills the lease already.
+		if !l.leases.Lead(t) {
+			return
+		}
+		defer l.leases.Led(t)
 		// The request that claimed the prefetch may be over before the
 		// prefetch is: its ctx carries only the trace.
 		_, _, _ = l.sf.Do(t.Key(), func() (any, error) { return l.refill(context.WithoutCancel(ctx), brk, rkey, t) })

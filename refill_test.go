@@ -3,6 +3,7 @@ package leaselimit_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -218,5 +219,109 @@ func TestShortDeadlineLeadsARefill(t *testing.T) {
 	peek := newBudgeted(t, c, l, leaselimit.WithoutLease())
 	if d, err := peek.Peek(ctx, "k"); err != nil || d.Remaining != l.Burst-1 {
 		t.Errorf("Peek after Close = %+v, %v; want %d tokens left (one admitted)", d, err, l.Burst-1)
+	}
+}
+
+// TestShortDeadlineMissesDuringAPrefetch: a caller whose ctx ends before
+// the time budget, and whose key's lease runs dry while a prefetch of it
+// is on its way, gets ctx's error at its deadline while Redis holds the
+// prefetch; the prefetch's grant still lands in the lease, which Close
+// gives back, so that the bucket is left with exactly what was admitted
+// taken from it. Regression (a review): the caller took the refill's claim
+// (Lead), which the prefetch does not hold, and joined the prefetch's
+// singleflight call with Do, which no ctx bounds: with a budget of 1s it
+// was held 1s for a deadline of 50ms (the whole budget), on a client with
+// ContextTimeoutEnabled and on one with go-redis's defaults.
+func TestShortDeadlineMissesDuringAPrefetch(t *testing.T) {
+	srv := redistest.Start(t)
+	clients := []struct {
+		name string
+		opts redis.Options
+	}{
+		{"deadlines honoured", redis.Options{ContextTimeoutEnabled: true,
+			ReadTimeout: 2 * leaselimit.MaxTimeout, WriteTimeout: 2 * leaselimit.MaxTimeout}},
+		{"go-redis defaults", redis.Options{}},
+	}
+	for i, cl := range clients {
+		t.Run(cl.name, func(t *testing.T) {
+			o := cl.opts
+			o.Addr = srv.Addr
+			c := redisClientOpts(t, &o)
+			// No refill within the test: the bucket's level is the ledger.
+			// Small leases that prefetch as soon as they are touched.
+			l := policy.Limit{Name: fmt.Sprintf("prefetch-short-%d", i), Rate: 1, Period: time.Hour, Burst: 100_000}
+			lim := newBudgeted(t, c, l, leaselimit.WithTimeout(leaselimit.MaxTimeout),
+				leaselimit.WithLease(policy.Lease{MaxTokens: 16, Prefetch: 0.9}))
+			ctx := context.Background()
+			admitted := int64(0)
+			for range 200 { // the lease grows to its cap
+				d, err := lim.Allow(ctx, "k")
+				if err != nil || !d.Allowed {
+					t.Fatalf("Allow on a healthy Redis = %+v, %v", d, err)
+				}
+				admitted++
+			}
+			time.Sleep(100 * time.Millisecond)             // the last prefetch lands
+			srv.Do(t, "CLIENT", "PAUSE", "60000", "WRITE") // holds the next prefetch's script
+			unpaused := false
+			unpause := func() {
+				if !unpaused {
+					unpaused = true
+					srv.Do(t, "CLIENT", "UNPAUSE")
+				}
+			}
+			t.Cleanup(unpause)
+			type result struct {
+				d    leaselimit.Decision
+				err  error
+				took time.Duration
+			}
+			// The first of these starts a prefetch, which Redis holds; the
+			// lease runs dry a few callers later, and that caller misses.
+			for n := 0; ; n++ {
+				if n == 100 {
+					t.Fatalf("100 callers admitted from a lease of at most %d tokens while Redis held its refill", 16)
+				}
+				short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+				got := make(chan result, 1)
+				start := time.Now()
+				go func() {
+					d, err := lim.Allow(short, "k")
+					got <- result{d, err, time.Since(start)}
+				}()
+				var r result
+				select {
+				case r = <-got:
+				case <-time.After(5 * time.Second):
+					unpause()
+					r = <-got
+					cancel()
+					t.Fatalf("Allow with a 50ms deadline, its lease dry and a prefetch held by Redis, was still held 5s later (budget %v); it returned %+v, %v after %v",
+						leaselimit.MaxTimeout, r.d, r.err, r.took.Round(time.Millisecond))
+				}
+				cancel()
+				if r.err != nil {
+					if !errors.Is(r.err, context.DeadlineExceeded) {
+						t.Errorf("Allow with a 50ms deadline while Redis holds its refill = %+v, %v; want ctx's error", r.d, r.err)
+					}
+					break
+				}
+				if r.d.Allowed {
+					admitted++
+				}
+				// The prefetch's goroutine gets to run and send.
+				time.Sleep(10 * time.Millisecond)
+			}
+			unpause()
+			// Close waits for the prefetch, answered now, and gives back
+			// what its grant put in the lease.
+			if err := lim.Close(); err != nil {
+				t.Fatalf("Close = %v", err)
+			}
+			peek := newBudgeted(t, c, l, leaselimit.WithoutLease())
+			if d, err := peek.Peek(ctx, "k"); err != nil || d.Remaining != l.Burst-admitted {
+				t.Errorf("Peek after Close = %+v, %v; want %d tokens left (%d admitted)", d, err, l.Burst-admitted, admitted)
+			}
+		})
 	}
 }

@@ -196,7 +196,9 @@ func (r *Reservation) Decision() Decision {
 // this instance's lease where it can (the surplus joins the lease, the
 // excess is taken from it), and against the bucket in Redis otherwise, with
 // one call within the time budget; ctx's cancellation does not stop it (a
-// response that ended because its client left still has to be paid for).
+// response that ended because its client left still has to be paid for),
+// and a caller whose ctx's deadline comes first stops waiting then while
+// the call goes on, its outcome applied or queued as below.
 // While Redis cannot be reached the adjustment is queued, with the
 // refunds, and applied when it is back, once (it has its own id; see the
 // ledger in docs/semantics.md): one that never reached Redis waits until Redis
@@ -231,7 +233,7 @@ func (r *Reservation) Settle(ctx context.Context, actual int64) error {
 	if r.decision.Source == SourceFallback {
 		return r.oweExcess(context.WithoutCancel(ctx), actual-r.estimate)
 	}
-	return r.lim.adjust(context.WithoutCancel(ctx), r.key, r.estimate-actual, r.stamp)
+	return r.lim.adjust(ctx, r.key, r.estimate-actual, r.stamp)
 }
 
 // oweExcess settles a reservation the failure policy granted: its estimate
@@ -347,9 +349,9 @@ func (l *Limiter) adjustBucket(ctx context.Context, ms []*member, key string, n 
 	}
 	rf := l.refunds.adjustment(rkey, m.limit, n, st.windowFor(m.limit, n), st.of(n).since)
 	if l.path.IsClosed() {
-		return l.adjustAfterClose(ctx, rf)
+		return l.adjustAfterClose(context.WithoutCancel(ctx), rf)
 	}
-	_, err := l.send(ctx, brk, rf)
+	_, err := l.send(ctx, brk, rf, true)
 	return err
 }
 
@@ -359,9 +361,15 @@ func (l *Limiter) adjustBucket(ctx context.Context, ms []*member, key string, n 
 // sends it again under its id or keeps it until Redis is back (see
 // refundQueue); one the breaker holds back is queued unsent. The error is
 // for the caller's mistakes and a closed Limiter: an outage is not one;
-// applied reports whether Redis applied rf within the budget.
-func (l *Limiter) send(ctx context.Context, brk *circuit.Breaker, rf authority.Refund) (applied bool, err error) {
-	sent, err := l.path.Do(ctx, brk, rf.Key, func(ctx context.Context) error {
+// applied reports whether Redis applied rf within the budget. If kept (a
+// settlement), ctx does not stop the call: it bounds only how long the
+// caller waits for it (see redispath.Path.DoKept).
+func (l *Limiter) send(ctx context.Context, brk *circuit.Breaker, rf authority.Refund, kept bool) (applied bool, err error) {
+	do := l.path.Do
+	if kept {
+		do = l.path.DoKept
+	}
+	sent, err := do(ctx, brk, rf.Key, func(ctx context.Context) error {
 		c := rf
 		_, err := l.auth.Apply(ctx, &c)
 		switch {
@@ -379,6 +387,9 @@ func (l *Limiter) send(ctx context.Context, brk *circuit.Breaker, rf authority.R
 		return true, nil
 	case errors.Is(err, ErrClosed):
 		// Close began after the check: no call was made.
+		if kept {
+			ctx = context.WithoutCancel(ctx)
+		}
 		return false, l.adjustAfterClose(ctx, rf)
 	case !sent:
 		l.refunds.add(rf) // the breaker held it back: applied when Redis is back

@@ -3,6 +3,7 @@ package leaselimit_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -373,5 +374,86 @@ func TestCancelAfterResetGoesBack(t *testing.T) {
 	}
 	if got := bucketHolds(t, srv.Client(t), limit, "other"); got != limit.Burst-1 {
 		t.Errorf("Reset on one instance, then Allow, Reserve(10), Cancel on another: the bucket holds %d; want %d", got, limit.Burst-1)
+	}
+}
+
+// TestShortDeadlineSettles: a Settle whose ctx ends before the time
+// budget, made while Redis holds its adjustment, returns about its
+// deadline, and the adjustment still lands: a surplus goes back, an excess
+// is charged, to every limit's bucket. Regression (a review): Settle ran
+// its adjustment on a ctx detached from the caller's, deadline and all,
+// and waited for it: with a budget of 1s a caller with a 50ms deadline
+// was held 1s for one limit and 2s for two (a budget per limit), on a
+// client with ContextTimeoutEnabled and on one with go-redis's defaults.
+func TestShortDeadlineSettles(t *testing.T) {
+	srv := redistest.Start(t)
+	clients := []struct {
+		name string
+		opts redis.Options
+	}{
+		{"deadlines honoured", redis.Options{ContextTimeoutEnabled: true,
+			ReadTimeout: 2 * leaselimit.MaxTimeout, WriteTimeout: 2 * leaselimit.MaxTimeout}},
+		{"go-redis defaults", redis.Options{}},
+	}
+	limits := []policy.Limit{
+		{Name: "settle-short-a", Rate: 1, Period: time.Hour, Burst: 1000},
+		{Name: "settle-short-b", Rate: 1, Period: time.Hour, Burst: 2000},
+	}
+	for _, cl := range clients {
+		for _, n := range []int{1, 2} {
+			for _, actual := range []int64{1, 9} { // of an estimate of 5: a surplus, an excess
+				t.Run(fmt.Sprintf("%s/%d limits/actual %d", cl.name, n, actual), func(t *testing.T) {
+					o := cl.opts
+					o.Addr = srv.Addr
+					c := redisClientOpts(t, &o)
+					prefix := fmt.Sprintf("settle-short-%d-%d-%v", n, actual, o.ContextTimeoutEnabled)
+					client := mustClient(t, c, leaselimit.WithTimeout(leaselimit.MaxTimeout), leaselimit.WithoutLease(),
+						leaselimit.WithPrefix(prefix))
+					lim := client.Limiter(limits[0], limits[1:n]...)
+					ctx := context.Background()
+					r, err := lim.Reserve(ctx, "k", 5)
+					if err != nil || !r.Decision().Allowed {
+						t.Fatalf("Reserve on a healthy Redis = %+v, %v", r.Decision(), err)
+					}
+					srv.Do(t, "CLIENT", "PAUSE", "60000", "WRITE") // holds the adjustment's script
+					unpaused := false
+					unpause := func() {
+						if !unpaused {
+							unpaused = true
+							srv.Do(t, "CLIENT", "UNPAUSE")
+						}
+					}
+					t.Cleanup(unpause)
+					short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+					defer cancel()
+					got := make(chan error, 1)
+					start := time.Now()
+					go func() { got <- r.Settle(short, actual) }()
+					select {
+					case err := <-got:
+						if err != nil {
+							t.Errorf("Settle with a 50ms deadline while Redis holds its adjustment = %v; want nil (it carries on)", err)
+						}
+					case <-time.After(5 * time.Second):
+						unpause()
+						err := <-got
+						t.Fatalf("Settle with a 50ms deadline was still held 5s later (budget %v); it returned %v after %v",
+							leaselimit.MaxTimeout, err, time.Since(start).Round(time.Millisecond))
+					}
+					unpause()
+					// Close waits for the adjustment, answered now (or
+					// queued, then sent at Close).
+					if err := client.Close(); err != nil {
+						t.Fatalf("Close = %v", err)
+					}
+					peek := mustClient(t, c, leaselimit.WithoutLease(), leaselimit.WithPrefix(prefix))
+					for _, l := range limits[:n] {
+						if got := peekRemaining(t, peek.Limiter(l), "k"); got != l.Burst-actual {
+							t.Errorf("%s after Close: %d left; want %d (settled at %d)", l.Name, got, l.Burst-actual, actual)
+						}
+					}
+				})
+			}
+		}
 	}
 }

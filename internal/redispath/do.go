@@ -29,6 +29,23 @@ import (
 // the path's few workers on a context detached from ctx, and the breaker is
 // told op's real outcome whenever it comes.
 func (p *Path) Do(ctx context.Context, brk *circuit.Breaker, rkey string, op func(context.Context) error) (sent bool, err error) {
+	return p.do(ctx, brk, rkey, false, op)
+}
+
+// DoKept is Do for an op whose effect must land whoever waits for it (a
+// Reservation's settlement): op runs on a context detached from ctx, and
+// ctx bounds only how long its caller waits. In place it is waited for
+// until its reply or its own deadline, whoever waits, so a caller whose
+// ctx ends before that is not held there: a worker carries its op (as
+// Caller.Acquire sends a lease refill to the lane's senders). Regression
+// (a review): a Settle with a 50ms deadline was held for the whole
+// budget, once per limit.
+func (p *Path) DoKept(ctx context.Context, brk *circuit.Breaker, rkey string, op func(context.Context) error) (sent bool, err error) {
+	return p.do(ctx, brk, rkey, true, op)
+}
+
+// do is Do, or DoKept if kept.
+func (p *Path) do(ctx context.Context, brk *circuit.Breaker, rkey string, kept bool, op func(context.Context) error) (sent bool, err error) {
 	if brk.Rejects(p.nodes.now) { // the breakers' clock (withClock)
 		return false, fmt.Errorf("%w: %w", p.unavailable, breaker.ErrOpen)
 	}
@@ -40,7 +57,12 @@ func (p *Path) Do(ctx context.Context, brk *circuit.Breaker, rkey string, op fun
 		// In place only while the breaker is closed: a probe its caller
 		// cut short would say nothing (see callerLeft); a worker carries
 		// it to its end (see Caller.Acquire).
-		return p.doInPlace(ctx, brk, rkey, done, op)
+		if !kept {
+			return p.doInPlace(ctx, brk, rkey, done, op)
+		}
+		if now := time.Now(); !endsBefore(ctx, now.Add(inPlaceLimit(now, p.budget))) {
+			return p.doInPlace(context.WithoutCancel(ctx), brk, rkey, done, op)
+		}
 	}
 	if !p.gate.enter() {
 		done(nil)
