@@ -25,7 +25,10 @@ package leaselimit_test
 //     (never more), and so may any bucket after such a client's call that
 //     the failure policy decided (abandoned at the budget). That a
 //     caller's deadline is no outage is TestCallerDeadlineIsNotAnOutage's
-//     to check: a calm round's load can make real timeouts.
+//     to check: a calm round's load can make real timeouts. A quarter of
+//     the settlements, on every instance and in every round, have a
+//     deadline of their own of up to 3ms too: it ends the caller's wait,
+//     never the settlement, so the balances stay exact.
 //   - reset: three exact-mode Limiters and one lease-mode one, and Resets at
 //     random moments, on a real redis-server. Generation g of the bucket is
 //     what follows the g-th Reset; a call belongs to g when it began after
@@ -807,6 +810,14 @@ func (r *bucketRound) settle(ctx context.Context, rng *rand.Rand, lr *ledgerRes,
 				l.charged.Add(actual - lr.est)
 			}
 		}
+	}
+	if rng.IntN(4) == 0 {
+		// A caller with a deadline of its own, which ends its wait, not
+		// the settlement (see Reservation.Settle): the balances stay exact.
+		sctx, cancel := context.WithTimeout(ctx, time.Duration(rng.IntN(3000))*time.Microsecond)
+		defer cancel()
+		ctx = sctx
+		when += " with a deadline of its own"
 	}
 	var err error
 	if actual == 0 {
