@@ -11,7 +11,6 @@ import (
 	"github.com/leaselimit/leaselimit/breaker"
 	"github.com/leaselimit/leaselimit/internal/circuit"
 	"github.com/leaselimit/leaselimit/internal/deadline"
-	"github.com/leaselimit/leaselimit/internal/overload"
 )
 
 // Do makes one Redis call, op, through brk within the time budget: a peek,
@@ -102,10 +101,7 @@ func (p *Path) doInPlace(ctx context.Context, brk *circuit.Breaker, rkey string,
 	}
 	defer p.gate.leave()
 	start, replies := time.Now(), brk.RepliesSeen()
-	limit := p.budget
-	if overload.Recent(start, limit) {
-		limit *= 1 + saturationGrace
-	}
+	limit := inPlaceLimit(start, p.budget)
 	cctx, cancel := context.WithTimeoutCause(ctx, limit, errBudgetCut)
 	// The witness is asked early, so that its verdict on a call without
 	// a reply is known when the budget ends (see witness.answers).
