@@ -1017,3 +1017,14 @@ func TestLateReplyWhileRedisAnswers(t *testing.T) {
 		}
 	}
 }
+
+// pauseWrites holds Redis's scripts back (CLIENT PAUSE WRITE, for a
+// minute) and returns what lets them go: safe to call more than once, and
+// called at the test's end if the test has not.
+func pauseWrites(t *testing.T, srv *redistest.Server) (unpause func()) {
+	t.Helper()
+	srv.Do(t, "CLIENT", "PAUSE", "60000", "WRITE")
+	unpause = sync.OnceFunc(func() { srv.Do(t, "CLIENT", "UNPAUSE") })
+	t.Cleanup(unpause)
+	return unpause
+}

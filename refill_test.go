@@ -179,15 +179,7 @@ func TestShortDeadlineLeadsARefill(t *testing.T) {
 	if d, err := lim.Allow(ctx, "k"); err != nil || !d.Allowed {
 		t.Fatalf("first Allow = %+v, %v", d, err)
 	}
-	srv.Do(t, "CLIENT", "PAUSE", "60000", "WRITE") // holds the refill's script
-	unpaused := false
-	unpause := func() {
-		if !unpaused {
-			unpaused = true
-			srv.Do(t, "CLIENT", "UNPAUSE")
-		}
-	}
-	t.Cleanup(unpause)
+	unpause := pauseWrites(t, srv) // holds the refill's script
 	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
 	defer cancel()
 	type result struct {
@@ -261,16 +253,8 @@ func TestShortDeadlineMissesDuringAPrefetch(t *testing.T) {
 				}
 				admitted++
 			}
-			time.Sleep(100 * time.Millisecond)             // the last prefetch lands
-			srv.Do(t, "CLIENT", "PAUSE", "60000", "WRITE") // holds the next prefetch's script
-			unpaused := false
-			unpause := func() {
-				if !unpaused {
-					unpaused = true
-					srv.Do(t, "CLIENT", "UNPAUSE")
-				}
-			}
-			t.Cleanup(unpause)
+			time.Sleep(100 * time.Millisecond) // the last prefetch lands
+			unpause := pauseWrites(t, srv)     // holds the next prefetch's script
 			type result struct {
 				d    leaselimit.Decision
 				err  error

@@ -415,15 +415,7 @@ func TestShortDeadlineSettles(t *testing.T) {
 					if err != nil || !r.Decision().Allowed {
 						t.Fatalf("Reserve on a healthy Redis = %+v, %v", r.Decision(), err)
 					}
-					srv.Do(t, "CLIENT", "PAUSE", "60000", "WRITE") // holds the adjustment's script
-					unpaused := false
-					unpause := func() {
-						if !unpaused {
-							unpaused = true
-							srv.Do(t, "CLIENT", "UNPAUSE")
-						}
-					}
-					t.Cleanup(unpause)
+					unpause := pauseWrites(t, srv) // holds the adjustment's script
 					short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
 					defer cancel()
 					got := make(chan error, 1)
