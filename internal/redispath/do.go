@@ -56,11 +56,13 @@ func (p *Path) do(ctx context.Context, brk *circuit.Breaker, rkey string, kept b
 		// In place only while the breaker is closed: a probe its caller
 		// cut short would say nothing (see callerLeft); a worker carries
 		// it to its end (see Caller.Acquire).
-		if !kept {
-			return p.doInPlace(ctx, brk, rkey, done, op)
-		}
-		if now := time.Now(); !endsBefore(ctx, now.Add(inPlaceLimit(now, p.budget))) {
-			return p.doInPlace(context.WithoutCancel(ctx), brk, rkey, done, op)
+		start := time.Now()
+		limit := inPlaceLimit(start, p.budget)
+		switch {
+		case !kept:
+			return p.doInPlace(ctx, brk, rkey, done, op, start, limit)
+		case !endsBefore(ctx, start.Add(limit)):
+			return p.doInPlace(context.WithoutCancel(ctx), brk, rkey, done, op, start, limit)
 		}
 	}
 	if !p.gate.enter() {
@@ -92,16 +94,16 @@ func (p *Path) do(ctx context.Context, brk *circuit.Breaker, rkey string, kept b
 	return true, p.doError(err)
 }
 
-// doInPlace is Do on a client that honours deadlines. The breaker is told
-// a timeout of the budget, not one of the caller's ctx (see callerLeft).
-func (p *Path) doInPlace(ctx context.Context, brk *circuit.Breaker, rkey string, done func(error), op func(context.Context) error) (sent bool, err error) {
+// doInPlace is Do on a client that honours deadlines, begun at start and
+// bounded by limit (see inPlaceLimit). The breaker is told a timeout of
+// the budget, not one of the caller's ctx (see callerLeft).
+func (p *Path) doInPlace(ctx context.Context, brk *circuit.Breaker, rkey string, done func(error), op func(context.Context) error, start time.Time, limit time.Duration) (sent bool, err error) {
 	if !p.gate.enter() {
 		done(nil)
 		return false, p.closed
 	}
 	defer p.gate.leave()
-	start, replies := time.Now(), brk.RepliesSeen()
-	limit := inPlaceLimit(start, p.budget)
+	replies := brk.RepliesSeen()
 	cctx, cancel := context.WithTimeoutCause(ctx, limit, errBudgetCut)
 	// The witness is asked early, so that its verdict on a call without
 	// a reply is known when the budget ends (see witness.answers).
