@@ -146,16 +146,28 @@ func atDeadline(ctx context.Context, err error) error {
 	return fmt.Errorf("%w: %w", cerr, err)
 }
 
-// setPipelineErr gives err, a pipeline's error, to every command of invs that has
-// neither a reply nor an error: go-redis leaves them so when the pipeline
-// failed before it was sent (a connection whose AUTH was refused), and a
-// command read then looks like an empty reply.
+// setPipelineErr reconciles each command of invs with err, its pipeline's
+// error. A command with neither a reply nor an error gets err: go-redis
+// leaves them so when the pipeline failed before it was sent (a connection
+// whose AUTH was refused), and a command read then looks like an empty
+// reply. A command whose reply was read keeps it, error cleared: when a
+// connection breaks after Redis answered the first commands of a pipeline,
+// go-redis retries the whole pipeline and, once its retries cannot
+// reconnect, gives its last error (a refused dial) to every command that
+// had none, those answered too. Taken as failed, such an acquire's grant
+// was lost (taken from the bucket, never used, and what the failure policy
+// admitted in its place charged again) and an adjustment was sent a second
+// time. A reply read is Redis's word on the call: go-redis clears a
+// command's reply whenever a read of it fails.
 func setPipelineErr(invs []*invocation, err error) {
 	if err == nil {
 		return
 	}
 	for _, in := range invs {
-		if in.cmd.Err() == nil && in.cmd.Val() == nil {
+		switch {
+		case in.cmd.Val() != nil:
+			in.cmd.SetErr(nil)
+		case in.cmd.Err() == nil:
 			in.cmd.SetErr(err)
 		}
 	}

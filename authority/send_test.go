@@ -5,7 +5,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -134,5 +137,122 @@ func TestDeadlineCutIsContextError(t *testing.T) {
 		if !errors.Is(err, context.DeadlineExceeded) || !errors.As(err, &ne) || !ne.Timeout() {
 			t.Errorf("%s cut by its ctx's deadline: %v; want context.DeadlineExceeded wrapping the client's timeout", name, err)
 		}
+	}
+}
+
+// cutAfterFirst is a go-redis hook that, once armed, lets only the first
+// command of the next pipeline of several reach Redis and then fails the
+// pipeline as go-redis v9 does when a connection breaks after Redis
+// answered its first command and the retries cannot reconnect: the
+// commands after it fail with the broken connection's EOF, and the last
+// attempt's error (a refused dial) is given to every command that had
+// none, the answered one too, whose reply stays readable. (Seen with a
+// server that answers a pipeline's first command, then closes the
+// connection and stops listening.)
+type cutAfterFirst struct{ armed atomic.Bool }
+
+func (h *cutAfterFirst) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *cutAfterFirst) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+
+func (h *cutAfterFirst) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if len(cmds) < 2 || !h.armed.CompareAndSwap(true, false) {
+			return next(ctx, cmds)
+		}
+		if err := next(ctx, cmds[:1]); err != nil {
+			return err
+		}
+		for _, c := range cmds[1:] {
+			c.SetErr(io.EOF)
+		}
+		refused := &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
+		for _, c := range cmds {
+			if c.Err() == nil {
+				c.SetErr(refused)
+			}
+		}
+		return refused
+	}
+}
+
+// TestPipelineCutAfterItsFirstReply: a call whose reply was read before its
+// pipeline failed (see cutAfterFirst) is answered, not failed: a
+// multi-limit acquire keeps its grant, taken once, and an adjustment is not
+// reported for sending again; the call after it fails and took nothing.
+// Before, both came back with the refused dial: the grant was lost (taken
+// from the bucket, never used, and what the failure policy admitted in its
+// place charged again), an under-admission the fleet ledger saw in rounds
+// of refused connections.
+func TestPipelineCutAfterItsFirstReply(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	cut := &cutAfterFirst{}
+	c.AddHook(cut)
+	r, err := New(c, testPrefix+"cut")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	l := policy.Limit{Name: "cut", Rate: 1, Period: time.Hour, Burst: 10}
+	m := policy.Limit{Name: "cut-m", Rate: 1, Period: time.Hour, Burst: 20}
+	remaining := func(k string, l policy.Limit) int64 {
+		t.Helper()
+		b, err := r.Peek(ctx, k, l)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b.Tokens
+	}
+	k1, k2 := r.Key(l, "k1"), r.Key(l, "k2")
+	m1, m2 := r.Key(m, "k1"), r.Key(m, "k2")
+	for _, k := range []string{k1, k2} { // a token taken of each
+		if _, err := r.Acquire(ctx, k, l, 1, 1, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The multi-limit and refund scripts cached by calls of their own (a
+	// pipeline answered NOSCRIPT goes again whole).
+	w := &Acquisition{Key: r.Key(l, "w"), Limit: l, Want: 1, Min: 1, Share: 1, With: []Member{{Key: r.Key(m, "w"), Limit: m}}}
+	r.AcquireAll(ctx, []*Acquisition{w})
+	if w.Err != nil {
+		t.Fatal(w.Err)
+	}
+	if failed := r.RefundAll(ctx, []Refund{{Key: r.Key(l, "w"), Limit: l, Tokens: 1}}); len(failed) != 0 {
+		t.Fatal(failed[0].Err)
+	}
+
+	cut.armed.Store(true)
+	as := []*Acquisition{
+		{Key: k1, Limit: l, Want: 3, Min: 3, Share: 1, With: []Member{{Key: m1, Limit: m}}},
+		{Key: k2, Limit: l, Want: 4, Min: 4, Share: 1, With: []Member{{Key: m2, Limit: m}}},
+	}
+	r.AcquireAll(ctx, as)
+	if cut.armed.Load() {
+		t.Fatal("the two multi-limit calls did not go in one pipeline")
+	}
+	if as[0].Err != nil || as[0].Grant.Granted != 3 {
+		t.Errorf("the call Redis answered before its pipeline failed: granted %d, %v; want 3 and no error", as[0].Grant.Granted, as[0].Err)
+	}
+	if as[1].Err == nil {
+		t.Errorf("the call that never reached Redis: granted %d and no error; want the pipeline's error", as[1].Grant.Granted)
+	}
+	if a, b, c, d := remaining(k1, l), remaining(m1, m), remaining(k2, l), remaining(m2, m); a != 6 || b != 17 || c != 9 || d != 20 {
+		t.Errorf("buckets after the cut pipeline: %d, %d, %d, %d; want 6 and 17 (taken once), 9 and 20 (untouched)", a, b, c, d)
+	}
+
+	cut.armed.Store(true)
+	failed := r.RefundAll(ctx, []Refund{{Key: k1, Limit: l, Tokens: 2}, {Key: k2, Limit: l, Tokens: 1}})
+	if cut.armed.Load() {
+		t.Fatal("the two adjustments did not go in one pipeline")
+	}
+	if len(failed) != 1 || failed[0].Key != k2 || failed[0].ID == "" {
+		t.Fatalf("adjustments of a cut pipeline reported failed: %+v; want the second only, with its id", failed)
+	}
+	if again := r.RefundAll(ctx, []Refund{failed[0].Refund}); len(again) != 0 {
+		t.Fatalf("the failed adjustment sent again: %+v", again)
+	}
+	if a, b := remaining(k1, l), remaining(k2, l); a != 8 || b != 10 {
+		t.Errorf("buckets after the refunds: %d and %d; want 8 and 10, each applied once", a, b)
 	}
 }
