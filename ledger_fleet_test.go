@@ -21,9 +21,11 @@ package leaselimit_test
 //     a sixth of their operations are AllowN calls with a
 //     deadline of their own of up to 3ms, on a key of their own (cutKey):
 //     a call it ends returns ctx's error and admits nothing, though Redis
-//     may have granted it, so that key's bucket may hold that much less
-//     (never more), and so may any bucket after such a client's call that
-//     the failure policy decided (abandoned at the budget). That a
+//     may have granted it, and so does a call such a client abandons at
+//     the budget (the failure policy decides it): the Limiter sends such a
+//     call again to learn its outcome and gives a grant back, so the
+//     balances stay exact but for the tokens it counts on
+//     ratelimit.authority.unknown (an outcome it could not learn). That a
 //     caller's deadline is no outage is TestCallerDeadlineIsNotAnOutage's
 //     to check: a calm round's load can make real timeouts. A quarter of
 //     the settlements, on every instance and in every round, have a
@@ -68,13 +70,16 @@ package leaselimit_test
 //     between requests, so every call either reached Redis and was answered
 //     or never reached it; a client that wrote a command on a connection
 //     just closed cannot tell, so a Limiter must resend such an adjustment
-//     under its own id, not drop it). A token short is a refund lost or a
-//     charge applied twice; a token over is a refund applied twice or a
-//     charge lost.
+//     under its own id, not drop it; a call whose reply a deadline cut
+//     after Redis ran it is sent again under its id to learn its outcome,
+//     and only what the Limiters counted on ratelimit.authority.unknown,
+//     outcomes they could not learn, may be missing). A token short is a
+//     refund lost or a charge applied twice; a token over is a refund
+//     applied twice or a charge lost.
 //   - Where an outcome may be unknown (a stall past the budget, the refund
 //     script's replies dropped), the bucket may hold less, by at most the
-//     tokens the Limiters counted on ratelimit.lease.refunds.dropped, and never
-//     more. Where any reply may be dropped (acquires too, whose resends can
+//     tokens the Limiters counted on ratelimit.lease.refunds.dropped and
+//     ratelimit.authority.unknown, and never more. Where any reply may be dropped (acquires too, whose resends can
 //     take twice and whose lost replies leave tokens debited), only "never
 //     more" is asserted. A settled charge is never allowed to go missing:
 //     ratelimit.settle.charges.dropped does not widen anything.
@@ -246,7 +251,8 @@ type tokenLedger struct {
 	// cut is the tokens of calls on a client that applies deadlines that
 	// its own deadline ended (an error, nothing admitted) or that the
 	// failure policy decided (the call abandoned at the budget): Redis
-	// may have granted them, and then they stay debited, as documented.
+	// may have granted them, and the Limiter must learn so and give them
+	// back (or count them on ratelimit.authority.unknown). Reported only.
 	cut      atomic.Int64
 	room     atomic.Int64 // what charges may still add (below half a burst)
 	reported atomic.Bool  // the bound at every moment: reported once
@@ -320,30 +326,30 @@ func bucketLevel(d leaselimit.Decision, l policy.Limit) int64 {
 	return 1 - int64((d.RetryAfter+per-1)/per)
 }
 
-// counters reads the dropped refund and charge counters.
+// droppedTokens reads the dropped refund and charge counters.
 func droppedTokens(t *testing.T, r *sdkmetric.ManualReader) (refunds, charges int64) {
+	t.Helper()
+	return counterTotal(t, r, telemetry.MetricDropped), counterTotal(t, r, telemetry.MetricChargesLost)
+}
+
+// counterTotal is the sum of the counter name's data points in r.
+func counterTotal(t *testing.T, r *sdkmetric.ManualReader, name string) int64 {
 	t.Helper()
 	var rm metricdata.ResourceMetrics
 	if err := r.Collect(context.Background(), &rm); err != nil {
 		t.Fatal(err)
 	}
+	var total int64
 	for _, sm := range rm.ScopeMetrics {
 		for _, m := range sm.Metrics {
-			sum, ok := m.Data.(metricdata.Sum[int64])
-			if !ok {
-				continue
-			}
-			for _, dp := range sum.DataPoints {
-				switch m.Name {
-				case telemetry.MetricDropped:
-					refunds += dp.Value
-				case telemetry.MetricChargesLost:
-					charges += dp.Value
+			if sum, ok := m.Data.(metricdata.Sum[int64]); ok && m.Name == name {
+				for _, dp := range sum.DataPoints {
+					total += dp.Value
 				}
 			}
 		}
 	}
-	return refunds, charges
+	return total
 }
 
 // ledgerView is one way into the buckets: New's limit, a For tier or a For
@@ -439,8 +445,8 @@ const (
 	ledgerWorkers   = 2 // per instance
 	ledgerKeys      = 2 // every operation's, plus cutKey
 	// cutKey is the index of one more key, which only AllowN calls with a
-	// deadline of their own use: the calls cut short, whose tokens Redis
-	// may have kept, stay off the keys whose balance is exact.
+	// deadline of their own use: the calls cut short, whose grants the
+	// Limiter must learn of and give back, on a key of their own.
 	cutKey          = ledgerKeys
 	ledgerBudget    = 60 * time.Millisecond
 	ledgerStall     = 100 * time.Millisecond // each way: a round trip well past the budget, well within the call's own deadline
@@ -743,7 +749,7 @@ func (r *bucketRound) step(ctx context.Context, w *ledgerWorker, keys []string) 
 				l.admitFallback(est)
 			}
 			if vw.bounded && d.Source == leaselimit.SourceFallback {
-				l.cut.Add(est) // an abandoned call's grant stays debited
+				l.cut.Add(est) // an abandoned call's grant: given back once learnt
 			}
 		}
 		switch q := w.rng.IntN(10); {
@@ -774,8 +780,9 @@ func (r *bucketRound) allow(ctx context.Context, vw *ledgerView, k int, keys []s
 	d, err := vw.lim.AllowN(ctx, keys[k], n)
 	if cerr := deadline.Ended(ctx); err != nil && cerr != nil && errors.Is(err, cerr) {
 		// Its own deadline ended it: nothing admitted, though Redis may
-		// have granted it (debited, never used). The deadline may have
-		// passed before ctx's timer ran: the Limiter says so at once.
+		// have granted it (the Limiter gives such a grant back once it
+		// learns of it). The deadline may have passed before ctx's timer
+		// ran: the Limiter says so at once.
 		for _, l := range vw.ledgers[k] {
 			l.cut.Add(n)
 		}
@@ -793,7 +800,7 @@ func (r *bucketRound) allow(ctx context.Context, vw *ledgerView, k int, keys []s
 			l.admit(r.v, n, vw.name, "AllowN", d.Source)
 		}
 		if vw.bounded && d.Source == leaselimit.SourceFallback {
-			l.cut.Add(n) // an abandoned call's grant stays debited
+			l.cut.Add(n) // an abandoned call's grant: given back once learnt
 		}
 	}
 }
@@ -864,6 +871,9 @@ func (r *bucketRound) check(keys []string) {
 	}
 	defer lim.Close()
 	refunds, charges := droppedTokens(t, r.reader)
+	// Tokens of calls cut after they were sent whose outcome the
+	// Limiters could not learn: Redis may have granted them.
+	unknown := counterTotal(t, r.reader, telemetry.MetricUnknown)
 	ctx := context.Background()
 	var short, net int64
 	reported := false
@@ -878,9 +888,8 @@ func (r *bucketRound) check(keys []string) {
 			}
 			got, want := bucketLevel(d, x.limit), x.l.expected()
 			net += want - got
-			cut := x.l.cut.Load() // may be debited: the bucket may hold that much less
-			why := fmt.Sprintf("(ratelimit.lease.refunds.dropped %d, ratelimit.settle.charges.dropped %d; DropReplies matched %d connections so far; fault on/off at %s)",
-				refunds, charges, r.proxy.DroppedReplies(), strings.Join(r.timeline, ", "))
+			why := fmt.Sprintf("(ratelimit.lease.refunds.dropped %d, ratelimit.settle.charges.dropped %d, ratelimit.authority.unknown %d; DropReplies matched %d connections so far; fault on/off at %s)",
+				refunds, charges, unknown, r.proxy.DroppedReplies(), strings.Join(r.timeline, ", "))
 			// Debt beyond a Burst is forgiven: where the charges add up
 			// to more, the failure policy's admissions may be forgiven,
 			// up to all of them (never a settled charge: those stay
@@ -896,26 +905,26 @@ func (r *bucketRound) check(keys []string) {
 					x.l, got, want, forgiven, got-want-forgiven, why)
 			case got > want:
 				// Forgiven debt.
-			case got < want && want-got <= cut:
-				// Calls cut short by their callers' deadlines.
+			case got < want && want-got <= unknown:
+				// Calls cut after they were sent whose outcome is unknown.
 			case got < want && r.kind.known():
 				r.v.add("%v: the closed fleet left %d tokens in the bucket, the ledger %d: %d lost in a round where every call reached Redis and was answered, or never reached it (a settlement dropped instead of queued, or a charge applied twice) %s",
 					x.l, got, want, want-got, why)
 			case got < want:
-				short += want - got - cut
-				if r.kind != faultDropAll && want-got-cut > refunds {
+				short += want - got
+				if r.kind != faultDropAll && want-got > refunds+unknown {
 					reported = true
-					r.v.add("%v: the closed fleet left %d tokens in the bucket, the ledger %d: %d lost, more than the %d tokens of refunds counted as dropped (a charge applied twice?) %s",
-						x.l, got, want, want-got, refunds, why)
+					r.v.add("%v: the closed fleet left %d tokens in the bucket, the ledger %d: %d lost, more than the %d tokens counted as dropped refunds or unknown (a charge applied twice?) %s",
+						x.l, got, want, want-got, refunds+unknown, why)
 				}
 			}
 		}
 	}
-	if (r.kind == faultStall || r.kind == faultDropAdjust) && short > refunds && !reported {
-		r.v.add("round %d (%s): the buckets lost %d tokens in all, more than the %d counted as dropped refunds", r.index, r.kind, short, refunds)
+	if (r.kind == faultStall || r.kind == faultDropAdjust) && short > refunds+unknown && !reported {
+		r.v.add("round %d (%s): the buckets lost %d tokens in all, more than the %d counted as dropped refunds or unknown", r.index, r.kind, short, refunds+unknown)
 	}
-	t.Logf("round %d (%s): %d operations; the buckets hold %d tokens less than the ledger, net; refunds dropped %d, charges dropped %d; DropReplies matched %d connections so far",
-		r.index, r.kind, r.ops.Load(), net, refunds, charges, r.proxy.DroppedReplies())
+	t.Logf("round %d (%s): %d operations; the buckets hold %d tokens less than the ledger, net; refunds dropped %d, charges dropped %d, unknown %d; DropReplies matched %d connections so far",
+		r.index, r.kind, r.ops.Load(), net, refunds, charges, unknown, r.proxy.DroppedReplies())
 }
 
 // ---------------------------------------------------------------------------

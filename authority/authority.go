@@ -384,6 +384,9 @@ type Acquisition struct {
 
 	args []any      // a multi-limit call's script arguments
 	lim  *limitArgs // a single-limit call's limit
+	// sentAs is the resend key of the invocation the call went in alone
+	// (see Resend), "" if it went with others or without one.
+	sentAs string
 }
 
 // Member is one more bucket of a multi-limit Acquisition.
@@ -479,6 +482,7 @@ func (r *Redis) AcquireAll(ctx context.Context, as []*Acquisition) {
 	ready, copied := as, false
 	var prev *limitArgs // the last checked call's
 	for i, a := range as {
+		a.sentAs = ""
 		ok := r.checkAfter(a, prev)
 		if ok {
 			prev = a.lim
@@ -509,8 +513,55 @@ func (r *Redis) AcquireAll(ctx context.Context, as []*Acquisition) {
 	r.runAll(ctx, batchScript, invs)
 	for _, b := range batches {
 		b.decode()
+		if len(b.calls) == 1 {
+			b.calls[0].sentAs = b.keys[0] // keyed: newBatch's
+		}
 	}
 	r.acquireMoving(ctx, batches)
+}
+
+// Resend sends the call of a again, after AcquireAll gave it an error
+// that leaves its outcome unknown (a reply cut by a deadline: Redis may
+// have run it), and sets a.Grant and a.Err as AcquireAll does. It goes
+// under the resend key of its first sending, so that Redis answers with
+// the first's reply if that one granted, taking nothing again, and decides
+// it now otherwise (the first denied it, or never ran). It must come
+// within ResendLife of the first: a resend key lives that long. It
+// reports false, sending nothing, for a call that did not go alone in an
+// invocation with a resend key (batched with others, or on a Cluster slot
+// in migration).
+func (r *Redis) Resend(ctx context.Context, a *Acquisition) bool {
+	if a.sentAs == "" {
+		return false
+	}
+	if len(a.With) > 0 {
+		inv := r.multiInvocation(a, true)
+		inv.keys[0] = a.sentAs
+		r.runAll(ctx, acquireAllScript, []*invocation{inv})
+		v, err := inv.cmd.Result()
+		if err != nil {
+			a.Grant, a.Err = Grant{}, classify(err)
+			return true
+		}
+		a.Grant, a.Err = decodeAll(v, 1+len(a.With))
+		return true
+	}
+	b := r.batchOf([]*Acquisition{a}, true)
+	b.keys[0] = a.sentAs
+	r.runAll(ctx, batchScript, []*invocation{&b.invocation})
+	b.decode()
+	return true
+}
+
+// SentAlone reports whether a's call went alone in an invocation with a
+// resend key, so that Resend can send it again.
+func (a *Acquisition) SentAlone() bool { return a.sentAs != "" }
+
+// ResendLife is how long the resend key of an invocation that granted
+// keeps its reply (batchLife, or as WithResendWindow set it): Resend must
+// come within it.
+func (r *Redis) ResendLife() time.Duration {
+	return time.Duration(r.life.(int64)) * time.Millisecond
 }
 
 // acquireMoving makes again the calls of the batches a Redis Cluster
@@ -533,6 +584,9 @@ func (r *Redis) acquireMoving(ctx context.Context, batches []*batch) {
 			n := 1
 			for n < len(calls) && calls[n].Key == calls[0].Key {
 				n++
+			}
+			for _, a := range calls[:n] {
+				a.sentAs = "" // its invocation has no resend key
 			}
 			nb := r.batchOf(calls[:n], false)
 			redo = append(redo, nb)
@@ -613,7 +667,9 @@ func (r *Redis) acquireWith(ctx context.Context, as []*Acquisition) []*Acquisiti
 	// and the node serves them when it holds every bucket.
 	var again []*invocation
 	for i, a := range multi {
+		a.sentAs = invs[i].keys[0]
 		if circuit.Moving(invs[i].cmd.Err()) {
+			a.sentAs = "" // sent again without a resend key
 			invs[i] = r.multiInvocation(a, false)
 			again = append(again, invs[i])
 		}

@@ -140,6 +140,19 @@ func TestDeadlineCutIsContextError(t *testing.T) {
 	}
 }
 
+// tokensIn returns a function that peeks at a bucket of r: its whole
+// tokens.
+func tokensIn(t *testing.T, r *Redis) func(key string, l policy.Limit) int64 {
+	return func(key string, l policy.Limit) int64 {
+		t.Helper()
+		b, err := r.Peek(context.Background(), key, l)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b.Tokens
+	}
+}
+
 // cutAfterFirst is a go-redis hook that, once armed, lets only the first
 // command of the next pipeline of several reach Redis and then fails the
 // pipeline as go-redis v9 does when a connection breaks after Redis
@@ -196,14 +209,7 @@ func TestPipelineCutAfterItsFirstReply(t *testing.T) {
 	ctx := context.Background()
 	l := policy.Limit{Name: "cut", Rate: 1, Period: time.Hour, Burst: 10}
 	m := policy.Limit{Name: "cut-m", Rate: 1, Period: time.Hour, Burst: 20}
-	remaining := func(k string, l policy.Limit) int64 {
-		t.Helper()
-		b, err := r.Peek(ctx, k, l)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return b.Tokens
-	}
+	remaining := tokensIn(t, r)
 	k1, k2 := r.Key(l, "k1"), r.Key(l, "k2")
 	m1, m2 := r.Key(m, "k1"), r.Key(m, "k2")
 	for _, k := range []string{k1, k2} { // a token taken of each
@@ -254,5 +260,86 @@ func TestPipelineCutAfterItsFirstReply(t *testing.T) {
 	}
 	if a, b := remaining(k1, l), remaining(k2, l); a != 8 || b != 10 {
 		t.Errorf("buckets after the refunds: %d and %d; want 8 and 10, each applied once", a, b)
+	}
+}
+
+// TestResend: a call sent again under its first sending's resend key (see
+// Resend) gets the first's outcome when that granted, taken once, whether
+// or not its client saw the reply, and is decided anew when the first
+// denied it; for a single-limit call and a multi-limit one. A call that
+// went in a batch with others is not sent again.
+func TestResend(t *testing.T) {
+	srv := redistest.Start(t)
+	px := redistest.NewProxy(t, srv.Addr)
+	c := redis.NewClient(&redis.Options{Addr: px.Addr, ContextTimeoutEnabled: true, MaxRetries: -1})
+	t.Cleanup(func() { _ = c.Close() })
+	r, err := New(c, testPrefix+"resend")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	l := policy.Limit{Name: "resend", Rate: 1, Period: time.Hour, Burst: 10}
+	m := policy.Limit{Name: "resend-m", Rate: 1, Period: time.Hour, Burst: 20}
+	remaining := tokensIn(t, r)
+	for _, multi := range []bool{false, true} {
+		t.Run(fmt.Sprint("multi=", multi), func(t *testing.T) {
+			k, km := r.Key(l, fmt.Sprint("k", multi)), r.Key(m, fmt.Sprint("k", multi))
+			acq := func(want int64) *Acquisition {
+				a := &Acquisition{Key: k, Limit: l, Want: want, Min: want, Share: 1}
+				if multi {
+					a.With = []Member{{Key: km, Limit: m}}
+				}
+				return a
+			}
+			// The first sending's reply held past its deadline: Redis ran it.
+			a := acq(3)
+			r.AcquireAll(ctx, []*Acquisition{acq(1)}) // the scripts cached, a connection made
+			px.HoldReplies(isEvalSha)
+			cut, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+			r.AcquireAll(cut, []*Acquisition{a})
+			cancel()
+			px.ReleaseReplies()
+			if a.Err == nil {
+				t.Fatalf("a call whose reply was held past its deadline: granted %d, no error", a.Grant.Granted)
+			}
+			if !r.Resend(ctx, a) {
+				t.Fatal("Resend of a call sent alone = false")
+			}
+			if a.Err != nil || a.Grant.Granted != 3 {
+				t.Fatalf("resent: granted %d, %v; want the first's 3", a.Grant.Granted, a.Err)
+			}
+			if got := remaining(k, l); got != 6 {
+				t.Fatalf("after 1, then 3 sent twice: %d left of 10; want 6, taken once", got)
+			}
+			if multi {
+				if got := remaining(km, m); got != 16 {
+					t.Fatalf("the multi-limit's second bucket: %d left of 20; want 16, taken once", got)
+				}
+			}
+			// A first sending that denied: sent again, decided anew.
+			d := acq(7)
+			r.AcquireAll(ctx, []*Acquisition{d})
+			if d.Err != nil || d.Grant.Granted != 0 {
+				t.Fatalf("7 of 6: granted %d, %v; want a denial", d.Grant.Granted, d.Err)
+			}
+			if !r.Resend(ctx, d) || d.Err != nil || d.Grant.Granted != 0 {
+				t.Fatalf("7 of 6 resent: granted %d, %v; want a denial again", d.Grant.Granted, d.Err)
+			}
+			if failed := r.RefundAll(ctx, []Refund{{Key: k, Limit: l, Tokens: 1}}); len(failed) != 0 {
+				t.Fatal(failed[0].Err)
+			}
+			if !r.Resend(ctx, d) || d.Err != nil || d.Grant.Granted != 7 {
+				t.Fatalf("7 of 7 resent: granted %d, %v; want 7, decided anew", d.Grant.Granted, d.Err)
+			}
+			if got := remaining(k, l); got != 0 {
+				t.Fatalf("after the resent 7: %d left; want 0", got)
+			}
+		})
+	}
+	// Two calls in one batch: neither can be sent again alone.
+	as := []*Acquisition{{Key: r.Key(l, "b1"), Limit: l, Want: 1, Min: 1, Share: 1}, {Key: r.Key(l, "b2"), Limit: l, Want: 1, Min: 1, Share: 1}}
+	r.AcquireAll(ctx, as)
+	if r.Resend(ctx, as[0]) || r.Resend(ctx, as[1]) {
+		t.Error("Resend of a call batched with another = true")
 	}
 }

@@ -92,6 +92,7 @@ const (
 	MetricSaturated   = "ratelimit.saturated"              // counter {call}: limit name, outcome answered or abandoned
 	MetricDropped     = "ratelimit.lease.refunds.dropped"  // counter {token}: prefix
 	MetricChargesLost = "ratelimit.settle.charges.dropped" // counter {token}: prefix
+	MetricUnknown     = "ratelimit.authority.unknown"      // counter {token}: prefix
 )
 
 // Fallback reasons (ratelimit.reason on ratelimit.fallbacks and on a

@@ -103,6 +103,7 @@ type instruments struct {
 	saturated   metric.Int64Counter
 	dropped     metric.Int64Counter
 	chargesLost metric.Int64Counter
+	unknown     metric.Int64Counter
 	state, keys metric.Int64ObservableGauge
 	meter       metric.Meter
 }
@@ -246,6 +247,10 @@ func New(c Config) (*Recorder, error) {
 	}
 	if r.chargesLost, err = m.Int64Counter(telemetry.MetricChargesLost, metric.WithUnit("{token}"),
 		metric.WithDescription("Tokens that settled reservations should have charged beyond their estimate but could not (Redis unreachable past the queue's bound, or a call whose outcome is unknown): admitted without being counted.")); err != nil {
+		return nil, err
+	}
+	if r.unknown, err = m.Int64Counter(telemetry.MetricUnknown, metric.WithUnit("{token}"),
+		metric.WithDescription("Tokens asked by acquire calls that a deadline cut after they were sent, whose outcome sending them again could not learn: Redis may have granted them, and they then stay debited until the bucket refills.")); err != nil {
 		return nil, err
 	}
 	if r.saturated, err = m.Int64Counter(telemetry.MetricSaturated, metric.WithUnit("{call}"),
@@ -570,6 +575,11 @@ func (r *Recorder) CountDroppedRefund(ctx context.Context, tokens int64) {
 // CountDroppedCharge adds tokens to ratelimit.settle.charges.dropped.
 func (r *Recorder) CountDroppedCharge(ctx context.Context, tokens int64) {
 	r.chargesLost.Add(ctx, tokens, r.addOpts(&r.sets.limitAdd, none)...)
+}
+
+// CountUnknown adds tokens to ratelimit.authority.unknown.
+func (r *Recorder) CountUnknown(ctx context.Context, tokens int64) {
+	r.unknown.Add(ctx, tokens, r.addOpts(&r.sets.limitAdd, none)...)
 }
 
 // CountTransition adds one breaker transition to state. It only records,

@@ -64,10 +64,10 @@ func inPlaceLimit(start time.Time, budget time.Duration) time.Duration {
 
 // direct makes the call in place, on the caller's goroutine, alone on the
 // pipeline of ln that claim took, bounded by a deadline that the client
-// applies to its reads: a reply abandoned then leaves its tokens debited
-// (under-admission). A deadline cannot be moved once a read has started,
+// applies to its reads. A deadline cannot be moved once a read has started,
 // so it is chosen up front, limit after start (see inPlaceLimit; while it
-// is the hard cap, the process's decisions yield as the call runs). A
+// is the hard cap, the process's decisions yield as the call runs); a call
+// it cuts is sent again by a recoverer to learn its outcome (see recoverCut). A
 // timeout is probed before it is blamed on Redis: one while the process
 // is behind does not count against the breaker, and the caller gets
 // ErrSaturated. A call its caller's ctx ended is not Redis's failure: the
@@ -95,6 +95,9 @@ func (k *Caller) direct(ctx context.Context, c Call, ln *lane, done func(error),
 	// The witness is asked early, so that its verdict on a call without
 	// a reply is known when the budget ends (see witness.answers).
 	early := ln.sendAlone(cctx, &c.Acq, start.Add(limit-witnessWait(budget)))
+	// Whether Redis may have run a call without a reply is read off its
+	// own error, before a verdict below replaces it (see recoverCut).
+	unknown := outcomeUnknown(c.Acq.Err)
 	if clientCut(c.Acq.Err) { // rare: the node's pool is not looked up on every call
 		c.Acq.Err = k.p.nodes.witnessOf(c.Brk, c.Acq.Key).refused(c.Acq.Err)
 	}
@@ -103,11 +106,15 @@ func (k *Caller) direct(ctx context.Context, c Call, ln *lane, done func(error),
 		// budget's end, or it was cancelled): not Redis's doing, so
 		// neither the breaker nor the path counts it, and the caller
 		// gets its ctx's error, not the failure policy's decision. A
-		// grant Redis may have made stays debited (under-admission).
+		// grant Redis may have made goes back to the bucket once a
+		// recoverer has learnt of it.
 		err := deadline.Ended(ctx)
 		k.tel.RecordAuthority(ctx, time.Since(start), 0, err, false)
 		span.finish(k.tel, 0, err, recorder.ContextReason(err))
 		done(callerLeft)
+		if unknown {
+			k.recoverCut(&c, start)
+		}
 		return authority.Grant{}, err
 	}
 	noted(c.Brk, c.Acq.Err)
@@ -127,6 +134,11 @@ func (k *Caller) direct(ctx context.Context, c Call, ln *lane, done func(error),
 		// Answered within its deadline, yet delivered late: this
 		// process kept the caller from running (as sawLate).
 		k.sawSaturation(ctx, telemetry.SaturatedAnswered)
+	}
+	if err != nil && unknown {
+		// Cut at the budget (or the hard cap): a grant Redis may have
+		// made goes where a late reply's would.
+		k.recoverCut(&c, start)
 	}
 	done(err)
 	return g, err

@@ -20,6 +20,7 @@
 package redispath
 
 import (
+	"sync/atomic"
 	"time"
 
 	"github.com/leaselimit/leaselimit/authority"
@@ -58,7 +59,12 @@ type Path struct {
 	gate    gate
 	nodes   *nodes
 	workers *workers // Do's calls on a client that does not honour deadlines
-	dials   dials    // whether the client's dials fail (see unreachable)
+	// recoverers learn the outcomes of cut calls (see recoverCut): a crew
+	// of their own, so that a Redis that does not answer holds no Do call
+	// behind them. recovering counts the calls they have.
+	recoverers *workers
+	recovering atomic.Int32
+	dials      dials // whether the client's dials fail (see unreachable)
 
 	closed, unavailable error
 }
@@ -69,7 +75,7 @@ func New(cfg Config) *Path {
 		bounded: honoursDeadlines(cfg.Client), retries: retriesCommands(cfg.Client),
 		closed: cfg.Closed, unavailable: cfg.Unavailable}
 	p.nodes = newNodes(cfg.Client, cfg.Name, cfg.Breaker, &p.gate, cfg.Auth, cfg.Budget)
-	p.workers = newWorkers()
+	p.workers, p.recoverers = newWorkers(), newWorkers()
 	p.dials.look(cfg.Client)
 	return p
 }
@@ -105,11 +111,12 @@ func (p *Path) Leave() { p.gate.leave() }
 func (p *Path) Close() bool { return p.gate.close() }
 
 // Wait waits for the calls and goroutines admitted before Close, then
-// stops the lanes' senders and Do's workers.
+// stops the lanes' senders, Do's workers and the recoverers.
 func (p *Path) Wait() {
 	p.gate.wait()
 	p.nodes.stop() // the calls the senders carried have ended
 	p.workers.stop()
+	p.recoverers.stop()
 }
 
 // Shared returns the breaker of a single node or Sentinel deployment, and

@@ -74,7 +74,8 @@ func (c *crew) stop() {
 // decisions, and a call waits for a worker no longer than its budget.
 const maxWorkers = 4
 
-// workers carries Do's calls on a client that does not honour deadlines.
+// workers carries Do's calls on a client that does not honour deadlines
+// (and, as the path's recoverers, the resends of cut calls).
 type workers struct {
 	mu    sync.Mutex
 	queue []func()
