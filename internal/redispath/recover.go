@@ -6,7 +6,6 @@ import (
 	"net"
 	"time"
 
-	"github.com/leaselimit/leaselimit/authority"
 	"github.com/leaselimit/leaselimit/internal/circuit"
 )
 
@@ -65,7 +64,7 @@ func (k *Caller) recoverCut(c *Call, sent time.Time) {
 	p.recoverers.run(func() {
 		defer p.gate.leave()
 		defer p.recovering.Add(-1)
-		if !p.learn(&rc.Acq, sent) {
+		if !p.learn(&rc, sent) {
 			k.tel.CountUnknown(context.Background(), rc.Acq.Want)
 			return
 		}
@@ -80,21 +79,28 @@ func (k *Caller) recoverCut(c *Call, sent time.Time) {
 	})
 }
 
-// learn sends a again under its resend key until Redis answers it, each
+// learn sends c again under its resend key until Redis answers it, each
 // attempt bounded by the budget, a budget apart, while the key surely
-// holds the first sending's reply (half its life after sent); once Close
-// has begun, one more. It reports whether Redis answered: a's Grant, or
-// its Err for an error reply, is then the call's outcome.
-func (p *Path) learn(a *authority.Acquisition, sent time.Time) bool {
+// holds the first sending's reply: an attempt begins a budget or more
+// before half its life after sent. While c's breaker is open, Redis is
+// down and no attempt is made; once Close has begun, one more at most. It
+// reports whether Redis answered: c.Acq's Grant, or its Err for an error
+// reply, is then the call's outcome.
+func (p *Path) learn(c *Call, sent time.Time) bool {
 	until := sent.Add(p.auth.ResendLife() / 2)
 	for {
-		ctx, cancel := context.WithTimeout(context.Background(), p.budget)
-		p.auth.Resend(ctx, a)
-		cancel()
-		switch {
-		case a.Err == nil || !circuit.NoAnswer(a.Err):
-			return true
-		case p.gate.isClosed() || !time.Now().Add(2*p.budget).Before(until):
+		if !time.Now().Add(p.budget).Before(until) {
+			return false
+		}
+		if !c.Brk.Rejects(p.nodes.now) {
+			ctx, cancel := context.WithTimeout(context.Background(), p.budget)
+			p.auth.Resend(ctx, &c.Acq)
+			cancel()
+			if c.Acq.Err == nil || !circuit.NoAnswer(c.Acq.Err) {
+				return true
+			}
+		}
+		if p.gate.isClosed() {
 			return false
 		}
 		pause := newTimer(p.budget)
