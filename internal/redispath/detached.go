@@ -347,7 +347,7 @@ func (d *detachedCall) complete() (authority.Grant, error) {
 		// Cut by its own deadline (or the client's timeout) after it
 		// was sent: a grant Redis may have made goes where a late
 		// reply's would.
-		d.k.recoverCut(&d.c, d.start)
+		d.k.recoverCut(d.c, d.start)
 	}
 	if errors.Is(err, circuit.ErrBudget) {
 		// The call's own deadline lies past the hard cap: the waiter

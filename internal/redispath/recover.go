@@ -36,8 +36,11 @@ const maxRecovering = 256
 // socket), not a dial or a wait for a pooled connection, which never
 // wrote a byte.
 func outcomeUnknown(err error) bool {
+	if err == nil {
+		return false // before ne and op, which escape: a call answered allocates nothing here
+	}
 	var ne net.Error
-	if err == nil || !errors.As(err, &ne) || !ne.Timeout() {
+	if !errors.As(err, &ne) || !ne.Timeout() {
 		return false
 	}
 	var op *net.OpError
@@ -47,8 +50,9 @@ func outcomeUnknown(err error) bool {
 // recoverCut has a recoverer learn the outcome of c, a call sent at sent
 // whose reply a deadline cut (see outcomeUnknown), and extends the gate
 // entry of the call, which must not have left yet, to it: Close waits for
-// it, and for the refund or lease it leads to.
-func (k *Caller) recoverCut(c *Call, sent time.Time) {
+// it, and for the refund or lease it leads to. c is taken by value: a
+// pointer to the caller's would move every call's Call to the heap.
+func (k *Caller) recoverCut(c Call, sent time.Time) {
 	p := k.p
 	if !c.Acq.SentAlone() {
 		k.tel.CountUnknown(context.Background(), c.Acq.Want)
@@ -60,23 +64,25 @@ func (k *Caller) recoverCut(c *Call, sent time.Time) {
 		return
 	}
 	p.gate.extend()
-	rc := *c
-	p.recoverers.run(func() {
-		defer p.gate.leave()
-		defer p.recovering.Add(-1)
-		if !p.learn(&rc, sent) {
-			k.tel.CountUnknown(context.Background(), rc.Acq.Want)
-			return
-		}
-		switch g := rc.Acq.Grant; {
-		case rc.Acq.Err != nil:
-			// Redis answered with an error: it granted nothing.
-		case rc.Keep:
-			k.recv.Arrived(rc, g)
-		case g.Granted > 0:
-			k.recv.Unclaimed(rc, g)
-		}
-	})
+	p.recoverers.run(func() { k.recover(&c, sent) })
+}
+
+// recover is recoverCut's work on a recoverer, which holds a gate entry.
+func (k *Caller) recover(c *Call, sent time.Time) {
+	defer k.p.gate.leave()
+	defer k.p.recovering.Add(-1)
+	if !k.p.learn(c, sent) {
+		k.tel.CountUnknown(context.Background(), c.Acq.Want)
+		return
+	}
+	switch g := c.Acq.Grant; {
+	case c.Acq.Err != nil:
+		// Redis answered with an error: it granted nothing.
+	case c.Keep:
+		k.recv.Arrived(*c, g)
+	case g.Granted > 0:
+		k.recv.Unclaimed(*c, g)
+	}
 }
 
 // learn sends c again under its resend key until Redis answers it, each
