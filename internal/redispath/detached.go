@@ -343,7 +343,7 @@ func (d *detachedCall) complete() (authority.Grant, error) {
 	defer d.k.p.gate.leave()
 	d.elapsed = time.Since(d.start)
 	g, err := d.k.end(d.ctx, &d.c, &d.span, d.start, d.elapsed, d.c.Acq.Grant, d.c.Acq.Err)
-	if err != nil && outcomeUnknown(d.c.Acq.Err) {
+	if err != nil && d.pending.cut {
 		// Cut by its own deadline (or the client's timeout) after it
 		// was sent: a grant Redis may have made goes where a late
 		// reply's would.

@@ -99,7 +99,11 @@ type pending struct {
 	// call's delivery has started.
 	checkAt time.Time
 	alarmed bool // guarded by the lane's mu
-	finish  finisher
+	// cut marks a call whose reply a deadline or the client's timeout cut
+	// after it was sent (see outcomeUnknown), read off its error before
+	// the witness's verdict replaces it (see refusedAll).
+	cut    bool
+	finish finisher
 }
 
 // finisher is what a lane tells of a call: finished is called on the
@@ -437,6 +441,9 @@ func (ln *lane) send(batch []*pending, deadline time.Time) {
 	cctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
 	ln.auth.AcquireAll(cctx, as)
 	cancel()
+	for _, p := range batch {
+		p.cut = outcomeUnknown(p.a.Err)
+	}
 	refusedAll(as, ln.witnessOf)
 	if done != nil {
 		done(batchOutcome(batch))
