@@ -876,6 +876,10 @@ func (r *bucketRound) check(keys []string) {
 	ctx := context.Background()
 	var short, net int64
 	reported := false
+	// The losses the unknown outcomes may explain, per limit: a call
+	// counted there once may have taken from a bucket of each of its
+	// limits, and from no more than one bucket of each.
+	unexplained := map[string]int64{}
 	for k, key := range keys {
 		for _, x := range []struct {
 			limit policy.Limit
@@ -905,7 +909,10 @@ func (r *bucketRound) check(keys []string) {
 			case got > want:
 				// Forgiven debt.
 			case got < want && want-got <= unknown:
-				// Calls cut after they were sent whose outcome is unknown.
+				// Calls cut after they were sent whose outcome is
+				// unknown; their sum is checked below.
+				unexplained[x.limit.Name] += want - got
+				short += want - got
 			case got < want && r.kind.known():
 				r.v.add("%v: the closed fleet left %d tokens in the bucket, the ledger %d: %d lost in a round where every call reached Redis and was answered, or never reached it (a settlement dropped instead of queued, or a charge applied twice) %s",
 					x.l, got, want, want-got, why)
@@ -917,6 +924,11 @@ func (r *bucketRound) check(keys []string) {
 						x.l, got, want, want-got, refunds+unknown, why)
 				}
 			}
+		}
+	}
+	for name, lost := range unexplained {
+		if lost > unknown && r.kind.known() {
+			r.v.add("round %d (%s): the buckets of %s lost %d tokens in all, more than the %d counted on ratelimit.authority.unknown", r.index, r.kind, name, lost, unknown)
 		}
 	}
 	if (r.kind == faultStall || r.kind == faultDropAdjust) && short > refunds+unknown && !reported {

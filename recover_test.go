@@ -29,24 +29,47 @@ import (
 func TestCutCallRecovered(t *testing.T) {
 	srv := redistest.Start(t)
 	evalSha := func(b []byte) bool { return bytes.Contains(bytes.ToLower(b), []byte("evalsha")) }
+	// The faults: Redis runs the call and its reply comes after a
+	// deadline cut it (held by the proxy until the end), or after the
+	// client's short ReadTimeout cut it while the witness answers (the
+	// proxy slow until the call returns), or never (the connection
+	// broken once Redis answered, until the call returns).
+	const (
+		held = iota
+		slow
+		broken
+	)
 	cases := []struct {
-		name   string
-		limit  string
-		lease  bool
-		budget time.Duration
-		caller time.Duration // the caller's own deadline, if any
+		name      string
+		limit     string
+		fault     int
+		deadlines bool // the client applies context deadlines
+		lease     bool
+		budget    time.Duration
+		caller    time.Duration // the caller's own deadline, if any
 	}{
-		{"lease refill cut at the budget", "cut-refill", true, 100 * time.Millisecond, 0},
-		{"exact call cut at the budget", "cut-budget", false, 100 * time.Millisecond, 0},
-		{"exact call cut by its caller's deadline", "cut-caller", false, time.Second, 50 * time.Millisecond},
+		{"lease refill cut at the budget", "cut-refill", held, true, true, 100 * time.Millisecond, 0},
+		{"exact call cut at the budget", "cut-budget", held, true, false, 100 * time.Millisecond, 0},
+		{"exact call cut by its caller's deadline", "cut-caller", held, true, false, time.Second, 50 * time.Millisecond},
 		// A refill whose caller's deadline comes first goes to the lane's
 		// senders, whose call its own deadline cuts (see callLife).
-		{"lease refill cut on the lane's senders", "cut-senders", true, 100 * time.Millisecond, 50 * time.Millisecond},
+		{"lease refill cut on the lane's senders", "cut-senders", held, true, true, 100 * time.Millisecond, 50 * time.Millisecond},
+		{"exact call cut by the client's ReadTimeout", "cut-read", slow, true, false, 500 * time.Millisecond, 0},
+		{"exact call on the lane's senders cut by the client's ReadTimeout", "cut-read-senders", slow, false, false, 500 * time.Millisecond, 0},
+		{"exact call whose connection broke", "cut-broken", broken, true, false, 100 * time.Millisecond, 0},
+		{"exact call on the lane's senders whose connection broke", "cut-broken-senders", broken, false, false, 100 * time.Millisecond, 0},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			px := redistest.NewProxy(t, srv.Addr)
-			c := redisClientOpts(t, &redis.Options{Addr: px.Addr, ContextTimeoutEnabled: true})
+			o := &redis.Options{Addr: px.Addr, ContextTimeoutEnabled: tc.deadlines}
+			switch tc.fault {
+			case slow:
+				o.ReadTimeout, o.MaxRetries = 5*time.Millisecond, -1
+			case broken:
+				o.MaxRetries = -1 // go-redis's own resend would find the reply under its key
+			}
+			c := redisClientOpts(t, o)
 			// No refill within the test: the bucket's level is the ledger.
 			l := policy.Limit{Name: tc.limit, Rate: 1, Period: time.Hour, Burst: 1000}
 			reader := sdkmetric.NewManualReader()
@@ -62,22 +85,32 @@ func TestCutCallRecovered(t *testing.T) {
 			if d, err := lim.Allow(ctx, "k"); err != nil || !d.Allowed {
 				t.Fatalf("first Allow = %+v, %v", d, err)
 			}
-			px.HoldReplies(evalSha)
+			switch tc.fault {
+			case held:
+				px.HoldReplies(evalSha)
+				// Redis runs the call; its reply stays held, on a
+				// connection the client has given up, while Close waits
+				// for the call.
+				defer px.ReleaseReplies()
+			case slow:
+				px.SetLatency(10 * time.Millisecond)
+			case broken:
+				px.DropReplies(evalSha)
+			}
 			actx, cancel := ctx, context.CancelFunc(func() {})
 			if tc.caller > 0 {
 				actx, cancel = context.WithTimeout(ctx, tc.caller)
 			}
-			d, err := lim.Allow(actx, "k")
+			d, err := lim.AllowN(actx, "k", 7)
 			cancel()
+			px.SetLatency(0)
+			px.DropReplies(nil)
 			switch {
 			case tc.caller > 0 && !errors.Is(err, context.DeadlineExceeded):
-				t.Fatalf("Allow cut by its caller's deadline = %+v, %v; want ctx's error", d, err)
+				t.Fatalf("AllowN cut by its caller's deadline = %+v, %v; want ctx's error", d, err)
 			case tc.caller == 0 && (err != nil || d.Allowed || d.Source != leaselimit.SourceFallback):
-				t.Fatalf("Allow cut at the budget = %+v, %v; want FailClosed's denial", d, err)
+				t.Fatalf("AllowN cut = %+v, %v; want a denial without Redis", d, err)
 			}
-			// Redis ran the call; its reply stays held, on a connection
-			// the client has given up, while Close waits for the call.
-			defer px.ReleaseReplies()
 			if err := lim.Close(); err != nil {
 				t.Fatalf("Close = %v", err)
 			}

@@ -21,8 +21,12 @@
 --          max(min, floor(tokens * share)) of any one. A denial writes nothing.
 --          A bucket's tail (see common.lua) is passed through as it is.
 local BAD = 'ERR leaselimit: invalid acquire_all arguments'
-local window, want, min, share = int(1), int(2), int(3), int(4)
 local keyed = ARGV[1] ~= '0' -- KEYS[1] is the resend key
+-- A window_ms given negative is a resend that learns a cut call's outcome:
+-- its reply is kept even for a denial (see batch.lua's always).
+local always = keyed and ARGV[1] ~= nil and ARGV[1] < '0'
+if always then ARGV[1] = string.sub(ARGV[1], 2) end
+local window, want, min, share = int(1), int(2), int(3), int(4)
 local o = keyed and 1 or 0 -- KEYS[o + i] is bucket i
 local n = #KEYS - o
 if not ((window or not keyed) and want and min and share) or share > 1000000 or min > want
@@ -77,7 +81,7 @@ for i = 1, n do
   out[3 + 2 * i] = reset
 end
 out[4 + 2 * n] = now
-if g > 0 and keyed then
+if (g > 0 or always) and keyed then
   local text = {}
   for i, v in ipairs(out) do text[i] = int_str(v) end
   local _, serr = call('SET', KEYS[1], table.concat(text, ' '), 'PX', int_str(window))

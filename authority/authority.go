@@ -384,9 +384,10 @@ type Acquisition struct {
 
 	args []any      // a multi-limit call's script arguments
 	lim  *limitArgs // a single-limit call's limit
-	// sentAs is the resend key of the invocation the call went in alone
-	// (see Resend), "" if it went with others or without one.
+	// sentAs is the resend key of the invocation the call went in, ""
+	// if it had none; sentIn the number of calls in it (see Resend).
 	sentAs string
+	sentIn int
 }
 
 // Member is one more bucket of a multi-limit Acquisition.
@@ -482,7 +483,7 @@ func (r *Redis) AcquireAll(ctx context.Context, as []*Acquisition) {
 	ready, copied := as, false
 	var prev *limitArgs // the last checked call's
 	for i, a := range as {
-		a.sentAs = ""
+		a.sentAs, a.sentIn = "", 0
 		ok := r.checkAfter(a, prev)
 		if ok {
 			prev = a.lim
@@ -513,30 +514,43 @@ func (r *Redis) AcquireAll(ctx context.Context, as []*Acquisition) {
 	r.runAll(ctx, batchScript, invs)
 	for _, b := range batches {
 		b.decode()
-		if len(b.calls) == 1 {
-			b.calls[0].sentAs = b.keys[0] // keyed: newBatch's
+		for _, a := range b.calls {
+			a.sentAs, a.sentIn = b.keys[0], len(b.calls) // keyed: newBatch's
 		}
 	}
 	r.acquireMoving(ctx, batches)
 }
 
-// Resend sends the call of a again, after AcquireAll gave it an error
-// that leaves its outcome unknown (a reply cut by a deadline: Redis may
-// have run it), and sets a.Grant and a.Err as AcquireAll does. It goes
-// under the resend key of its first sending, so that Redis answers with
-// the first's reply if that one granted, taking nothing again, and decides
-// it now otherwise (the first denied it, or never ran). It must come
-// within ResendLife of the first: a resend key lives that long. It
-// reports false, sending nothing, for a call that did not go alone in an
-// invocation with a resend key (batched with others, or on a Cluster slot
-// in migration).
-func (r *Redis) Resend(ctx context.Context, a *Acquisition) bool {
-	if a.sentAs == "" {
+// Resend sends the calls of one invocation again (all of them: the calls
+// of as that share a resend key, see Invocation), after AcquireAll gave
+// them an error that leaves their outcome unknown (a reply cut by a
+// deadline: Redis may have run it), and sets their Grant and Err as
+// AcquireAll does. It goes under the resend key of the first sending, so
+// that Redis answers with the first's reply if that one granted, taking
+// nothing again, and decides them now otherwise (the first denied them
+// all, or has not run yet). Its reply is kept under the key even for a
+// denial, so that a first sending still on its way, should it run later,
+// returns that reply and takes nothing. It must come within ResendLife of
+// the first: a
+// resend key lives that long. It reports false, sending nothing, for calls
+// that are not one whole invocation with a resend key (a Cluster slot in
+// migration sends its calls without one).
+func (r *Redis) Resend(ctx context.Context, as []*Acquisition) bool {
+	if len(as) == 0 || as[0].sentAs == "" || as[0].sentIn != len(as) {
 		return false
 	}
-	if len(a.With) > 0 {
+	for _, a := range as[1:] {
+		if a.sentAs != as[0].sentAs || len(a.With) > 0 {
+			return false
+		}
+	}
+	if a := as[0]; len(a.With) > 0 {
+		if len(as) != 1 {
+			return false
+		}
 		inv := r.multiInvocation(a, true)
 		inv.keys[0] = a.sentAs
+		inv.args = append([]any{-r.life.(int64)}, inv.args[1:]...) // keep even a denial: a.args is shared
 		r.runAll(ctx, acquireAllScript, []*invocation{inv})
 		v, err := inv.cmd.Result()
 		if err != nil {
@@ -546,16 +560,19 @@ func (r *Redis) Resend(ctx context.Context, a *Acquisition) bool {
 		a.Grant, a.Err = decodeAll(v, 1+len(a.With))
 		return true
 	}
-	b := r.batchOf([]*Acquisition{a}, true)
-	b.keys[0] = a.sentAs
+	// The calls in the order given, grouped as newBatch grouped them:
+	// the same arguments under the same key.
+	b := r.newBatch(as)
+	b.keys[0] = as[0].sentAs
+	b.args[0] = -r.life.(int64) // keep even a denial (see batch.lua's always)
 	r.runAll(ctx, batchScript, []*invocation{&b.invocation})
 	b.decode()
 	return true
 }
 
-// SentAlone reports whether a's call went alone in an invocation with a
-// resend key, so that Resend can send it again.
-func (a *Acquisition) SentAlone() bool { return a.sentAs != "" }
+// Invocation returns the resend key of the invocation a's call went in
+// ("" if it had none, or was not sent) and the number of calls in it.
+func (a *Acquisition) Invocation() (key string, calls int) { return a.sentAs, a.sentIn }
 
 // ResendLife is how long the resend key of an invocation that granted
 // keeps its reply (batchLife, or as WithResendWindow set it): Resend must
@@ -586,7 +603,7 @@ func (r *Redis) acquireMoving(ctx context.Context, batches []*batch) {
 				n++
 			}
 			for _, a := range calls[:n] {
-				a.sentAs = "" // its invocation has no resend key
+				a.sentAs, a.sentIn = "", 0 // its invocation has no resend key
 			}
 			nb := r.batchOf(calls[:n], false)
 			redo = append(redo, nb)
@@ -667,9 +684,9 @@ func (r *Redis) acquireWith(ctx context.Context, as []*Acquisition) []*Acquisiti
 	// and the node serves them when it holds every bucket.
 	var again []*invocation
 	for i, a := range multi {
-		a.sentAs = invs[i].keys[0]
+		a.sentAs, a.sentIn = invs[i].keys[0], 1
 		if circuit.Moving(invs[i].cmd.Err()) {
-			a.sentAs = "" // sent again without a resend key
+			a.sentAs, a.sentIn = "", 0 // sent again without a resend key
 			invs[i] = r.multiInvocation(a, false)
 			again = append(again, invs[i])
 		}

@@ -6,7 +6,8 @@
 --
 -- KEYS[1]    the batch key, "<prefix>:batch:{<hash tag>}:<batch id>": it
 --            holds this invocation's reply once a call was granted, for
---            ARGV[1] ms. An invocation that finds it returns that reply and
+--            ARGV[1] ms (a resend's reply even if it granted nothing: see
+--            always). An invocation that finds it returns that reply and
 --            takes nothing: go-redis resends a pipeline whose connection
 --            broke, and the resent invocation must not take tokens twice.
 --            With window_ms 0 there is no batch key, and KEYS[i] is the
@@ -91,6 +92,12 @@ end
 -- instructions of plain Lua 5.1).
 local KEYS, ARGV = KEYS, ARGV
 local keyed = ARGV[1] ~= '0' -- KEYS[1] is the batch key
+-- A window_ms given negative is a resend that learns the outcome of a call
+-- whose reply a deadline cut (see Redis.Resend): its reply is kept even
+-- when nothing was granted, so that the first sending, should it run
+-- later, returns that denial and takes nothing. ('-' sorts before '0'.)
+local always = keyed and ARGV[1] ~= nil and ARGV[1] < '0'
+if always then ARGV[1] = string.sub(ARGV[1], 2) end
 local base = keyed and 1 or 0 -- KEYS[base + i] is call i's bucket
 local n = #KEYS - base
 local type = type
@@ -292,7 +299,7 @@ if ARGV[2] == '-1' then
   end
   local reply = table.concat(out)
   if errs then reply = reply .. '\n' .. table.concat(errs, '\n') end
-  if any and keyed then
+  if (any or always) and keyed then
     local res = pcall('SET', KEYS[1], reply, 'PX', window)
     if res.err then return redis.error_reply(refused('SET', res)) end
   end
@@ -472,7 +479,7 @@ if e then return redis.error_reply(e) end
 
 local reply = table.concat(out)
 if errs then reply = reply .. '\n' .. table.concat(errs, '\n') end
-if any and keyed then
+if (any or always) and keyed then
   local r = redis.pcall('SET', KEYS[1], reply, 'PX', string.format('%d', window))
   if type(r) == 'table' and r.err then return redis.error_reply(refused('SET', r)) end
 end

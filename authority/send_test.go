@@ -263,11 +263,14 @@ func TestPipelineCutAfterItsFirstReply(t *testing.T) {
 	}
 }
 
-// TestResend: a call sent again under its first sending's resend key (see
-// Resend) gets the first's outcome when that granted, taken once, whether
-// or not its client saw the reply, and is decided anew when the first
-// denied it; for a single-limit call and a multi-limit one. A call that
-// went in a batch with others is not sent again.
+// TestResend: the calls of one invocation sent again under its first
+// sending's resend key (see Resend) get the first's outcome when that
+// granted, taken once, whether or not the client saw the reply; when the
+// first denied them, they are decided anew, and the resend's reply is kept
+// even for a denial, so that the first, should it run later, takes
+// nothing. For a single-limit call, a multi-limit one, and a batch of
+// three calls on two keys. Calls that are not one whole invocation are not
+// sent again.
 func TestResend(t *testing.T) {
 	srv := redistest.Start(t)
 	px := redistest.NewProxy(t, srv.Addr)
@@ -302,8 +305,8 @@ func TestResend(t *testing.T) {
 			if a.Err == nil {
 				t.Fatalf("a call whose reply was held past its deadline: granted %d, no error", a.Grant.Granted)
 			}
-			if !r.Resend(ctx, a) {
-				t.Fatal("Resend of a call sent alone = false")
+			if !r.Resend(ctx, []*Acquisition{a}) {
+				t.Fatal("Resend of a whole invocation = false")
 			}
 			if a.Err != nil || a.Grant.Granted != 3 {
 				t.Fatalf("resent: granted %d, %v; want the first's 3", a.Grant.Granted, a.Err)
@@ -322,24 +325,68 @@ func TestResend(t *testing.T) {
 			if d.Err != nil || d.Grant.Granted != 0 {
 				t.Fatalf("7 of 6: granted %d, %v; want a denial", d.Grant.Granted, d.Err)
 			}
-			if !r.Resend(ctx, d) || d.Err != nil || d.Grant.Granted != 0 {
-				t.Fatalf("7 of 6 resent: granted %d, %v; want a denial again", d.Grant.Granted, d.Err)
-			}
 			if failed := r.RefundAll(ctx, []Refund{{Key: k, Limit: l, Tokens: 1}}); len(failed) != 0 {
 				t.Fatal(failed[0].Err)
 			}
-			if !r.Resend(ctx, d) || d.Err != nil || d.Grant.Granted != 7 {
+			if !r.Resend(ctx, []*Acquisition{d}) || d.Err != nil || d.Grant.Granted != 7 {
 				t.Fatalf("7 of 7 resent: granted %d, %v; want 7, decided anew", d.Grant.Granted, d.Err)
 			}
 			if got := remaining(k, l); got != 0 {
 				t.Fatalf("after the resent 7: %d left; want 0", got)
 			}
+			// A resend that denies keeps its reply: sent again (as the
+			// first sending running late would be), it takes nothing
+			// though the bucket could now serve it.
+			e := acq(2)
+			r.AcquireAll(ctx, []*Acquisition{e})
+			if !r.Resend(ctx, []*Acquisition{e}) || e.Err != nil || e.Grant.Granted != 0 {
+				t.Fatalf("2 of 0 resent: granted %d, %v; want a denial", e.Grant.Granted, e.Err)
+			}
+			if failed := r.RefundAll(ctx, []Refund{{Key: k, Limit: l, Tokens: 5}}); len(failed) != 0 {
+				t.Fatal(failed[0].Err)
+			}
+			if !r.Resend(ctx, []*Acquisition{e}) || e.Err != nil || e.Grant.Granted != 0 {
+				t.Fatalf("2 of 5 resent after a resend that denied: granted %d, %v; want the kept denial", e.Grant.Granted, e.Err)
+			}
+			if got := remaining(k, l); got != 5 {
+				t.Fatalf("after the kept denial: %d left; want 5, nothing taken", got)
+			}
 		})
 	}
-	// Two calls in one batch: neither can be sent again alone.
-	as := []*Acquisition{{Key: r.Key(l, "b1"), Limit: l, Want: 1, Min: 1, Share: 1}, {Key: r.Key(l, "b2"), Limit: l, Want: 1, Min: 1, Share: 1}}
-	r.AcquireAll(ctx, as)
-	if r.Resend(ctx, as[0]) || r.Resend(ctx, as[1]) {
-		t.Error("Resend of a call batched with another = true")
+	// A batch of three calls on two keys, its replies held: resent whole,
+	// in the order AcquireAll had them, each call gets its first outcome.
+	b1, b2 := r.Key(l, "b1"), r.Key(l, "b2")
+	batch := func() []*Acquisition {
+		return []*Acquisition{{Key: b1, Limit: l, Want: 4, Min: 4, Share: 1}, {Key: b2, Limit: l, Want: 3, Min: 3, Share: 1},
+			{Key: b1, Limit: l, Want: 5, Min: 5, Share: 1}}
+	}
+	as := batch()
+	px.HoldReplies(isEvalSha)
+	cut, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	r.AcquireAll(cut, as)
+	cancel()
+	px.ReleaseReplies()
+	if as[0].Err == nil {
+		t.Fatal("a batch whose reply was held past its deadline: no error")
+	}
+	if key, n := as[0].Invocation(); key == "" || n != 3 {
+		t.Fatalf("the batch's invocation: %q of %d calls; want a resend key, 3", key, n)
+	}
+	if r.Resend(ctx, as[:2]) {
+		t.Error("Resend of part of an invocation = true")
+	}
+	if !r.Resend(ctx, as) {
+		t.Fatal("Resend of a whole batch = false")
+	}
+	for i, want := range []int64{4, 3, 5} {
+		if as[i].Err != nil || as[i].Grant.Granted != want {
+			t.Errorf("call %d of the resent batch: granted %d, %v; want %d", i, as[i].Grant.Granted, as[i].Err, want)
+		}
+	}
+	if g1, g2 := remaining(b1, l), remaining(b2, l); g1 != 1 || g2 != 7 {
+		t.Errorf("after the batch sent twice: %d and %d left; want 1 and 7, taken once", g1, g2)
+	}
+	if !r.Resend(ctx, as) || r.Resend(ctx, batch()) {
+		t.Error("Resend: a whole invocation refused, or calls never sent accepted")
 	}
 }

@@ -114,7 +114,7 @@ func (k *Caller) detached(ctx context.Context, c *Call, ln *lane, own func(error
 	// The call's own deadline lies a budget past the hard cap, so that the
 	// waiter's cap decides first; go-redis honours it while waiting for a
 	// pooled connection, which late readers hold longer.
-	d.pending = pending{a: &d.c.Acq, ctx: d.ctx, deadline: start.Add(callLife(budget)), sent: &d.sent, own: own, checkAt: due, finish: d}
+	d.pending = pending{a: &d.c.Acq, ctx: d.ctx, deadline: start.Add(callLife(budget)), sent: &d.sent, own: own, checkAt: due, finish: d, k: k, c: &d.c}
 	ln.submit(&d.pending, start)
 	// taken completes the call with its delivered result, on the waiter's
 	// goroutine.
@@ -335,20 +335,14 @@ func (d *detachedCall) account(err error) {
 func (d *detachedCall) gaveUp() bool { return d.state.Load() == callGaveUp }
 
 // complete is what follows the outcome of d, in d.c.Acq: its span, metrics
-// and what the Receiver must know (see end; for a call cut after it was
-// sent, see recoverCut), then the gate's leave. It runs
+// and what the Receiver must know (see end; a call cut after it was sent
+// is recovered by its lane, see recoverCuts), then the gate's leave. It runs
 // once: on the waiter's goroutine if the waiter took the outcome, else on
 // the sender's.
 func (d *detachedCall) complete() (authority.Grant, error) {
 	defer d.k.p.gate.leave()
 	d.elapsed = time.Since(d.start)
 	g, err := d.k.end(d.ctx, &d.c, &d.span, d.start, d.elapsed, d.c.Acq.Grant, d.c.Acq.Err)
-	if err != nil && d.pending.cut {
-		// Cut by its own deadline (or the client's timeout) after it
-		// was sent: a grant Redis may have made goes where a late
-		// reply's would.
-		d.k.recoverCut(d.c, d.start)
-	}
 	if errors.Is(err, circuit.ErrBudget) {
 		// The call's own deadline lies past the hard cap: the waiter
 		// decides every timeout before it, unless this process kept

@@ -113,7 +113,7 @@ func (k *Caller) direct(ctx context.Context, c Call, ln *lane, done func(error),
 		span.finish(k.tel, 0, err, recorder.ContextReason(err))
 		done(callerLeft)
 		if unknown {
-			k.recoverCut(c, start)
+			k.p.recoverCut([]cutCall{{k, c}}, start)
 		}
 		return authority.Grant{}, err
 	}
@@ -138,7 +138,7 @@ func (k *Caller) direct(ctx context.Context, c Call, ln *lane, done func(error),
 	if err != nil && unknown {
 		// Cut at the budget (or the hard cap): a grant Redis may have
 		// made goes where a late reply's would.
-		k.recoverCut(c, start)
+		k.p.recoverCut([]cutCall{{k, c}}, start)
 	}
 	done(err)
 	return g, err

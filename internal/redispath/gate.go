@@ -75,11 +75,6 @@ func (g *gate) leave() {
 	}
 }
 
-// extend registers more work of a call that entered and has not left yet
-// (its count keeps wait from returning), even once Close has begun: Close
-// then waits for that work too. Each extend is ended by a leave.
-func (g *gate) extend() { g.state.Add(1) }
-
 // spawn runs f in a goroutine that Close waits for; it fails once Close
 // has begun.
 func (g *gate) spawn(f func()) bool {

@@ -99,11 +99,12 @@ type pending struct {
 	// call's delivery has started.
 	checkAt time.Time
 	alarmed bool // guarded by the lane's mu
-	// cut marks a call whose reply a deadline or the client's timeout cut
-	// after it was sent (see outcomeUnknown), read off its error before
-	// the witness's verdict replaces it (see refusedAll).
-	cut    bool
-	finish finisher
+	finish  finisher
+	// k and c, if set, are the Caller and the call itself (a detached
+	// call's): one whose reply a deadline cut after it was sent is
+	// recovered from them (see recoverCuts).
+	k *Caller
+	c *Call
 }
 
 // finisher is what a lane tells of a call: finished is called on the
@@ -441,9 +442,7 @@ func (ln *lane) send(batch []*pending, deadline time.Time) {
 	cctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
 	ln.auth.AcquireAll(cctx, as)
 	cancel()
-	for _, p := range batch {
-		p.cut = outcomeUnknown(p.a.Err)
-	}
+	recoverCuts(batch, time.Unix(0, now)) // before the witness's verdicts replace the errors it reads
 	refusedAll(as, ln.witnessOf)
 	if done != nil {
 		done(batchOutcome(batch))

@@ -64,7 +64,8 @@ type Path struct {
 	// behind them. recovering counts the calls they have.
 	recoverers *workers
 	recovering atomic.Int32
-	dials      dials // whether the client's dials fail (see unreachable)
+	closedAt   atomic.Int64 // when Close began, Unix ns (0: not yet), for the recoverers
+	dials      dials        // whether the client's dials fail (see unreachable)
 
 	closed, unavailable error
 }
@@ -108,7 +109,13 @@ func (p *Path) Leave() { p.gate.leave() }
 
 // Close refuses new calls from now on. It reports false if it had begun
 // already.
-func (p *Path) Close() bool { return p.gate.close() }
+func (p *Path) Close() bool {
+	if !p.gate.close() {
+		return false
+	}
+	p.closedAt.Store(time.Now().UnixNano())
+	return true
+}
 
 // Wait waits for the calls and goroutines admitted before Close, then
 // stops the lanes' senders, Do's workers and the recoverers.
