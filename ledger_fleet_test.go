@@ -874,12 +874,13 @@ func (r *bucketRound) check(keys []string) {
 	// Limiters could not learn: Redis may have granted them.
 	unknown := counterTotal(t, r.reader, telemetry.MetricUnknown)
 	ctx := context.Background()
-	var short, net int64
+	var net int64
+	// short is what each limit's buckets lost in all, against what the
+	// Limiters counted dropped or unknown: a multi-limit call counted
+	// once may have taken from a bucket of each of its limits, and from
+	// no more than one bucket of each.
+	short := map[string]int64{}
 	reported := false
-	// The losses the unknown outcomes may explain, per limit: a call
-	// counted there once may have taken from a bucket of each of its
-	// limits, and from no more than one bucket of each.
-	unexplained := map[string]int64{}
 	for k, key := range keys {
 		for _, x := range []struct {
 			limit policy.Limit
@@ -911,13 +912,12 @@ func (r *bucketRound) check(keys []string) {
 			case got < want && want-got <= unknown:
 				// Calls cut after they were sent whose outcome is
 				// unknown; their sum is checked below.
-				unexplained[x.limit.Name] += want - got
-				short += want - got
+				short[x.limit.Name] += want - got
 			case got < want && r.kind.known():
 				r.v.add("%v: the closed fleet left %d tokens in the bucket, the ledger %d: %d lost in a round where every call reached Redis and was answered, or never reached it (a settlement dropped instead of queued, or a charge applied twice) %s",
 					x.l, got, want, want-got, why)
 			case got < want:
-				short += want - got
+				short[x.limit.Name] += want - got
 				if r.kind != faultDropAll && want-got > refunds+unknown {
 					reported = true
 					r.v.add("%v: the closed fleet left %d tokens in the bucket, the ledger %d: %d lost, more than the %d tokens counted as dropped refunds or unknown (a charge applied twice?) %s",
@@ -926,13 +926,13 @@ func (r *bucketRound) check(keys []string) {
 			}
 		}
 	}
-	for name, lost := range unexplained {
-		if lost > unknown && r.kind.known() {
+	for name, lost := range short {
+		switch {
+		case r.kind.known() && lost > unknown:
 			r.v.add("round %d (%s): the buckets of %s lost %d tokens in all, more than the %d counted on ratelimit.authority.unknown", r.index, r.kind, name, lost, unknown)
+		case (r.kind == faultStall || r.kind == faultDropAdjust) && lost > refunds+unknown && !reported:
+			r.v.add("round %d (%s): the buckets of %s lost %d tokens in all, more than the %d counted as dropped refunds or unknown", r.index, r.kind, name, lost, refunds+unknown)
 		}
-	}
-	if (r.kind == faultStall || r.kind == faultDropAdjust) && short > refunds+unknown && !reported {
-		r.v.add("round %d (%s): the buckets lost %d tokens in all, more than the %d counted as dropped refunds or unknown", r.index, r.kind, short, refunds+unknown)
 	}
 	t.Logf("round %d (%s): %d operations; the buckets hold %d tokens less than the ledger, net; refunds dropped %d, charges dropped %d, unknown %d; DropReplies matched %d connections so far",
 		r.index, r.kind, r.ops.Load(), net, refunds, charges, unknown, r.proxy.DroppedReplies())
