@@ -552,12 +552,7 @@ func (r *Redis) Resend(ctx context.Context, as []*Acquisition) bool {
 		inv.keys[0] = a.sentAs
 		inv.args = append([]any{-r.life.(int64)}, inv.args[1:]...) // keep even a denial: a.args is shared
 		r.runAll(ctx, acquireAllScript, []*invocation{inv})
-		v, err := inv.cmd.Result()
-		if err != nil {
-			a.Grant, a.Err = Grant{}, classify(err)
-			return true
-		}
-		a.Grant, a.Err = decodeAll(v, 1+len(a.With))
+		a.decodeAll(inv)
 		return true
 	}
 	// The calls in the order given, grouped as newBatch grouped them:
@@ -695,14 +690,20 @@ func (r *Redis) acquireWith(ctx context.Context, as []*Acquisition) []*Acquisiti
 		r.runAll(ctx, acquireAllScript, again)
 	}
 	for i, a := range multi {
-		v, err := invs[i].cmd.Result()
-		if err != nil {
-			a.Err = classify(err)
-			continue
-		}
-		a.Grant, a.Err = decodeAll(v, 1+len(a.With))
+		a.decodeAll(invs[i])
 	}
 	return rest
+}
+
+// decodeAll gives a, a multi-limit call, the outcome of its acquire_all
+// invocation inv, as batch.decode gives a batch's calls theirs.
+func (a *Acquisition) decodeAll(inv *invocation) {
+	v, err := inv.cmd.Result()
+	if err != nil {
+		a.Grant, a.Err = Grant{}, classify(err)
+		return
+	}
+	a.Grant, a.Err = decodeAll(v, 1+len(a.With))
 }
 
 // multiKey reports whether one script may take several keys: every key

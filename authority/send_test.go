@@ -284,6 +284,15 @@ func TestResend(t *testing.T) {
 	l := policy.Limit{Name: "resend", Rate: 1, Period: time.Hour, Burst: 10}
 	m := policy.Limit{Name: "resend-m", Rate: 1, Period: time.Hour, Burst: 20}
 	remaining := tokensIn(t, r)
+	// sendHeld makes as, the proxy holding their replies past their
+	// deadline: Redis runs them, the client never sees it.
+	sendHeld := func(as ...*Acquisition) {
+		px.HoldReplies(isEvalSha)
+		defer px.ReleaseReplies()
+		cut, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+		defer cancel()
+		r.AcquireAll(cut, as)
+	}
 	for _, multi := range []bool{false, true} {
 		t.Run(fmt.Sprint("multi=", multi), func(t *testing.T) {
 			k, km := r.Key(l, fmt.Sprint("k", multi)), r.Key(m, fmt.Sprint("k", multi))
@@ -297,11 +306,7 @@ func TestResend(t *testing.T) {
 			// The first sending's reply held past its deadline: Redis ran it.
 			a := acq(3)
 			r.AcquireAll(ctx, []*Acquisition{acq(1)}) // the scripts cached, a connection made
-			px.HoldReplies(isEvalSha)
-			cut, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
-			r.AcquireAll(cut, []*Acquisition{a})
-			cancel()
-			px.ReleaseReplies()
+			sendHeld(a)
 			if a.Err == nil {
 				t.Fatalf("a call whose reply was held past its deadline: granted %d, no error", a.Grant.Granted)
 			}
@@ -361,11 +366,7 @@ func TestResend(t *testing.T) {
 			{Key: b1, Limit: l, Want: 5, Min: 5, Share: 1}}
 	}
 	as := batch()
-	px.HoldReplies(isEvalSha)
-	cut, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
-	r.AcquireAll(cut, as)
-	cancel()
-	px.ReleaseReplies()
+	sendHeld(as...)
 	if as[0].Err == nil {
 		t.Fatal("a batch whose reply was held past its deadline: no error")
 	}
