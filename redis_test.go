@@ -759,6 +759,10 @@ func TestPoolHeldByTheApplication(t *testing.T) {
 		{"pool of 2", redis.Options{PoolSize: 2}},
 		{"pool timeout 5ms", redis.Options{PoolSize: 1, PoolTimeout: 5 * time.Millisecond}},
 		{"pool timeout 5ms, deadlines honoured", redis.Options{PoolSize: 1, PoolTimeout: 5 * time.Millisecond, ContextTimeoutEnabled: true}},
+		// go-redis's PoolTimeout (4 s here) past the hard cap: a call
+		// made in place waits for a connection until its context ends,
+		// which the lane's watchdog does at the budget (see budgetCtx).
+		{"pool of 1, deadlines honoured", redis.Options{PoolSize: 1, ContextTimeoutEnabled: true}},
 		{"1 active connection of 4", redis.Options{PoolSize: 4, MaxActiveConns: 1, PoolTimeout: 5 * time.Millisecond}},
 	}
 	for _, pool := range pools {

@@ -32,17 +32,17 @@ var callerLeft = context.Canceled
 var errBudgetCut = errors.New("redispath: the time budget ended")
 
 // callerEnded reports whether a call made in place on cctx (a context with
-// the budget as its deadline, cause errBudgetCut, made from ctx) failed
-// with err because the caller's ctx ended, not the budget. cctx must not
-// have been cancelled yet. A deadline that has passed counts before its
+// the budget as its deadline, made from ctx) failed with err because the
+// caller's ctx ended, not the budget. cctx must not have been released
+// (or cancelled) yet. A deadline that has passed counts before its
 // timer has run (see deadline.Ended): the socket's deadline, the same
 // instant, can cut the read first.
-func callerEnded(ctx, cctx context.Context, err error) bool {
+func callerEnded(ctx context.Context, cctx budgeted, err error) bool {
 	if err == nil || deadline.Ended(ctx) == nil {
 		return false
 	}
 	if ctx.Err() != nil {
-		return context.Cause(cctx) != errBudgetCut
+		return !cctx.budgetEnded()
 	}
 	// ctx's deadline has passed, its timer not yet run: it cut the call
 	// if it came no later than the budget's end (cctx's deadline is the
@@ -64,14 +64,19 @@ func inPlaceLimit(start time.Time, budget time.Duration) time.Duration {
 
 // direct makes the call in place, on the caller's goroutine, alone on the
 // pipeline of ln that claim took, bounded by a deadline that the client
-// applies to its reads. A deadline cannot be moved once a read has started,
-// so it is chosen up front, limit after start (see inPlaceLimit; while it
-// is the hard cap, the process's decisions yield as the call runs); a call
-// it cuts is sent again by a recoverer to learn its outcome (see recoverCut). A
-// timeout is probed before it is blamed on Redis: one while the process
-// is behind does not count against the breaker, and the caller gets
-// ErrSaturated. A call its caller's ctx ended is not Redis's failure: the
-// caller gets ctx's error. done is the breaker's, from admit.
+// applies to its reads and the lane's watchdog to its context (see
+// budgetCtx). A deadline cannot be moved once a read has started, so it is
+// chosen up front, limit after start or the caller's deadline if earlier
+// (see inPlaceLimit; while it is the hard cap, the process's decisions
+// yield as the call runs); a call it cuts is sent again by a recoverer to
+// learn its outcome (see recoverCut). A timeout is probed before it is
+// blamed on Redis: one while the process is behind does not count against
+// the breaker, and the caller gets ErrSaturated. A call its caller's ctx
+// ended is not Redis's failure: the caller gets ctx's error. A caller's
+// cancellation does not cut a call under way (go-redis does not look for
+// it during a read, and a wait for a connection ends at the deadline): a
+// call that then runs its whole budget is Redis's failure, as any. done is
+// the breaker's, from admit.
 func (k *Caller) direct(ctx context.Context, c Call, ln *lane, done func(error), start time.Time, limit time.Duration) (authority.Grant, error) {
 	defer k.p.gate.leave()
 	budget := k.p.budget
@@ -87,14 +92,14 @@ func (k *Caller) direct(ctx context.Context, c Call, ln *lane, done func(error),
 		// the call).
 		base = context.WithoutCancel(ctx)
 	}
-	bctx, cancel := context.WithTimeoutCause(base, limit, errBudgetCut)
-	defer cancel()
+	bctx := newBudgetCtx(base, start.Add(limit))
+	defer bctx.release()
 	var span callSpan
 	cctx, sp := k.tel.StartAuthority(bctx, c.Acq.Want, c.Acq.Min, ln.ep)
 	span.span = sp
 	// The witness is asked early, so that its verdict on a call without
 	// a reply is known when the budget ends (see witness.answers).
-	early := ln.sendAlone(cctx, &c.Acq, start.Add(limit-witnessWait(budget)))
+	early := ln.sendAlone(cctx, bctx, &c.Acq, start.Add(limit-witnessWait(budget)))
 	// Whether Redis may have run a call without a reply is read off its
 	// own error, before a verdict below replaces it (see recoverCut).
 	unknown := outcomeUnknown(c.Acq.Err)

@@ -111,7 +111,7 @@ func (p *Path) doInPlace(ctx context.Context, brk *circuit.Breaker, rkey string,
 	ask := time.AfterFunc(limit-witnessWait(p.budget), func() { early.Store(p.nodes.witnessOf(brk, rkey).askEarly()) })
 	err = op(cctx)
 	ask.Stop()
-	left := callerEnded(ctx, cctx, err)
+	left := callerEnded(ctx, stdBudget{cctx}, err)
 	cancel()
 	if left {
 		// The caller left: not Redis's doing, nor its success (see

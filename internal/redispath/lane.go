@@ -49,7 +49,7 @@ type lane struct {
 	inflight int        // pipelines in flight, whether a caller or a sender sends them
 	flying   []outBatch // the senders' batches in flight, until their delivery starts
 	senders  *crew      // one goroutine per pipeline
-	dog      watchdog   // wakes waiters at their first check point
+	dog      watchdog   // wakes waiters at their first check point, ends calls sent alone at their deadlines
 	// swept counts the calls at the queue's head whose check point the
 	// watchdog has passed: it looks at each queued call once, not at the
 	// whole queue on every firing (see bark).
@@ -60,12 +60,16 @@ type lane struct {
 // aloneCall is a call sent alone (see sendAlone) while it is out: the
 // watchdog asks the witness of its key at askAt (zero once asked, or if
 // none), and keeps the ask in early, so that the verdict on a call
-// without a reply is known when its budget ends (see witness.answers).
+// without a reply is known when its budget ends (see witness.answers),
+// and ends its context, budget, at its deadline.
 type aloneCall struct {
 	out   bool
 	askAt time.Time
 	rkey  string
 	early *flight
+	// budget, if set, is the call's context: the watchdog ends it at its
+	// deadline (see budgetCtx).
+	budget *budgetCtx
 }
 
 // outBatch is a batch a sender has sent, and its deadline.
@@ -155,19 +159,24 @@ func (ln *lane) claim() bool {
 // sendAlone sends call a on the caller's goroutine, bounded by ctx, with
 // the pipeline claim took; its outcome is in a. If it is still out at
 // askAt (unless zero), the watchdog asks its witness (see bark), and that
-// ask is returned (else nil). The pipeline then goes back to the lane, and
-// the senders carry what queued meanwhile.
-func (ln *lane) sendAlone(ctx context.Context, a *authority.Acquisition, askAt time.Time) (early *flight) {
+// ask is returned (else nil); if budget is set (ctx is made from it), the
+// watchdog ends it at its deadline. The pipeline then goes back to the
+// lane, and the senders carry what queued meanwhile.
+func (ln *lane) sendAlone(ctx context.Context, budget *budgetCtx, a *authority.Acquisition, askAt time.Time) (early *flight) {
 	i := -1
-	if !askAt.IsZero() {
+	if !askAt.IsZero() || budget != nil {
 		ln.mu.Lock()
 		i = slices.IndexFunc(ln.alone, func(c aloneCall) bool { return !c.out })
 		if i < 0 {
 			i = len(ln.alone)
 			ln.alone = append(ln.alone, aloneCall{})
 		}
-		ln.alone[i] = aloneCall{out: true, askAt: askAt, rkey: a.Key}
-		ln.dog.armFor(askAt)
+		ln.alone[i] = aloneCall{out: true, askAt: askAt, rkey: a.Key, budget: budget}
+		at := askAt
+		if budget != nil {
+			at = earliest(at, budget.deadline)
+		}
+		ln.dog.armFor(at)
 		ln.mu.Unlock()
 	}
 	as := [1]*authority.Acquisition{a}
@@ -301,7 +310,8 @@ func batchDeadline(batch []*pending, fallback time.Time) time.Time {
 
 // bark is the watchdog's firing: it wakes the waiter of every call, queued
 // or in flight, whose check point has come, once, asks the witness for
-// every call sent alone whose askAt has come, and arms the watchdog for
+// every call sent alone whose askAt has come, ends the context of every
+// call sent alone whose deadline has passed, and arms the watchdog for
 // the earliest of those still to come. A batch being delivered is no longer
 // in flight: its waiters are woken by their outcomes.
 func (ln *lane) bark() {
@@ -321,9 +331,7 @@ func (ln *lane) bark() {
 			p.alarmed = true
 			p.finish.checkPoint()
 		default:
-			if next.IsZero() || p.checkAt.Before(next) {
-				next = p.checkAt
-			}
+			next = earliest(next, p.checkAt)
 			return false
 		}
 		return true
@@ -342,13 +350,24 @@ func (ln *lane) bark() {
 	}
 	for i := range ln.alone {
 		c := &ln.alone[i]
+		if !c.out {
+			continue
+		}
 		switch {
-		case !c.out || c.askAt.IsZero():
-		case !c.askAt.After(now):
+		case c.askAt.IsZero():
+		case c.askAt.After(now):
+			next = earliest(next, c.askAt)
+		default:
 			c.askAt = time.Time{}
 			c.early = ln.witnessOf(c.rkey).askEarly() // takes no lock of a lane's
-		case next.IsZero() || c.askAt.Before(next):
-			next = c.askAt
+		}
+		if c.budget != nil {
+			if d := c.budget.deadline; d.After(now) {
+				next = earliest(next, d)
+			} else {
+				c.budget.expire() // takes no lock of a lane's
+				c.budget = nil
+			}
 		}
 	}
 	if len(ln.queue) > 0 && ln.inflight >= ln.max {
@@ -364,13 +383,21 @@ func (ln *lane) bark() {
 		// only idle, one more goroutine for every other wake to stir.)
 		if ln.held(now) < ln.max {
 			ln.senders.wake()
-		} else if u := ln.nextOverdue(now); !u.IsZero() && (next.IsZero() || u.Before(next)) {
-			next = u
+		} else if u := ln.nextOverdue(now); !u.IsZero() {
+			next = earliest(next, u)
 		}
 	}
 	if !next.IsZero() {
 		ln.dog.armFor(next)
 	}
+}
+
+// earliest returns the earlier of t and u, where a zero t is none.
+func earliest(t, u time.Time) time.Time {
+	if t.IsZero() || u.Before(t) {
+		return u
+	}
+	return t
 }
 
 // stop ends the lane's senders once they have sent what is queued, and

@@ -144,7 +144,7 @@ func sendFirst(t *testing.T, ln *lane, auth *authority.Redis, l policy.Limit) ch
 	first := make(chan error, 1)
 	go func() {
 		a := authority.Acquisition{Key: auth.Key(l, "first"), Limit: l, Want: 1, Min: 1, Share: 1}
-		ln.sendAlone(context.Background(), &a, time.Time{})
+		ln.sendAlone(context.Background(), nil, &a, time.Time{})
 		first <- a.Err
 	}()
 	return first
@@ -235,7 +235,7 @@ func BenchmarkLane(b *testing.B) {
 		defer ln.stop()
 		run(b, func(a authority.Acquisition) error {
 			if ln.claim() {
-				ln.sendAlone(ctx, &a, time.Time{})
+				ln.sendAlone(ctx, nil, &a, time.Time{})
 				return a.Err
 			}
 			w := &waiter{done: make(chan struct{})}

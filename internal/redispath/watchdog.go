@@ -4,8 +4,9 @@ import "time"
 
 // watchdog is one timer that fires at the earliest of the times it is
 // armed for. A lane wakes its waiting calls at their first check point
-// with it (see lane.bark), in place of a timer armed and stopped for every
-// call: most calls are answered long before their first check point, an
+// with it (see lane.bark), and ends the contexts of the calls sent alone at
+// their deadlines (see budgetCtx), in place of a timer armed and stopped
+// for every call: most calls are answered long before their first check point, an
 // eighth of the budget, so it mostly fires to find its call answered, and
 // is armed again for the next. Its owner's lock guards it.
 type watchdog struct {

@@ -1,0 +1,104 @@
+package redispath
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// budgetCtx is the context of an acquire call made in place (see direct):
+// its parent's values, a deadline at the earlier of the parent's and the
+// budget's end, and a Done closed when the parent ends, when the lane's
+// watchdog finds that deadline passed (see lane.bark), or when the call
+// is over (release). It stands in for context.WithDeadline, whose timer is
+// armed and stopped for every call, most of them answered in a thousandth
+// of the budget: the lane's watchdog is armed for each call sent alone
+// already (its witness is asked at a check point before the budget ends),
+// so the budget's end costs it one more comparison. On a lone caller with
+// a cancellable parent, WithTimeoutCause with its cancel cost 1.3-1.7 µs
+// of client CPU per decision, five allocations (benchmarks/cmd/compare
+// -goroutines 1 -context-timeout -cpuprofile).
+//
+// The deadline is what bounds the call: go-redis, with
+// ContextTimeoutEnabled (the only clients whose calls are made in place),
+// sets it on the socket for the write and the read, and Done ends a wait
+// for a pooled connection or for a dial. A budgetCtx must be released.
+type budgetCtx struct {
+	context.Context // the parent, for its values
+	deadline        time.Time
+	// ownDeadline: deadline is the budget's end, not the parent's.
+	ownDeadline bool
+	done        chan struct{}
+
+	mu         sync.Mutex
+	err, cause error // set once, when done is closed
+}
+
+// newBudgetCtx returns a context for a call made in place from parent,
+// whose budget ends at end.
+func newBudgetCtx(parent context.Context, end time.Time) *budgetCtx {
+	c := &budgetCtx{Context: parent, deadline: end, ownDeadline: true, done: make(chan struct{})}
+	if d, ok := parent.Deadline(); ok && d.Before(end) {
+		c.deadline, c.ownDeadline = d, false
+	}
+	if err := parent.Err(); err != nil {
+		c.end(err, context.Cause(parent))
+	}
+	return c
+}
+
+func (c *budgetCtx) Deadline() (time.Time, bool) { return c.deadline, true }
+func (c *budgetCtx) Done() <-chan struct{}       { return c.done }
+
+func (c *budgetCtx) Err() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.err
+}
+
+// String names the context in a panic's or a log's message.
+func (c *budgetCtx) String() string { return "redispath.budgetCtx" }
+
+// expire ends c at its deadline: the watchdog's, once it has passed.
+func (c *budgetCtx) expire() {
+	cause := error(context.DeadlineExceeded)
+	if c.ownDeadline {
+		cause = errBudgetCut
+	}
+	c.end(context.DeadlineExceeded, cause)
+}
+
+// end ends c with err and its cause, unless it has ended.
+func (c *budgetCtx) end(err, cause error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.err != nil {
+		return
+	}
+	c.err, c.cause = err, cause
+	close(c.done)
+}
+
+// release ends c once its call is over, as a cancel func does.
+func (c *budgetCtx) release() { c.end(context.Canceled, context.Canceled) }
+
+// budgetEnded reports whether c ended at the budget's end, not by its
+// parent or its release.
+func (c *budgetCtx) budgetEnded() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.cause == errBudgetCut
+}
+
+// budgeted is the context a call made in place ran on, as callerEnded reads
+// it: a budgetCtx, or a stdBudget.
+type budgeted interface {
+	Deadline() (time.Time, bool)
+	budgetEnded() bool
+}
+
+// stdBudget is a context made by context.WithTimeoutCause with the cause
+// errBudgetCut (see Path.doInPlace), as budgeted.
+type stdBudget struct{ context.Context }
+
+func (c stdBudget) budgetEnded() bool { return context.Cause(c.Context) == errBudgetCut }

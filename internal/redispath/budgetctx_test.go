@@ -1,0 +1,153 @@
+package redispath
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/leaselimit/leaselimit/authority"
+	"github.com/leaselimit/leaselimit/internal/circuit"
+	"github.com/leaselimit/leaselimit/internal/recorder"
+	"github.com/leaselimit/leaselimit/policy"
+)
+
+// isDone reports whether ch is closed.
+func isDone(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
+
+// TestBudgetCtx: a call's context ends once, with the error and cause of
+// what ended it first: its deadline (the budget's end or the parent's
+// earlier one), a parent that had ended, or its release.
+func TestBudgetCtx(t *testing.T) {
+	end := time.Now().Add(time.Hour)
+
+	c := newBudgetCtx(context.WithValue(context.Background(), t, "v"), end)
+	if d, ok := c.Deadline(); !ok || !d.Equal(end) {
+		t.Errorf("Deadline = %v, %v; want the budget's end %v", d, ok, end)
+	}
+	if c.Err() != nil || isDone(c.Done()) || c.Value(t) != "v" {
+		t.Fatalf("a new context: Err %v, done %v, value %v", c.Err(), isDone(c.Done()), c.Value(t))
+	}
+	c.expire()
+	c.release() // after its deadline: changes nothing
+	if !isDone(c.Done()) || !errors.Is(c.Err(), context.DeadlineExceeded) || !c.budgetEnded() {
+		t.Errorf("expired: done %v, Err %v, budget ended %v; want done, DeadlineExceeded, true", isDone(c.Done()), c.Err(), c.budgetEnded())
+	}
+
+	// The parent's deadline comes first: the context ends there, and not
+	// by the budget.
+	soon := time.Now().Add(time.Minute)
+	parent, cancel := context.WithDeadline(context.Background(), soon)
+	defer cancel()
+	c = newBudgetCtx(parent, end)
+	if d, _ := c.Deadline(); !d.Equal(soon) {
+		t.Errorf("Deadline = %v; want the parent's %v", d, soon)
+	}
+	c.expire()
+	if !errors.Is(c.Err(), context.DeadlineExceeded) || c.budgetEnded() {
+		t.Errorf("expired at the parent's deadline: Err %v, budget ended %v; want DeadlineExceeded, false", c.Err(), c.budgetEnded())
+	}
+
+	// A parent that has ended ends the context at once, with its error.
+	cancelled, cancel2 := context.WithCancel(context.Background())
+	cancel2()
+	c = newBudgetCtx(cancelled, end)
+	if !isDone(c.Done()) || !errors.Is(c.Err(), context.Canceled) || c.budgetEnded() {
+		t.Errorf("from a cancelled parent: done %v, Err %v, budget ended %v", isDone(c.Done()), c.Err(), c.budgetEnded())
+	}
+
+	// Released before its deadline: as a cancel func leaves a context.
+	c = newBudgetCtx(context.Background(), end)
+	c.release()
+	c.expire()
+	if !isDone(c.Done()) || !errors.Is(c.Err(), context.Canceled) || c.budgetEnded() {
+		t.Errorf("released: done %v, Err %v, budget ended %v", isDone(c.Done()), c.Err(), c.budgetEnded())
+	}
+}
+
+// doneHook holds every acquire script call until its context ends, as
+// go-redis's wait for a pooled connection or a dial does, and returns the
+// context's error.
+type doneHook struct{}
+
+func (doneHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (doneHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+func (doneHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if cmd.Name() != "evalsha" {
+			return next(ctx, cmd)
+		}
+		select {
+		case <-ctx.Done():
+			cmd.SetErr(ctx.Err())
+			return ctx.Err()
+		case <-time.After(10 * time.Second):
+			return next(ctx, cmd)
+		}
+	}
+}
+
+// TestSendAloneEndsItsBudget: a call sent alone whose context waits on Done
+// (a wait for a connection) is ended by the lane's watchdog at its deadline,
+// the budget's end or its parent's earlier deadline, with no timer of its
+// own; the witness is still asked before (one watchdog for both).
+func TestSendAloneEndsItsBudget(t *testing.T) {
+	_, c := newMini(t, nil)
+	c.AddHook(doneHook{})
+	auth, err := authority.New(c, "leaselimit")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln := newLane(auth, circuit.New("test", circuit.Settings{}), 4, time.Second, recorder.Endpoint{}, nil)
+	defer ln.stop()
+	l := policy.PerSecond(10)
+
+	for _, tc := range []struct {
+		name        string
+		parent      time.Duration // the parent's deadline from now, if any
+		budget      time.Duration
+		budgetEnded bool
+	}{
+		{"the budget's end", 0, 40 * time.Millisecond, true},
+		{"the parent's deadline", 30 * time.Millisecond, time.Hour, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			parent := context.Background()
+			if tc.parent > 0 {
+				var cancel context.CancelFunc
+				parent, cancel = context.WithTimeout(context.Background(), tc.parent)
+				defer cancel()
+			}
+			if !ln.claim() {
+				t.Fatal("an idle lane refused its pipeline")
+			}
+			start := time.Now()
+			bctx := newBudgetCtx(parent, start.Add(tc.budget))
+			a := authority.Acquisition{Key: auth.Key(l, "k"), Limit: l, Want: 1, Min: 1, Share: 1}
+			ln.sendAlone(bctx, bctx, &a, time.Time{})
+			took := time.Since(start)
+			if !errors.Is(a.Err, context.DeadlineExceeded) {
+				t.Fatalf("the call's error %v; want its context's DeadlineExceeded", a.Err)
+			}
+			if took > 5*time.Second {
+				t.Errorf("the call ended after %v; its deadline was at most 40ms away", took)
+			}
+			if got := bctx.budgetEnded(); got != tc.budgetEnded {
+				t.Errorf("budgetEnded = %v; want %v", got, tc.budgetEnded)
+			}
+			bctx.release()
+		})
+	}
+}
