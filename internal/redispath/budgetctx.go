@@ -8,9 +8,12 @@ import (
 
 // budgetCtx is the context of an acquire call made in place (see direct):
 // its parent's values, a deadline at the earlier of the parent's and the
-// budget's end, and a Done closed when the parent ends, when the lane's
-// watchdog finds that deadline passed (see lane.bark), or when the call
-// is over (release). It stands in for context.WithDeadline, whose timer is
+// budget's end, and a Done closed when the lane's watchdog finds that
+// deadline passed (see lane.bark), when the call is over (release), or at
+// once if the parent had ended. The parent's cancellation later is not
+// passed on: go-redis does not look for it during a read, and a wait for a
+// connection ends at the deadline (context.AfterFunc on the parent would
+// cost as many allocations as it saves). It stands in for context.WithDeadline, whose timer is
 // armed and stopped for every call, most of them answered in a thousandth
 // of the budget: the lane's watchdog is armed for each call sent alone
 // already (its witness is asked at a check point before the budget ends),
@@ -82,12 +85,20 @@ func (c *budgetCtx) end(err, cause error) {
 // release ends c once its call is over, as a cancel func does.
 func (c *budgetCtx) release() { c.end(context.Canceled, context.Canceled) }
 
-// budgetEnded reports whether c ended at the budget's end, not by its
-// parent or its release.
+// budgetEnded reports whether the budget's end, not the parent or the
+// release, ended c: the watchdog expired it, or the budget's end has passed
+// before the watchdog came (the socket's deadline, the same instant, can
+// cut the read first). Regression (a review): a cancelled caller's call
+// that ran its whole budget was Redis's failure or the caller's by which
+// of the two came first, in about half the calls each.
 func (c *budgetCtx) budgetEnded() bool {
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.cause == errBudgetCut
+	cause := c.cause
+	c.mu.Unlock()
+	if cause != nil {
+		return cause == errBudgetCut
+	}
+	return c.ownDeadline && !time.Now().Before(c.deadline)
 }
 
 // budgeted is the context a call made in place ran on, as callerEnded reads

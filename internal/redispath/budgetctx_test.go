@@ -102,7 +102,8 @@ func (doneHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 // TestSendAloneEndsItsBudget: a call sent alone whose context waits on Done
 // (a wait for a connection) is ended by the lane's watchdog at its deadline,
 // the budget's end or its parent's earlier deadline, with no timer of its
-// own; the witness is still asked before (one watchdog for both).
+// own, whether its witness is asked before the deadline (the watchdog is
+// armed again for it) or would be after (armed for the deadline).
 func TestSendAloneEndsItsBudget(t *testing.T) {
 	_, c := newMini(t, nil)
 	c.AddHook(doneHook{})
@@ -118,10 +119,13 @@ func TestSendAloneEndsItsBudget(t *testing.T) {
 		name        string
 		parent      time.Duration // the parent's deadline from now, if any
 		budget      time.Duration
+		askAt       time.Duration // when the witness is asked, from now
 		budgetEnded bool
 	}{
-		{"the budget's end", 0, 40 * time.Millisecond, true},
-		{"the parent's deadline", 30 * time.Millisecond, time.Hour, false},
+		// The watchdog fires at the ask, then again at the deadline.
+		{"the budget's end, after the ask", 0, 40 * time.Millisecond, 20 * time.Millisecond, true},
+		// Armed for the earlier of the two: the parent's deadline.
+		{"the parent's deadline, before the ask", 30 * time.Millisecond, time.Hour, time.Hour - time.Millisecond, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			parent := context.Background()
@@ -136,12 +140,12 @@ func TestSendAloneEndsItsBudget(t *testing.T) {
 			start := time.Now()
 			bctx := newBudgetCtx(parent, start.Add(tc.budget))
 			a := authority.Acquisition{Key: auth.Key(l, "k"), Limit: l, Want: 1, Min: 1, Share: 1}
-			ln.sendAlone(bctx, bctx, &a, time.Time{})
+			ln.sendAlone(bctx, bctx, &a, start.Add(tc.askAt))
 			took := time.Since(start)
 			if !errors.Is(a.Err, context.DeadlineExceeded) {
 				t.Fatalf("the call's error %v; want its context's DeadlineExceeded", a.Err)
 			}
-			if took > 5*time.Second {
+			if took > 2*time.Second { // the hook's own wait is 10s
 				t.Errorf("the call ended after %v; its deadline was at most 40ms away", took)
 			}
 			if got := bctx.budgetEnded(); got != tc.budgetEnded {
@@ -149,5 +153,30 @@ func TestSendAloneEndsItsBudget(t *testing.T) {
 			}
 			bctx.release()
 		})
+	}
+}
+
+// TestCallerEndedByTheBudget: a call whose caller cancelled its ctx and
+// whose read the socket's deadline, the budget's end, then cut is Redis's
+// failure, whether or not the watchdog has come yet; a call that failed
+// before the budget's end is the caller's.
+func TestCallerEndedByTheBudget(t *testing.T) {
+	cut := errors.New("i/o timeout")
+	parent, cancel := context.WithCancel(context.Background())
+	ended := newBudgetCtx(parent, time.Now().Add(-time.Millisecond)) // its deadline passed, not yet expired
+	running := newBudgetCtx(parent, time.Now().Add(time.Hour))
+	cancel()
+	if callerEnded(parent, ended, cut) {
+		t.Error("a call cut at the budget's end, its caller cancelled, taken for the caller's")
+	}
+	ended.expire()
+	if callerEnded(parent, ended, cut) {
+		t.Error("a call cut at the budget's end and expired, its caller cancelled, taken for the caller's")
+	}
+	if !callerEnded(parent, running, cut) {
+		t.Error("a call failed before the budget's end, its caller cancelled, taken for Redis's")
+	}
+	if callerEnded(context.Background(), running, cut) {
+		t.Error("a call failed with its caller still there taken for the caller's")
 	}
 }
