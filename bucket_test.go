@@ -129,8 +129,12 @@ func TestPeekAgreesWithNegativeCache(t *testing.T) {
 	if cached == 0 {
 		t.Error("no denial from the cache: the scenario did not reach the limit")
 	}
-	if sooner > 0 {
-		t.Errorf("a denying Peek's RetryAfter ended before the cache's %d times (regression: it stopped at the bucket's)", sooner)
+	// A refill in flight (a prefetch) may land between a Peek and the
+	// next Allow and start a cache window the Peek could not know of:
+	// once in 2,855 cached denials in a CI run under -race. With the
+	// regression every one of them was sooner (2,874 of 2,874).
+	if sooner*100 > cached {
+		t.Errorf("a denying Peek's RetryAfter ended before the cache's %d times of %d (regression: it stopped at the bucket's)", sooner, cached)
 	}
 }
 
