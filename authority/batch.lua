@@ -10,6 +10,8 @@
 --            always). An invocation that finds it returns that reply and
 --            takes nothing: go-redis resends a pipeline whose connection
 --            broke, and the resent invocation must not take tokens twice.
+--            A batch reads it first; a lone call reads and writes it in
+--            one command before its bucket is written (see lone).
 --            With window_ms 0 there is no batch key, and KEYS[i] is the
 --            bucket of call i: the form for a Redis Cluster slot in
 --            migration, where a script on a key that does not exist yet
@@ -102,7 +104,16 @@ local base = keyed and 1 or 0 -- KEYS[base + i] is call i's bucket
 local n = #KEYS - base
 local type = type
 
-if keyed then
+-- lone: a batch of one call on one token bucket (the long tail's usual
+-- invocation, and a lone caller's) has its batch key read and claimed in
+-- one command at its end (see the end of the one-bucket path), where any
+-- other batch reads it here and writes it at the end: a GET less, 1.2 to
+-- 1.8 µs of Redis's time per such invocation (medians of alternated
+-- rounds, present and missing buckets). A batch of several calls writes
+-- buckets as it goes, so it must know it is not a resend before its
+-- first write.
+local lone = keyed and n == 1 and ARGV[2] == '-1'
+if keyed and not lone then
   local done = redis.pcall('GET', KEYS[1])
   if type(done) == 'table' then return redis.error_reply(refused('GET', done)) end
   if done then return done end
@@ -163,7 +174,7 @@ if ARGV[2] == '-1' then
   if clock.err then return redis.error_reply(refused('TIME', clock)) end
   local now = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
   local format, match, pcall = string.format, string.match, redis.pcall
-  local out, errs, any = {clock[1], ' ', clock[2]}, nil, false
+  local out, errs, any, reply = {clock[1], ' ', clock[2]}, nil, false, nil
   -- The bucket in hand, as the general path's: w + f/p tokens at t,
   -- refilled to now when read, written when the next key comes if took.
   local key, w, f, t, took, ej = nil, 0, 0, 0, false, nil
@@ -176,6 +187,27 @@ if ARGV[2] == '-1' then
   for c = 1, n + 1 do
     local kc = KEYS[base + c] -- nil after the last call: write its bucket
     if kc ~= key then
+      if kc == nil and lone then
+        -- The lone call's resend check, before its bucket is written: its
+        -- reply stored under the batch key unless one is there already
+        -- (SET NX GET), which is then the first sending's, to return
+        -- instead; for a call that took nothing (unless always), only
+        -- the read. A key this invocation found missing and wrote (fresh)
+        -- is deleted again: missing, as it was, and nothing taken twice.
+        reply = table.concat(out)
+        if errs then reply = reply .. '\n' .. table.concat(errs, '\n') end
+        local cmd, done = 'GET', nil
+        if any or always then
+          cmd, done = 'SET', pcall('SET', KEYS[1], reply, 'NX', 'GET', 'PX', window)
+        else
+          done = pcall('GET', KEYS[1])
+        end
+        if done then
+          if fresh then pcall('DEL', key) end
+          if type(done) == 'table' then return redis.error_reply(refused(cmd, done)) end
+          return done
+        end
+      end
       if took then
         -- write: w < burst after a grant; the TTL lasts until the
         -- bucket is full again (until_tokens(burst - w, f, r, p) µs),
@@ -297,7 +329,8 @@ if ARGV[2] == '-1' then
       end
     end
   end
-  local reply = table.concat(out)
+  if lone then return reply end -- its batch key claimed above
+  reply = table.concat(out)
   if errs then reply = reply .. '\n' .. table.concat(errs, '\n') end
   if (any or always) and keyed then
     local res = pcall('SET', KEYS[1], reply, 'PX', window)

@@ -597,3 +597,34 @@ func TestBatchRefusedWriteTakesNothing(t *testing.T) {
 		t.Errorf("present bucket %q became %q under OOM", before, after)
 	}
 }
+
+// TestLoneClaimRefusedLeavesNothing: a lone call whose claim of its batch
+// key Redis refuses (here the key holds a list, as a key of another
+// program might: WRONGTYPE) fails with the refusal and leaves nothing
+// behind: the bucket it found missing and wrote (SET NX GET) is deleted
+// again, its claim coming after that write (see batch.lua's lone); a
+// present bucket is not written at all.
+func TestLoneClaimRefusedLeavesNothing(t *testing.T) {
+	srv, _, r := startReal(t)
+	ctx := context.Background()
+	l := policy.PerSecond(10).WithName("claim")
+	present := r.Key(l, "present")
+	srv.Do(t, "SET", present, "5 0 1 -")
+	for _, key := range []string{r.Key(l, "missing"), present} {
+		before := srv.Do(t, "GET", key)
+		a := &Acquisition{Key: key, Limit: l, Want: 1, Min: 1, Share: 1}
+		if !r.check(a) {
+			t.Fatal(a.Err)
+		}
+		bt := r.newBatch([]*Acquisition{a})
+		srv.Do(t, "RPUSH", bt.keys[0], "another program's")
+		r.runAll(ctx, batchScript, []*invocation{&bt.invocation})
+		bt.decode()
+		if a.Err == nil || !strings.Contains(a.Err.Error(), "WRONGTYPE") || !strings.Contains(a.Err.Error(), refusedMark+"SET") || a.Grant.Granted != 0 {
+			t.Errorf("%s: %+v, %v; want the batch key's refused SET and nothing granted", key, a.Grant, a.Err)
+		}
+		if after := srv.Do(t, "GET", key); after != before {
+			t.Errorf("%s: bucket %v became %v", key, before, after)
+		}
+	}
+}

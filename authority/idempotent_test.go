@@ -99,6 +99,49 @@ func suiteBatchResend(t *testing.T, nb backendFactory) {
 	if reply, g := decided(r.newBatch(calls(4))); g.Granted != 4 || g.Remaining != 0 {
 		t.Errorf("a fresh batch = %q (%+v); want 4 granted, 0 left", reply, g)
 	}
+	// A lone call, which claims its batch key at its end (batch.lua's
+	// lone): sent again, it returns the first reply and takes nothing,
+	// on a bucket it found present and on one it found missing (written
+	// by SET NX GET). Should that bucket be gone by the resend (expired,
+	// full again), the resend finds it missing too, writes it, and must
+	// delete it again: missing, as before.
+	loneBatch := func(k string, want int64) *batch {
+		t.Helper()
+		a := &Acquisition{Key: k, Limit: l, Want: want, Min: want, Share: 1}
+		if !r.check(a) {
+			t.Fatal(a.Err)
+		}
+		return r.newBatch([]*Acquisition{a})
+	}
+	for _, user := range []string{"lone-present", "lone-missing", "lone-expired"} {
+		k := r.Key(l, user)
+		if user == "lone-present" {
+			if _, g := decided(loneBatch(k, 2)); g.Granted != 2 {
+				t.Fatalf("%s: the first grant %+v; want 2", user, g)
+			}
+		}
+		lone := loneBatch(k, 1)
+		first, g := decided(lone)
+		if g.Granted != 1 {
+			t.Fatalf("%s: %q (%+v); want 1 granted", user, first, g)
+		}
+		state := b.value(t, k)
+		if user == "lone-expired" {
+			if err := b.client.Del(ctx, k).Err(); err != nil {
+				t.Fatal(err)
+			}
+			state = ""
+		}
+		if again := send(lone); again != first {
+			t.Errorf("%s: resent lone call replied %q; the first %q", user, again, first)
+		}
+		if got := b.value(t, k); got != state {
+			t.Errorf("%s: resent lone call left its bucket %q; want %q", user, got, state)
+		}
+		if ttl := b.pttl(t, lone.keys[0]); ttl <= 0 || ttl > batchLife {
+			t.Errorf("%s: batch key TTL %v; want (0, %v]", user, ttl, batchLife)
+		}
+	}
 	// Denials only: nothing stored, so a resend decides again.
 	keysBefore := b.allKeys(t)
 	if reply, g := decided(r.newBatch(calls(1))); g.Granted != 0 || g.Remaining != 0 || g.RetryAfter <= 0 {

@@ -21,9 +21,13 @@ import (
 //     the user key, never its bytes, under the prefix, the limit's name and
 //     its parameters), by authority.Namer: the same length, and a SHA-256
 //     per decision;
-//   - resend safety per batch (issue 25): a batch key that the script reads
-//     first and, once it granted anything, writes with its reply, so that
-//     a batch go-redis resends returns that reply instead of taking twice;
+//   - resend safety per batch (issue 25): a batch key that holds the
+//     batch's reply once it granted anything, so that a batch go-redis
+//     resends returns that reply instead of taking twice. The script
+//     decides, then reads and claims the key in one command (SET NX GET,
+//     or a GET for a batch that granted nothing), and writes its buckets
+//     only once it knows the batch is not a resend: a command fewer per
+//     batch than a GET first and a SET last;
 //   - one cost per call in, two values per call back (the grant and the
 //     whole tokens left, for Decision.Remaining), in one bulk string, the
 //     form a stored reply takes;
@@ -41,8 +45,6 @@ import (
 // (the limit as r tokens every p µs, reduced), burst, then one cost per
 // call. Returns "<granted> <whole tokens left>" per call, space-separated.
 var leanContractScript = redis.NewScript(`
-local done = redis.call('GET', KEYS[1])
-if done then return done end
 local r, p, burst = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
@@ -61,14 +63,16 @@ for i = 2, #KEYS do
   end
   out[i - 1] = string.format('%d %d', g, w)
 end
+local reply = table.concat(out, ' ')
+local done
+if any then done = redis.call('SET', KEYS[1], reply, 'NX', 'GET', 'PX', ARGV[1]) else done = redis.call('GET', KEYS[1]) end
+if done then return done end
 for j = 1, nw do
   local k = written[j]
   local w, f = W[k], F[k]
   local ttl = math.ceil(((burst - w) * p - f) / r / 1000) + 1000
   redis.call('SET', k, string.format('%d %d %d', w, f, T[k]), 'PX', ttl)
 end
-local reply = table.concat(out, ' ')
-if any then redis.call('SET', KEYS[1], reply, 'PX', ARGV[1]) end
 return reply
 `)
 
