@@ -4,7 +4,8 @@
 --
 -- KEYS     the resend key, "<prefix>:batch:{<hash tag>}:<id>" (see batch.lua's
 --          batch key: it holds the reply of a call that granted, so that
---          one go-redis resends returns it and takes nothing), then the
+--          one go-redis resends returns it and takes nothing; read and
+--          claimed once the call is decided, see the end), then the
 --          buckets (see common.lua); on a Cluster they all share a hash slot
 --          (their hash tag is the digest of one user key). With window_ms 0
 --          there is no resend key (the form for a Cluster slot in
@@ -32,15 +33,6 @@ local n = #KEYS - o
 if not ((window or not keyed) and want and min and share) or share > 1000000 or min > want
     or #ARGV ~= 4 + 3 * n or n < 1 then
   return redis.error_reply(BAD)
-end
-if keyed then
-  local done, err = call('GET', KEYS[1])
-  if err then return err end
-  if done then -- a resend: the first reply, nothing taken
-    local out = {}
-    for v in string.gmatch(done, '%d+') do out[#out + 1] = tonumber(v) end
-    return out
-  end
 end
 local now, err = now_us()
 if err then return err end
@@ -70,21 +62,41 @@ if denied > 0 then g = 0 end
 local out = {g, denied, retry}
 for i = 1, n do
   local x = b[i]
-  local w = x.w - g
-  local reset = 0
-  if w < x.burst then reset = wait(x.cal, x.burst - w, x.f, x.last, now, x.a, x.b) end
-  if g > 0 then
-    err = store(KEYS[o + i], w, x.f, x.last, x.rid, x.tail, ttl_ms(reset))
-    if err then return err end
-  end
-  out[3 + 2 * i - 1] = math.max(w, 0)
-  out[3 + 2 * i] = reset
+  x.w = x.w - g
+  x.reset = 0
+  if x.w < x.burst then x.reset = wait(x.cal, x.burst - x.w, x.f, x.last, now, x.a, x.b) end
+  out[3 + 2 * i - 1] = math.max(x.w, 0)
+  out[3 + 2 * i] = x.reset
 end
 out[4 + 2 * n] = now
-if (g > 0 or always) and keyed then
-  local text = {}
-  for i, v in ipairs(out) do text[i] = int_str(v) end
-  local _, serr = call('SET', KEYS[1], table.concat(text, ' '), 'PX', int_str(window))
-  if serr then return serr end
+-- The resend key, read and claimed in one command once the call is
+-- decided and before any bucket is written (as batch.lua's lone call):
+-- the reply stored unless one is there already (SET NX GET), which is
+-- then the first sending's, returned instead, nothing taken; for a call
+-- that took nothing (unless always), only the read. Redis refuses a
+-- script's writes only until its first has passed, so the buckets' writes
+-- after a claim that passed are not refused.
+if keyed then
+  local done
+  if g > 0 or always then
+    local text = {}
+    for i, v in ipairs(out) do text[i] = int_str(v) end
+    done, err = call('SET', KEYS[1], table.concat(text, ' '), 'NX', 'GET', 'PX', int_str(window))
+  else
+    done, err = call('GET', KEYS[1])
+  end
+  if err then return err end
+  if done then -- a resend: the first reply, nothing taken
+    out = {}
+    for v in string.gmatch(done, '%d+') do out[#out + 1] = tonumber(v) end
+    return out
+  end
+end
+if g > 0 then
+  for i = 1, n do
+    local x = b[i]
+    err = store(KEYS[o + i], x.w, x.f, x.last, x.rid, x.tail, ttl_ms(x.reset))
+    if err then return err end
+  end
 end
 return out

@@ -105,7 +105,7 @@ func suiteBatchResend(t *testing.T, nb backendFactory) {
 	// by SET NX GET). Should that bucket be gone by the resend (expired,
 	// full again), the resend finds it missing too, writes it, and must
 	// delete it again: missing, as before.
-	loneBatch := func(k string, want int64) *batch {
+	loneBatchOf := func(k string, l policy.Limit, want int64) *batch {
 		t.Helper()
 		a := &Acquisition{Key: k, Limit: l, Want: want, Min: want, Share: 1}
 		if !r.check(a) {
@@ -113,6 +113,7 @@ func suiteBatchResend(t *testing.T, nb backendFactory) {
 		}
 		return r.newBatch([]*Acquisition{a})
 	}
+	loneBatch := func(k string, want int64) *batch { return loneBatchOf(k, l, want) }
 	for _, user := range []string{"lone-present", "lone-missing", "lone-expired"} {
 		k := r.Key(l, user)
 		if user == "lone-present" {
@@ -140,6 +141,32 @@ func suiteBatchResend(t *testing.T, nb backendFactory) {
 		}
 		if ttl := b.pttl(t, lone.keys[0]); ttl <= 0 || ttl > batchLife {
 			t.Errorf("%s: batch key TTL %v; want (0, %v]", user, ttl, batchLife)
+		}
+	}
+	// A lone call on a calendar quota (the script's general path) claims
+	// its batch key the same way.
+	quota := policy.Quota("idem-q", 10, policy.Day, time.UTC)
+	for _, user := range []string{"quota-missing", "quota-present"} {
+		qa := &Acquisition{Key: r.Key(quota, user), Limit: quota, Want: 2, Min: 2, Share: 1}
+		if !r.check(qa) {
+			t.Fatal(qa.Err)
+		}
+		qb := r.newBatch([]*Acquisition{qa})
+		first, g := decided(qb)
+		if g.Granted != 2 {
+			t.Fatalf("%s: %q (%+v); want 2 granted", user, first, g)
+		}
+		state := b.value(t, qa.Key)
+		if again := send(qb); again != first {
+			t.Errorf("%s: resent lone call replied %q; the first %q", user, again, first)
+		}
+		if got := b.value(t, qa.Key); got != state {
+			t.Errorf("%s: resent lone call left its bucket %q; want %q", user, got, state)
+		}
+		if user == "quota-missing" { // the next user's bucket is present
+			if _, g := decided(loneBatchOf(r.Key(quota, "quota-present"), quota, 1)); g.Granted != 1 {
+				t.Fatalf("quota-present: the first grant %+v; want 1", g)
+			}
 		}
 	}
 	// Denials only: nothing stored, so a resend decides again.
