@@ -19,10 +19,17 @@
 --          of the bucket that makes the request wait longest; retry_after_us
 --          is how long until every bucket holds min tokens. A grant takes the
 --          same g tokens from every bucket, min <= g <= want, and no more than
---          max(min, floor(tokens * share)) of any one. A denial writes nothing.
+--          max(min, floor(tokens * share)) of any one. A denial writes nothing
+--          (but for a resend's reply, kept: see always).
 --          A bucket's tail (see common.lua) is passed through as it is.
 local BAD = 'ERR leaselimit: invalid acquire_all arguments'
 local keyed = ARGV[1] ~= '0' -- KEYS[1] is the resend key
+-- replied is the reply a resend key holds, as the first sending returned it.
+local function replied(done)
+  local out = {}
+  for v in string.gmatch(done, '%d+') do out[#out + 1] = tonumber(v) end
+  return out
+end
 -- A window_ms given negative is a resend that learns a cut call's outcome:
 -- its reply is kept even for a denial (see batch.lua's always).
 local always = keyed and ARGV[1] ~= nil and ARGV[1] < '0'
@@ -46,7 +53,14 @@ for i = 1, n do
     return redis.error_reply(BAD)
   end
   local found, e, w, f, last, rid, tail = load(KEYS[o + i])
-  if e then return e end
+  if e then
+    -- A bucket that cannot be read (another program's value or type)
+    -- fails the call, unless it is a resend of one that was decided:
+    -- then the first sending's reply (see the end), its tokens taken.
+    local done = keyed and redis.pcall('GET', KEYS[1])
+    if type(done) == 'string' then return replied(done) end
+    return e
+  end
   if not found then w, f, last, rid, tail = burst, 0, now, '-', '' end
   w, f, last = advance(cal, w, f, last, now, a, bb, burst, s)
   b[i] = {w = w, f = f, last = last, rid = rid, tail = tail, cal = cal, a = a, b = bb, burst = burst}
@@ -86,17 +100,21 @@ if keyed then
     done, err = call('GET', KEYS[1])
   end
   if err then return err end
-  if done then -- a resend: the first reply, nothing taken
-    out = {}
-    for v in string.gmatch(done, '%d+') do out[#out + 1] = tonumber(v) end
-    return out
-  end
+  if done then return replied(done) end -- a resend: nothing taken
 end
 if g > 0 then
   for i = 1, n do
     local x = b[i]
     err = store(KEYS[o + i], x.w, x.f, x.last, x.rid, x.tail, ttl_ms(x.reset))
-    if err then return err end
+    if err then
+      -- The claim deleted again, so that no resend returns a grant not
+      -- written: an ACL selector may allow SET on resend keys and not on
+      -- buckets (maxmemory, a read-only replica or a failed save refuse a
+      -- script's writes only until its first has passed). A bucket written
+      -- before the refusal keeps its debit: fewer tokens, never more.
+      if keyed then redis.pcall('DEL', KEYS[1]) end
+      return err
+    end
   end
 end
 return out

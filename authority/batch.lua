@@ -11,7 +11,8 @@
 --            takes nothing: go-redis resends a pipeline whose connection
 --            broke, and the resent invocation must not take tokens twice.
 --            A batch reads it first; a lone call reads and writes it in
---            one command before its bucket is written (see lone, claim).
+--            one command once decided, before its bucket's write (see
+--            lone, claim).
 --            With window_ms 0 there is no batch key, and KEYS[i] is the
 --            bucket of call i: the form for a Redis Cluster slot in
 --            migration, where a script on a key that does not exist yet
@@ -90,15 +91,18 @@ local function portion(w, want, min, share)
 end
 
 -- claim is a lone call's resend check (see lone), once the call is
--- decided and before its bucket is written: its reply stored under the
--- batch key unless one is there already (SET NX GET), which is then the
--- first sending's, for the caller to return instead; for a call that
--- keeps no reply (it took nothing, and it is not always), only the read.
--- It returns that reply (nil: none), or Redis's refusal, and the command
--- asked. The stored reply cannot outrun the bucket: Redis refuses a
--- script's writes (maxmemory, a read-only replica, a failed save) only
--- until its first has passed, so the write after a claim that passed is
--- not refused.
+-- decided and before its bucket's write (a missing bucket that a call of
+-- cost 1 wrote as it read it, fresh, is deleted again should the claim
+-- find a reply or be refused): its reply stored under the batch key
+-- unless one is there already (SET NX GET), which is then the first
+-- sending's, for the caller to return instead; for a call that keeps no
+-- reply (it took nothing, and it is not always), only the read. It
+-- returns that reply (false: none), or Redis's refusal, and the command
+-- asked. A bucket's write refused after a claim that passed deletes the
+-- batch key again, so that no resend returns a grant that was not
+-- written: Redis refuses a script's writes for maxmemory, a read-only
+-- replica or a failed save only until its first has passed, but an ACL
+-- selector may allow SET on batch keys and not on buckets.
 local function claim(batch_key, reply, keep, window)
   if keep then
     return redis.pcall('SET', batch_key, reply, 'NX', 'GET', 'PX', window), 'SET'
@@ -123,7 +127,7 @@ local type = type
 
 -- lone: a batch of one call (the long tail's usual invocation, and a lone
 -- caller's) has its batch key read and claimed in one command once the
--- call is decided, before its bucket is written (see claim), where any
+-- call is decided, before its bucket's write (see claim), where any
 -- other batch reads it here and writes it at the end: a GET less, 1.2 to
 -- 1.8 µs of Redis's time per such invocation (medians of alternated
 -- rounds, present and missing buckets). A batch of several calls writes
@@ -205,8 +209,8 @@ if ARGV[2] == '-1' then
     local kc = KEYS[base + c] -- nil after the last call: write its bucket
     if kc ~= key then
       if kc == nil and lone then
-        -- A resend (see claim): a key it found missing and wrote (fresh)
-        -- is deleted again, missing as it was, and nothing taken twice.
+        -- A resend or a refused claim (see claim): a key this run found
+        -- missing and wrote (fresh) is deleted again, missing as it was.
         reply = table.concat(out)
         if errs then reply = reply .. '\n' .. table.concat(errs, '\n') end
         local done, cmd = claim(KEYS[1], reply, any or always, window)
@@ -231,7 +235,10 @@ if ARGV[2] == '-1' then
           q = until_tokens(burst - w, f, r, p)
         end
         local res = pcall('SET', key, format('%d %d %d -', w, f, t), 'PX', math.ceil(q / 1000) + 1000)
-        if res.err then return redis.error_reply(refused('SET', res)) end
+        if res.err then
+          if lone then pcall('DEL', KEYS[1]) end -- its claim (see claim)
+          return redis.error_reply(refused('SET', res))
+        end
       end
       if kc == nil then break end
       key, took, ej, fresh = kc, false, nil, false
@@ -525,7 +532,10 @@ if lone then
   end
 end
 local e = flush()
-if e then return redis.error_reply(e) end
+if e then
+  if lone then redis.pcall('DEL', KEYS[1]) end -- its claim (see claim)
+  return redis.error_reply(e)
+end
 if (any or always) and keyed and not lone then
   local r = redis.pcall('SET', KEYS[1], reply, 'PX', string.format('%d', window))
   if type(r) == 'table' and r.err then return redis.error_reply(refused('SET', r)) end

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/leaselimit/leaselimit/policy"
+	"github.com/redis/go-redis/v9"
 )
 
 // holdWallClock fixes the client's clock (which picks a calendar quota's
@@ -626,5 +627,53 @@ func TestLoneClaimRefusedLeavesNothing(t *testing.T) {
 		if after := srv.Do(t, "GET", key); after != before {
 			t.Errorf("%s: bucket %v became %v", key, before, after)
 		}
+	}
+}
+
+// TestBucketWriteRefusedAfterClaim: under an ACL selector that lets SET
+// reach batch keys and not buckets, a call alone whose claim of its resend
+// key passed and whose bucket's write was then refused fails with the
+// refusal and takes the claim back: no resend key is left to hand a later
+// Resend a grant that was never written. Each form of a call alone: the
+// batch script's token bucket (a present bucket and a missing one) and
+// quota (its general path), and a multi-limit call.
+func TestBucketWriteRefusedAfterClaim(t *testing.T) {
+	srv, _, owner := startReal(t)
+	ctx := context.Background()
+	tb := policy.Limit{Name: "split", Rate: 1, Period: time.Hour, Burst: 3}
+	quota := policy.Quota("split-q", 3, policy.Day, time.UTC)
+	present := owner.Key(tb, "present")
+	seed := []*Acquisition{{Key: present, Limit: tb, Want: 1, Min: 1, Share: 1}}
+	if owner.AcquireAll(ctx, seed); seed[0].Err != nil {
+		t.Fatal(seed[0].Err)
+	}
+	seedClaim, _ := seed[0].Invocation()
+	srv.Do(t, "DEL", seedClaim) // the seed's own, granted
+	srv.Do(t, "ACL", "SETUSER", "split", "on", ">pw", "+@all", "-set", "~*", "(+set ~"+testPrefix+":batch:*)")
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "split", Password: "pw"})
+	t.Cleanup(func() { _ = c.Close() })
+	r, err := New(c, testPrefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	calls := map[string]*Acquisition{
+		"token bucket, present": {Key: present, Limit: tb, Want: 1, Min: 1, Share: 1},
+		"token bucket, missing": {Key: r.Key(tb, "missing"), Limit: tb, Want: 1, Min: 1, Share: 1},
+		"quota":                 {Key: r.Key(quota, "q"), Limit: quota, Want: 1, Min: 1, Share: 1},
+		"multi-limit": {Key: r.Key(tb, "multi"), Limit: tb, Want: 1, Min: 1, Share: 1,
+			With: []Member{{Key: r.Key(quota, "multi"), Limit: quota}}},
+	}
+	for name, a := range calls {
+		before := srv.Do(t, "GET", a.Key)
+		r.AcquireAll(ctx, []*Acquisition{a})
+		if a.Err == nil || !strings.Contains(a.Err.Error(), "SET") || a.Grant.Granted != 0 {
+			t.Errorf("%s: %+v, %v; want the bucket's refused SET and nothing granted", name, a.Grant, a.Err)
+		}
+		if after := srv.Do(t, "GET", a.Key); after != before {
+			t.Errorf("%s: bucket %v became %v", name, before, after)
+		}
+	}
+	if keys := srv.Do(t, "KEYS", testPrefix+":batch:*"); len(keys.([]any)) != 0 {
+		t.Errorf("claims left behind: %v", keys)
 	}
 }

@@ -298,6 +298,26 @@ func suiteMultiResend(t *testing.T, nb backendFactory) {
 	if ttl := b.pttl(t, in.keys[0]); ttl <= 0 || ttl > batchLife {
 		t.Errorf("resend key TTL %v; want (0, %v]", ttl, batchLife)
 	}
+	// A bucket that became another program's key after the call was
+	// decided: a resend still gets the first reply (the call reads its
+	// buckets before its resend key), then the bucket is put back.
+	qkey := a.With[0].Key
+	qval, qttl := b.value(t, qkey), b.pttl(t, qkey)
+	if err := b.client.Del(ctx, qkey).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.client.RPush(ctx, qkey, "another program's").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if g := send(in); g.Granted != first.Granted || g.At != first.At {
+		t.Errorf("resent over a foreign bucket = %+v; the first %+v: want the same", g, first)
+	}
+	if err := b.client.Del(ctx, qkey).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.client.Set(ctx, qkey, qval, qttl).Err(); err != nil {
+		t.Fatal(err)
+	}
 	// A denial (the quota has 3 left) stores nothing.
 	keysBefore := b.allKeys(t)
 	if g := send(r.multiInvocation(call("u", 5), true)); g.Granted != 0 || g.Multi.Denied != 1 {
