@@ -37,6 +37,7 @@ type setup struct {
 
 	res   cellResult
 	rates []float64 // decisions/s of each round's slice
+	p50s  []float64 // the median latency of each round's slice, in seconds
 }
 
 // close releases the deciders and clients.
@@ -171,6 +172,7 @@ func (s *setup) slice(ctx context.Context, cfg config, round int, d time.Duratio
 		r.idealSum += idealOf(wl, m.decisions, m.elapsed)
 	}
 	s.rates = append(s.rates, float64(m.decisions)/m.elapsed.Seconds())
+	s.p50s = append(s.p50s, m.hist.Quantile(0.5).Seconds())
 	return nil
 }
 
@@ -226,7 +228,8 @@ func runWorkload(ctx context.Context, cfg config, wl workload, names []string) (
 // spread is the median of the per-round ratios of a to b and their range.
 type spread struct{ median, lo, hi float64 }
 
-// ratios compares per-round rates a and b (the same rounds).
+// ratios compares per-round values a and b (the same rounds): rates, or
+// median latencies.
 func ratios(a, b []float64) (spread, bool) {
 	if len(a) == 0 || len(a) != len(b) {
 		return spread{}, false

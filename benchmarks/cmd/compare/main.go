@@ -362,15 +362,19 @@ func printTable(cfg config, version string, groups [][]*setup) {
 	w := cfg.out
 	fmt.Fprintf(w, "Redis %s, %d goroutines, %v per design in %d interleaved rounds, GOMAXPROCS %d (NumCPU %d), %s/%s, %s%s\n\n",
 		version, cfg.goroutines, cfg.duration, cfg.rounds, runtime.GOMAXPROCS(0), runtime.NumCPU(), runtime.GOOS, runtime.GOARCH, runtime.Version(), host.LoadAvg())
-	fmt.Fprintln(w, "| workload | design | decisions/s | vs redis_rate, median [range] | of lean_floor, median [range] | p50 | p99 | p99.9 | client CPU/decision | Redis CPU/decision | allocs/decision | Redis cmds/decision | requests/decision | admitted / ideal | fallbacks |")
-	fmt.Fprintln(w, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+	fmt.Fprintln(w, "| workload | design | decisions/s | vs redis_rate, median [range] | of lean_floor, median [range] | p50 | p50 vs redis_rate's, median [range] | p99 | p99.9 | client CPU/decision | Redis CPU/decision | allocs/decision | Redis cmds/decision | requests/decision | admitted / ideal | fallbacks |")
+	fmt.Fprintln(w, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 	for _, g := range groups {
 		base, floor := ratesOf(g, design.RedisRate), ratesOf(g, design.LeanFloor)
+		baseP50 := p50sOf(g, design.RedisRate)
 		for _, s := range g {
 			r := &s.res
-			ratio, share := "—", "—"
+			ratio, share, p50 := "—", "—", "—"
 			if sp, ok := ratios(s.rates, base); ok {
 				ratio = fmt.Sprintf("%.2f× [%.2f–%.2f]", sp.median, sp.lo, sp.hi)
+			}
+			if sp, ok := ratios(s.p50s, baseP50); ok {
+				p50 = fmt.Sprintf("%.3f× [%.2f–%.2f]", sp.median, sp.lo, sp.hi)
 			}
 			if sp, ok := ratios(s.rates, floor); ok {
 				share = fmt.Sprintf("%.0f%% [%.0f–%.0f]", 100*sp.median, 100*sp.lo, 100*sp.hi)
@@ -386,9 +390,9 @@ func printTable(cfg config, version string, groups [][]*setup) {
 			if r.fallbacks > 0 {
 				fb = fmt.Sprintf("**%.3g%%**", 100*float64(r.fallbacks)/n)
 			}
-			fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %.1f | %s | %s | %s | %s |\n",
+			fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %.1f | %s | %s | %s | %s |\n",
 				r.workload.name, r.design, count(r.rate()), ratio, share,
-				dur(r.hist.Quantile(0.5)), dur(r.hist.Quantile(0.99)), dur(r.hist.Quantile(0.999)),
+				dur(r.hist.Quantile(0.5)), p50, dur(r.hist.Quantile(0.99)), dur(r.hist.Quantile(0.999)),
 				dur(time.Duration(float64(r.clientCPU)/n)), dur(time.Duration(float64(r.cpu)/n)), float64(r.mallocs)/n,
 				perDecision(float64(r.cmds)/n), perDecision(float64(r.reqs)/n), adm, fb)
 		}
@@ -410,7 +414,8 @@ func printTable(cfg config, version string, groups [][]*setup) {
 	fmt.Fprintln(w, "leaselimit_authority and leaselimit_path, when named, build exact mode up one layer at a time (design/layers.go):")
 	fmt.Fprintln(w, "the contract's batching with leaselimit's authority package, then with its Redis path; leaselimit_exact adds the Limiter.")
 	fmt.Fprintln(w, "Ratios: each round runs every design for one slice, in an order rotated each round; a design's ratio is taken")
-	fmt.Fprintln(w, "against the baseline's rate in the same round, and the median of the rounds is reported with their range.")
+	fmt.Fprintln(w, "against the baseline's rate in the same round, and the median of the rounds is reported with their range;")
+	fmt.Fprintln(w, "\"p50 vs redis_rate's\" likewise divides each slice's median latency by the baseline's in the same round.")
 	fmt.Fprintln(w, "Redis CPU/decision is the server's used_cpu_sys + used_cpu_user (INFO cpu) over the slices, per decision;")
 	fmt.Fprintln(w, "client CPU/decision is this process's user + system CPU (getrusage) over them, and allocs/decision its heap")
 	fmt.Fprintln(w, "allocations (runtime.MemStats.Mallocs), load generator included: only one design runs during a slice.")
@@ -497,9 +502,27 @@ func printLeaseVsExact(w io.Writer, groups [][]*setup) {
 // ratesOf returns the per-round rates of the design named name in the
 // workload g, nil if it did not run.
 func ratesOf(g []*setup, name string) []float64 {
+	if s := setupOf(g, name); s != nil {
+		return s.rates
+	}
+	return nil
+}
+
+// p50sOf returns the per-round median latencies of the design named name
+// in the workload g, nil if it did not run.
+func p50sOf(g []*setup, name string) []float64 {
+	if s := setupOf(g, name); s != nil {
+		return s.p50s
+	}
+	return nil
+}
+
+// setupOf returns the design named name in the workload g, nil if it did
+// not run.
+func setupOf(g []*setup, name string) *setup {
 	for _, s := range g {
 		if s.name == name {
-			return s.rates
+			return s
 		}
 	}
 	return nil

@@ -68,8 +68,12 @@ func (h *Hist) Merge(o *Hist) {
 	h.n += o.n
 }
 
-// Quantile returns the q-quantile (0 < q <= 1) as the middle of its bucket,
-// or 0 when h is empty.
+// Quantile returns the q-quantile (0 < q <= 1), or 0 when h is empty: its
+// bucket's values taken as evenly spread over the bucket, so that a
+// quantile moves by less than a bucket's width (about 3%) when its rank
+// does. A lone caller's p50 is judged against a target 10% above the
+// baseline's, and as the middle of its bucket it could only move in steps
+// of 2-4 µs.
 func (h *Hist) Quantile(q float64) time.Duration {
 	if h.n == 0 {
 		return 0
@@ -83,11 +87,13 @@ func (h *Hist) Quantile(q float64) time.Duration {
 	}
 	var seen uint64
 	for i, c := range h.counts {
-		seen += c
-		if seen >= rank {
+		if seen+c >= rank {
 			lo, w := lower(i)
-			return time.Duration(lo + w/2)
+			// the (rank - seen)-th of c values, each in the middle of its
+			// own c-th of the bucket
+			return time.Duration(float64(lo) + float64(w)*(float64(rank-seen)-0.5)/float64(c))
 		}
+		seen += c
 	}
 	return 0 // unreachable
 }
