@@ -208,11 +208,13 @@ if ARGV[2] == '-1' then
   for c = 1, n + 1 do
     local kc = KEYS[base + c] -- nil after the last call: write its bucket
     if kc ~= key then
+      if kc == nil then -- every call decided
+        reply = table.concat(out)
+        if errs then reply = reply .. '\n' .. table.concat(errs, '\n') end
+      end
       if kc == nil and lone then
         -- A resend or a refused claim (see claim): a key this run found
         -- missing and wrote (fresh) is deleted again, missing as it was.
-        reply = table.concat(out)
-        if errs then reply = reply .. '\n' .. table.concat(errs, '\n') end
         local done, cmd = claim(KEYS[1], reply, any or always, window)
         if done then
           if fresh then pcall('DEL', key) end
@@ -344,10 +346,7 @@ if ARGV[2] == '-1' then
       end
     end
   end
-  if lone then return reply end -- its batch key claimed above
-  reply = table.concat(out)
-  if errs then reply = reply .. '\n' .. table.concat(errs, '\n') end
-  if (any or always) and keyed then
+  if (any or always) and keyed and not lone then -- a lone call's claimed above
     local res = pcall('SET', KEYS[1], reply, 'PX', window)
     if res.err then return redis.error_reply(refused('SET', res)) end
   end
