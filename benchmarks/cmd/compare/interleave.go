@@ -31,6 +31,7 @@ type setup struct {
 	name    string
 	prefix  string
 	keys    []string
+	walk    []int // for a workload measured cold, each goroutine's place in its walk of keys (see drive)
 	clients []*redis.Client
 	decs    []design.Decider
 	reqs    *design.Counter
@@ -68,6 +69,9 @@ func prepare(ctx context.Context, cfg config, wl workload, name string) (*setup,
 	s := &setup{name: name, reqs: new(design.Counter), res: cellResult{workload: wl, design: name}}
 	s.prefix = "cmp-" + cfg.runID + ":" + strings.ReplaceAll(wl.name, " ", "_") + ":" + name + ":"
 	s.keys = sliceKeys(s.prefix, wl.keys)
+	if wl.cold {
+		s.walk = walkStarts(cfg.goroutines, wl.keys)
+	}
 	s.clients = make([]*redis.Client, wl.instances)
 	s.decs = make([]design.Decider, wl.instances)
 	for i := range s.clients {
@@ -83,7 +87,7 @@ func prepare(ctx context.Context, cfg config, wl workload, name string) (*setup,
 		if err != nil {
 			return s, err
 		}
-		_, werr := drive(ctx, cfg, wl, []design.Decider{w}, []string{s.prefix + "warm" + strconv.Itoa(i)}, 50*time.Millisecond, false)
+		_, werr := drive(ctx, cfg, wl, []design.Decider{w}, []string{s.prefix + "warm" + strconv.Itoa(i)}, nil, 50*time.Millisecond, false)
 		if cerr := w.Close(); werr == nil {
 			werr = cerr
 		}
@@ -92,7 +96,7 @@ func prepare(ctx context.Context, cfg config, wl workload, name string) (*setup,
 		}
 	}
 	if !wl.limited && !wl.cold && cfg.warmup > 0 {
-		if _, err := drive(ctx, cfg, wl, s.decs, s.keys, cfg.warmup, false); err != nil {
+		if _, err := drive(ctx, cfg, wl, s.decs, s.keys, nil, cfg.warmup, false); err != nil {
 			return s, fmt.Errorf("warm-up: %w", err)
 		}
 	}
@@ -135,7 +139,7 @@ func (s *setup) slice(ctx context.Context, cfg config, round int, d time.Duratio
 	// designs' own background goroutines, started before, carry none.
 	var m measured
 	pprof.Do(ctx, pprof.Labels("design", s.name, "workload", wl.name), func(ctx context.Context) {
-		m, err = drive(ctx, cfg, wl, s.decs, keys, d, true)
+		m, err = drive(ctx, cfg, wl, s.decs, keys, s.walk, d, true)
 	})
 	if err != nil {
 		return err

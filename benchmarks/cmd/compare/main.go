@@ -261,8 +261,10 @@ type measured struct {
 // paced workload (wl.overload > 0) spreads wl.overload × the limit's rate
 // evenly over the goroutines; otherwise each calls as fast as it can. With
 // record set, one decision in latency.Sample per goroutine is timed (every
-// one when paced).
-func drive(ctx context.Context, cfg config, wl workload, decs []design.Decider, keys []string, d time.Duration, record bool) (measured, error) {
+// one when paced). A walk not nil holds each goroutine's place in its walk
+// of keys (see walkStarts): it starts from there, and leaves its last key
+// there for the next slice.
+func drive(ctx context.Context, cfg config, wl workload, decs []design.Decider, keys []string, walk []int, d time.Duration, record bool) (measured, error) {
 	var (
 		stop     atomic.Bool
 		mu       sync.Mutex
@@ -292,7 +294,11 @@ func drive(ctx context.Context, cfg config, wl workload, decs []design.Decider, 
 			}
 			n := len(keys)
 			stride := strides[id%len(strides)]
-			k := (id * 613) % n
+			k := walkStart(id, n)
+			if walk != nil {
+				k = walk[id]
+				defer func() { walk[id] = k }()
+			}
 			next := start.Add(time.Duration(id) * interval / time.Duration(g))
 			var calls, ok, fb int64
 			var err error
@@ -351,6 +357,24 @@ func drive(ctx context.Context, cfg config, wl workload, decs []design.Decider, 
 		firstErr = ctx.Err()
 	}
 	return m, firstErr
+}
+
+// walkStart is where goroutine id starts its walk of n keys.
+func walkStart(id, n int) int { return (id * 613) % n }
+
+// walkStarts returns the places of g goroutines at the start of their
+// walks of n keys, for drive to carry from slice to slice. A workload
+// measured cold goes on to keys it has not seen: each slice starting its
+// walks afresh brought a design back to the keys of its last round's
+// slice, as soon as every design had had one (a round of short slices
+// took less than a bucket's TTL, of 1.1 s on the long tail, or the
+// lease's doorkeeper's window), and the long tail was no longer cold.
+func walkStarts(g, n int) []int {
+	w := make([]int, g)
+	for id := range w {
+		w[id] = walkStart(id, n)
+	}
+	return w
 }
 
 // strides are step sizes coprime to 10,000, so a goroutine stepping through
