@@ -17,10 +17,10 @@ import (
 	"github.com/leaselimit/leaselimit"
 	"github.com/leaselimit/leaselimit/authority"
 	"github.com/leaselimit/leaselimit/breaker"
+	"github.com/leaselimit/leaselimit/internal/redistest"
 	"github.com/leaselimit/leaselimit/policy"
 	"github.com/leaselimit/leaselimit/telemetry"
 	"github.com/redis/go-redis/v9"
-	"go.uber.org/goleak"
 	"golang.org/x/time/rate"
 )
 
@@ -33,7 +33,7 @@ func TestMain(m *testing.M) {
 	// tests make thousands of Clients: the tests of the lines set their
 	// own logger.
 	slog.SetDefault(slog.New(slog.DiscardHandler))
-	goleak.VerifyTestMain(m)
+	redistest.VerifyTestMain(m)
 }
 
 func newMini(t *testing.T) (*miniredis.Miniredis, *redis.Client) {

@@ -16,13 +16,12 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/leaselimit/leaselimit/internal/redistest"
 	"github.com/redis/go-redis/v9"
-	"go.uber.org/goleak"
 )
 
 // TestMain fails the package if a test leaves a goroutine behind (clients,
 // miniredis servers and redis-server helpers must all be cleaned up).
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	redistest.VerifyTestMain(m)
 }
 
 // t0 is the server time at which every step table starts.

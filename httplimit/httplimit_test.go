@@ -18,14 +18,14 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/leaselimit/leaselimit"
 	"github.com/leaselimit/leaselimit/httplimit"
+	"github.com/leaselimit/leaselimit/internal/redistest"
 	"github.com/leaselimit/leaselimit/internal/syncbuf"
 	"github.com/leaselimit/leaselimit/policy"
 	"github.com/redis/go-redis/v9"
-	"go.uber.org/goleak"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	redistest.VerifyTestMain(m)
 }
 
 // frozen is the time miniredis reports in tests: with Redis's clock standing

@@ -20,11 +20,10 @@ import (
 	"time"
 
 	"github.com/leaselimit/leaselimit/internal/redistest"
-	"go.uber.org/goleak"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	redistest.VerifyTestMain(m)
 }
 
 // shortArgs run the whole demo in a few seconds. The limit is small so that

@@ -3,11 +3,11 @@ package redispath
 import (
 	"testing"
 
-	"go.uber.org/goleak"
+	"github.com/leaselimit/leaselimit/internal/redistest"
 )
 
 // TestMain fails the package's tests if any goroutine outlives them: the
 // lanes' senders must be stopped by Wait.
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	redistest.VerifyTestMain(m)
 }

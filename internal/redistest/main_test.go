@@ -3,11 +3,11 @@ package redistest_test
 import (
 	"testing"
 
-	"go.uber.org/goleak"
+	"github.com/leaselimit/leaselimit/internal/redistest"
 )
 
 // TestMain fails the package if any test leaves a goroutine behind, which
 // checks that servers, clients and proxies are fully cleaned up.
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	redistest.VerifyTestMain(m)
 }
