@@ -40,15 +40,8 @@ func BenchmarkLoneClientCost(b *testing.B) {
 			defer rdb.Close()
 			rp := &replay{replies: map[string]any{}}
 			rdb.AddHook(rp)
-			dec, err := design.New(name, rdb, limit)
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer func() {
-				if err := dec.Close(); err != nil {
-					b.Error(err)
-				}
-			}()
+			dec := newDecider(b, name, rdb, limit)
+			defer closeDecider(b, dec)
 			prefix := "cost:" + strconv.FormatInt(round.Add(1), 10) + ":"
 			// The first calls go to Redis (the first may find the script
 			// not cached: EVALSHA, then EVAL), until a reply is kept.

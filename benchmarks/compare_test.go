@@ -30,6 +30,7 @@ import (
 	"github.com/leaselimit/leaselimit/benchmarks/internal/latency"
 	"github.com/leaselimit/leaselimit/internal/redistest"
 	"github.com/leaselimit/leaselimit/policy"
+	"github.com/redis/go-redis/v9"
 )
 
 // goroutines is how many goroutines RunParallel should run.
@@ -102,21 +103,32 @@ func benchDesign(b *testing.B, srv *redistest.Server, name string, limit policy.
 	}
 	warmUp(b, ctx, warm, "r"+strconv.FormatInt(r, 10)+":warm")
 
-	dec, err := design.New(name, rdb, limit)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer func() {
-		if err := dec.Close(); err != nil {
-			b.Error(err)
-		}
-	}()
+	dec := newDecider(b, name, rdb, limit)
+	defer closeDecider(b, dec)
 
 	before := srv.Stats(b)
 	reqs0 := reqs.Load()
 	run := runDecisions(b, ctx, dec, keys)
 	after := srv.Stats(b)
 	run.report(b, name, after.Sub(before).TotalCommands, reqs.Load()-reqs0)
+}
+
+// newDecider makes design name's decider on rdb, or fails b.
+func newDecider(b *testing.B, name string, rdb *redis.Client, limit policy.Limit) design.Decider {
+	b.Helper()
+	dec, err := design.New(name, rdb, limit)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return dec
+}
+
+// closeDecider closes dec (before its client: leaselimit returns its
+// leases to Redis), failing b if that fails.
+func closeDecider(b *testing.B, dec design.Decider) {
+	if err := dec.Close(); err != nil {
+		b.Error(err)
+	}
 }
 
 // decisionRun is what runDecisions measured.
