@@ -151,7 +151,7 @@ func (r *Redis) batchOf(calls []*Acquisition, keyed bool) *batch {
 		}
 	}
 	oneBucket := nl == 1 && !lims[0].quota
-	args := make([]any, 0, 2+3*nl+2*len(calls)+2*ranged)
+	b, args, keys := newBatchStore(len(calls), 2+3*nl+2*len(calls)+2*ranged, keyed)
 	life := r.life
 	if !keyed {
 		life = unkeyedArg
@@ -176,17 +176,42 @@ func (r *Redis) batchOf(calls []*Acquisition, keyed bool) *batch {
 			args = append(args, idx[i]+int64(nl), a.Want, a.Min, ppm(a.Share))
 		}
 	}
-	var keys []string
 	if keyed {
-		keys = make([]string, 1, 1+len(calls))
-		keys[0] = r.resendKey(calls[0].Key)
-	} else {
-		keys = make([]string, 0, len(calls))
+		keys = append(keys, r.resendKey(calls[0].Key))
 	}
 	for _, a := range calls {
 		keys = append(keys, a.Key)
 	}
-	return &batch{calls: calls, oneBucket: oneBucket, invocation: invocation{keys: keys, args: args, resendable: keyed}}
+	*b = batch{calls: calls, oneBucket: oneBucket, invocation: invocation{keys: keys, args: args, resendable: keyed}}
+	return b
+}
+
+// batchOfOne is a batch of one call with room for its arguments and keys,
+// made in one allocation: a lone caller's batch, and most of the long
+// tail's, took three (the batch, its arguments, its keys).
+type batchOfOne struct {
+	batch
+	args [oneCallArgs]any
+	keys [2]string
+}
+
+// oneCallArgs is the most arguments a batch of one call has: window_ms
+// and L, one limit's header, a call's four values.
+const oneCallArgs = 2 + 3 + 4
+
+// newBatchStore returns an empty batch of n calls and room for its nargs
+// arguments and its keys (the batch key first when keyed): a batch of one
+// call in one allocation (see batchOfOne).
+func newBatchStore(n, nargs int, keyed bool) (b *batch, args []any, keys []string) {
+	if n == 1 && nargs <= oneCallArgs {
+		one := new(batchOfOne)
+		return &one.batch, one.args[:0], one.keys[:0]
+	}
+	nkeys := n
+	if keyed {
+		nkeys++
+	}
+	return new(batch), make([]any, 0, nargs), make([]string, 0, nkeys)
 }
 
 // keyIndexes holds the maps grouped uses, for reuse: one per batch would

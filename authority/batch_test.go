@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/leaselimit/leaselimit/policy"
 )
@@ -75,3 +76,42 @@ func suiteAcquireAll(t *testing.T, nb backendFactory) {
 }
 
 func TestAcquireAll(t *testing.T) { forEachBackend(t, suiteAcquireAll) }
+
+// TestBatchOfOneCall: a batch of one call (a lone caller's, most of the
+// long tail's) is built in one allocation besides its resend key's name
+// (and, for a call that is not exact, the numbers its arguments box), with
+// its arguments and keys as any batch's; one of two calls in three (the
+// batch, its arguments, its keys) besides that name.
+func TestBatchOfOneCall(t *testing.T) {
+	r := &Redis{prefix: "pfx", idBase: "0a1b-", life: batchLifeArg}
+	for _, tc := range []struct {
+		name         string
+		limit        policy.Limit
+		want, min    int64
+		args, allocs int
+	}{
+		{"exact", policy.PerSecond(10), 1, 1, 2 + 3 + 1, 2},
+		{"a range", policy.PerSecond(10), 5, 2, 2 + 3 + 3, 4},                       // -want and share_ppm boxed
+		{"a quota", policy.Quota("q", 5, policy.Day, time.UTC), 2, 1, 2 + 3 + 4, 8}, // and its window's spec
+	} {
+		a := &Acquisition{Key: "pfx:n:{0123abcd}", Limit: tc.limit, Want: tc.want, Min: tc.min, Share: 0.5}
+		if !r.check(a) {
+			t.Fatalf("%s: %v", tc.name, a.Err)
+		}
+		calls := []*Acquisition{a}
+		b := r.batchOf(calls, true)
+		if len(b.args) != tc.args || len(b.keys) != 2 || b.keys[1] != a.Key || !strings.HasPrefix(b.keys[0], "pfx:batch:{0123abcd}:") {
+			t.Errorf("%s: args %v, keys %q", tc.name, b.args, b.keys)
+		}
+		if n := testing.AllocsPerRun(100, func() { r.batchOf(calls, true) }); n != float64(tc.allocs) {
+			t.Errorf("%s: %v allocations per batch of one call, want %d", tc.name, n, tc.allocs)
+		}
+	}
+	two := []*Acquisition{{Key: "pfx:n:{1}", Limit: policy.PerSecond(10), Want: 1, Min: 1, Share: 1}, {Key: "pfx:n:{1}", Limit: policy.PerSecond(10), Want: 1, Min: 1, Share: 1}}
+	for _, a := range two {
+		r.check(a)
+	}
+	if n := testing.AllocsPerRun(100, func() { r.batchOf(two, true) }); n != 4 {
+		t.Errorf("%v allocations per batch of two calls, want 4", n)
+	}
+}

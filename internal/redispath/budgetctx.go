@@ -34,16 +34,26 @@ type budgetCtx struct {
 	deadline        time.Time
 	// ownDeadline: deadline is the budget's end, not the parent's.
 	ownDeadline bool
-	done        chan struct{}
 
-	mu         sync.Mutex
-	err, cause error // set once, when done is closed
+	mu sync.Mutex
+	// done is made by the first Done, as context's own are: go-redis
+	// asks for it only to wait for a connection or a dial, and a lone
+	// call's context is made for every call (an allocation of 18).
+	done       chan struct{}
+	err, cause error // set once, when c ends (done, if made, closed)
 }
+
+// closedDone is the Done of a budgetCtx that ended before it was asked for.
+var closedDone = func() chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return c
+}()
 
 // newBudgetCtx returns a context for a call made in place from parent,
 // whose budget ends at end.
 func newBudgetCtx(parent context.Context, end time.Time) *budgetCtx {
-	c := &budgetCtx{Context: parent, deadline: end, ownDeadline: true, done: make(chan struct{})}
+	c := &budgetCtx{Context: parent, deadline: end, ownDeadline: true}
 	if d, ok := parent.Deadline(); ok && d.Before(end) {
 		c.deadline, c.ownDeadline = d, false
 	}
@@ -54,7 +64,18 @@ func newBudgetCtx(parent context.Context, end time.Time) *budgetCtx {
 }
 
 func (c *budgetCtx) Deadline() (time.Time, bool) { return c.deadline, true }
-func (c *budgetCtx) Done() <-chan struct{}       { return c.done }
+
+func (c *budgetCtx) Done() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.done == nil {
+		if c.err != nil {
+			return closedDone
+		}
+		c.done = make(chan struct{})
+	}
+	return c.done
+}
 
 func (c *budgetCtx) Err() error {
 	c.mu.Lock()
@@ -82,7 +103,9 @@ func (c *budgetCtx) end(err, cause error) {
 		return
 	}
 	c.err, c.cause = err, cause
-	close(c.done)
+	if c.done != nil {
+		close(c.done)
+	}
 }
 
 // release ends c once its call is over, as a cancel func does.

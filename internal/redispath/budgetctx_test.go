@@ -74,6 +74,27 @@ func TestBudgetCtx(t *testing.T) {
 	}
 }
 
+// TestBudgetCtxAllocatesOnce: a call's context is one allocation when no
+// one asks for its Done (go-redis asks only to wait for a connection or a
+// dial), as it is made for every call made in place; one asked for is
+// made then, and closed at the end.
+func TestBudgetCtxAllocatesOnce(t *testing.T) {
+	end := time.Now().Add(time.Hour)
+	parent := context.Background()
+	if n := testing.AllocsPerRun(100, func() { newBudgetCtx(parent, end).release() }); n != 1 {
+		t.Errorf("%.1f allocations per context, want 1", n)
+	}
+	c := newBudgetCtx(parent, end)
+	done := c.Done()
+	if c.Done() != done || isDone(done) {
+		t.Fatal("Done: a second channel, or closed before the end")
+	}
+	c.release()
+	if !isDone(done) {
+		t.Error("the Done asked for before the end is not closed by it")
+	}
+}
+
 // doneHook holds every acquire script call until its context ends, as
 // go-redis's wait for a pooled connection or a dial does, and returns the
 // context's error.
