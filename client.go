@@ -122,7 +122,8 @@ func warnClientTimeouts(client redis.UniversalClient, cfg config) {
 //
 //	d, err := c.Limiter(plans[user.Plan]).Allow(ctx, user.ID)
 //
-// A Limiter is a view: it has no Close and nothing to release, and its
+// A Limiter is a view: it has nothing to release (close the Client; a
+// Limiter's Close, deprecated, is for the Limiters New returns), and its
 // failure policy and enforcement are NewClient's options until With says
 // otherwise. Each limit has its own buckets in Redis (the key names carry
 // the limit's name and parameters) and its own local state per key (leases,

@@ -89,7 +89,7 @@ type Decision struct {
 	Limit      policy.Limit
 	Remaining  int64         // tokens left for this key, best knowledge
 	RetryAfter time.Duration // 0 when allowed; when denied, until n tokens can be available
-	ResetAfter time.Duration // until the bucket is full again
+	ResetAfter time.Duration // until the bucket is full again; with several limits, until every one is (the longest of Parts')
 	Source     Source
 	// Parts, for a Limiter with several limits (see Client.Limiter),
 	// holds every limit's state after the decision, in their order; Limit

@@ -159,8 +159,9 @@ func (l *Limiter) policyDecision(mode policy.FailureMode, brk *circuit.Breaker, 
 			// least room, with each share as a part (the last share's,
 			// reported alone, hid the one that refuses next).
 			if i == 0 || md.Remaining < d.Remaining {
-				d.Limit, d.Remaining, d.ResetAfter = md.Limit, md.Remaining, md.ResetAfter
+				d.Limit, d.Remaining = md.Limit, md.Remaining
 			}
+			d.ResetAfter = max(d.ResetAfter, md.ResetAfter) // until every share is full, as Redis's decisions say
 			d.Parts = append(d.Parts, Part{Limit: md.Limit, Remaining: md.Remaining, ResetAfter: md.ResetAfter})
 		}
 		d.Allowed, d.Source = true, SourceFallback
@@ -176,14 +177,15 @@ func (l *Limiter) policyDecision(mode policy.FailureMode, brk *circuit.Breaker, 
 	// Several limits: each as a part, as FailLocal's shares and Redis's
 	// decisions are (the first limit alone, reported with its burst, left
 	// the others out of the response fields; a review), the one with the
-	// least room as the decision.
+	// least room as the decision, and ResetAfter until every one is full.
 	d := Decision{Allowed: true, Source: SourceFallback, Parts: make([]Part, 0, len(l.members))}
 	for i, m := range l.members {
 		rem := m.leases.LastKnown(key)
 		p := Part{Limit: m.limit, Remaining: rem, ResetAfter: resetAfter(m.limit, rem)}
 		if i == 0 || p.Remaining < d.Remaining {
-			d.Limit, d.Remaining, d.ResetAfter = p.Limit, p.Remaining, p.ResetAfter
+			d.Limit, d.Remaining = p.Limit, p.Remaining
 		}
+		d.ResetAfter = max(d.ResetAfter, p.ResetAfter)
 		d.Parts = append(d.Parts, p)
 	}
 	return d

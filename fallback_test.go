@@ -73,6 +73,10 @@ func TestFailLocalSeveralLimits(t *testing.T) {
 		if d.Limit.Name != "ps" || d.Remaining != 5-i || len(d.Parts) != 2 || d.Parts[1].Limit.Name != "daily" || d.Parts[1].Remaining != 50-i {
 			t.Errorf("Allow #%d = %+v; want the per-second share (%d left) as the decision, and both shares as parts", i, d, 5-i)
 		}
+		// As Redis's decisions: until every share is full (the daily's).
+		if len(d.Parts) == 2 && (d.ResetAfter != max(d.Parts[0].ResetAfter, d.Parts[1].ResetAfter) || d.ResetAfter <= d.Parts[0].ResetAfter) {
+			t.Errorf("Allow #%d: ResetAfter %v, parts %v and %v; want the longest, the daily share's", i, d.ResetAfter, d.Parts[0].ResetAfter, d.Parts[1].ResetAfter)
+		}
 	}
 }
 
@@ -100,6 +104,9 @@ func TestFailOpenSeveralLimits(t *testing.T) {
 	}
 	if d.Limit.Name != "daily" || d.Remaining != 8 {
 		t.Errorf("FailOpen's decision names %q with %d left; want the one with the least room, daily with 8", d.Limit.Name, d.Remaining)
+	}
+	if len(d.Parts) == 2 && d.ResetAfter != max(d.Parts[0].ResetAfter, d.Parts[1].ResetAfter) {
+		t.Errorf("FailOpen's ResetAfter %v, parts %v and %v; want the longest, as Redis's decisions", d.ResetAfter, d.Parts[0].ResetAfter, d.Parts[1].ResetAfter)
 	}
 }
 

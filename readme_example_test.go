@@ -48,7 +48,7 @@ func apiInOneScreen(ctx context.Context, rdb redis.UniversalClient, key string, 
 	trial := pro.With(leaselimit.WithShadow())                       // decided, counted, traced; not enforced
 
 	// d.Allowed; d.Remaining; d.RetryAfter (denied: until this instance would admit n; with leases, a batch of them);
-	// d.ResetAfter (until the bucket is full); d.Limit (the limit that decided);
+	// d.ResetAfter (until the bucket is full; with several limits, every one); d.Limit (the limit that decided);
 	// d.Source (lease, authority, cache, or fallback while Redis cannot answer);
 	// d.Parts (each limit's state, for several limits)
 	_, _, _, _ = d, both, login, trial

@@ -96,9 +96,6 @@ func (c Calendar) validate(l Limit) error {
 		}
 		return nil
 	}
-	if c.Every < Hour || c.Every > Month {
-		return fmt.Errorf("%w: %s: unknown calendar unit %d", ErrInvalidLimit, l.Name, int(c.Every))
-	}
 	if c.Location == time.Local {
 		// Every instance must agree on the boundaries, and the name is part
 		// of the bucket's Redis key: "Local" is a different zone on each machine.

@@ -3,6 +3,7 @@ package policy
 import (
 	"encoding/binary"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 )
@@ -177,6 +178,20 @@ func TestQuotaValidate(t *testing.T) {
 	for _, l := range bad {
 		if err := l.Validate(); !errors.Is(err, ErrInvalidLimit) {
 			t.Errorf("%+v.Validate() = %v; want ErrInvalidLimit", l, err)
+		}
+	}
+	// The error names what is wrong in Quota's own terms. Regression: an
+	// unknown unit was "period 0s must be > 0", and no tokens "rate 0".
+	for _, tc := range []struct {
+		l    Limit
+		want string
+	}{
+		{Quota("q", 5, CalendarUnit(42), time.UTC), "unknown calendar unit 42"},
+		{Quota("q", 0, Day, time.UTC), "a quota's tokens 0 must be > 0"},
+		{Quota("q", -3, Month, time.UTC), "a quota's tokens -3 must be > 0"},
+	} {
+		if err := tc.l.Validate(); !errors.Is(err, ErrInvalidLimit) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%+v.Validate() = %v; want ErrInvalidLimit saying %q", tc.l, err, tc.want)
 		}
 	}
 }

@@ -68,7 +68,14 @@ func (l Limit) Validate() error {
 	if err := validateName(l.Name); err != nil {
 		return err
 	}
+	// A quota's unit first: Quota gives an unknown unit a period of 0,
+	// which the period's check would report instead.
+	if u := l.Calendar.Every; u != noCalendar && (u < Hour || u > Month) {
+		return fmt.Errorf("%w: %s: unknown calendar unit %d", ErrInvalidLimit, l.Name, int(u))
+	}
 	switch {
+	case l.IsQuota() && l.Rate <= 0:
+		return fmt.Errorf("%w: %s: a quota's tokens %d must be > 0", ErrInvalidLimit, l.Name, l.Rate)
 	case l.Rate <= 0:
 		return fmt.Errorf("%w: rate %d must be > 0", ErrInvalidLimit, l.Rate)
 	case l.Burst <= 0:
