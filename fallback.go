@@ -147,7 +147,7 @@ func (l *Limiter) policyDecision(mode policy.FailureMode, brk *circuit.Breaker, 
 		// denies keeps the tokens the first gave (during an outage several
 		// limits can under-admit locally, never over-admit).
 		var d Decision
-		for i, m := range l.members {
+		for _, m := range l.members {
 			md := l.local(m, brk, key, n, now, wall)
 			if !md.Allowed {
 				return md
@@ -155,14 +155,9 @@ func (l *Limiter) policyDecision(mode policy.FailureMode, brk *circuit.Breaker, 
 			if len(l.members) == 1 {
 				return md
 			}
-			// Admitted by every share: the decision is the one with the
-			// least room, with each share as a part (the last share's,
-			// reported alone, hid the one that refuses next).
-			if i == 0 || md.Remaining < d.Remaining {
-				d.Limit, d.Remaining = md.Limit, md.Remaining
-			}
-			d.ResetAfter = max(d.ResetAfter, md.ResetAfter) // until every share is full, as Redis's decisions say
-			d.Parts = append(d.Parts, Part{Limit: md.Limit, Remaining: md.Remaining, ResetAfter: md.ResetAfter})
+			// Admitted by every share: each share a part (the last
+			// share's, reported alone, hid the one that refuses next).
+			d.joinPart(Part{Limit: md.Limit, Remaining: md.Remaining, ResetAfter: md.ResetAfter})
 		}
 		d.Allowed, d.Source = true, SourceFallback
 		return d
@@ -176,19 +171,24 @@ func (l *Limiter) policyDecision(mode policy.FailureMode, brk *circuit.Breaker, 
 	}
 	// Several limits: each as a part, as FailLocal's shares and Redis's
 	// decisions are (the first limit alone, reported with its burst, left
-	// the others out of the response fields; a review), the one with the
-	// least room as the decision, and ResetAfter until every one is full.
+	// the others out of the response fields; a review).
 	d := Decision{Allowed: true, Source: SourceFallback, Parts: make([]Part, 0, len(l.members))}
-	for i, m := range l.members {
+	for _, m := range l.members {
 		rem := m.leases.LastKnown(key)
-		p := Part{Limit: m.limit, Remaining: rem, ResetAfter: resetAfter(m.limit, rem)}
-		if i == 0 || p.Remaining < d.Remaining {
-			d.Limit, d.Remaining = p.Limit, p.Remaining
-		}
-		d.ResetAfter = max(d.ResetAfter, p.ResetAfter)
-		d.Parts = append(d.Parts, p)
+		d.joinPart(Part{Limit: m.limit, Remaining: rem, ResetAfter: resetAfter(m.limit, rem)})
 	}
 	return d
+}
+
+// joinPart adds p to d, a failure policy's admission under several
+// limits: the part with the least room names the decision, and ResetAfter
+// waits until every part is full, as Redis's decisions do.
+func (d *Decision) joinPart(p Part) {
+	if len(d.Parts) == 0 || p.Remaining < d.Remaining {
+		d.Limit, d.Remaining = p.Limit, p.Remaining
+	}
+	d.ResetAfter = max(d.ResetAfter, p.ResetAfter)
+	d.Parts = append(d.Parts, p)
 }
 
 // local is FailLocal's decision: n tokens of key's local bucket under m's

@@ -97,10 +97,7 @@ func benchDesign(b *testing.B, srv *redistest.Server, name string, limit policy.
 	defer rdb.Close()
 
 	// Warm up on another key: connections, script caches.
-	warm, err := design.New(name, rdb, limit)
-	if err != nil {
-		b.Fatal(err)
-	}
+	warm := newDecider(b, name, rdb, limit)
 	warmUp(b, ctx, warm, "r"+strconv.FormatInt(r, 10)+":warm")
 
 	dec := newDecider(b, name, rdb, limit)
