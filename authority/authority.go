@@ -136,6 +136,9 @@ type Redis struct {
 
 type script struct {
 	src, sha string
+	// The two as command arguments, boxed once: go-redis's EvalSha boxed
+	// the hash again for every call.
+	srcArg, shaArg any
 }
 
 var (
@@ -147,7 +150,8 @@ var (
 
 func newScript(src string) script {
 	h := sha1.Sum([]byte(src))
-	return script{src: src, sha: hex.EncodeToString(h[:])}
+	sha := hex.EncodeToString(h[:])
+	return script{src: src, sha: sha, srcArg: src, shaArg: sha}
 }
 
 // Option configures a Redis (see New).

@@ -133,25 +133,24 @@ func (r *Redis) newBatch(calls []*Acquisition) *batch { return r.batchOf(grouped
 // call). Without keyed, the invocation has no batch
 // key (batch.lua's window_ms 0): it is not safe to resend.
 func (r *Redis) batchOf(calls []*Acquisition, keyed bool) *batch {
-	var lims [maxPerScript]*limitArgs
-	var idx [maxPerScript]int64
-	nl, ranged := 0, 0 // limits; calls with a min below their want
-	for i, a := range calls {
-		k := 0
-		for k < nl && lims[k] != a.lim {
-			k++
+	// The batch's limits, each once. Nearly every batch has one: room for
+	// a few on the stack (zeroing a table for maxPerScript of them, and
+	// one of each call's index, was a tenth of building a lone call's
+	// batch); the index is looked up again below.
+	var few [4]*limitArgs
+	lims := few[:0]
+	ranged := 0 // calls with a min below their want
+	for _, a := range calls {
+		if limitIndex(lims, a.lim) < 0 {
+			lims = append(lims, a.lim)
 		}
-		if k == nl {
-			lims[nl] = a.lim
-			nl++
-		}
-		idx[i] = int64(k + 1)
 		if a.Min != a.Want {
 			ranged++
 		}
 	}
+	nl := len(lims)
 	oneBucket := nl == 1 && !lims[0].quota
-	b, args, keys := newBatchStore(len(calls), 2+3*nl+2*len(calls)+2*ranged, keyed)
+	b, line, args, keys := newBatchStore(len(calls), 2+3*nl+2*len(calls)+2*ranged, keyed)
 	life := r.life
 	if !keyed {
 		life = unkeyedArg
@@ -161,19 +160,19 @@ func (r *Redis) batchOf(calls []*Acquisition, keyed bool) *batch {
 	} else {
 		args = append(args, life, int64(nl))
 	}
-	for _, la := range lims[:nl] {
+	for _, la := range lims {
 		args = la.header(args)
 	}
-	for i, a := range calls {
+	for _, a := range calls {
 		switch {
 		case a.Min == a.Want && oneBucket: // share cannot matter: the grant is want or nothing
 			args = append(args, a.Want)
 		case a.Min == a.Want:
-			args = append(args, idx[i], a.Want)
+			args = append(args, int64(limitIndex(lims, a.lim)+1), a.Want)
 		case oneBucket:
 			args = append(args, -a.Want, a.Min, ppm(a.Share))
 		default:
-			args = append(args, idx[i]+int64(nl), a.Want, a.Min, ppm(a.Share))
+			args = append(args, int64(limitIndex(lims, a.lim)+1+nl), a.Want, a.Min, ppm(a.Share))
 		}
 	}
 	if keyed {
@@ -182,16 +181,30 @@ func (r *Redis) batchOf(calls []*Acquisition, keyed bool) *batch {
 	for _, a := range calls {
 		keys = append(keys, a.Key)
 	}
-	*b = batch{calls: calls, oneBucket: oneBucket, invocation: invocation{keys: keys, args: args, resendable: keyed}}
+	if line != nil {
+		line = line[:3+len(keys)+len(args)]
+	}
+	*b = batch{calls: calls, oneBucket: oneBucket, invocation: invocation{keys: keys, args: args, line: line, resendable: keyed}}
 	return b
 }
 
-// batchOfOne is a batch of one call with room for its arguments and keys,
-// made in one allocation: a lone caller's batch, and most of the long
-// tail's, took three (the batch, its arguments, its keys).
+// limitIndex returns the index of la in lims, or -1.
+func limitIndex(lims []*limitArgs, la *limitArgs) int {
+	for i, l := range lims {
+		if l == la {
+			return i
+		}
+	}
+	return -1
+}
+
+// batchOfOne is a batch of one call with room for its keys and its whole
+// command, its arguments in it, made in one allocation: a lone caller's
+// batch, and most of the long tail's, took four (the batch, its
+// arguments, its keys, the command's arguments in go-redis's EvalSha).
 type batchOfOne struct {
 	batch
-	args [oneCallArgs]any
+	line [3 + 2 + oneCallArgs]any // the command: name, body, key count, keys, args (see command)
 	keys [2]string
 }
 
@@ -201,17 +214,18 @@ const oneCallArgs = 2 + 3 + 4
 
 // newBatchStore returns an empty batch of n calls and room for its nargs
 // arguments and its keys (the batch key first when keyed): a batch of one
-// call in one allocation (see batchOfOne).
-func newBatchStore(n, nargs int, keyed bool) (b *batch, args []any, keys []string) {
-	if n == 1 && nargs <= oneCallArgs {
-		one := new(batchOfOne)
-		return &one.batch, one.args[:0], one.keys[:0]
-	}
+// call in one allocation (see batchOfOne), its arguments then in line, the
+// room for its whole command, else line nil.
+func newBatchStore(n, nargs int, keyed bool) (b *batch, line, args []any, keys []string) {
 	nkeys := n
 	if keyed {
 		nkeys++
 	}
-	return new(batch), make([]any, 0, nargs), make([]string, 0, nkeys)
+	if n == 1 && nargs <= oneCallArgs {
+		one := new(batchOfOne)
+		return &one.batch, one.line[:], one.line[3+nkeys : 3+nkeys], one.keys[:0]
+	}
+	return new(batch), nil, make([]any, 0, nargs), make([]string, 0, nkeys)
 }
 
 // keyIndexes holds the maps grouped uses, for reuse: one per batch would

@@ -3,12 +3,14 @@ package authority
 import (
 	"context"
 	"errors"
+	"reflect"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/leaselimit/leaselimit/policy"
+	"github.com/redis/go-redis/v9"
 )
 
 // suiteAcquireAll: a batch decides each call as the same calls made one by
@@ -113,5 +115,68 @@ func TestBatchOfOneCall(t *testing.T) {
 	}
 	if n := testing.AllocsPerRun(100, func() { r.batchOf(two, true) }); n != 4 {
 		t.Errorf("%v allocations per batch of two calls, want 4", n)
+	}
+}
+
+// catchArgs is a go-redis hook that keeps a command's arguments instead
+// of sending it.
+type catchArgs struct{ args *[]any }
+
+func (catchArgs) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h catchArgs) ProcessHook(redis.ProcessHook) redis.ProcessHook {
+	return func(_ context.Context, cmd redis.Cmder) error { *h.args = cmd.Args(); return nil }
+}
+func (catchArgs) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// TestCommandLine: an invocation's command is what go-redis's EvalSha (or
+// Eval) builds: the script's hash (or source), the key count, the keys,
+// the arguments (a Cluster routes it by its first key: cluster_test.go);
+// a batch of one call lays it out in its own
+// room, so that it costs go-redis's command and the keys' boxes alone.
+// An invocation whose arguments no longer sit in that room (replaced, as
+// a resend that keeps a denial does) gets a line of its own.
+func TestCommandLine(t *testing.T) {
+	r := &Redis{prefix: "pfx", idBase: "0a1b-", life: batchLifeArg}
+	a := &Acquisition{Key: "pfx:n:{0123abcd}", Limit: policy.PerSecond(10), Want: 1, Min: 1, Share: 1}
+	if !r.check(a) {
+		t.Fatal(a.Err)
+	}
+	b := r.batchOf([]*Acquisition{a}, true)
+	// What go-redis's own EvalSha and Eval build, caught by a hook that
+	// sends nothing.
+	var caught []any
+	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	defer client.Close()
+	client.AddHook(catchArgs{&caught})
+	ctx := context.Background()
+	want := func(in *invocation, name string, body any) []any {
+		if name == "eval" {
+			client.Eval(ctx, body.(string), in.keys, in.args...)
+		} else {
+			client.EvalSha(ctx, body.(string), in.keys, in.args...)
+		}
+		return caught
+	}
+	for _, s := range []struct {
+		name string
+		body any
+	}{{"evalsha", batchScript.sha}, {"eval", batchScript.src}, {"evalsha", batchScript.sha}} {
+		cmd := b.command(ctx, s.name, s.body)
+		if got, w := cmd.Args(), want(&b.invocation, s.name, s.body); !reflect.DeepEqual(got, w) {
+			t.Errorf("command %v; want %v", got, w)
+		}
+	}
+	if n := testing.AllocsPerRun(100, func() { b.command(ctx, "evalsha", batchScript.shaArg) }); n != 3 {
+		t.Errorf("a batch of one call's command: %v allocations, want 3 (the command, two keys)", n)
+	}
+	b.args = append([]any{int64(-1)}, b.args[1:]...)
+	cmd := b.command(ctx, "evalsha", batchScript.shaArg)
+	if got, w := cmd.Args(), want(&b.invocation, "evalsha", batchScript.sha); !reflect.DeepEqual(got, w) {
+		t.Errorf("with its arguments replaced: command %v; want %v", got, w)
+	}
+	if n := testing.AllocsPerRun(100, func() { b.command(ctx, "evalsha", batchScript.shaArg) }); n != 4 {
+		t.Errorf("with its arguments replaced: %v allocations, want 4 (a line of its own)", n)
 	}
 }

@@ -20,6 +20,9 @@ import (
 type invocation struct {
 	keys []string
 	args []any
+	// line, if set, is room for the whole command whose tail args is
+	// (see command): a batch of one call makes it with the call.
+	line []any
 	cmd  *redis.Cmd
 	// resendable marks a call that carries an id of its own (a batch's
 	// resend key, an adjustment's id): sent twice, Redis applies it once
@@ -81,15 +84,18 @@ func (r *Redis) runAll(ctx context.Context, s script, invs []*invocation) {
 func (r *Redis) sendAll(ctx context.Context, s script, invs []*invocation) {
 	if len(invs) == 1 {
 		in := invs[0]
-		in.cmd = r.client.EvalSha(ctx, s.sha, in.keys, in.args...)
+		in.cmd = in.command(ctx, "evalsha", s.shaArg)
+		_ = r.client.Process(ctx, in.cmd) // the error is the command's
 		if isNoScript(in.cmd.Err()) {
-			in.cmd = r.client.Eval(ctx, s.src, in.keys, in.args...)
+			in.cmd = in.command(ctx, "eval", s.srcArg)
+			_ = r.client.Process(ctx, in.cmd)
 		}
 		return
 	}
 	pipe := r.client.Pipeline()
 	for _, in := range invs {
-		in.cmd = pipe.EvalSha(ctx, s.sha, in.keys, in.args...)
+		in.cmd = in.command(ctx, "evalsha", s.shaArg)
+		_ = pipe.Process(ctx, in.cmd) // queued
 	}
 	_, err := pipe.Exec(ctx)
 	setPipelineErr(invs, err) // errors are read per command
@@ -101,14 +107,13 @@ func (r *Redis) sendAll(ctx context.Context, s script, invs []*invocation) {
 			}
 			if retry == nil {
 				retry = r.client.Pipeline()
-				in.cmd = retry.Eval(ctx, s.src, in.keys, in.args...)
-				continue
-			}
-			if pass == 0 {
-				in.cmd = retry.EvalSha(ctx, s.sha, in.keys, in.args...)
+				in.cmd = in.command(ctx, "eval", s.srcArg)
+			} else if pass == 0 {
+				in.cmd = in.command(ctx, "evalsha", s.shaArg)
 			} else {
-				in.cmd = retry.Eval(ctx, s.src, in.keys, in.args...)
+				in.cmd = in.command(ctx, "eval", s.srcArg)
 			}
+			_ = retry.Process(ctx, in.cmd) // queued
 		}
 		if retry == nil {
 			return
@@ -116,6 +121,31 @@ func (r *Redis) sendAll(ctx context.Context, s script, invs []*invocation) {
 		_, err = retry.Exec(ctx)
 		setPipelineErr(invs, err)
 	}
+}
+
+// command returns in's command: name (EVALSHA or EVAL), then body (the
+// script's hash or source), the keys and the arguments, as go-redis's
+// EvalSha builds it, whose first key routes it on a Cluster. It is laid
+// out in in.line when args is still its tail (batchOf builds a batch of
+// one call so), else in a new one: go-redis's took one more allocation,
+// for the hash, every call. name and body are any so that neither is
+// boxed per call: a constant name costs nothing.
+func (in *invocation) command(ctx context.Context, name, body any) *redis.Cmd {
+	n := 3 + len(in.keys)
+	line := in.line
+	if len(line) != n+len(in.args) || len(in.args) == 0 || &line[n] != &in.args[0] {
+		line = make([]any, n+len(in.args))
+		copy(line[n:], in.args)
+	}
+	line[0], line[1], line[2] = name, body, len(in.keys) // an int, as go-redis's EvalSha (hooks read it)
+	for i, k := range in.keys {
+		line[3+i] = k
+	}
+	cmd := redis.NewCmd(ctx, line...)
+	if len(in.keys) > 0 {
+		cmd.SetFirstKeyPos(3)
+	}
+	return cmd
 }
 
 // clientTimedOut reports whether err is a timeout of the client's own (a
@@ -183,10 +213,14 @@ func (r *Redis) run(ctx context.Context, s script, key string, args ...any) (any
 // not sent again (a reset is not safe to resend); a timeout at ctx's
 // deadline reports ctx's error (see atDeadline).
 func (r *Redis) runKeys(ctx context.Context, s script, keys []string, args ...any) (any, error) {
-	v, err := r.client.EvalSha(ctx, s.sha, keys, args...).Result()
-	if err != nil && isNoScript(err) {
-		v, err = r.client.Eval(ctx, s.src, keys, args...).Result()
+	in := invocation{keys: keys, args: args}
+	in.cmd = in.command(ctx, "evalsha", s.shaArg)
+	_ = r.client.Process(ctx, in.cmd)
+	if isNoScript(in.cmd.Err()) {
+		in.cmd = in.command(ctx, "eval", s.srcArg)
+		_ = r.client.Process(ctx, in.cmd)
 	}
+	v, err := in.cmd.Result()
 	if err != nil {
 		return nil, classify(atDeadline(ctx, err))
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"math/rand"
 	"net"
 	"os"
 	"strings"
@@ -19,6 +20,7 @@ import (
 	"github.com/leaselimit/leaselimit/breaker"
 	"github.com/leaselimit/leaselimit/internal/circuit"
 	"github.com/redis/go-redis/v9"
+	"github.com/sony/gobreaker/v2"
 	"go.uber.org/goleak"
 )
 
@@ -473,5 +475,105 @@ func TestMoving(t *testing.T) {
 		if circuit.Moving(err) {
 			t.Errorf("Moving(%v) = true; want false", err)
 		}
+	}
+}
+
+// TestClosedCallsAllocateNothing: a closed breaker's admission and a
+// success after no failure reach no lock of gobreaker's and allocate
+// nothing (gobreaker's own two steps allocate a closure per call).
+func TestClosedCallsAllocateNothing(t *testing.T) {
+	b := circuit.New("test", circuit.Settings{})
+	if n := testing.AllocsPerRun(1000, func() {
+		done, err := b.Allow()
+		if err != nil {
+			t.Fatal(err)
+		}
+		done(nil)
+	}); n != 0 {
+		t.Errorf("a closed breaker's call allocates %v; want 0", n)
+	}
+}
+
+// TestClosedCallsAsGobreaker: while the breaker is closed, Allow tells
+// gobreaker only the outcomes that change its counts (see Allow); driven
+// by the same random calls, overlapping and ending in any order, it
+// trips exactly when a gobreaker that is told every call does. OpenFor
+// is long, so that no clock decides: once open, both stay open.
+func TestClosedCallsAsGobreaker(t *testing.T) {
+	for seed := int64(1); seed <= 300; seed++ {
+		rng := rand.New(rand.NewSource(seed))
+		failures := uint32(1 + rng.Intn(5))
+		b := circuit.New("test", circuit.Settings{Settings: breaker.Settings{Failures: failures, OpenFor: time.Hour, Interval: time.Hour}})
+		ref := gobreaker.NewTwoStepCircuitBreaker[struct{}](gobreaker.Settings{
+			Timeout:     time.Hour,
+			Interval:    time.Hour,
+			ReadyToTrip: func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= failures },
+			IsExcluded:  func(err error) bool { return err != nil && !circuit.Counts(err) },
+		})
+		type inFlight struct{ ours, theirs func(error) }
+		var out []inFlight
+		outcomes := []error{nil, nil, errInfra, circuit.ErrBudget, context.Canceled}
+		var steps []string
+		for step := 0; step < 60; step++ {
+			if len(out) == 0 || rng.Intn(3) == 0 {
+				ours, oerr := b.Allow()
+				theirs, terr := ref.Allow()
+				steps = append(steps, "allow")
+				if (oerr == nil) != (terr == nil) {
+					t.Fatalf("seed %d, after %v: Allow = %v; gobreaker's %v", seed, steps, oerr, terr)
+				}
+				if oerr == nil {
+					out = append(out, inFlight{ours, theirs})
+				}
+			} else {
+				i := rng.Intn(len(out))
+				err := outcomes[rng.Intn(len(outcomes))]
+				out[i].ours(err)
+				out[i].theirs(err)
+				out = append(out[:i], out[i+1:]...)
+				steps = append(steps, fmt.Sprint(err))
+			}
+			if got, want := b.State().String(), ref.State().String(); got != want { // both "closed", "half-open", "open"
+				t.Fatalf("seed %d, after %v: state %v; gobreaker's %v", seed, steps, got, want)
+			}
+		}
+	}
+}
+
+// TestEarlierSpellDropped: a call admitted before the breaker opened,
+// ending after it closed again, counts for nothing, as gobreaker drops a
+// call of an earlier generation: its failure does not add to the new
+// spell's, its success does not reset them.
+func TestEarlierSpellDropped(t *testing.T) {
+	const openFor = 30 * time.Millisecond
+	b := circuit.New("test", circuit.Settings{Settings: breaker.Settings{Failures: 2, OpenFor: openFor, Probes: 1}})
+	var old []func(error)
+	for range 3 {
+		done, err := b.Allow()
+		if err != nil {
+			t.Fatal(err)
+		}
+		old = append(old, done)
+	}
+	call(t, b, errInfra)
+	call(t, b, errInfra)
+	if b.State() != breaker.Open {
+		t.Fatalf("state %v after 2 failures; want open", b.State())
+	}
+	time.Sleep(time.Until(b.OpenUntil()) + 10*time.Millisecond)
+	call(t, b, nil) // the probe
+	if b.State() != breaker.Closed {
+		t.Fatalf("state %v after a successful probe; want closed", b.State())
+	}
+	old[0](errInfra)
+	old[1](errInfra)
+	if b.State() != breaker.Closed {
+		t.Fatalf("state %v: failures of calls admitted before the trip counted after it", b.State())
+	}
+	call(t, b, errInfra)
+	old[2](nil)
+	call(t, b, errInfra)
+	if b.State() != breaker.Open {
+		t.Fatalf("state %v: a success admitted before the trip reset the failures after it", b.State())
 	}
 }

@@ -160,8 +160,9 @@ func TestSendAloneEndsItsBudget(t *testing.T) {
 			}
 			start := time.Now()
 			bctx := newBudgetCtx(parent, start.Add(tc.budget))
-			a := authority.Acquisition{Key: auth.Key(l, "k"), Limit: l, Want: 1, Min: 1, Share: 1}
-			ln.sendAlone(bctx, bctx, &a, start.Add(tc.askAt))
+			one := &aloneSend{c: Call{Acq: authority.Acquisition{Key: auth.Key(l, "k"), Limit: l, Want: 1, Min: 1, Share: 1}}}
+			a := &one.c.Acq
+			ln.sendAlone(bctx, bctx, one, start.Add(tc.askAt))
 			took := time.Since(start)
 			if !errors.Is(a.Err, context.DeadlineExceeded) {
 				t.Fatalf("the call's error %v; want its context's DeadlineExceeded", a.Err)

@@ -77,8 +77,10 @@ func inPlaceLimit(start time.Time, budget time.Duration) time.Duration {
 // it during a read, and a wait for a connection ends at the deadline): a
 // call that then runs its whole budget is Redis's failure, as any. done is
 // the breaker's, from admit.
-func (k *Caller) direct(ctx context.Context, c Call, ln *lane, done func(error), start time.Time, limit time.Duration) (authority.Grant, error) {
+func (k *Caller) direct(ctx context.Context, call Call, ln *lane, done func(error), start time.Time, limit time.Duration) (authority.Grant, error) {
 	defer k.p.gate.leave()
+	one := &aloneSend{c: call}
+	c := &one.c
 	budget := k.p.budget
 	replies := c.Brk.RepliesSeen()
 	if limit > budget {
@@ -99,7 +101,7 @@ func (k *Caller) direct(ctx context.Context, c Call, ln *lane, done func(error),
 	span.span = sp
 	// The witness is asked early, so that its verdict on a call without
 	// a reply is known when the budget ends (see witness.answers).
-	early := ln.sendAlone(cctx, bctx, &c.Acq, start.Add(limit-witnessWait(budget)))
+	early := ln.sendAlone(cctx, bctx, one, start.Add(limit-witnessWait(budget)))
 	// Whether Redis may have run a call without a reply is read off its
 	// own error, before a verdict below replaces it (see recoverCut).
 	unknown := outcomeUnknown(c.Acq.Err)
@@ -118,13 +120,13 @@ func (k *Caller) direct(ctx context.Context, c Call, ln *lane, done func(error),
 		span.finish(k.tel, 0, err, recorder.ContextReason(err))
 		done(callerLeft)
 		if unknown {
-			k.p.recoverCut([]cutCall{{k, c}}, start)
+			k.p.recoverCut([]cutCall{{k, *c}}, start)
 		}
 		return authority.Grant{}, err
 	}
 	noted(c.Brk, c.Acq.Err)
 	elapsed := time.Since(start)
-	g, err := k.end(cctx, &c, &span, start, elapsed, c.Acq.Grant, c.Acq.Err)
+	g, err := k.end(cctx, c, &span, start, elapsed, c.Acq.Grant, c.Acq.Err)
 	if err != nil && errors.Is(err, circuit.ErrBudget) && k.p.behind(c.Brk, k.p.nodes.witnessOf(c.Brk, c.Acq.Key), early, start, limit, replies) {
 		// Whoever waits (a lease refill runs on after its caller left:
 		// c.Keep), a timeout is Redis's only if this process was not
@@ -143,7 +145,7 @@ func (k *Caller) direct(ctx context.Context, c Call, ln *lane, done func(error),
 	if err != nil && unknown {
 		// Cut at the budget (or the hard cap): a grant Redis may have
 		// made goes where a late reply's would.
-		k.p.recoverCut([]cutCall{{k, c}}, start)
+		k.p.recoverCut([]cutCall{{k, *c}}, start)
 	}
 	done(err)
 	return g, err

@@ -156,13 +156,22 @@ func (ln *lane) claim() bool {
 	return false
 }
 
-// sendAlone sends call a on the caller's goroutine, bounded by ctx, with
-// the pipeline claim took; its outcome is in a. If it is still out at
+// aloneSend is a call sent alone (see sendAlone) with the one-element
+// list AcquireAll takes: the call escapes into its batch, and the two
+// took an allocation each.
+type aloneSend struct {
+	c  Call
+	as [1]*authority.Acquisition
+}
+
+// sendAlone sends one's call on the caller's goroutine, bounded by ctx,
+// with the pipeline claim took; its outcome is in one.c.Acq. If it is still out at
 // askAt (unless zero), the watchdog asks its witness (see bark), and that
 // ask is returned (else nil); if budget is set (ctx is made from it), the
 // watchdog ends it at its deadline. The pipeline then goes back to the
 // lane, and the senders carry what queued meanwhile.
-func (ln *lane) sendAlone(ctx context.Context, budget *budgetCtx, a *authority.Acquisition, askAt time.Time) (early *flight) {
+func (ln *lane) sendAlone(ctx context.Context, budget *budgetCtx, one *aloneSend, askAt time.Time) (early *flight) {
+	a := &one.c.Acq
 	i := -1
 	if !askAt.IsZero() || budget != nil {
 		ln.mu.Lock()
@@ -179,8 +188,8 @@ func (ln *lane) sendAlone(ctx context.Context, budget *budgetCtx, a *authority.A
 		ln.dog.armFor(at)
 		ln.mu.Unlock()
 	}
-	as := [1]*authority.Acquisition{a}
-	ln.auth.AcquireAll(ctx, as[:])
+	one.as[0] = a
+	ln.auth.AcquireAll(ctx, one.as[:])
 	ln.mu.Lock()
 	if i >= 0 {
 		early = ln.alone[i].early

@@ -143,9 +143,9 @@ func sendFirst(t *testing.T, ln *lane, auth *authority.Redis, l policy.Limit) ch
 	}
 	first := make(chan error, 1)
 	go func() {
-		a := authority.Acquisition{Key: auth.Key(l, "first"), Limit: l, Want: 1, Min: 1, Share: 1}
-		ln.sendAlone(context.Background(), nil, &a, time.Time{})
-		first <- a.Err
+		one := &aloneSend{c: Call{Acq: authority.Acquisition{Key: auth.Key(l, "first"), Limit: l, Want: 1, Min: 1, Share: 1}}}
+		ln.sendAlone(context.Background(), nil, one, time.Time{})
+		first <- one.c.Acq.Err
 	}()
 	return first
 }
@@ -235,8 +235,9 @@ func BenchmarkLane(b *testing.B) {
 		defer ln.stop()
 		run(b, func(a authority.Acquisition) error {
 			if ln.claim() {
-				ln.sendAlone(ctx, nil, &a, time.Time{})
-				return a.Err
+				one := &aloneSend{c: Call{Acq: a}}
+				ln.sendAlone(ctx, nil, one, time.Time{})
+				return one.c.Acq.Err
 			}
 			w := &waiter{done: make(chan struct{})}
 			ln.submit(&pending{a: &a, deadline: time.Now().Add(time.Second), finish: w}, time.Now())
