@@ -312,13 +312,24 @@ func (b *batch) decode() {
 	}
 }
 
+// parseInt parses a reply's decimal integer: by Atoi where an int has 64
+// bits, whose fast path for fewer than 19 digits takes half of
+// ParseInt's time (a lone call's reply has four numbers).
+func parseInt(s string) (int64, error) {
+	if strconv.IntSize == 64 {
+		n, err := strconv.Atoi(s)
+		return int64(n), err
+	}
+	return strconv.ParseInt(s, 10, 64)
+}
+
 // clockOf reads the server's clock at the head of a batch reply, "<s>
 // <us>" as TIME gave it, in µs, and returns the rest of the reply.
 func clockOf(body string) (now int64, rest string, ok bool) {
 	st, rest := field(body)
 	ut, rest := field(rest)
-	s, err1 := strconv.ParseInt(st, 10, 64)
-	us, err2 := strconv.ParseInt(ut, 10, 64)
+	s, err1 := parseInt(st)
+	us, err2 := parseInt(ut)
 	if err1 != nil || err2 != nil || us < 0 || us >= 1e6 || s < 0 || s > (maxExact-1-us)/1e6 {
 		return 0, "", false
 	}
@@ -356,7 +367,7 @@ func decodeBatch(reply string, calls []*Acquisition, oneBucket bool) error {
 		}
 		var n [3]int64
 		for i := range values {
-			if n[i], err = strconv.ParseInt(t[i], 10, 64); err != nil {
+			if n[i], err = parseInt(t[i]); err != nil {
 				return fmt.Errorf("%w: batch reply %.80q", ErrReply, reply)
 			}
 		}
