@@ -53,14 +53,22 @@ var closedDone = func() chan struct{} {
 // newBudgetCtx returns a context for a call made in place from parent,
 // whose budget ends at end.
 func newBudgetCtx(parent context.Context, end time.Time) *budgetCtx {
-	c := &budgetCtx{Context: parent, deadline: end, ownDeadline: true}
+	c := new(budgetCtx)
+	c.start(parent, end)
+	return c
+}
+
+// start makes c, a zero budgetCtx, the context of a call made in place
+// from parent whose budget ends at end: a call sent alone keeps its
+// context in the allocation that holds the call (see aloneSend).
+func (c *budgetCtx) start(parent context.Context, end time.Time) {
+	c.Context, c.deadline, c.ownDeadline = parent, end, true
 	if d, ok := parent.Deadline(); ok && d.Before(end) {
 		c.deadline, c.ownDeadline = d, false
 	}
 	if err := parent.Err(); err != nil {
 		c.end(err, context.Cause(parent))
 	}
-	return c
 }
 
 func (c *budgetCtx) Deadline() (time.Time, bool) { return c.deadline, true }

@@ -94,7 +94,8 @@ func (k *Caller) direct(ctx context.Context, call Call, ln *lane, done func(erro
 		// the call).
 		base = context.WithoutCancel(ctx)
 	}
-	bctx := newBudgetCtx(base, start.Add(limit))
+	bctx := &one.budget
+	bctx.start(base, start.Add(limit))
 	defer bctx.release()
 	var span callSpan
 	cctx, sp := k.tel.StartAuthority(bctx, c.Acq.Want, c.Acq.Min, ln.ep)

@@ -157,11 +157,13 @@ func (ln *lane) claim() bool {
 }
 
 // aloneSend is a call sent alone (see sendAlone) with the one-element
-// list AcquireAll takes: the call escapes into its batch, and the two
-// took an allocation each.
+// list AcquireAll takes and its context, if it has a budget of its own
+// (see direct): the call escapes into its batch, and the three took an
+// allocation each.
 type aloneSend struct {
-	c  Call
-	as [1]*authority.Acquisition
+	c      Call
+	as     [1]*authority.Acquisition
+	budget budgetCtx
 }
 
 // sendAlone sends one's call on the caller's goroutine, bounded by ctx,
