@@ -181,8 +181,10 @@ func (r *Redis) batchOf(calls []*Acquisition, keyed bool) *batch {
 	for _, a := range calls {
 		keys = append(keys, a.Key)
 	}
-	if line != nil {
-		line = line[:3+len(keys)+len(args)]
+	if n := 3 + len(keys); line != nil && len(args) > 0 && n+len(args) <= len(line) && &line[n] == &args[0] {
+		line = line[:n+len(args)] // the arguments stayed in their room
+	} else {
+		line = nil
 	}
 	*b = batch{calls: calls, oneBucket: oneBucket, invocation: invocation{keys: keys, args: args, line: line, resendable: keyed}}
 	return b

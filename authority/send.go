@@ -21,8 +21,10 @@ type invocation struct {
 	keys []string
 	args []any
 	// line, if set, is room for the whole command whose tail args is
-	// (see command): a batch of one call makes it with the call.
+	// (see command): a batch of one call makes it with the call. It is
+	// lent to the first command only (lent).
 	line []any
+	lent bool
 	cmd  *redis.Cmd
 	// resendable marks a call that carries an id of its own (a batch's
 	// resend key, an adjustment's id): sent twice, Redis applies it once
@@ -127,16 +129,20 @@ func (r *Redis) sendAll(ctx context.Context, s script, invs []*invocation) {
 // script's hash or source), the keys and the arguments, as go-redis's
 // EvalSha builds it, whose first key routes it on a Cluster. It is laid
 // out in in.line when args is still its tail (batchOf builds a batch of
-// one call so), else in a new one: go-redis's took one more allocation,
-// for the hash, every call. name and body are any so that neither is
-// boxed per call: a constant name costs nothing.
+// one call so) for its first command, else in a new one: go-redis's took
+// one more allocation, for the hash, every call. A command sent again (by
+// EVAL after NOSCRIPT, or resent) gets a line of its own: a go-redis hook
+// may keep the first command, whose arguments must not change under it.
+// name and body are any so that neither is boxed per call: a constant
+// name costs nothing.
 func (in *invocation) command(ctx context.Context, name, body any) *redis.Cmd {
 	n := 3 + len(in.keys)
 	line := in.line
-	if len(line) != n+len(in.args) || len(in.args) == 0 || &line[n] != &in.args[0] {
+	if in.lent || len(line) != n+len(in.args) || len(in.args) == 0 || &line[n] != &in.args[0] {
 		line = make([]any, n+len(in.args))
 		copy(line[n:], in.args)
 	}
+	in.lent = true
 	line[0], line[1], line[2] = name, body, len(in.keys) // an int, as go-redis's EvalSha (hooks read it)
 	for i, k := range in.keys {
 		line[3+i] = k

@@ -9,8 +9,10 @@ import (
 	"math/rand"
 	"net"
 	"os"
+	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -498,7 +500,9 @@ func TestClosedCallsAllocateNothing(t *testing.T) {
 // gobreaker only the outcomes that change its counts (see Allow); driven
 // by the same random calls, overlapping and ending in any order, it
 // trips exactly when a gobreaker that is told every call does. OpenFor
-// is long, so that no clock decides: once open, both stay open.
+// and Interval are long, so that no clock decides: once open, both stay
+// open, and no clear falls between them (an Interval's clear comes at a
+// report, not at a call: see Allow and TestIntervalClears).
 func TestClosedCallsAsGobreaker(t *testing.T) {
 	for seed := int64(1); seed <= 300; seed++ {
 		rng := rand.New(rand.NewSource(seed))
@@ -575,5 +579,77 @@ func TestEarlierSpellDropped(t *testing.T) {
 	call(t, b, errInfra)
 	if b.State() != breaker.Open {
 		t.Fatalf("state %v: a success admitted before the trip reset the failures after it", b.State())
+	}
+}
+
+// TestClosingWhileAdmitted: callers that gobreaker admits as the last
+// probe closes the breaker are the closed breaker's calls: their
+// failures count, and the next success resets them. Regression (a
+// review): such a caller kept gobreaker's own done, its failure was
+// counted where the closed breaker did not see it, and no success
+// reset it, so that Failures-1 failures later, in any number of
+// successes, tripped the breaker (in 187 rounds of 200).
+func TestClosingWhileAdmitted(t *testing.T) {
+	const failures = 10 // above the four callers' failures: they alone do not trip it
+	for round := range 100 {
+		b := circuit.New("test", circuit.Settings{Settings: breaker.Settings{Failures: failures, OpenFor: time.Millisecond, Probes: 1}})
+		for range failures {
+			call(t, b, errInfra)
+		}
+		time.Sleep(2 * time.Millisecond)
+		probe, err := b.Allow()
+		if err != nil {
+			t.Fatalf("round %d: the probe: %v", round, err)
+		}
+		var wg sync.WaitGroup
+		var refused atomic.Int64
+		for range 4 {
+			wg.Go(func() {
+				for {
+					// Refused while the probe is out; admitted by
+					// gobreaker or by the closed breaker once it closes.
+					if done, err := b.Allow(); err == nil {
+						done(errInfra)
+						return
+					}
+					refused.Add(1)
+				}
+			})
+		}
+		for refused.Load() < 100 { // every caller asking, on gobreaker's path
+			runtime.Gosched()
+		}
+		probe(nil)
+		wg.Wait()
+		if b.State() != breaker.Closed {
+			t.Fatalf("round %d: state %v after a successful probe and 4 failures (Failures %d)", round, b.State(), failures)
+		}
+		call(t, b, nil) // resets whatever the four counted
+		for range failures - 1 {
+			call(t, b, errInfra)
+		}
+		if b.State() != breaker.Closed {
+			t.Fatalf("round %d: state %v after a success and %d failures (Failures %d)", round, b.State(), failures-1, failures)
+		}
+	}
+}
+
+// TestIntervalClears: while closed, failures further apart than Interval
+// do not add up to a trip, as gobreaker's own clear has it; failures
+// within it do.
+func TestIntervalClears(t *testing.T) {
+	const interval = 50 * time.Millisecond
+	b := circuit.New("test", circuit.Settings{Settings: breaker.Settings{Failures: 3, OpenFor: time.Hour, Interval: interval}})
+	call(t, b, errInfra)
+	call(t, b, errInfra)
+	time.Sleep(interval + 20*time.Millisecond)
+	call(t, b, errInfra)
+	if b.State() != breaker.Closed {
+		t.Fatalf("state %v: failures an Interval apart added up", b.State())
+	}
+	call(t, b, errInfra)
+	call(t, b, errInfra)
+	if b.State() != breaker.Open {
+		t.Fatalf("state %v after 3 consecutive failures within an Interval; want open", b.State())
 	}
 }
