@@ -181,11 +181,6 @@ func (r *Redis) batchOf(calls []*Acquisition, keyed bool) *batch {
 	for _, a := range calls {
 		keys = append(keys, a.Key)
 	}
-	if n := 3 + len(keys); line != nil && len(args) > 0 && n+len(args) <= len(line) && &line[n] == &args[0] {
-		line = line[:n+len(args)] // the arguments stayed in their room
-	} else {
-		line = nil
-	}
 	*b = batch{calls: calls, oneBucket: oneBucket, invocation: invocation{keys: keys, args: args, line: line, resendable: keyed}}
 	return b
 }
@@ -217,7 +212,7 @@ const oneCallArgs = 2 + 3 + 4
 // newBatchStore returns an empty batch of n calls and room for its nargs
 // arguments and its keys (the batch key first when keyed): a batch of one
 // call in one allocation (see batchOfOne), its arguments then in line, the
-// room for its whole command, else line nil.
+// room for its whole command (see invocation.command), else line nil.
 func newBatchStore(n, nargs int, keyed bool) (b *batch, line, args []any, keys []string) {
 	nkeys := n
 	if keyed {

@@ -20,9 +20,9 @@ import (
 type invocation struct {
 	keys []string
 	args []any
-	// line, if set, is room for the whole command whose tail args is
-	// (see command): a batch of one call makes it with the call. It is
-	// lent to the first command only (lent).
+	// line, if set, is room for the whole command, args in it after the
+	// keys (see command): a batch of one call makes it with the call. It
+	// is lent to the first command only (lent).
 	line []any
 	lent bool
 	cmd  *redis.Cmd
@@ -128,8 +128,9 @@ func (r *Redis) sendAll(ctx context.Context, s script, invs []*invocation) {
 // command returns in's command: name (EVALSHA or EVAL), then body (the
 // script's hash or source), the keys and the arguments, as go-redis's
 // EvalSha builds it, whose first key routes it on a Cluster. It is laid
-// out in in.line when args is still its tail (batchOf builds a batch of
-// one call so) for its first command, else in a new one: go-redis's took
+// out in in.line when args still sits in it, after the keys (batchOf
+// builds a batch of one call so, unless its arguments outgrew their room),
+// for its first command, else in a new one: go-redis's took
 // one more allocation, for the hash, every call. A command sent again (by
 // EVAL after NOSCRIPT, or resent) gets a line of its own: a go-redis hook
 // may keep the first command, whose arguments must not change under it.
@@ -138,7 +139,9 @@ func (r *Redis) sendAll(ctx context.Context, s script, invs []*invocation) {
 func (in *invocation) command(ctx context.Context, name, body any) *redis.Cmd {
 	n := 3 + len(in.keys)
 	line := in.line
-	if in.lent || len(line) != n+len(in.args) || len(in.args) == 0 || &line[n] != &in.args[0] {
+	if !in.lent && len(in.args) > 0 && n+len(in.args) <= len(line) && &line[n] == &in.args[0] {
+		line = line[:n+len(in.args)]
+	} else {
 		line = make([]any, n+len(in.args))
 		copy(line[n:], in.args)
 	}
@@ -219,13 +222,8 @@ func (r *Redis) run(ctx context.Context, s script, key string, args ...any) (any
 // not sent again (a reset is not safe to resend); a timeout at ctx's
 // deadline reports ctx's error (see atDeadline).
 func (r *Redis) runKeys(ctx context.Context, s script, keys []string, args ...any) (any, error) {
-	in := invocation{keys: keys, args: args}
-	in.cmd = in.command(ctx, "evalsha", s.shaArg)
-	_ = r.client.Process(ctx, in.cmd)
-	if isNoScript(in.cmd.Err()) {
-		in.cmd = in.command(ctx, "eval", s.srcArg)
-		_ = r.client.Process(ctx, in.cmd)
-	}
+	in := &invocation{keys: keys, args: args}
+	r.sendAll(ctx, s, []*invocation{in}) // once, EVAL after NOSCRIPT
 	v, err := in.cmd.Result()
 	if err != nil {
 		return nil, classify(atDeadline(ctx, err))

@@ -9,10 +9,8 @@ import (
 	"math/rand"
 	"net"
 	"os"
-	"runtime"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -601,10 +599,11 @@ func TestClosingWhileAdmitted(t *testing.T) {
 		if err != nil {
 			t.Fatalf("round %d: the probe: %v", round, err)
 		}
-		var wg sync.WaitGroup
-		var refused atomic.Int64
+		var wg, asking sync.WaitGroup
+		asking.Add(4)
 		for range 4 {
 			wg.Go(func() {
+				refused := false
 				for {
 					// Refused while the probe is out; admitted by
 					// gobreaker or by the closed breaker once it closes.
@@ -612,13 +611,14 @@ func TestClosingWhileAdmitted(t *testing.T) {
 						done(errInfra)
 						return
 					}
-					refused.Add(1)
+					if !refused {
+						refused = true
+						asking.Done()
+					}
 				}
 			})
 		}
-		for refused.Load() < 100 { // every caller asking, on gobreaker's path
-			runtime.Gosched()
-		}
+		asking.Wait() // every caller asking, on gobreaker's path
 		probe(nil)
 		wg.Wait()
 		if b.State() != breaker.Closed {
