@@ -1,14 +1,16 @@
 // Command compare runs leaselimit and the designs it replaces side by side,
 // in one process, on one real redis-server, and prints a Markdown table.
 //
-//	go run ./cmd/compare [-redis ADDR] [-duration 5s] [-rounds 5] [-warmup 5s] [-goroutines 64] [-designs a,b] [-workloads prefix,...] [-short]
+//	go run ./cmd/compare [-redis ADDR] [-duration 5s] [-rounds 5] [-warmup 5s] [-lead-in 2.5s] [-goroutines 64] [-designs a,b] [-workloads prefix,...] [-short]
 //
 // Without -redis it starts redis-server (from PATH) on a free loopback port
 // and stops it on exit. Each design of a workload runs for -duration in
 // all, interleaved with the others: -rounds rounds of one slice per design,
 // in an order rotated each round (see interleave.go); the first three
 // workloads first run -warmup on their own keys, so leases reach their
-// steady size. -short runs 1s per design with a 100ms warm-up for CI.
+// steady size. Before each measured slice of a workload that keeps its
+// keys, the design runs -lead-in unmeasured on them (see setup.slice).
+// -short runs 1s per design with 100ms warm-ups and lead-ins, for CI.
 // See README.md for the columns.
 package main
 
@@ -77,6 +79,7 @@ type config struct {
 	duration   time.Duration // per design, over all rounds
 	rounds     int
 	warmup     time.Duration
+	leadIn     time.Duration // unmeasured, before each slice (see setup.slice)
 	goroutines int
 	runID      string
 	out        io.Writer
@@ -112,6 +115,7 @@ func run() error {
 		goroutines = flag.Int("goroutines", 64, "concurrent callers per cell")
 		short      = flag.Bool("short", false, "1s cells and a 100ms warm-up, for CI")
 		warmup     = flag.Duration("warmup", 5*time.Second, "how long the first three workloads (those that need not start from a full bucket) run on their own keys before each measurement, so leases reach their steady size")
+		leadIn     = flag.Duration("lead-in", 2500*time.Millisecond, "how long a design runs, unmeasured, before each of its slices of a workload that keeps its keys: work the design before it deferred (leases' refunds, a TTL after their grants) ends before the slice, and its own from the lead-in lands in it, as in a steady run (0: none)")
 		only       = flag.String("designs", strings.Join(design.Names, ","), "comma-separated designs to run; the layers ("+strings.Join(design.Layers, ",")+") run only when named")
 		ctxTimeout = flag.Bool("context-timeout", false, "create every client with go-redis's ContextTimeoutEnabled (leaselimit then calls Redis on the caller's goroutine)")
 		which      = flag.String("workloads", "", "run only the workloads whose name starts with one of these comma-separated prefixes (default: all)")
@@ -125,12 +129,16 @@ func run() error {
 	if *short {
 		*duration = time.Second
 		*warmup = 100 * time.Millisecond
+		*leadIn = 100 * time.Millisecond
 	}
 	if *duration <= 0 || *duration > time.Hour {
 		return fmt.Errorf("-duration %v must be in (0, 1h]", *duration)
 	}
 	if *warmup < 0 || *warmup > time.Hour {
 		return fmt.Errorf("-warmup %v must be in [0, 1h]", *warmup)
+	}
+	if *leadIn < 0 || *leadIn > time.Hour {
+		return fmt.Errorf("-lead-in %v must be in [0, 1h]", *leadIn)
 	}
 	if *rounds < 5 || *rounds > 1000 {
 		return fmt.Errorf("-rounds %d must be in [5, 1000]", *rounds)
@@ -150,6 +158,7 @@ func run() error {
 		duration:   *duration,
 		rounds:     *rounds,
 		warmup:     *warmup,
+		leadIn:     *leadIn,
 		goroutines: *goroutines,
 		runID:      strconv.FormatInt(time.Now().UnixNano(), 36),
 		out:        os.Stdout,
