@@ -116,53 +116,143 @@ func (r *Redis) adjustCall(rf *Refund, n int64, keyed bool) ([]string, []any) {
 	return keys, args
 }
 
-// RefundAll applies several adjustments in one pipeline (on a Cluster,
-// go-redis splits it by node). Adjustments without an ID to one key are
+// RefundAll applies several adjustments, as few script calls as it takes:
+// up to maxPerScript adjustments in one call (see refund.lua), those of one
+// hash tag together on a Cluster or Ring, the calls in one pipeline
+// (on a Cluster, go-redis splits it by node). One call each cost Redis a
+// script call, a clock reading and a reply per adjustment: a lease table's
+// expired leases, flushed every tick, were a fifth of Redis's work on the
+// comparison's cold long tail. Each adjustment keeps its own id, so that
+// it is applied once whichever call carried it, and a call that failed
+// part way is sent again whole. Adjustments without an ID to one key are
 // merged when they agree (the same sign, window and stamp), each merged
-// one gets an ID; adjustments with an ID (sent
-// before) go as they are. Entries with Tokens 0 are skipped; Tokens are
-// capped as Apply caps them. It returns the adjustments that failed, with
-// their IDs, to be sent again under them (see ResendWithin).
+// one gets an ID; adjustments with an ID (sent before) go as they are.
+// Entries with Tokens 0 are skipped; Tokens are capped as Apply caps them.
+// It returns the adjustments that failed, with their IDs, to be sent again
+// under them (see ResendWithin).
 func (r *Redis) RefundAll(ctx context.Context, refunds []Refund) []Failed {
 	items := mergeRefunds(refunds)
-	invs := make([]*invocation, 0, len(items))
 	sent := make([]*Refund, 0, len(items))
 	for i := range items {
 		rf := &items[i]
-		n := clampAdjust(rf.Tokens, rf.Limit)
-		if n == 0 {
+		if clampAdjust(rf.Tokens, rf.Limit) == 0 {
 			continue // capped to nothing
 		}
 		if rf.ID == "" {
 			rf.ID = r.nextID("r")
 		}
-		keys, args := r.adjustCall(rf, n, true)
-		invs = append(invs, &invocation{keys: keys, args: args, resendable: true})
 		sent = append(sent, rf)
 	}
-	if len(invs) == 0 {
+	if len(sent) == 0 {
 		return nil
 	}
+	groups := r.adjustGroups(sent)
+	invs := make([]*invocation, len(groups))
+	for i, g := range groups {
+		invs[i] = r.adjustInvocation(g)
+	}
 	r.runAll(ctx, refundScript, invs)
-	var moving []*invocation // charges refused on a slot in migration
-	for i, in := range invs {
-		if n := clampAdjust(sent[i].Tokens, sent[i].Limit); n < 0 && circuit.Moving(in.cmd.Err()) {
-			keys, args := r.adjustCall(sent[i], n, false)
-			invs[i] = &invocation{keys: keys, args: args}
-			moving = append(moving, invs[i])
+	var failed []Failed
+	var moving []*Refund // charges refused on a slot in migration
+	for i, g := range groups {
+		err := invs[i].cmd.Err()
+		if err == nil {
+			failed = decodeRefunds(invs[i].cmd.Val(), g, failed)
+			continue
+		}
+		for _, rf := range g {
+			if clampAdjust(rf.Tokens, rf.Limit) < 0 && circuit.Moving(err) {
+				moving = append(moving, rf)
+				continue
+			}
+			failed = append(failed, Failed{Refund: *rf, Err: classify(err)})
 		}
 	}
 	if len(moving) > 0 {
-		r.runAll(ctx, refundScript, moving)
+		// Each alone, on its bucket without its id and mark (see
+		// adjustCall), which the node holding the bucket serves.
+		again := make([]*invocation, len(moving))
+		for i, rf := range moving {
+			keys, args := r.adjustCall(rf, clampAdjust(rf.Tokens, rf.Limit), false)
+			again[i] = &invocation{keys: keys, args: args}
+		}
+		r.runAll(ctx, refundScript, again)
+		for i, rf := range moving {
+			if err := again[i].cmd.Err(); err != nil {
+				failed = append(failed, Failed{Refund: *rf, Err: classify(err)})
+				continue
+			}
+			failed = decodeRefunds(again[i].cmd.Val(), moving[i:i+1], failed)
+		}
 	}
-	var failed []Failed
-	for i, in := range invs {
-		err := in.cmd.Err()
-		if err == nil {
-			_, _, err = decodeRefund(in.cmd.Val())
+	return failed
+}
+
+// adjustGroups splits adjustments into the groups one script call each
+// applies: up to maxPerScript of them, on a Cluster or Ring those of one
+// hash tag (one slot) only.
+func (r *Redis) adjustGroups(rfs []*Refund) [][]*Refund {
+	var groups [][]*Refund
+	if r.multiKey() {
+		for i := 0; i < len(rfs); i += maxPerScript {
+			groups = append(groups, rfs[i:min(i+maxPerScript, len(rfs))])
+		}
+		return groups
+	}
+	index := make(map[string]int, len(rfs)) // hash tag -> its open group
+	for _, rf := range rfs {
+		tag := hashTag(rf.Key)
+		i, ok := index[tag]
+		if !ok || len(groups[i]) == maxPerScript {
+			i = len(groups)
+			index[tag] = i
+			groups = append(groups, nil)
+		}
+		groups[i] = append(groups[i], rf)
+	}
+	return groups
+}
+
+// adjustInvocation is the refund script's call for the adjustments g, each
+// with its id (see refund.lua): one call, sent again whole under the same
+// ids when its reply is lost.
+func (r *Redis) adjustInvocation(g []*Refund) *invocation {
+	in := &invocation{keys: make([]string, 0, 3*len(g)), args: make([]any, 0, 7*len(g)), resendable: true}
+	for _, rf := range g {
+		keys, args := r.adjustCall(rf, clampAdjust(rf.Tokens, rf.Limit), true)
+		in.keys = append(in.keys, keys...)
+		in.args = append(in.args, args...)
+	}
+	return in
+}
+
+// decodeRefunds reads the reply v of one refund script call for the
+// adjustments g, and appends to failed those whose part of it is an error
+// or not a reply of the script's.
+func decodeRefunds(v any, g []*Refund, failed []Failed) []Failed {
+	if len(g) == 1 {
+		if _, _, err := decodeRefund(v); err != nil {
+			failed = append(failed, Failed{Refund: *g[0], Err: err})
+		}
+		return failed
+	}
+	arr, ok := v.([]any)
+	if !ok || len(arr) != len(g) {
+		err := fmt.Errorf("%w: refund reply %v for %d adjustments", ErrReply, v, len(g))
+		for _, rf := range g {
+			failed = append(failed, Failed{Refund: *rf, Err: err})
+		}
+		return failed
+	}
+	for i, e := range arr {
+		err, isErr := e.(error) // one adjustment's own error reply
+		if isErr {
+			err = classify(err)
+		} else {
+			_, _, err = decodeRefund(e)
 		}
 		if err != nil {
-			failed = append(failed, Failed{Refund: *sent[i], Err: classify(err)})
+			failed = append(failed, Failed{Refund: *g[i], Err: err})
 		}
 	}
 	return failed

@@ -247,19 +247,36 @@ func TestPipelineCutAfterItsFirstReply(t *testing.T) {
 		t.Errorf("buckets after the cut pipeline: %d, %d, %d, %d; want 6 and 17 (taken once), 9 and 20 (untouched)", a, b, c, d)
 	}
 
+	// A script call applies up to maxPerScript adjustments: k1's and
+	// those of maxPerScript-1 more keys fill the first, k2's goes in a
+	// second.
+	rfs := []Refund{{Key: k1, Limit: l, Tokens: 2}}
+	for i := range maxPerScript - 1 {
+		k := r.Key(l, fmt.Sprint("more", i))
+		if _, err := r.Acquire(ctx, k, l, 1, 1, 1); err != nil {
+			t.Fatal(err)
+		}
+		rfs = append(rfs, Refund{Key: k, Limit: l, Tokens: 1})
+	}
+	rfs = append(rfs, Refund{Key: k2, Limit: l, Tokens: 1})
 	cut.armed.Store(true)
-	failed := r.RefundAll(ctx, []Refund{{Key: k1, Limit: l, Tokens: 2}, {Key: k2, Limit: l, Tokens: 1}})
+	failed := r.RefundAll(ctx, rfs)
 	if cut.armed.Load() {
-		t.Fatal("the two adjustments did not go in one pipeline")
+		t.Fatal("the two script calls of adjustments did not go in one pipeline")
 	}
 	if len(failed) != 1 || failed[0].Key != k2 || failed[0].ID == "" {
-		t.Fatalf("adjustments of a cut pipeline reported failed: %+v; want the second only, with its id", failed)
+		t.Fatalf("adjustments of a cut pipeline reported failed: %+v; want the second call's only, with its id", failed)
 	}
 	if again := r.RefundAll(ctx, []Refund{failed[0].Refund}); len(again) != 0 {
 		t.Fatalf("the failed adjustment sent again: %+v", again)
 	}
 	if a, b := remaining(k1, l), remaining(k2, l); a != 8 || b != 10 {
 		t.Errorf("buckets after the refunds: %d and %d; want 8 and 10, each applied once", a, b)
+	}
+	for _, rf := range rfs[1 : len(rfs)-1] {
+		if got := remaining(rf.Key, l); got != 10 {
+			t.Errorf("bucket %s after its refund in the first call: %d; want 10", rf.Key, got)
+		}
 	}
 }
 
