@@ -37,6 +37,37 @@ func TestDoorkeeperFirstSightIsExact(t *testing.T) {
 	}
 }
 
+// TestRepeatEarnsALease: a key that comes back within a lease's life (the
+// doorkeeper lets it in) asks, at its first refill, for one token beyond
+// its callers' need, at least their need taken: its next decision is a
+// lease hit, not another Redis call. With the doorkeeper off (every key
+// let in at its first sight) a first refill asks for the need alone (see
+// TestProtocolMissGrantLease).
+func TestRepeatEarnsALease(t *testing.T) {
+	tab := NewTable(1000, policy.Lease{})
+	ls := New(tab, policy.PerSecond(100), policy.Lease{}, 1)
+	now := int64(time.Second)
+	if a := ls.Decide("k", 2, now); a.Status != Exact {
+		t.Fatalf("first sight = %+v; want Exact", a)
+	}
+	a := ls.Decide("k", 2, now+int64(time.Millisecond))
+	if a.Status != Miss {
+		t.Fatalf("second sight = %+v; want a Miss", a)
+	}
+	ls.Join(a.Ticket)
+	r := ls.Plan(a.Ticket, now)
+	if r.Want != 3 || r.Min != 2 {
+		t.Fatalf("first refill of a key that came back = %+v; want Want 3 (2 needed, 1 spare), Min 2", r)
+	}
+	o, _ := ls.Complete(r, authority.Grant{Granted: 3, Remaining: 90}, now)
+	if got := ls.Collect(a.Ticket, o, now); got.Status != Granted {
+		t.Fatalf("Collect = %+v; want Granted", got)
+	}
+	if a := ls.Decide("k", 1, now); a.Status != Leased {
+		t.Fatalf("third sight = %+v; want Leased, from the spare token", a)
+	}
+}
+
 // TestHeldKeyComesBackLate: a key the table holds whose lease is over is
 // decided exactly when it comes back more than a lease's life after its
 // last use, as a key the table does not hold; within it, it is refilled.

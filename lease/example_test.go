@@ -22,13 +22,16 @@ func Example() {
 	fmt.Println(a.Status == lease.Miss) // it came back: it earns a lease
 	ls.Join(a.Ticket)
 	r := ls.Plan(a.Ticket, now)
-	fmt.Println(r.Want, r.Min) // a cold key asks for what its caller needs
-	o, _ := ls.Complete(r, authority.Grant{Granted: r.Want, Remaining: 99}, now)
+	fmt.Println(r.Want, r.Min) // its first lease: one token more than its caller needs, at least that
+	o, _ := ls.Complete(r, authority.Grant{Granted: r.Want, Remaining: 98}, now)
 	d := ls.Collect(a.Ticket, o, now)
-	fmt.Println(d.Status == lease.Granted, d.Remaining)
+	fmt.Println(d.Status == lease.Granted, d.Remaining) // the lease's token and the bucket's 98
+	a = ls.Decide("user:42", 1, now)
+	fmt.Println(a.Status == lease.Leased) // decided locally
 	// Output:
 	// true
 	// true
-	// 1 1
+	// 2 1
 	// true 99
+	// true
 }

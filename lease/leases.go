@@ -270,6 +270,11 @@ func (ls *Leases) Decide(key string, n, now int64) Answer {
 		var ev Return
 		a.Ticket.e, ev = ls.getOrCreate(key, now)
 		a.Evicted = evicted(ev)
+		if ls.table.door.size != 0 {
+			// The doorkeeper let the key in: it came back within a
+			// lease's life, the demand a lease serves.
+			a.Ticket.e.leaseOnFirstRefill()
+		}
 	}
 	return a
 }

@@ -113,7 +113,8 @@ func (z sizer) Plan(e *entry, now int64) (request, held) {
 	// spare is the lease to keep beyond what the waiting callers need:
 	// demand × Horizon or the slow-start size, whichever is larger, capped.
 	// A cold key (spare 0) asks for exactly what its callers need, which is
-	// exact mode.
+	// exact mode; a key the doorkeeper let in starts slow start at one
+	// token (see entry.leaseOnFirstRefill).
 	spare := min(max(int64(math.Ceil(e.rate*z.horizon)), e.grow), z.settings.MaxTokens, z.limit.Burst)
 	size := max(spare, 1)
 	e.size.Store(size)
