@@ -245,9 +245,9 @@ func decodeRefunds(v any, g []*Refund, failed []Failed) []Failed {
 		return failed
 	}
 	for i, e := range arr {
-		err, isErr := e.(error) // one adjustment's own error reply
-		if isErr {
-			err = classify(err)
+		var err error
+		if msg, ok := adjustError(e); ok {
+			err = classify(replyError(msg))
 		} else {
 			_, _, err = decodeRefund(e)
 		}
@@ -256,6 +256,18 @@ func decodeRefunds(v any, g []*Refund, failed []Failed) []Failed {
 		}
 	}
 	return failed
+}
+
+// adjustError reports whether e, one adjustment's part of a refund reply
+// for several, is its error, {'e', message} (see refund.lua), and the
+// message.
+func adjustError(e any) (string, bool) {
+	pair, ok := e.([]any)
+	if !ok || len(pair) != 2 || pair[0] != "e" {
+		return "", false
+	}
+	msg, ok := pair[1].(string)
+	return msg, ok
 }
 
 // mergeRefunds merges the adjustments without an ID that can be applied as

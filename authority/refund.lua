@@ -28,8 +28,8 @@
 -- Returns  for one adjustment, {remaining, reset_after_us}; remaining is
 --          negative for a bucket in debt. For several, an array of their
 --          replies in order, where one that failed (invalid arguments, a
---          command Redis refused) is an error of its own and the others
---          are applied all the same: each is applied once, by its own id,
+--          command Redis refused) is {'e', its error} and the others are
+--          applied all the same: each is applied once, by its own id,
 --          whatever its neighbours did. A call's adjustments are applied
 --          at one reading of the server's clock.
 --
@@ -100,6 +100,11 @@ local function adjust(j)
     local mark
     mark, err = call('GET', KEYS[k + 2])
     if err then return err end
+    if mark and not tonumber(mark) then
+      -- Not ours (reset.lua writes a number): this adjustment fails,
+      -- rather than the script, and its neighbours with it.
+      return redis.error_reply('ERR leaselimit: reset mark ' .. KEYS[k + 2] .. ' holds an unknown value')
+    end
     -- A charge of unknown time (since 0: the failure policy's admissions)
     -- goes to the bucket as it is: forgiven, it would over-admit.
     if mark and since <= tonumber(mark) and (n > 0 or since > 0) then return report() end
@@ -122,6 +127,14 @@ local function adjust(j)
 end
 
 if count == 1 then return adjust(0) end
+-- Several: a failed adjustment's error goes back as a value, {'e',
+-- message}, not as an error element: go-redis reads an array's error
+-- element of some codes (OOM, READONLY, LOADING, ...) as the whole reply's
+-- error and leaves the rest of it unread, for the next reply to misread.
 local replies = {}
-for j = 1, count do replies[j] = adjust(j - 1) end
+for j = 1, count do
+  local r = adjust(j - 1)
+  if r.err then r = {'e', r.err} end
+  replies[j] = r
+end
 return replies

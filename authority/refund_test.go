@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leaselimit/leaselimit/internal/redistest"
 	"github.com/leaselimit/leaselimit/policy"
 )
 
@@ -286,6 +287,24 @@ func suiteRefund(t *testing.T, nb backendFactory) {
 		}
 		checkTokens(t, b, kA, l, 2)
 		checkTokens(t, b, kC, l, 3)
+
+		// So does one whose reset mark holds what reset.lua never writes
+		// (before, a Lua error ended the call, its neighbours unapplied).
+		kM := r.Key(l, "foreign-mark")
+		mustExact(t, r, kM, l, 5)
+		if err := b.client.Set(ctx, markKey(kM), "x", 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+		failed = r.RefundAll(ctx, []Refund{
+			{Key: kA, Limit: l, Tokens: 1},
+			{Key: kM, Limit: l, Tokens: 1},
+			{Key: kC, Limit: l, Tokens: 1},
+		})
+		if len(failed) != 1 || failed[0].Key != kM || failed[0].Err == nil {
+			t.Fatalf("RefundAll with a foreign reset mark failed %+v; want that adjustment's alone", failed)
+		}
+		checkTokens(t, b, kA, l, 3)
+		checkTokens(t, b, kC, l, 4)
 	})
 
 	t.Run("NOSCRIPT", func(t *testing.T) {
@@ -517,4 +536,80 @@ func TestAdjustDebt(t *testing.T) {
 			t.Errorf("Adjust by 0 = %v; want ErrScript", err)
 		}
 	})
+}
+
+// TestRefundsRefusedForMemory: adjustments Redis refuses for memory
+// (maxmemory reached, noeviction) come back failed, each with its id and
+// an error that lets it be sent again (ErrRefused, not ErrReply), in every
+// script call of the pipeline; sent again once memory is free, each is
+// applied once. A call of several adjustments answers a refused one with
+// {'e', error} as a value: an error element of a typed code (OOM) made
+// go-redis read the whole reply as that error and leave the rest of it
+// for the pipeline's next reply to misread (a review).
+func TestRefundsRefusedForMemory(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	r, err := New(c, testPrefix+"oom")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	l := policy.Limit{Name: "oom", Rate: 1, Period: time.Hour, Burst: 10}
+	remaining := tokensIn(t, r)
+	rfs := make([]Refund, maxPerScript+5) // two script calls
+	for i := range rfs {
+		k := r.Key(l, "k"+strconv.Itoa(i))
+		if _, err := r.Acquire(ctx, k, l, 3, 3, 1); err != nil {
+			t.Fatal(err)
+		}
+		rfs[i] = Refund{Key: k, Limit: l, Tokens: 2}
+	}
+	// The script cached, so that a refused call is run (EVAL would be
+	// refused before it runs).
+	if failed := r.RefundAll(ctx, []Refund{{Key: r.Key(l, "warm"), Limit: l, Tokens: 1}}); len(failed) != 0 {
+		t.Fatal(failed[0].Err)
+	}
+	setMaxmemory := func(v string) {
+		if err := c.ConfigSet(ctx, "maxmemory", v).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setMaxmemory("1")
+	t.Cleanup(func() { _ = c.ConfigSet(context.Background(), "maxmemory", "0").Err() })
+
+	// One call of two adjustments, by hand: its reply is read whole.
+	in := r.adjustInvocation([]*Refund{{Key: rfs[0].Key, Limit: l, Tokens: 1, ID: "by-hand-1"}, {Key: rfs[1].Key, Limit: l, Tokens: 1, ID: "by-hand-2"}})
+	v, err := c.EvalSha(ctx, refundScript.sha, in.keys, in.args...).Result()
+	if err != nil {
+		t.Fatalf("a refused call of two adjustments: error %v; want a reply of two errors as values", err)
+	}
+	for i := range 2 {
+		if msg, ok := adjustError(v.([]any)[i]); !ok || !strings.HasPrefix(msg, "OOM") {
+			t.Fatalf("a refused call of two adjustments replied %v; want {'e', OOM ...} for each", v)
+		}
+	}
+
+	failed := r.RefundAll(ctx, rfs)
+	setMaxmemory("0")
+	if len(failed) != len(rfs) {
+		t.Fatalf("%d of %d adjustments refused for memory failed; want all", len(failed), len(rfs))
+	}
+	again := make([]Refund, len(failed))
+	for i, f := range failed {
+		if f.ID == "" || !errors.Is(f.Err, ErrRefused) {
+			t.Fatalf("refused adjustment %+v; want its id and ErrRefused", f)
+		}
+		again[i] = f.Refund
+	}
+	if failed := r.RefundAll(ctx, again); len(failed) != 0 {
+		t.Fatalf("sent again with memory free: %d failed, the first %v", len(failed), failed[0].Err)
+	}
+	if failed := r.RefundAll(ctx, again); len(failed) != 0 { // a resend: applied once
+		t.Fatalf("sent a third time: %d failed, the first %v", len(failed), failed[0].Err)
+	}
+	for _, rf := range rfs {
+		if got := remaining(rf.Key, l); got != 9 {
+			t.Errorf("bucket %s: %d tokens; want 9 (3 taken, 2 back once)", rf.Key, got)
+		}
+	}
 }
