@@ -622,25 +622,36 @@ func (r *Redis) acquireMoving(ctx context.Context, batches []*batch) {
 // byHashTag returns the batches of as on a Cluster or Ring: one per hash
 // tag (split at maxPerScript), each keeping the order of as.
 func (r *Redis) byHashTag(as []*Acquisition) []*batch {
-	group := make(map[string]int, len(as))
-	var groups [][]*Acquisition
-	for _, a := range as {
-		tag := hashTag(a.Key)
-		i, ok := group[tag]
-		if !ok {
-			i = len(groups)
-			group[tag] = i
-			groups = append(groups, nil)
-		}
-		groups[i] = append(groups[i], a)
-	}
 	var batches []*batch
-	for _, g := range groups {
-		for i := 0; i < len(g); i += maxPerScript {
-			batches = append(batches, r.newBatch(g[i:min(i+maxPerScript, len(g))]))
-		}
+	for _, g := range tagGroups(as, func(a *Acquisition) string { return a.Key }) {
+		batches = append(batches, r.newBatch(g))
 	}
 	return batches
+}
+
+// tagGroups splits items into the groups one script call each takes on a
+// Cluster or Ring, whose keys live on several nodes and slots: the items
+// of one hash tag (of keyOf's key), in their order, split at maxPerScript.
+func tagGroups[T any](items []T, keyOf func(T) string) [][]T {
+	index := make(map[string]int, len(items))
+	var byTag [][]T
+	for _, it := range items {
+		tag := hashTag(keyOf(it))
+		i, ok := index[tag]
+		if !ok {
+			i = len(byTag)
+			index[tag] = i
+			byTag = append(byTag, nil)
+		}
+		byTag[i] = append(byTag[i], it)
+	}
+	var groups [][]T
+	for _, g := range byTag {
+		for i := 0; i < len(g); i += maxPerScript {
+			groups = append(groups, g[i:min(i+maxPerScript, len(g))])
+		}
+	}
+	return groups
 }
 
 // hashTag returns the part of key that Redis Cluster hashes: the text

@@ -192,23 +192,12 @@ func (r *Redis) RefundAll(ctx context.Context, refunds []Refund) []Failed {
 // applies: up to maxPerScript of them, on a Cluster or Ring those of one
 // hash tag (one slot) only.
 func (r *Redis) adjustGroups(rfs []*Refund) [][]*Refund {
-	var groups [][]*Refund
-	if r.multiKey() {
-		for i := 0; i < len(rfs); i += maxPerScript {
-			groups = append(groups, rfs[i:min(i+maxPerScript, len(rfs))])
-		}
-		return groups
+	if !r.multiKey() {
+		return tagGroups(rfs, func(rf *Refund) string { return rf.Key })
 	}
-	index := make(map[string]int, len(rfs)) // hash tag -> its open group
-	for _, rf := range rfs {
-		tag := hashTag(rf.Key)
-		i, ok := index[tag]
-		if !ok || len(groups[i]) == maxPerScript {
-			i = len(groups)
-			index[tag] = i
-			groups = append(groups, nil)
-		}
-		groups[i] = append(groups[i], rf)
+	var groups [][]*Refund
+	for i := 0; i < len(rfs); i += maxPerScript {
+		groups = append(groups, rfs[i:min(i+maxPerScript, len(rfs))])
 	}
 	return groups
 }

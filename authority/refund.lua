@@ -63,6 +63,15 @@ end
 local now, clock_err = now_us()
 if clock_err then return clock_err end
 
+-- report is the reply for an adjustment not applied: the bucket, w + f/p
+-- tokens at last, as it is at now. Built once per call, not per
+-- adjustment.
+local function report(cal, w, f, last, a, b, burst)
+  local reset = 0
+  if w < burst then reset = wait(cal, burst - w, f, last, now, a, b) end
+  return {w, reset}
+end
+
 -- adjust applies adjustment j (from 0) at now: its reply, or an error.
 local function adjust(j)
   local o, k = 7 * j, 3 * j -- the ARGV and KEYS of those before it
@@ -82,20 +91,13 @@ local function adjust(j)
   end
   local w, f, last = advance(cal, w0, f0, t0, now, a, b, burst, s)
 
-  -- report is the reply for an adjustment not applied: the bucket as it is.
-  local function report()
-    local reset = 0
-    if w < burst then reset = wait(cal, burst - w, f, last, now, a, b) end
-    return {w, reset}
-  end
-
   -- Once: SET NX both checks and records the id, so that nothing can run
   -- between the two.
   if keyed then
     local fresh
     fresh, err = call('SET', KEYS[k + 3], '1', 'NX', 'PX', int_str(life))
     if err then return err end
-    if not fresh then return report() end
+    if not fresh then return report(cal, w, f, last, a, b, burst) end
 
     local mark
     mark, err = call('GET', KEYS[k + 2])
@@ -107,9 +109,9 @@ local function adjust(j)
     end
     -- A charge of unknown time (since 0: the failure policy's admissions)
     -- goes to the bucket as it is: forgiven, it would over-admit.
-    if mark and since <= tonumber(mark) and (n > 0 or since > 0) then return report() end
+    if mark and since <= tonumber(mark) and (n > 0 or since > 0) then return report(cal, w, f, last, a, b, burst) end
   end
-  if cal and window ~= last then return report() end
+  if cal and window ~= last then return report(cal, w, f, last, a, b, burst) end
   if not found and n > 0 then return {burst, 0} end
 
   w = math.max(w + n, -burst)
