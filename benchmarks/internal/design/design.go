@@ -92,6 +92,8 @@ func New(name string, client *redis.Client, limit policy.Limit) (Decider, error)
 		return newLeanContract(client, limit)
 	case LeanNecessary:
 		return newLeanNecessary(client, limit)
+	case LeanLease:
+		return newLeanLease(client, limit)
 	case LeaselimitAuthority:
 		return newAuthorityLayer(client, limit)
 	case LeaselimitPath:

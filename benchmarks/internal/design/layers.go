@@ -34,15 +34,18 @@ import (
 // waiting at most the budget). It is the prototype that does only what
 // leaselimit's exact mode must do on a client with go-redis's default
 // options, and no more: a target it misses in a run is out of reach there.
+// Another, lean_lease, is lean_necessary with leases for the keys that
+// repeat (see leanlease.go): leases' prototype on the cold long tail.
 const (
 	LeaselimitAuthority = "leaselimit_authority"
 	LeaselimitPath      = "leaselimit_path"
 	LeanNecessary       = "lean_necessary"
+	LeanLease           = "lean_lease"
 )
 
 // Layers lists the designs that run only when named: the layers, in the
 // order they build up, then lean_necessary.
-var Layers = []string{LeaselimitAuthority, LeaselimitPath, LeanNecessary}
+var Layers = []string{LeaselimitAuthority, LeaselimitPath, LeanNecessary, LeanLease}
 
 // authorityLayer sends the floor's batches through authority.AcquireAll.
 type authorityLayer struct {

@@ -129,19 +129,25 @@ func newContractBatches(client *redis.Client, limit policy.Limit, prefix string)
 		namer: auth.Namer(limit), prefix: prefix, idBase: hex.EncodeToString(rnd[:]) + "-b"}, nil
 }
 
+// batchKey returns a new batch key, in the slot of bucket (the batch's
+// first key).
+func (c *leanContract) batchKey(bucket string) string {
+	tag := bucket
+	if i := strings.IndexByte(tag, '{'); i >= 0 {
+		tag = tag[i+1 : len(tag)-1] // the digest
+	}
+	return c.prefix + ":batch:{" + tag + "}:" + c.idBase + strconv.FormatUint(c.seq.Add(1), 36)
+}
+
 // send runs one batch and hands each call its outcome.
 func (c *leanContract) send(ctx context.Context, batch []*leanCall) {
 	keys := make([]string, 1+len(batch))
-	tag := batch[0].key
-	if i := strings.IndexByte(tag, '{'); i >= 0 {
-		tag = tag[i+1 : len(tag)-1] // the digest: the batch lands on the first call's slot
-	}
-	keys[0] = c.prefix + ":batch:{" + tag + "}:" + c.idBase + strconv.FormatUint(c.seq.Add(1), 36)
+	keys[0] = c.batchKey(batch[0].key)
 	args := make([]any, len(c.head), len(c.head)+len(batch))
 	copy(args, c.head)
 	for i, call := range batch {
 		keys[1+i] = call.key
-		args = append(args, 1) // the cost
+		args = append(args, max(call.cost, 1))
 	}
 	reply, err := leanContractScript.Run(context.WithoutCancel(ctx), c.client, keys, args...).Text()
 	var fields []string

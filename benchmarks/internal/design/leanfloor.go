@@ -73,7 +73,10 @@ return out
 
 // leanCall is one decision waiting in a batch.
 type leanCall struct {
-	key     string
+	key string
+	// cost is the tokens the call takes, all or none; 0 is 1. Only the
+	// contract's batches read it (lean_lease's refills take 2).
+	cost    int64
 	allowed bool
 	err     error
 	done    chan struct{}

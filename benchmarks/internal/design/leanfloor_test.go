@@ -212,3 +212,64 @@ func TestLeanHandoffPastTheBudgetIsAFallback(t *testing.T) {
 		})
 	}
 }
+
+// TestLeanLeaseLeasesARepeatedKey: lean_lease decides a key's first sight
+// exactly, leases it two tokens at its second, serves its third from the
+// lease with no Redis call, and gives the unused spare back when the lease
+// expires and at Close: the bucket ends with exactly the tokens not used.
+func TestLeanLeaseLeasesARepeatedKey(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	var count Counter
+	c := NewClient(srv.Addr, &count)
+	defer c.Close()
+	d, err := New(LeanLease, c, policy.Limit{Name: "lease", Rate: 1, Period: time.Hour, Burst: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := d.(*leanLease)
+	wholeTokens := func(key string) string {
+		v, err := c.Get(ctx, l.batches.namer.Key(key)).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.Fields(v)[0]
+	}
+	if _, err := d.Allow(ctx, "warm"); err != nil { // the connection, the script loaded
+		t.Fatal(err)
+	}
+	// Requests per sight: exact, a refill of two, a lease hit, a refill.
+	for i, want := range []int64{1, 1, 0, 1} {
+		before := count.Load()
+		if r, err := d.Allow(ctx, "k"); err != nil || !r.Allowed {
+			t.Fatalf("sight %d = %+v, %v; want admitted", i+1, r, err)
+		}
+		if got := count.Load() - before; got != want {
+			t.Errorf("sight %d made %d requests; want %d", i+1, got, want)
+		}
+	}
+	if got := wholeTokens("k"); got != "5" {
+		t.Errorf("bucket after 4 sights holds %s tokens; want 5 (one spare leased)", got)
+	}
+	l.sweep(l.now() + int64(leanLeaseTTL)) // the lease expired
+	if got := wholeTokens("k"); got != "6" {
+		t.Errorf("bucket after the lease expired holds %s tokens; want 6 (the spare back)", got)
+	}
+	for i := range 2 { // back within a lease's life of its last use: a lease again
+		if r, err := d.Allow(ctx, "k"); err != nil || !r.Allowed {
+			t.Fatalf("sight %d after the expiry = %+v, %v; want admitted", i+1, r, err)
+		}
+	}
+	if got := wholeTokens("k"); got != "4" {
+		t.Errorf("bucket after a refill and a hit holds %s tokens; want 4", got)
+	}
+	if r, err := d.Allow(ctx, "k"); err != nil || !r.Allowed {
+		t.Fatalf("a sight refilling the lease = %+v, %v; want admitted", r, err)
+	}
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if got := wholeTokens("k"); got != "3" {
+		t.Errorf("bucket after Close holds %s tokens; want 3 (7 used, the spare back)", got)
+	}
+}

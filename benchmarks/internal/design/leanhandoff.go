@@ -54,7 +54,12 @@ func newHandoff(name string, send func(context.Context, []*leanCall), keyOf func
 }
 
 func (h *leanHandoff) Allow(ctx context.Context, key string) (Result, error) {
-	c := &leanCall{key: h.keyOf(key), done: make(chan struct{})}
+	return h.take(ctx, key, 1)
+}
+
+// take decides a call for cost tokens of key, all or none.
+func (h *leanHandoff) take(ctx context.Context, key string, cost int64) (Result, error) {
+	c := &leanCall{key: h.keyOf(key), cost: cost, done: make(chan struct{})}
 	h.mu.Lock()
 	if h.stopped {
 		h.mu.Unlock()
