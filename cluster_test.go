@@ -522,7 +522,7 @@ func TestClusterDecisions(t *testing.T) {
 		for k, key := range keys {
 			before[k] = remaining(key)
 		}
-		refundSHA := scriptSHA(t, "refund.lua")
+		refundSHA := scriptSHA(t, "refund_batch.lua") // leases' unused tokens
 		if err := lim.Close(); err != nil {
 			t.Fatalf("Close with leases on every master: %v", err)
 		}

@@ -457,9 +457,13 @@ func runBucketLedger(t *testing.T, srv *redistest.Server, seed int64, round time
 	v := &violations{t: t, seed: seed}
 	rng := rand.New(rand.NewPCG(uint64(seed), 0x1ed6e4))
 	proxy := redistest.NewProxy(t, srv.Addr)
-	refundSHA := scriptSHA(t, "refund.lua")
+	// Adjustments go in calls of two scripts: refund_batch.lua's (the
+	// refunds a queue sends without an id: leases' unused tokens) and
+	// refund.lua's (those with one: a Settle's, charges).
+	refundSHA, keyedSHA := scriptSHA(t, "refund_batch.lua"), scriptSHA(t, "refund.lua")
 	matchRefund := func(chunk []byte) bool {
-		return bytes.Contains(chunk, []byte(refundSHA)) || bytes.Contains(chunk, []byte("leaselimit refund:"))
+		return bytes.Contains(chunk, []byte(refundSHA)) || bytes.Contains(chunk, []byte(keyedSHA)) ||
+			bytes.Contains(chunk, []byte("leaselimit refund:")) || bytes.Contains(chunk, []byte("leaselimit refund batch:"))
 	}
 	kinds := ledgerFaults(t)
 	rng.Shuffle(len(kinds)-1, func(i, j int) { kinds[i+1], kinds[j+1] = kinds[j+1], kinds[i+1] })
@@ -488,7 +492,7 @@ type bucketRound struct {
 	kind        faultKind
 	rng         *rand.Rand
 	load        time.Duration
-	refundSHA   string            // of the refund script as computed from authority/*.lua
+	refundSHA   string            // of the refund batch script (leases' refunds) as computed from authority/*.lua
 	matchRefund func([]byte) bool // the refund script's calls, for DropReplies
 
 	a, b     policy.Limit

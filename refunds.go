@@ -31,8 +31,9 @@ const maxQueuedRefunds = 100_000
 // and Close once more (final). It owns its lock, its bound and its counters
 // (ratelimit.lease.refunds and …refunds.dropped).
 //
-// An adjustment is applied once, by its own id (see authority.Refund.ID),
-// so one whose outcome is unknown can be sent again; what the queue must
+// An adjustment is applied once, by its own id or its call's (see
+// authority.Refund.Once), so one whose outcome is unknown can be sent
+// again; what the queue must
 // know is whether a failed send may have reached Redis (see reachedRedis):
 // one that did not is kept until Redis answers; a refund that may have is
 // sent again under its id for as long as Redis remembers the id
@@ -238,12 +239,12 @@ func (q *refundQueue) refail(g []queued, failed []authority.Failed) {
 	}
 	reached := make(map[string]int64, len(g))
 	for _, a := range g {
-		if a.ID != "" {
-			reached[a.ID] = a.reached
+		if id := a.Once(); id != "" {
+			reached[id] = a.reached
 		}
 	}
 	for _, f := range failed {
-		q.failed(f.Refund, f.Err, reached[f.ID])
+		q.failed(f.Refund, f.Err, reached[f.Once()])
 	}
 }
 

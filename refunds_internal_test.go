@@ -115,8 +115,8 @@ func TestRefundQueueFlush(t *testing.T) {
 	l2.refunds.add(authority.Refund{Key: k2, Limit: l2.limit, Tokens: 4})
 	l2.refunds.flush()
 	kept := l2.refunds.take()
-	if len(kept) != 1 || kept[0].ID == "" || kept[0].reached == 0 {
-		t.Fatalf("queued after a failed send: %+v; want the refund, with its id and when it may have reached Redis", kept)
+	if len(kept) != 1 || kept[0].Once() == "" || kept[0].reached == 0 {
+		t.Fatalf("queued after a failed send: %+v; want the refund, with its call's id and when it may have reached Redis", kept)
 	}
 	l2.refunds.putAll(kept)
 	m.SetError("")

@@ -53,7 +53,7 @@ func TestCloseRefunds(t *testing.T) {
 
 // TestCloseResendsUnansweredRefunds: Close's final refund whose reply is
 // lost after Redis ran it (go-redis resending nothing: MaxRetries -1) is
-// sent once more under the same ids: Close returns nil, nothing is counted
+// sent once more under the same call's id: Close returns nil, nothing is counted
 // dropped, and the bucket holds exactly what was not admitted (the second
 // send applies nothing twice). Regression (a review): Close counted such
 // adjustments dropped, 27-431 tokens of them back in their buckets.
@@ -62,7 +62,7 @@ func TestCloseResendsUnansweredRefunds(t *testing.T) {
 	proxy := redistest.NewProxy(t, srv.Addr)
 	rdb := redis.NewClient(&redis.Options{Addr: proxy.Addr, MaxRetries: -1})
 	t.Cleanup(func() { _ = rdb.Close() })
-	refundSHA := scriptSHA(t, "refund.lua")
+	refundSHA := scriptSHA(t, "refund_batch.lua") // a lease's unused tokens: a refund without an id
 	l := policy.Limit{Name: "close-resend", Rate: 1, Period: 24 * time.Hour, Burst: 1000}
 	reader := sdkmetric.NewManualReader()
 	cl, err := leaselimit.NewClient(rdb, leaselimit.WithTimeout(2*time.Second),

@@ -56,6 +56,9 @@ var batchBody string
 //go:embed refund.lua
 var refundBody string
 
+//go:embed refund_batch.lua
+var refundBatchBody string
+
 //go:embed reset.lua
 var resetBody string
 
@@ -66,11 +69,12 @@ var acquireAllBody string
 // the shared helpers (common.lua) and the body; batch.lua needs only the
 // arithmetic.
 var (
-	commonSrc     = muldivSrc + commonBody
-	batchSrc      = muldivSrc + batchBody
-	refundSrc     = commonSrc + refundBody
-	resetSrc      = commonSrc + resetBody
-	acquireAllSrc = commonSrc + acquireAllBody
+	commonSrc      = muldivSrc + commonBody
+	batchSrc       = muldivSrc + batchBody
+	refundSrc      = commonSrc + refundBody
+	refundBatchSrc = commonSrc + refundBatchBody
+	resetSrc       = commonSrc + resetBody
+	acquireAllSrc  = commonSrc + acquireAllBody
 )
 
 // MaxPrefixLen is the longest key prefix accepted.
@@ -142,10 +146,11 @@ type script struct {
 }
 
 var (
-	batchScript      = newScript(batchSrc)
-	refundScript     = newScript(refundSrc)
-	resetScript      = newScript(resetSrc)
-	acquireAllScript = newScript(acquireAllSrc)
+	batchScript       = newScript(batchSrc)
+	refundScript      = newScript(refundSrc)
+	refundBatchScript = newScript(refundBatchSrc)
+	resetScript       = newScript(resetSrc)
+	acquireAllScript  = newScript(acquireAllSrc)
 )
 
 func newScript(src string) script {
@@ -348,16 +353,25 @@ func (r *Redis) writeID(b *strings.Builder, kind string) {
 // batch id (an id of kind "b"). Every keyed invocation makes one, a lone
 // call included, so it is built in one allocation (joining its parts took
 // one more per call).
-func (r *Redis) resendKey(key string) string {
-	const mid, tail = ":batch:{", "}:"
+func (r *Redis) resendKey(key string) string { return r.callKey(":batch:{", key, "b") }
+
+// refundCallKey returns a new id key for a call of refund_batch.lua whose
+// buckets are in key's hash slot: as resendKey, under ":refunds:" and of
+// kind "c".
+func (r *Redis) refundCallKey(key string) string { return r.callKey(":refunds:{", key, "c") }
+
+// callKey returns the prefix, mid, key's hash tag and "}:", then a new id
+// of kind, in one allocation.
+func (r *Redis) callKey(mid, key, kind string) string {
+	const tail = "}:"
 	tag := hashTag(key)
 	var b strings.Builder
-	b.Grow(len(r.prefix) + len(mid) + len(tag) + len(tail) + len(r.idBase) + 1 + maxSeqLen)
+	b.Grow(len(r.prefix) + len(mid) + len(tag) + len(tail) + len(r.idBase) + len(kind) + maxSeqLen)
 	b.WriteString(r.prefix)
 	b.WriteString(mid)
 	b.WriteString(tag)
 	b.WriteString(tail)
-	r.writeID(&b, "b")
+	r.writeID(&b, kind)
 	return b.String()
 }
 

@@ -1,5 +1,5 @@
 -- leaselimit common prelude, prepended to acquire_all.lua, refund.lua,
--- reset.lua and peek.lua (batch.lua stands alone, with copies of the few
+-- refund_batch.lua, reset.lua and peek.lua (batch.lua stands alone, with copies of the few
 -- helpers it needs).
 --
 -- A limit refills r tokens every p µs (its rate and period reduced by their
@@ -9,7 +9,7 @@
 -- the bucket holds w + f/p tokens (w whole, negative for a bucket in debt
 -- (see refund.lua), 0 <= f < p), valid at t µs on
 -- this server's clock; rid, a field kept for the format (refunds once
--- recorded their last id there; each adjustment now has its own id key,
+-- recorded their last id there; ids now live in keys of their own,
 -- see refund.lua), passed through as it is; then, in the old form, the
 -- request id of the bucket's last grant and that grant's reply, now unused
 -- (a batch's resend is answered from its batch key, see batch.lua). It is written by one SET ... PX, so the state never

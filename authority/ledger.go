@@ -1,8 +1,10 @@
 package authority
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/leaselimit/leaselimit/internal/circuit"
@@ -49,13 +51,24 @@ type Refund struct {
 	// means unknown: a refund is applied only to a bucket never Reset
 	// (within MarkLife), a charge always (forgiven, it would over-admit).
 	Since int64
-	// ID is the adjustment's own id, set by Apply or RefundAll when it is
-	// empty: a resend under the same id is not applied twice.
+	// ID is the adjustment's own id, set by Apply when it is empty, and by
+	// RefundAll for a charge: a resend under the same id is not applied
+	// twice.
 	ID string
+	// Call is the id key of the call of refund_batch.lua that carried a
+	// refund RefundAll sent without an ID (see refundBatches): such
+	// refunds are applied at most once per call. One whose outcome is
+	// unknown goes again under its Call, with others of that call or
+	// alone, never with refunds of another call: a call applied before
+	// applies nothing of a resend.
+	Call string
 }
 
+// Once is what a resend of rf is applied once under: its ID, or its Call.
+func (rf Refund) Once() string { return cmp.Or(rf.ID, rf.Call) }
+
 // Failed is an adjustment of a Refund pipeline that failed, with its
-// error; its ID is set, to send it again under.
+// error; its ID or its Call is set, to send it again under (see Once).
 type Failed struct {
 	Refund
 	Err error
@@ -116,35 +129,47 @@ func (r *Redis) adjustCall(rf *Refund, n int64, keyed bool) ([]string, []any) {
 	return keys, args
 }
 
-// RefundAll applies several adjustments, as few script calls as it takes:
-// up to maxPerScript adjustments in one call (see refund.lua), those of one
-// hash tag together on a Cluster or Ring, the calls in one pipeline
-// (on a Cluster, go-redis splits it by node). One call each cost Redis a
-// script call, a clock reading and a reply per adjustment: a lease table's
-// expired leases, flushed every tick, were a fifth of Redis's work on the
-// comparison's cold long tail. Each adjustment keeps its own id, so that
-// it is applied once whichever call carried it, and a call that failed
-// part way is sent again whole. Adjustments without an ID to one key are
-// merged when they agree (the same sign, window and stamp), each merged
-// one gets an ID; adjustments with an ID (sent before) go as they are.
-// Entries with Tokens 0 are skipped; Tokens are capped as Apply caps them.
-// It returns the adjustments that failed, with their IDs, to be sent again
-// under them (see ResendWithin).
+// RefundAll applies several adjustments, in as few script calls as it
+// takes, in one pipeline per script (on a Cluster, go-redis splits it by
+// node). Refunds without an ID (a refund queue's own: expired leases,
+// grants no caller took) go in calls of refund_batch.lua, each applied
+// once by an id key per call (see refundBatches); charges and adjustments
+// with an ID (a Settle's, sent again under it) go in calls of refund.lua,
+// each applied once by its own id key. Either way up to maxPerScript
+// adjustments share a call, those of one hash tag on a Cluster or Ring.
+// One call each cost Redis a script call, a clock reading and a reply per
+// adjustment, and an id key per refund two million keys on the comparison's
+// cold long tail. Adjustments without an ID to one key are merged when
+// they agree (the same sign, window and stamp). Entries with Tokens 0 are
+// skipped; Tokens are capped as Apply caps them. It returns the
+// adjustments that failed, with their ID or Call, to be sent again under
+// it (see ResendWithin).
 func (r *Redis) RefundAll(ctx context.Context, refunds []Refund) []Failed {
 	items := mergeRefunds(refunds)
-	sent := make([]*Refund, 0, len(items))
+	var keyed, batched []*Refund
 	for i := range items {
 		rf := &items[i]
 		if clampAdjust(rf.Tokens, rf.Limit) == 0 {
 			continue // capped to nothing
 		}
+		if rf.ID == "" && rf.Tokens > 0 {
+			batched = append(batched, rf)
+			continue
+		}
 		if rf.ID == "" {
 			rf.ID = r.nextID("r")
 		}
-		sent = append(sent, rf)
+		keyed = append(keyed, rf)
 	}
+	failed := r.refundBatches(ctx, batched, nil)
+	return r.refundKeyed(ctx, keyed, failed)
+}
+
+// refundKeyed applies adjustments with their own ids (see refund.lua) and
+// appends those that failed to failed.
+func (r *Redis) refundKeyed(ctx context.Context, sent []*Refund, failed []Failed) []Failed {
 	if len(sent) == 0 {
-		return nil
+		return failed
 	}
 	groups := r.adjustGroups(sent)
 	invs := make([]*invocation, len(groups))
@@ -152,7 +177,6 @@ func (r *Redis) RefundAll(ctx context.Context, refunds []Refund) []Failed {
 		invs[i] = r.adjustInvocation(g)
 	}
 	r.runAll(ctx, refundScript, invs)
-	var failed []Failed
 	var moving []*Refund // charges refused on a slot in migration
 	for i, g := range groups {
 		err := invs[i].cmd.Err()
@@ -183,6 +207,120 @@ func (r *Redis) RefundAll(ctx context.Context, refunds []Refund) []Failed {
 				continue
 			}
 			failed = decodeRefunds(again[i].cmd.Val(), moving[i:i+1], failed)
+		}
+	}
+	return failed
+}
+
+// refundBatches applies refunds without an ID in calls of
+// refund_batch.lua, and appends those that failed to failed: a call's own
+// error fails each of its refunds with its Call (its outcome unknown, it is
+// sent again under it); a refund the call reports failed goes without (it
+// was not applied: it may go in any call).
+func (r *Redis) refundBatches(ctx context.Context, rfs []*Refund, failed []Failed) []Failed {
+	if len(rfs) == 0 {
+		return failed
+	}
+	groups := r.batchGroups(rfs)
+	invs := make([]*invocation, len(groups))
+	for i, g := range groups {
+		invs[i] = refundBatchInvocation(g)
+	}
+	r.runAll(ctx, refundBatchScript, invs)
+	for i, g := range groups {
+		if err := invs[i].cmd.Err(); err != nil {
+			for _, rf := range g {
+				failed = append(failed, Failed{Refund: *rf, Err: classify(err)})
+			}
+			continue
+		}
+		failed = decodeRefundBatch(invs[i].cmd.Val(), g, failed)
+	}
+	return failed
+}
+
+// batchGroups splits refunds into the calls of refund_batch.lua: those of
+// one Call together, as they were sent before (or fewer of them); new ones
+// by limit (a call is of one limit) and, on a Cluster or Ring, by hash
+// tag, up to maxPerScript per call, each call's refunds given its new
+// Call.
+func (r *Redis) batchGroups(rfs []*Refund) [][]*Refund {
+	type group struct {
+		call  string
+		limit policy.Limit
+		tag   string
+	}
+	bySlot := !r.multiKey()
+	index := make(map[group]int)
+	var groups [][]*Refund
+	for _, rf := range rfs {
+		k := group{call: rf.Call}
+		if rf.Call == "" {
+			k.limit = rf.Limit
+			if bySlot {
+				k.tag = hashTag(rf.Key)
+			}
+		}
+		i, ok := index[k]
+		if !ok || (rf.Call == "" && len(groups[i]) == maxPerScript) {
+			i = len(groups)
+			index[k] = i
+			groups = append(groups, nil)
+		}
+		groups[i] = append(groups[i], rf)
+	}
+	for _, g := range groups {
+		if g[0].Call == "" {
+			call := r.refundCallKey(g[0].Key)
+			for _, rf := range g {
+				rf.Call = call
+			}
+		}
+	}
+	return groups
+}
+
+// refundBatchInvocation is the call of refund_batch.lua for the refunds g,
+// of one limit and one Call.
+func refundBatchInvocation(g []*Refund) *invocation {
+	rate, period := spec(g[0].Limit)
+	in := &invocation{keys: make([]string, 0, 1+2*len(g)), args: make([]any, 0, 4+3*len(g)), resendable: true}
+	in.keys = append(in.keys, g[0].Call)
+	in.args = append(in.args, IDLife.Milliseconds(), rate, period, g[0].Limit.Burst)
+	for _, rf := range g {
+		in.keys = append(in.keys, rf.Key, markKey(rf.Key))
+		in.args = append(in.args, clampAdjust(rf.Tokens, rf.Limit), rf.Window, rf.Since)
+	}
+	return in
+}
+
+// decodeRefundBatch reads the reply v of one call of refund_batch.lua for
+// the refunds g, and appends to failed those it reports failed, without
+// their Call (see refundBatches), or all of them, with it, when v is not
+// such a reply.
+func decodeRefundBatch(v any, g []*Refund, failed []Failed) []Failed {
+	s, _ := v.(string)
+	if s == "=" {
+		return failed // applied before: this is a resend
+	}
+	codes, rest, found := strings.Cut(s, "\n")
+	var msgs []string
+	if found {
+		msgs = strings.Split(rest, "\n")
+	}
+	if len(codes) != len(g) || strings.Trim(codes, "+e") != "" || strings.Count(codes, "e") != len(msgs) {
+		err := fmt.Errorf("%w: refund batch reply %q for %d refunds", ErrReply, s, len(g))
+		for _, rf := range g {
+			failed = append(failed, Failed{Refund: *rf, Err: err})
+		}
+		return failed
+	}
+	for i := range codes {
+		if codes[i] == 'e' {
+			f := Failed{Refund: *g[i], Err: classify(replyError(msgs[0]))}
+			f.Call = ""
+			failed = append(failed, f)
+			msgs = msgs[1:]
 		}
 	}
 	return failed
@@ -277,7 +415,7 @@ func mergeRefunds(refunds []Refund) []Refund {
 		if rf.Tokens == 0 {
 			continue
 		}
-		if rf.ID != "" {
+		if rf.ID != "" || rf.Call != "" {
 			items = append(items, rf)
 			continue
 		}

@@ -2,6 +2,7 @@ package authority
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -79,9 +80,10 @@ func TestRefundAndChargeInOnePipeline(t *testing.T) {
 	})
 }
 
-// TestRefundAllAssignsIDs: adjustments without an id get one, merged ones
-// share it, and a failed adjustment comes back with its id, to be resent
-// under it.
+// TestRefundAllAssignsIDs: refunds without an id go in calls of the
+// refund batch script, merged ones as one, each call under an id key of its
+// own (their Call); a call that failed as a whole comes back with its
+// Call, to be resent under it.
 func TestRefundAllAssignsIDs(t *testing.T) {
 	b := newMiniBackend(t)
 	r := b.newAuthority(t, testPrefix)
@@ -94,8 +96,8 @@ func TestRefundAllAssignsIDs(t *testing.T) {
 		{Key: key, Limit: hourly, Tokens: 3},
 		{Key: r.Key(bad, "x"), Limit: bad, Tokens: 1},
 	})
-	if len(failed) != 1 || failed[0].ID == "" || failed[0].Tokens != 1 {
-		t.Fatalf("failed = %+v; want the one invalid adjustment, with an id", failed)
+	if len(failed) != 1 || failed[0].Once() == "" || failed[0].Tokens != 1 || !errors.Is(failed[0].Err, ErrScript) {
+		t.Fatalf("failed = %+v; want the one invalid refund's call, with its Call and ErrScript", failed)
 	}
 	checkTokens(t, b, key, hourly, 55)
 }

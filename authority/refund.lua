@@ -3,8 +3,9 @@
 -- adjustment of the ledger.
 --
 -- One call applies one adjustment, or several in turn: a refund queue's
--- flush makes one script call for all of its adjustments on a node, not
--- one each. Adjustment j (from 1) has KEYS[3j-2..3j] and ARGV[7j-6..7j],
+-- flush makes one script call for the adjustments with ids of their own on
+-- a node (a Settle's, charges), not one each; its refunds without go in
+-- calls of refund_batch.lua, once per call. Adjustment j (from 1) has KEYS[3j-2..3j] and ARGV[7j-6..7j],
 -- laid out as the first's:
 --
 -- KEYS[1]  the bucket (see common.lua)

@@ -175,9 +175,13 @@ func suiteRefund(t *testing.T, nb backendFactory) {
 		mustExact(t, r, kC, l, 1)      // 4 left
 		mustExact(t, r, kE, l, 5)      // 0 left
 		mustExact(t, r, kF, l, 5)      // 0 left
-		// Make sure the refund script is cached, so the batch is one
-		// pipeline of EVALSHA.
+		// Make sure both refund scripts are cached, so that the calls
+		// go by EVALSHA: refund.lua's (an adjustment with an id), and
+		// refund_batch.lua's (refunds without, to a missing bucket).
 		if _, err := r.refundOne(ctx, kD, l, 1); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Refund(ctx, []Refund{{Key: kD, Limit: l, Tokens: 1}}); err != nil {
 			t.Fatal(err)
 		}
 		b.rec.reset()
@@ -195,8 +199,13 @@ func suiteRefund(t *testing.T, nb backendFactory) {
 		if err != nil {
 			t.Fatalf("Refund: %v", err)
 		}
-		if got, want := b.rec.take(), []string{"evalsha"}; !reflect.DeepEqual(got, want) {
-			t.Errorf("Refund sent %v; want %v (one script call for the 8 adjustments, skipped entries left out)", got, want)
+		// The refunds first, in calls of refund_batch.lua, one per limit,
+		// in one pipeline; then the charges, with their ids, in one call
+		// of refund.lua. A refund before a charge of one bucket can only
+		// leave it lower than the other order: capped at the burst, then
+		// charged.
+		if got, want := b.rec.take(), []string{"[evalsha evalsha]", "evalsha"}; !reflect.DeepEqual(got, want) {
+			t.Errorf("Refund sent %v; want %v (two refund calls, one per limit, then one call for the two charges, skipped entries left out)", got, want)
 		}
 		checkTokens(t, b, kA, l, 2)
 		checkTokens(t, b, kB, hourly, 3)
@@ -282,8 +291,8 @@ func suiteRefund(t *testing.T, nb backendFactory) {
 			{Key: foreign, Limit: l, Tokens: 1},
 			{Key: kC, Limit: l, Tokens: 1},
 		})
-		if len(failed) != 1 || failed[0].Key != foreign || failed[0].Err == nil || failed[0].ID == "" {
-			t.Fatalf("RefundAll with a foreign key failed %+v; want the foreign key's alone, with its id and error", failed)
+		if len(failed) != 1 || failed[0].Key != foreign || failed[0].Err == nil || failed[0].Once() != "" {
+			t.Fatalf("RefundAll with a foreign key failed %+v; want the foreign key's alone, with its error and no id (not applied: it may go in any call)", failed)
 		}
 		checkTokens(t, b, kA, l, 2)
 		checkTokens(t, b, kC, l, 3)
@@ -315,8 +324,8 @@ func suiteRefund(t *testing.T, nb backendFactory) {
 			mustExact(t, r, k, l, 5)
 		}
 		b.flushScripts(t)
-		if b.scriptCached(t, refundScript.sha) {
-			t.Fatal("refund script cached after SCRIPT FLUSH")
+		if b.scriptCached(t, refundBatchScript.sha) {
+			t.Fatal("refund batch script cached after SCRIPT FLUSH")
 		}
 		b.rec.reset()
 		if err := r.Refund(ctx, []Refund{
@@ -333,8 +342,8 @@ func suiteRefund(t *testing.T, nb backendFactory) {
 		}
 		checkTokens(t, b, k1, l, 1)
 		checkTokens(t, b, k2, l, 2)
-		if !b.scriptCached(t, refundScript.sha) {
-			t.Error("refund script not cached again after the EVAL fallback")
+		if !b.scriptCached(t, refundBatchScript.sha) {
+			t.Error("refund batch script not cached again after the EVAL fallback")
 		}
 		if err := r.Refund(ctx, []Refund{{Key: k3, Limit: l, Tokens: 3}}); err != nil {
 			t.Fatal(err)
@@ -539,10 +548,10 @@ func TestAdjustDebt(t *testing.T) {
 }
 
 // TestRefundsRefusedForMemory: adjustments Redis refuses for memory
-// (maxmemory reached, noeviction) come back failed, each with its id and
-// an error that lets it be sent again (ErrRefused, not ErrReply), in every
-// script call of the pipeline; sent again once memory is free, each is
-// applied once. A call of several adjustments answers a refused one with
+// (maxmemory reached, noeviction) come back failed, each with its id (a
+// refund without one: its call's) and an error that lets it be sent again
+// (ErrRefused, not ErrReply), in every script call of the pipeline; sent
+// again once memory is free, each is applied once. A call of several adjustments answers a refused one with
 // {'e', error} as a value: an error element of a typed code (OOM) made
 // go-redis read the whole reply as that error and leave the rest of it
 // for the pipeline's next reply to misread (a review).
@@ -564,9 +573,11 @@ func TestRefundsRefusedForMemory(t *testing.T) {
 		}
 		rfs[i] = Refund{Key: k, Limit: l, Tokens: 2}
 	}
-	// The script cached, so that a refused call is run (EVAL would be
-	// refused before it runs).
-	if failed := r.RefundAll(ctx, []Refund{{Key: r.Key(l, "warm"), Limit: l, Tokens: 1}}); len(failed) != 0 {
+	// The scripts cached, so that a refused call is run (EVAL would be
+	// refused before it runs): refund_batch.lua's (refunds without an id)
+	// and refund.lua's (an adjustment with one).
+	if failed := r.RefundAll(ctx, []Refund{{Key: r.Key(l, "warm"), Limit: l, Tokens: 1},
+		{Key: r.Key(l, "warm"), Limit: l, Tokens: 1, ID: "warm-1"}}); len(failed) != 0 {
 		t.Fatal(failed[0].Err)
 	}
 	setMaxmemory := func(v string) {
@@ -596,8 +607,8 @@ func TestRefundsRefusedForMemory(t *testing.T) {
 	}
 	again := make([]Refund, len(failed))
 	for i, f := range failed {
-		if f.ID == "" || !errors.Is(f.Err, ErrRefused) {
-			t.Fatalf("refused adjustment %+v; want its id and ErrRefused", f)
+		if f.Call == "" || !errors.Is(f.Err, ErrRefused) {
+			t.Fatalf("refused refund %+v; want its call's id and ErrRefused", f)
 		}
 		again[i] = f.Refund
 	}
@@ -612,4 +623,74 @@ func TestRefundsRefusedForMemory(t *testing.T) {
 			t.Errorf("bucket %s: %d tokens; want 9 (3 taken, 2 back once)", rf.Key, got)
 		}
 	}
+}
+
+// TestRefundBatch: refunds without an id go in calls of refund_batch.lua,
+// each applied at most once by one id key per call (their Call), not a key
+// per refund. The same call sent again applies nothing, nor do fewer of its
+// refunds sent again under its Call, while a new call applies; a bucket
+// repeated in a call is adjusted in order and written once.
+func TestRefundBatch(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, nb backendFactory) {
+		ctx := context.Background()
+		b := nb(t)
+		r := b.newAuthority(t, testPrefix)
+		l := policy.Limit{Name: "rb", Rate: 1, Period: time.Hour, Burst: 10}
+		const n = 2*maxPerScript + 22
+		rfs := make([]Refund, n)
+		for i := range rfs {
+			k := r.Key(l, "k"+strconv.Itoa(i))
+			mustExact(t, r, k, l, 6) // 4 left
+			rfs[i] = Refund{Key: k, Limit: l, Tokens: 2}
+		}
+		before := len(b.keys(t))
+		if failed := r.RefundAll(ctx, rfs); len(failed) != 0 {
+			t.Fatalf("RefundAll: %v", failed[0].Err)
+		}
+		if got := len(b.keys(t)) - before; got != 3 {
+			t.Errorf("%d refunds in three calls made %d keys; want 3, an id key per call", n, got)
+		}
+		for _, rf := range rfs {
+			checkTokens(t, b, rf.Key, l, 6)
+		}
+
+		// A call sent again, and fewer of its refunds under its Call, are
+		// applied no more; a new call (no Call) is.
+		rs := []*Refund{{Key: rfs[0].Key, Limit: l, Tokens: 1}, {Key: rfs[1].Key, Limit: l, Tokens: 1}}
+		groups := r.batchGroups(rs)
+		if len(groups) != 1 || rs[0].Call == "" || rs[0].Call != rs[1].Call {
+			t.Fatalf("two refunds of one limit grouped as %v, Calls %q and %q; want one call", groups, rs[0].Call, rs[1].Call)
+		}
+		in := refundBatchInvocation(groups[0])
+		for i, want := range []string{"++", "="} {
+			v, err := b.client.EvalSha(ctx, refundBatchScript.sha, in.keys, in.args...).Result()
+			if err != nil || v != want {
+				t.Fatalf("the call sent %d times replied %v, %v; want %q", i+1, v, err, want)
+			}
+		}
+		if failed := r.RefundAll(ctx, []Refund{*rs[1]}); len(failed) != 0 {
+			t.Fatal(failed[0].Err)
+		}
+		checkTokens(t, b, rfs[0].Key, l, 7)
+		checkTokens(t, b, rfs[1].Key, l, 7)
+		if failed := r.RefundAll(ctx, []Refund{{Key: rfs[1].Key, Limit: l, Tokens: 1}}); len(failed) != 0 {
+			t.Fatal(failed[0].Err)
+		}
+		checkTokens(t, b, rfs[1].Key, l, 8)
+
+		// A bucket repeated in one call: since stamps differ, the refunds
+		// are not merged, and each adds its tokens, capped at the burst
+		// (read once: the second read before the first write would leave
+		// 9).
+		k := rfs[2].Key // 6 left
+		if failed := r.RefundAll(ctx, []Refund{
+			{Key: k, Limit: l, Tokens: 3, Since: 1},
+			{Key: rfs[3].Key, Limit: l, Tokens: 1},
+			{Key: k, Limit: l, Tokens: 3, Since: 2},
+		}); len(failed) != 0 {
+			t.Fatal(failed[0].Err)
+		}
+		checkTokens(t, b, k, l, -1) // full: deleted
+		checkTokens(t, b, rfs[3].Key, l, 7)
+	})
 }

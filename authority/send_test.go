@@ -264,8 +264,8 @@ func TestPipelineCutAfterItsFirstReply(t *testing.T) {
 	if cut.armed.Load() {
 		t.Fatal("the two script calls of adjustments did not go in one pipeline")
 	}
-	if len(failed) != 1 || failed[0].Key != k2 || failed[0].ID == "" {
-		t.Fatalf("adjustments of a cut pipeline reported failed: %+v; want the second call's only, with its id", failed)
+	if len(failed) != 1 || failed[0].Key != k2 || failed[0].Call == "" {
+		t.Fatalf("adjustments of a cut pipeline reported failed: %+v; want the second call's only, with its call's id", failed)
 	}
 	if again := r.RefundAll(ctx, []Refund{failed[0].Refund}); len(again) != 0 {
 		t.Fatalf("the failed adjustment sent again: %+v", again)
