@@ -222,7 +222,7 @@ func ValidatePrefix(p string) error {
 // changes a limit therefore starts every key on a fresh, full bucket of the
 // new limit; the old buckets expire by their own TTL.
 func (r *Redis) Key(l policy.Limit, userKey string) string {
-	return r.Namer(l).Key(userKey)
+	return r.limitArgsOf(l).namer.Key(userKey)
 }
 
 // Namer names the buckets of one limit: Namer(l).Key(userKey) is

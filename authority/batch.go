@@ -36,6 +36,7 @@ type limitArgs struct {
 	rate, period uint64 // a token bucket's, reduced (see Reduced)
 	burst        int64
 	head         [3]any // a token bucket's header r, p, burst, boxed once; a quota's burst
+	namer        Namer  // the names of l's buckets: a refund names its bucket again, and a limit's part of the name is three strings built
 }
 
 // limitArgsOf returns l's arguments, from the cache when it has them.
@@ -44,19 +45,19 @@ func (r *Redis) limitArgsOf(l policy.Limit) *limitArgs {
 		return la
 	}
 	if r.nlimits.Load() >= maxCachedLimits {
-		return newLimitArgs(l)
+		return r.newLimitArgs(l)
 	}
 	return r.limits.LoadOrMake(l, func() *limitArgs {
 		r.nlimits.Add(1)
-		return newLimitArgs(l)
+		return r.newLimitArgs(l)
 	})
 }
 
 // newLimitArgs works out l's arguments, and rejects in err the limits the
 // script would reject: a burst outside [1, 2^52], a rate or period (reduced)
 // outside [1, 2^53), a calendar without windows.
-func newLimitArgs(l policy.Limit) *limitArgs {
-	la := &limitArgs{limit: l, quota: l.IsQuota(), cal: l.Calendar, burst: l.Burst}
+func (r *Redis) newLimitArgs(l policy.Limit) *limitArgs {
+	la := &limitArgs{limit: l, quota: l.IsQuota(), cal: l.Calendar, burst: l.Burst, namer: r.Namer(l)}
 	bad := l.Burst < 1 || l.Burst > huge
 	if la.quota {
 		start, end, next := l.Calendar.Bounds(wallClock())

@@ -224,7 +224,7 @@ func (r *Redis) refundBatches(ctx context.Context, rfs []*Refund, failed []Faile
 	groups := r.batchGroups(rfs)
 	invs := make([]*invocation, len(groups))
 	for i, g := range groups {
-		invs[i] = refundBatchInvocation(g)
+		invs[i] = r.refundBatchInvocation(g)
 	}
 	r.runAll(ctx, refundBatchScript, invs)
 	for i, g := range groups {
@@ -280,13 +280,20 @@ func (r *Redis) batchGroups(rfs []*Refund) [][]*Refund {
 	return groups
 }
 
+// idLifeArg is IDLife in ms, boxed once.
+var idLifeArg any = IDLife.Milliseconds()
+
 // refundBatchInvocation is the call of refund_batch.lua for the refunds g,
 // of one limit and one Call.
-func refundBatchInvocation(g []*Refund) *invocation {
-	rate, period := spec(g[0].Limit)
+func (r *Redis) refundBatchInvocation(g []*Refund) *invocation {
 	in := &invocation{keys: make([]string, 0, 1+2*len(g)), args: make([]any, 0, 4+3*len(g)), resendable: true}
 	in.keys = append(in.keys, g[0].Call)
-	in.args = append(in.args, IDLife.Milliseconds(), rate, period, g[0].Limit.Burst)
+	if la := r.limitArgsOf(g[0].Limit); !la.quota && la.err == nil {
+		in.args = append(in.args, idLifeArg, la.head[0], la.head[1], la.head[2])
+	} else {
+		rate, period := spec(g[0].Limit) // a quota's windows, as of now
+		in.args = append(in.args, idLifeArg, rate, period, g[0].Limit.Burst)
+	}
 	for _, rf := range g {
 		in.keys = append(in.keys, rf.Key, markKey(rf.Key))
 		in.args = append(in.args, clampAdjust(rf.Tokens, rf.Limit), rf.Window, rf.Since)

@@ -661,7 +661,7 @@ func TestRefundBatch(t *testing.T) {
 		if len(groups) != 1 || rs[0].Call == "" || rs[0].Call != rs[1].Call {
 			t.Fatalf("two refunds of one limit grouped as %v, Calls %q and %q; want one call", groups, rs[0].Call, rs[1].Call)
 		}
-		in := refundBatchInvocation(groups[0])
+		in := r.refundBatchInvocation(groups[0])
 		for i, want := range []string{"++", "="} {
 			v, err := b.client.EvalSha(ctx, refundBatchScript.sha, in.keys, in.args...).Result()
 			if err != nil || v != want {
