@@ -117,7 +117,7 @@ func (l *Limiter) pool(ctx context.Context, brk *circuit.Breaker, rkey, key stri
 // that handing it through singleflight allocates nothing more).
 func (l *Limiter) refill(ctx context.Context, brk *circuit.Breaker, rkey string, t lease.Ticket) (any, error) {
 	r := l.leases.Plan(t, l.clock.now())
-	l.refunds.addReturn(&r.Expired)
+	l.refunds.addReturn(r.Expired)
 	rc := &refillCall{plan: r}
 	rep := l.authorize(ctx, call{brk: brk, rkey: rkey, want: r.Want, min: r.Min, share: r.Share, refill: rc,
 		with: l.with(t.Key())})

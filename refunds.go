@@ -52,8 +52,9 @@ type refundQueue struct {
 
 	mu     sync.Mutex
 	queue  []queued
-	max    int  // maxQueuedRefunds; tests lower it
-	closed bool // final ran: nothing more will be sent
+	spare  []queued // the storage of a queue flush sent, for the next (see recycle)
+	max    int      // maxQueuedRefunds; tests lower it
+	closed bool     // final ran: nothing more will be sent
 }
 
 // queued is one adjustment waiting in the queue.
@@ -196,12 +197,34 @@ func (q *refundQueue) put(a queued) {
 	q.mu.Unlock()
 }
 
+// take empties the queue and returns what it held; the queue goes on in
+// the storage of the last flush (see recycle).
 func (q *refundQueue) take() []queued {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	qs := q.queue
-	q.queue = nil
+	q.queue, q.spare = q.spare, nil
 	return qs
+}
+
+// maxSpareRefunds bounds the storage a flush keeps for the next queue: a
+// queue grew from nothing on every janitor tick, copying its adjustments
+// each time it doubled (on the cold long tail, a fifth of leases' heap
+// allocation), but one flush after an outage must not pin a large one.
+const maxSpareRefunds = 4096
+
+// recycle keeps qs's storage, which a flush sent and no longer reads, for
+// the queue after the next take.
+func (q *refundQueue) recycle(qs []queued) {
+	if cap(qs) > maxSpareRefunds {
+		return
+	}
+	clear(qs[:cap(qs)])
+	q.mu.Lock()
+	if q.spare == nil {
+		q.spare = qs[:0]
+	}
+	q.mu.Unlock()
 }
 
 // flush sends the queued adjustments in one pipeline per breaker (per
@@ -209,16 +232,13 @@ func (q *refundQueue) take() []queued {
 // Those whose node is unavailable (the breaker holds calls back) wait for
 // the next round unsent; those that fail go back through failed.
 func (q *refundQueue) flush() {
-	qs := q.sendable(q.take())
+	taken := q.take()
+	defer q.recycle(taken)
+	qs := q.sendable(taken)
 	if len(qs) == 0 {
 		return
 	}
-	groups := map[*circuit.Breaker][]queued{}
-	for _, a := range qs {
-		brk := q.path.Route(a.Key)
-		groups[brk] = append(groups[brk], a)
-	}
-	for brk, g := range groups {
+	for brk, g := range q.byBreaker(qs) {
 		failed, sent := q.path.Refund(brk, refundsOf(g), tokens(g))
 		if !sent {
 			q.putAll(g) // kept until Redis is back
@@ -229,6 +249,24 @@ func (q *refundQueue) flush() {
 			q.tel.CountRefund(context.Background(), n)
 		}
 	}
+}
+
+// byBreaker splits qs by the breaker of each adjustment's node: qs itself
+// when they share one (a single node, or a Cluster's flush that found one
+// node's adjustments only).
+func (q *refundQueue) byBreaker(qs []queued) map[*circuit.Breaker][]queued {
+	first := q.path.Route(qs[0].Key)
+	for i := 1; i < len(qs); i++ {
+		if brk := q.path.Route(qs[i].Key); brk != first {
+			groups := map[*circuit.Breaker][]queued{first: qs[:i:i]}
+			for _, a := range qs[i:] {
+				brk := q.path.Route(a.Key)
+				groups[brk] = append(groups[brk], a)
+			}
+			return groups
+		}
+	}
+	return map[*circuit.Breaker][]queued{first: qs}
 }
 
 // refail hands the adjustments of a sent group g that failed back to

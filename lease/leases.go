@@ -211,8 +211,10 @@ type Refill struct {
 	Share     float64
 	// Expired is the tokens of a lease that expired before this refill,
 	// taken out so that the refill does not count them (nor revive them:
-	// a calendar quota's may be of an ended window): to return.
-	Expired Return
+	// a calendar quota's may be of an ended window): to return. Nil when
+	// none did: a Refill lives on the heap for every refill (the value
+	// its callers share), and a Return is 160 bytes.
+	Expired *Return
 	e       *entry
 	req     request
 }
@@ -343,7 +345,8 @@ func (ls *Leases) Plan(t Ticket, now int64) Refill {
 	}
 	r := Refill{Want: req.Want, Min: req.Min, Share: share, e: t.e, req: req}
 	if expired.tokens > 0 {
-		r.Expired = t.e.back(expired)
+		back := t.e.back(expired)
+		r.Expired = &back
 	}
 	return r
 }
