@@ -36,7 +36,7 @@ const maxQueuedRefunds = 100_000
 // again; what the queue must
 // know is whether a failed send may have reached Redis (see reachedRedis):
 // one that did not is kept until Redis answers; a refund that may have is
-// sent again under its id for as long as Redis remembers the id
+// sent again under its id or its call's for as long as Redis remembers it
 // (authority.ResendWithin from its first such send), then dropped and
 // counted; a charge is sent again until Redis answers (see expired).
 type refundQueue struct {
@@ -117,16 +117,18 @@ func (q *refundQueue) returned(r lease.Return) []authority.Refund {
 	return rs
 }
 
-// failed takes back an adjustment whose send failed with err (its ID set):
-// kept if err says it never reached Redis, or if it may have but can still
-// be sent again under its id (see refundQueue); else dropped and counted.
+// failed takes back an adjustment whose send failed with err (its ID or
+// Call set, see authority.Refund.Once): kept if err says it never reached
+// Redis, or if it may have but can still be sent again under that id (see
+// refundQueue); else dropped and counted.
 // reached is when an earlier send that may have reached Redis failed (0:
 // none).
 func (q *refundQueue) failed(rf authority.Refund, err error, reached int64) {
 	now := q.clock.now()
 	switch {
-	case errors.Is(err, authority.ErrScript), errors.Is(err, authority.ErrReply):
-		// Our own bug: sending it again cannot help.
+	case errors.Is(err, authority.ErrScript), errors.Is(err, authority.ErrReply), errors.Is(err, authority.ErrRejected):
+		// Our own bug, or a bucket the script cannot adjust (a value
+		// another program wrote): sending it again cannot help.
 		q.countDropped(rf)
 		return
 	case q.reachedRedis(err) && reached == 0:
@@ -170,7 +172,7 @@ func (q *refundQueue) sendable(qs []queued) []queued {
 func (q *refundQueue) reachedRedis(err error) bool {
 	var op *net.OpError
 	switch {
-	case errors.Is(err, breaker.ErrOpen), errors.Is(err, ErrClosed):
+	case errors.Is(err, breaker.ErrOpen), errors.Is(err, ErrClosed), errors.Is(err, authority.ErrNotSent):
 		return false
 	case q.retries:
 		return true

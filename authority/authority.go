@@ -94,6 +94,18 @@ var ErrScript = errors.New("authority: script rejected its arguments")
 // error keeps Redis's own code (NOPERM, OOM, READONLY, ...) first.
 var ErrRefused = errors.New("authority: Redis refused a command in the script")
 
+// ErrRejected is wrapped by the error of a refund that a call of
+// refund_batch.lua reports failed: its arguments, its bucket or its reset
+// mark were not what the script can adjust (a value another program wrote,
+// a key the ACL denies). It was not applied, and sent again it would fail
+// the same way: a refund queue drops it, counted.
+var ErrRejected = errors.New("authority: refund rejected")
+
+// ErrNotSent is wrapped by the error of an adjustment RefundAll did not
+// send because its ctx ended while an earlier pipeline of the same call
+// ran: it never reached Redis.
+var ErrNotSent = errors.New("authority: adjustment not sent")
+
 // ErrPrefix is returned by New for an unusable key prefix.
 var ErrPrefix = errors.New("authority: invalid key prefix")
 
@@ -222,7 +234,20 @@ func ValidatePrefix(p string) error {
 // changes a limit therefore starts every key on a fresh, full bucket of the
 // new limit; the old buckets expire by their own TTL.
 func (r *Redis) Key(l policy.Limit, userKey string) string {
-	return r.limitArgsOf(l).namer.Key(userKey)
+	return r.namerOf(l).Key(userKey)
+}
+
+// namerOf is Namer(l), from l's cached arguments when the cache holds them
+// or has room for them (see limitArgsOf), so that a refund queue's flush
+// does not build the limit's part of the name again for every refund.
+func (r *Redis) namerOf(l policy.Limit) Namer {
+	if la, ok := r.limits.Load(l); ok {
+		return la.namer
+	}
+	if r.nlimits.Load() >= maxCachedLimits {
+		return r.Namer(l)
+	}
+	return r.limitArgsOf(l).namer
 }
 
 // Namer names the buckets of one limit: Namer(l).Key(userKey) is

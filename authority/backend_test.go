@@ -143,9 +143,9 @@ func (b *backend) keys(t testing.TB) []string {
 			}
 			continue
 		}
-		if strings.Contains(k, ":adj:") {
-			// An adjustment's id, kept so that a resend is not applied
-			// twice: it must expire.
+		if strings.Contains(k, ":adj:") || strings.Contains(k, ":refunds:") {
+			// An adjustment's id, or a refund call's, kept so that a
+			// resend is not applied twice: it must expire.
 			if ttl := b.client.PTTL(context.Background(), k).Val(); ttl <= 0 || ttl > IDLife {
 				t.Errorf("adjustment id %s has TTL %v; want (0, %v]", k, ttl, IDLife)
 			}

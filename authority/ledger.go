@@ -162,6 +162,15 @@ func (r *Redis) RefundAll(ctx context.Context, refunds []Refund) []Failed {
 		keyed = append(keyed, rf)
 	}
 	failed := r.refundBatches(ctx, batched, nil)
+	if err := ctx.Err(); err != nil && len(keyed) > 0 {
+		// The refunds' pipeline took the whole deadline: go-redis would
+		// fail these before writing a byte, an error that reads as a call
+		// that may have reached Redis.
+		for _, rf := range keyed {
+			failed = append(failed, Failed{Refund: *rf, Err: fmt.Errorf("%w: %w", ErrNotSent, err)})
+		}
+		return failed
+	}
 	return r.refundKeyed(ctx, keyed, failed)
 }
 
@@ -215,8 +224,8 @@ func (r *Redis) refundKeyed(ctx context.Context, sent []*Refund, failed []Failed
 // refundBatches applies refunds without an ID in calls of
 // refund_batch.lua, and appends those that failed to failed: a call's own
 // error fails each of its refunds with its Call (its outcome unknown, it is
-// sent again under it); a refund the call reports failed goes without (it
-// was not applied: it may go in any call).
+// sent again under it); a refund the call reports failed goes without, its
+// error wrapping ErrRejected (it was not applied, and would fail again).
 func (r *Redis) refundBatches(ctx context.Context, rfs []*Refund, failed []Failed) []Failed {
 	if len(rfs) == 0 {
 		return failed
@@ -324,7 +333,7 @@ func decodeRefundBatch(v any, g []*Refund, failed []Failed) []Failed {
 	}
 	for i := range codes {
 		if codes[i] == 'e' {
-			f := Failed{Refund: *g[i], Err: classify(replyError(msgs[0]))}
+			f := Failed{Refund: *g[i], Err: fmt.Errorf("%w: %w", ErrRejected, classify(replyError(msgs[0])))}
 			f.Call = ""
 			failed = append(failed, f)
 			msgs = msgs[1:]

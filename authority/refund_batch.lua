@@ -1,7 +1,8 @@
 -- leaselimit refund batch: give unused tokens back to many buckets of one
 -- limit in one call, applied at most once per call: the refunds a refund
--- queue sends of its own accord (a lease table's expired leases, on every
--- janitor tick), which no caller resends under an id of its own.
+-- queue sends of its own accord (a lease table's expired and evicted
+-- leases, on every janitor tick; grants no caller took), which no caller
+-- resends under an id of its own.
 -- Adjustments that have one (a Settle's, a charge) go through refund.lua,
 -- each applied once by its own id key; here one id key per call does, so
 -- a refund costs Redis a read of its bucket and of its reset mark and a
@@ -25,11 +26,12 @@
 --          adjustment, '+' applied (or dropped by the ledger rule: a Reset
 --          since its tokens left, or another window) and 'e' failed (its
 --          arguments are invalid, or its bucket or its mark holds a value
---          not ours: it is not applied),
+--          not ours: it is not applied, and sending it again would fail
+--          the same way),
 --          then, for each 'e' in order, a newline and its error.
 --
 -- The call's adjustments are decided on reads alone, then the id key is
--- written (unless no bucket changes), then the buckets: a call that Redis refuses (OOM, a read-only
+-- written (unless every refund failed), then the buckets: a call that Redis refuses (OOM, a read-only
 -- replica) writes nothing, and one whose id key was written writes every
 -- bucket (Redis decides a script's OOM state once, as it starts).
 local invalid = redis.error_reply('ERR leaselimit: invalid refund batch arguments')
@@ -92,11 +94,12 @@ end
 
 local reply = table.concat(codes)
 if #errors > 0 then reply = reply .. '\n' .. table.concat(errors, '\n') end
--- A call that changes no bucket records nothing: sent again, it is
--- applied as if for the first time, which a late refund could be.
-local dirty = false
-for _, key in ipairs(order) do dirty = dirty or state[key].dirty end
-if not dirty then return reply end
+-- A call that applied nothing records nothing: every one of its refunds
+-- failed, and comes back to be dropped. One whose refunds all found their
+-- bucket full (missing) records its id all the same: sent again once
+-- another instance drained the bucket, it would add what the bucket could
+-- not hold the first time.
+if not string.find(reply, '+', 1, true) then return reply end
 local _
 _, err = call('SET', KEYS[1], '1', 'PX', int_str(life))
 if err then return err end
