@@ -33,8 +33,8 @@ const maxQueuedRefunds = 100_000
 //
 // An adjustment is applied once, by its own id or its call's (see
 // authority.Refund.Once), so one whose outcome is unknown can be sent
-// again; what the queue must
-// know is whether a failed send may have reached Redis (see reachedRedis):
+// again; what the queue must know is whether a failed send may have
+// reached Redis (see reachedRedis):
 // one that did not is kept until Redis answers; a refund that may have is
 // sent again under its id or its call's for as long as Redis remembers it
 // (authority.ResendWithin from its first such send), then dropped and

@@ -672,20 +672,27 @@ func (r *Redis) byHashTag(as []*Acquisition) []*batch {
 // Cluster or Ring, whose keys live on several nodes and slots: the items
 // of one hash tag (of keyOf's key), in their order, split at maxPerScript.
 func tagGroups[T any](items []T, keyOf func(T) string) [][]T {
-	index := make(map[string]int, len(items))
-	var byTag [][]T
+	return groupsBy(items, func(it T) string { return hashTag(keyOf(it)) })
+}
+
+// groupsBy splits items into the groups one script call each takes: the
+// items of one group key (groupOf's), in their order, split at
+// maxPerScript.
+func groupsBy[T any, K comparable](items []T, groupOf func(T) K) [][]T {
+	index := make(map[K]int, len(items))
+	var byKey [][]T
 	for _, it := range items {
-		tag := hashTag(keyOf(it))
-		i, ok := index[tag]
+		k := groupOf(it)
+		i, ok := index[k]
 		if !ok {
-			i = len(byTag)
-			index[tag] = i
-			byTag = append(byTag, nil)
+			i = len(byKey)
+			index[k] = i
+			byKey = append(byKey, nil)
 		}
-		byTag[i] = append(byTag[i], it)
+		byKey[i] = append(byKey[i], it)
 	}
 	var groups [][]T
-	for _, g := range byTag {
+	for _, g := range byKey {
 		for i := 0; i < len(g); i += maxPerScript {
 			groups = append(groups, g[i:min(i+maxPerScript, len(g))])
 		}

@@ -181,11 +181,7 @@ func (r *Redis) refundKeyed(ctx context.Context, sent []*Refund, failed []Failed
 		return failed
 	}
 	groups := r.adjustGroups(sent)
-	invs := make([]*invocation, len(groups))
-	for i, g := range groups {
-		invs[i] = r.adjustInvocation(g)
-	}
-	r.runAll(ctx, refundScript, invs)
+	invs := r.runGroups(ctx, refundScript, groups, r.adjustInvocation)
 	var moving []*Refund // charges refused on a slot in migration
 	for i, g := range groups {
 		err := invs[i].cmd.Err()
@@ -231,11 +227,7 @@ func (r *Redis) refundBatches(ctx context.Context, rfs []*Refund, failed []Faile
 		return failed
 	}
 	groups := r.batchGroups(rfs)
-	invs := make([]*invocation, len(groups))
-	for i, g := range groups {
-		invs[i] = r.refundBatchInvocation(g)
-	}
-	r.runAll(ctx, refundBatchScript, invs)
+	invs := r.runGroups(ctx, refundBatchScript, groups, r.refundBatchInvocation)
 	for i, g := range groups {
 		if err := invs[i].cmd.Err(); err != nil {
 			for _, rf := range g {
@@ -246,6 +238,17 @@ func (r *Redis) refundBatches(ctx context.Context, rfs []*Refund, failed []Faile
 		failed = decodeRefundBatch(invs[i].cmd.Val(), g, failed)
 	}
 	return failed
+}
+
+// runGroups runs one call of s per group of adjustments, made by build,
+// in one pipeline (see runAll), and returns the calls in the groups' order.
+func (r *Redis) runGroups(ctx context.Context, s script, groups [][]*Refund, build func([]*Refund) *invocation) []*invocation {
+	invs := make([]*invocation, len(groups))
+	for i, g := range groups {
+		invs[i] = build(g)
+	}
+	r.runAll(ctx, s, invs)
+	return invs
 }
 
 // batchGroups splits refunds into the calls of refund_batch.lua: those of
@@ -260,24 +263,16 @@ func (r *Redis) batchGroups(rfs []*Refund) [][]*Refund {
 		tag   string
 	}
 	bySlot := !r.multiKey()
-	index := make(map[group]int)
-	var groups [][]*Refund
-	for _, rf := range rfs {
-		k := group{call: rf.Call}
-		if rf.Call == "" {
-			k.limit = rf.Limit
-			if bySlot {
-				k.tag = hashTag(rf.Key)
-			}
+	groups := groupsBy(rfs, func(rf *Refund) group {
+		if rf.Call != "" {
+			return group{call: rf.Call} // at most maxPerScript: never split
 		}
-		i, ok := index[k]
-		if !ok || (rf.Call == "" && len(groups[i]) == maxPerScript) {
-			i = len(groups)
-			index[k] = i
-			groups = append(groups, nil)
+		k := group{limit: rf.Limit}
+		if bySlot {
+			k.tag = hashTag(rf.Key)
 		}
-		groups[i] = append(groups[i], rf)
-	}
+		return k
+	})
 	for _, g := range groups {
 		if g[0].Call == "" {
 			call := r.refundCallKey(g[0].Key)
