@@ -32,10 +32,14 @@ type entry struct {
 	parts     atomic.Pointer[authority.Multi] // a multi-limit's buckets at the last grant (see Leases.members)
 
 	// holders is its table's list of entries that hold tokens (nil for an
-	// entry made outside a table), and listed whether it is on it (see
-	// listHolder).
-	holders *holderList
-	listed  atomic.Bool
+	// entry made outside a table), listed whether it is on it or being
+	// visited by a sweep (see listHolder), and dueSlot and dueIndex its
+	// place on it (see holderList: dueSlot is 0 when it is not on it, and
+	// is read without the list's lock by listHolder).
+	holders  *holderList
+	listed   atomic.Bool
+	dueSlot  atomic.Int64
+	dueIndex int
 
 	hash uint64 // its key's hash in its table (see table.keyHash)
 	// Guarded by the shard's lock: the next entry whose key's hash is
@@ -187,17 +191,6 @@ func (e *entry) Give(n, since, newest, window, now int64) bool {
 	e.level += n
 	e.listHolder()
 	return true
-}
-
-// listHolder puts e on its table's list of entries that hold tokens, if
-// it is not on it, so that sweeps expire its lease (see table.Sweep). It
-// is called after tokens joined e: a sweep that unlists e reads its
-// tokens after doing so, so tokens that join meanwhile are seen by one of
-// the two.
-func (e *entry) listHolder() {
-	if e.holders != nil && !e.listed.Swap(true) {
-		e.holders.add(e)
-	}
 }
 
 // Charge takes n tokens out of a live lease, for an excess settled against

@@ -307,7 +307,6 @@ func (z sizer) Install(e *entry, req request, o Outcome, now int64) (refund int6
 	e.lastNeed = part
 	e.reserved.Add(part)
 	e.level = e.tokens.Add(o.Granted - part)
-	e.listHolder()
 	// What the lease held before, at most: takes run without the lock
 	// (see entry.stampGrant).
 	e.stampGrant(o.At, o.Granted, e.level+e.reserved.Load()-o.Granted, o.Window, z.memberWindows(o))
@@ -326,6 +325,8 @@ func (z sizer) Install(e *entry, req request, o Outcome, now int64) (refund int6
 		exp = min(exp, from+int64(o.Expire))
 	}
 	e.expires.Store(exp)
+	// After the expiry: the entry is listed by it (see listHolder).
+	e.listHolder()
 	if rearm > 0 {
 		// After the tokens too: a caller must not find the cache set and
 		// the lease still empty.

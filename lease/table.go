@@ -21,38 +21,15 @@ type table struct {
 	// bucket forgotten in one says nothing of the next.
 	outages atomic.Uint64
 	// holders lists the entries tokens joined since a sweep last found
-	// them empty: a sweep expires their leases without visiting every
-	// entry (see Sweep).
+	// them empty, by their leases' expiry: a sweep expires the leases
+	// due without visiting every entry (see Sweep).
 	holders holderList
 	// sweepMu serializes sweeps; lastFull is the now of the last sweep
-	// that visited every entry, and spare the holders' list a sweep
-	// hands back for reuse. Both are guarded by sweepMu.
+	// that visited every entry, and spare the storage of the entries the
+	// last sweep took from holders. Both are guarded by sweepMu.
 	sweepMu  sync.Mutex
 	lastFull int64
 	spare    []*entry
-}
-
-// holderList is a list of entries that hold or held tokens, each at most
-// once (see entry.listHolder).
-type holderList struct {
-	mu   sync.Mutex
-	list []*entry
-}
-
-// add appends e.
-func (h *holderList) add(e *entry) {
-	h.mu.Lock()
-	h.list = append(h.list, e)
-	h.mu.Unlock()
-}
-
-// swap returns the list and starts a new one on spare's storage.
-func (h *holderList) swap(spare []*entry) []*entry {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	l := h.list
-	h.list = spare[:0]
-	return l
 }
 
 type shard struct {
@@ -128,6 +105,12 @@ func (s *shard) remove(e *entry) {
 	s.ring[last] = nil
 	s.ring = s.ring[:last]
 	e.removed.Store(true)
+	if e.holders != nil {
+		// Off the list of holders too: evicted by a flood of new keys,
+		// entries the list kept until their leases' expiry held the
+		// heap beyond the table's bound (TestKeyFlood).
+		e.holders.remove(e)
+	}
 }
 
 // victim picks the entry to evict with the CLOCK algorithm, an approximation
@@ -290,11 +273,12 @@ func (t *table) Len() int {
 // not sweep.
 //
 // Leases expire on every sweep, but a sweep visits only the entries
-// tokens joined since it last found them empty (see entry.listHolder):
-// a table of many keys that hold no lease, as a long tail of keys leaves
-// it, cost a visit to each of them on every sweep (4 a second, with the
-// default lease TTL). Every entry is visited at most every idle/8, to
-// forget idle keys and to expire any lease the list missed.
+// tokens joined since it last found them empty, and those only once their
+// leases are due (see holderList): a table of many keys that hold no
+// lease, as a long tail of keys leaves it, cost a visit to each of them on
+// every sweep (4 a second, with the default lease TTL). Every entry is
+// visited at most every idle/8, to forget idle keys and to expire any
+// lease the list missed.
 func (t *table) Sweep(now, idle int64, refund func(e *entry, h held)) {
 	t.sweepMu.Lock()
 	defer t.sweepMu.Unlock()
@@ -306,11 +290,12 @@ func (t *table) Sweep(now, idle int64, refund func(e *entry, h held)) {
 	t.sweepAll(now, idle, refund)
 }
 
-// sweepHolders expires the leases of the listed entries, and keeps listed
-// those that still hold tokens. sweepMu is held.
+// sweepHolders expires the leases of the listed entries that are due,
+// and lists again those that still hold tokens (their lease lives on, by
+// a refill since they were listed). sweepMu is held.
 func (t *table) sweepHolders(now int64, refund func(e *entry, h held)) {
-	list := t.holders.swap(t.spare)
-	for i, e := range list {
+	due := t.holders.takeDue(now, t.spare)
+	for i, e := range due {
 		// Unlisted before the look: tokens that join from now on list
 		// it again (see listHolder), and so does the look if it finds
 		// some left.
@@ -321,9 +306,9 @@ func (t *table) sweepHolders(now int64, refund func(e *entry, h held)) {
 		if !e.removed.Load() && e.tokens.Load()+e.reserved.Load() > 0 {
 			e.listHolder()
 		}
-		list[i] = nil
+		due[i] = nil
 	}
-	t.spare = list[:0]
+	t.spare = due[:0]
 }
 
 // sweepAll visits every entry: it expires leases, lists the entries that
@@ -385,4 +370,5 @@ func (t *table) Drain(refund func(e *entry, h held)) {
 			}
 		}
 	}
+	t.holders.reset()
 }

@@ -512,21 +512,24 @@ func TestTableSweepVisitsHolders(t *testing.T) {
 	if len(got) != 0 || !held.listed.Load() {
 		t.Fatalf("t0+1.1s: refunds %v, listed %v; want none, listed", got, held.listed.Load())
 	}
-	// The lease spent: the next sweep unlists it; a Settle surplus that
-	// joins it then (Give) lists it again, and it expires with them.
+	// The lease spent: a sweep before its expiry leaves it listed, not
+	// visited; a Settle surplus that joins it then (Give) expires with it.
 	if ok, _ := held.Take(2, t0+1100*ms); !ok {
 		t.Fatal("Take of the lease's 2 tokens failed")
 	}
 	sweep(t0 + 1200*ms)
-	if len(got) != 0 || held.listed.Load() {
-		t.Fatalf("t0+1.2s: refunds %v, listed %v; want none, not listed", got, held.listed.Load())
+	if len(got) != 0 || !held.listed.Load() || tab.holders.listed() != 1 {
+		t.Fatalf("t0+1.2s: refunds %v, listed %v (%d); want none, listed once", got, held.listed.Load(), tab.holders.listed())
 	}
-	if !held.Give(3, 1_000, 1_000, 0, t0+1200*ms) || held.Tokens() != 3 {
-		t.Fatalf("Give to a live lease failed: %d tokens", held.Tokens())
+	if !held.Give(3, 1_000, 1_000, 0, t0+1200*ms) || held.Tokens() != 3 || tab.holders.listed() != 1 {
+		t.Fatalf("Give to a live lease: %d tokens, listed %d times; want 3, once", held.Tokens(), tab.holders.listed())
 	}
 	sweep(t0 + 1600*ms) // expired at t0+1.5s, before the next full sweep
 	if got["held"] != 3 || len(got) != 1 {
 		t.Fatalf("t0+1.6s: refunds %v; want the 3 tokens Give added", got)
+	}
+	if held.listed.Load() || tab.holders.listed() != 0 {
+		t.Errorf("t0+1.6s: the expired, empty lease is still listed (%d)", tab.holders.listed())
 	}
 	if tab.Get(nil, "idle") != idl {
 		t.Fatalf("t0+1.6s: a sweep between full sweeps removed an idle entry")
@@ -557,7 +560,7 @@ func TestPlanListsMovedReservation(t *testing.T) {
 		t.Fatalf("setup: tokens %d, reserved %d; want 0 and 2", e.Tokens(), e.reserved.Load())
 	}
 	e.listed.Store(false) // as that sweep leaves it
-	tab.holders.swap(nil)
+	tab.holders.reset()
 	z.Plan(e, t0+100*ms)
 	if !e.listed.Load() || e.Tokens() != 2 {
 		t.Fatalf("after the plan: listed %v, tokens %d; want listed, 2", e.listed.Load(), e.Tokens())
