@@ -5,9 +5,10 @@
 -- resends under an id of its own.
 -- Adjustments that have one (a Settle's, a charge) go through refund.lua,
 -- each applied once by its own id key; here one id key per call does, so
--- a refund costs Redis a read of its bucket and of its reset mark and a
--- write, not a key of its own that lives IDLife (on the comparison's cold
--- long tail, two million of them).
+-- a refund costs Redis a read of its bucket (and of its reset mark when
+-- the bucket is there) and a write when it changes the bucket, not a key
+-- of its own that lives IDLife (on the comparison's cold long tail, two
+-- million of them).
 --
 -- KEYS[1]  the call's id key: it exists once the call was applied, for
 --          ARGV[1] ms. A call sent again (go-redis resends a call whose
@@ -24,10 +25,11 @@
 --          window and since, as in refund.lua.
 -- Returns  '=' for a call applied before; else one character per
 --          adjustment, '+' applied (or dropped by the ledger rule: a Reset
---          since its tokens left, or another window) and 'e' failed (its
---          arguments are invalid, or its bucket or its mark holds a value
---          not ours: it is not applied, and sending it again would fail
---          the same way),
+--          since its tokens left, or another window; or nothing to do: a
+--          full or missing bucket) and 'e' failed (its arguments are
+--          invalid, or its bucket, or the mark of a bucket that is there,
+--          holds a value not ours: it is not applied, and sending it again
+--          would fail the same way),
 --          then, for each 'e' in order, a newline and its error.
 --
 -- The call's adjustments are decided on reads alone, then the id key is
@@ -49,7 +51,11 @@ local now
 now, err = now_us()
 if err then return err end
 
--- The buckets as the adjustments leave them, by key: read once.
+-- The buckets found as the adjustments leave them, by key: read once. A
+-- missing bucket is full, and stays so for the call (a refund only adds):
+-- its refunds have nothing to do, and its reset mark is not read (on the
+-- comparison's cold long tail most refunds find their bucket gone, full
+-- again, and a read of the mark cost Redis as much as the rest).
 local state, order, codes, errors = {}, {}, {}, {}
 for j = 1, count do
   local o = 3 * j + 1
@@ -59,18 +65,20 @@ for j = 1, count do
   local fail
   if not n or n > burst or not window or window ~= window or window < 0 or not since or since ~= since or since < 0 then
     fail = invalid -- this adjustment alone
-  elseif not st then
+  elseif st == nil then
     local found, lerr, w0, f0, t0, rid, tail = load(key)
     local mark
-    if not lerr then mark, lerr = call('GET', mark_key) end
+    if found then mark, lerr = call('GET', mark_key) end
     if lerr then
       fail = lerr
     elseif mark and not tonumber(mark) then
       fail = redis.error_reply('ERR leaselimit: reset mark ' .. mark_key .. ' holds an unknown value')
+    elseif not found then
+      st = false
+      state[key] = st
     else
-      if not found then w0, f0, t0, rid, tail = burst, 0, now, '-', '' end
       local w, f, last = advance(cal, w0, f0, t0, now, a, b, burst, s)
-      st = {found = found, w = w, f = f, last = last, rid = rid, tail = tail, mark = tonumber(mark), dirty = false}
+      st = {w = w, f = f, last = last, rid = rid, tail = tail, mark = tonumber(mark), dirty = false}
       state[key] = st
       order[#order + 1] = key
     end
@@ -81,11 +89,10 @@ for j = 1, count do
   else
     codes[j] = '+'
     -- The ledger rule (see refund.lua): not to a bucket Reset since the
-    -- tokens left, nor to another window; a full bucket has nothing to do.
-    -- A missing bucket is full: nothing to do; one the refund fills is
+    -- tokens left, nor to another window. A full bucket, or a missing
+    -- one (st false), has nothing to do; one the refund fills is
     -- deleted, as it reads the same.
-    local generation = not (st.mark and since <= st.mark)
-    if generation and not (cal and window ~= st.last) and st.found then
+    if st and st.w < burst and not (st.mark and since <= st.mark) and not (cal and window ~= st.last) then
       st.w = math.min(st.w + n, burst)
       st.dirty = true
     end

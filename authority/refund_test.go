@@ -721,5 +721,26 @@ func TestRefundBatch(t *testing.T) {
 			t.Fatalf("RefundAll with its ctx over failed %+v; want both, the charge with ErrNotSent and its id", failed)
 		}
 		checkTokens(t, b, rfs[5].Key, l, 6)
+
+		// A refund to a full bucket writes nothing (it deleted it, a write
+		// that changed nothing), and one to a missing bucket does not read
+		// its reset mark: it has nothing to do whatever the mark says (a
+		// foreign one failed it).
+		full, missing := r.Key(l, "full"), r.Key(l, "missing")
+		if err := b.client.Set(ctx, full, "10 0 1 -", time.Hour).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.client.Set(ctx, markKey(missing), "x", 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if failed := r.RefundAll(ctx, []Refund{{Key: full, Limit: l, Tokens: 1}, {Key: missing, Limit: l, Tokens: 1}}); len(failed) != 0 {
+			t.Fatalf("refunds to a full and a missing bucket failed %+v; want both applied, with nothing to do", failed)
+		}
+		if v, err := b.client.Get(ctx, full).Result(); err != nil || v != "10 0 1 -" {
+			t.Errorf("the full bucket after a refund: %q, %v; want it untouched", v, err)
+		}
+		if n, err := b.client.Exists(ctx, missing).Result(); err != nil || n != 0 {
+			t.Errorf("the missing bucket after a refund: %d keys, %v; want still missing", n, err)
+		}
 	})
 }
