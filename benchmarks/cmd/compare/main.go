@@ -23,6 +23,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -120,6 +121,7 @@ func run() error {
 		ctxTimeout = flag.Bool("context-timeout", false, "create every client with go-redis's ContextTimeoutEnabled (leaselimit then calls Redis on the caller's goroutine)")
 		which      = flag.String("workloads", "", "run only the workloads whose name starts with one of these comma-separated prefixes (default: all)")
 		cpuProfile = flag.String("cpuprofile", "", "profile every measured slice: print each cell's client CPU per decision by category, and write the slices' profiles, merged, to this file")
+		memProfile = flag.String("memprofile", "", "write the heap allocations of the whole run (warm-ups and lead-ins too; each design's under its own call stacks) to this file")
 	)
 	flag.Parse()
 	design.ContextTimeoutEnabled = *ctxTimeout
@@ -168,6 +170,15 @@ func run() error {
 			return err
 		}
 	}
+	var heap *os.File
+	if *memProfile != "" {
+		// Created before the run, so that a path that cannot be written
+		// fails at once.
+		if heap, err = os.Create(*memProfile); err != nil {
+			return err
+		}
+		defer heap.Close()
+	}
 	version := ""
 	if cfg.addr == "" {
 		srv, err := redistest.Launch()
@@ -202,6 +213,14 @@ func run() error {
 	if cfg.profiler != nil {
 		printCategories(cfg.out, groups)
 		if err := cfg.profiler.write(); err != nil {
+			return err
+		}
+	}
+	if heap != nil {
+		if err := pprof.Lookup("allocs").WriteTo(heap, 0); err != nil {
+			return fmt.Errorf("write the heap profile: %w", err)
+		}
+		if err := heap.Close(); err != nil {
 			return err
 		}
 	}
