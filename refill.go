@@ -34,13 +34,14 @@ func (l *Limiter) miss(ctx context.Context, key string, n int64, a lease.Answer)
 	for a.Status == lease.Miss {
 		t := a.Ticket
 		l.leases.Join(t)
-		refill := l.refillOf(ctx, brk, rkey, t)
 		var r singleflight.Result
 		if l.leases.Lead(t) {
 			// No refill of the key is running: this caller runs it on its
 			// own goroutine (singleflight's DoChan would start one), and
-			// callers that miss meanwhile wait for it with DoChan.
-			r.Val, r.Err, r.Shared = l.sf.Do(key, refill)
+			// callers that miss meanwhile wait for it with DoChan. (The
+			// refill made here, apart from DoChan's, stays on the stack:
+			// Do does not keep it.)
+			r.Val, r.Err, r.Shared = l.sf.Do(key, l.refillOf(ctx, brk, rkey, t))
 			l.leases.Led(t)
 		} else {
 			if brk.State() != breaker.Closed {
@@ -50,7 +51,7 @@ func (l *Limiter) miss(ctx context.Context, key string, n int64, a lease.Answer)
 				return l.breakerOpen(ctx, brk, key, n)
 			}
 			select {
-			case r = <-l.sf.DoChan(key, refill):
+			case r = <-l.sf.DoChan(key, l.refillOf(ctx, brk, rkey, t)):
 			case <-ctx.Done():
 				// The refill goes on; what it brings for us stays in the lease.
 				return Decision{Source: SourceNone}, ctx.Err()

@@ -91,7 +91,8 @@ func (q *refundQueue) addReturn(r *lease.Return) {
 	if r == nil || r.Tokens <= 0 {
 		return
 	}
-	for _, rf := range q.returned(*r) {
+	var on [2]authority.Refund // most returns are one or two refunds: no allocation
+	for _, rf := range q.appendReturned(on[:0], *r) {
 		q.add(rf)
 	}
 }
@@ -100,8 +101,14 @@ func (q *refundQueue) addReturn(r *lease.Return) {
 // limit's bucket, or to every bucket of a multi-limit's lease, a quota's
 // within the window its tokens came from (r.Windows).
 func (q *refundQueue) returned(r lease.Return) []authority.Refund {
-	var rs []authority.Refund
-	for _, p := range r.Stamped() {
+	return q.appendReturned(nil, r)
+}
+
+// appendReturned appends to rs the adjustments that give r back (see
+// returned), and returns rs.
+func (q *refundQueue) appendReturned(rs []authority.Refund, r lease.Return) []authority.Refund {
+	parts, n := r.Stamped()
+	for _, p := range parts[:n] {
 		if p.Limits == nil {
 			rs = append(rs, authority.Refund{Key: q.auth.Key(p.Limit, p.Key), Limit: p.Limit, Tokens: p.Tokens, Since: p.Since, Window: p.Window})
 			continue

@@ -2,6 +2,7 @@ package lease
 
 import (
 	"fmt"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -262,5 +263,35 @@ func TestEvictedBusyKeyRefills(t *testing.T) {
 	now += ms
 	if a := ls.Decide("A", 1, now); a.Status != Miss {
 		t.Errorf("busy key A, evicted by %d keys, asked for again a millisecond after its last request: %v; want a Miss (a refill)", evictors, a.Status)
+	}
+}
+
+// TestTakingAKeyInAllocatesItsEntryAlone: the decision that takes a key
+// into the table allocates its entry and nothing else, in a full table
+// too, where it evicts an entry holding no tokens. (An Answer's Evicted
+// was copied to the heap for every key taken in, tokens or not.)
+func TestTakingAKeyInAllocatesItsEntryAlone(t *testing.T) {
+	tab := NewTable(minCapacity, policy.Lease{}) // one entry per shard: full at once
+	ls := New(tab, policy.PerSecond(100), policy.Lease{}, 1)
+	keys := make([]string, 2000)
+	for i := range keys {
+		keys[i] = "k" + strconv.Itoa(i)
+	}
+	i := 0
+	allocs := testing.AllocsPerRun(len(keys)-1, func() {
+		k := keys[i]
+		i++
+		if a := ls.Decide(k, 1, 0); a.Status != Exact {
+			panic("a first sight was not exact")
+		}
+		if a := ls.Decide(k, 1, 0); a.Status != Miss || a.Ticket.e == nil || a.Evicted != nil {
+			panic("a second sight was not a Miss with its entry, evicting no tokens")
+		}
+	})
+	if allocs > 1 {
+		t.Errorf("taking a key in allocates %v times; want 1, its entry", allocs)
+	}
+	if n := tab.Len(); n > minCapacity {
+		t.Errorf("the table holds %d keys; want at most %d", n, minCapacity)
 	}
 }
