@@ -39,7 +39,7 @@ func TestJanitorRound(t *testing.T) {
 	}
 
 	j := l.janitor
-	j.refunds.addReturns(j.table.Sweep(now + int64(2*policy.DefaultLease().TTL))...)
+	j.table.Sweep(now+int64(2*policy.DefaultLease().TTL), j.refunds.addSwept)
 	j.refunds.flush()
 	if got := len(l.refunds.take()); got != 0 {
 		t.Errorf("%d refunds still queued after the round", got)

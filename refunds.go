@@ -86,6 +86,9 @@ func (q *refundQueue) addReturns(rs ...lease.Return) {
 	}
 }
 
+// addSwept queues the returns of a sweep (see lease.Table.Sweep).
+func (q *refundQueue) addSwept(rs []lease.Return) { q.addReturns(rs...) }
+
 // addReturn queues r, if any (an Answer's Evicted).
 func (q *refundQueue) addReturn(r *lease.Return) {
 	if r == nil || r.Tokens <= 0 {

@@ -100,13 +100,16 @@ for j = 1, count do
 end
 
 local reply = table.concat(codes)
+local applied = string.find(reply, '+', 1, true)
 if #errors > 0 then reply = reply .. '\n' .. table.concat(errors, '\n') end
 -- A call that applied nothing records nothing: every one of its refunds
 -- failed, and comes back to be dropped. One whose refunds all found their
 -- bucket full (missing) records its id all the same: sent again once
 -- another instance drained the bucket, it would add what the bucket could
 -- not hold the first time.
-if not string.find(reply, '+', 1, true) then return reply end
+-- (The codes alone are searched: an error names keys, whose prefix and
+-- limit name may hold a '+'.)
+if not applied then return reply end
 local _
 _, err = call('SET', KEYS[1], '1', 'PX', int_str(life))
 if err then return err end

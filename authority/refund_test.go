@@ -742,5 +742,27 @@ func TestRefundBatch(t *testing.T) {
 		if n, err := b.client.Exists(ctx, missing).Result(); err != nil || n != 0 {
 			t.Errorf("the missing bucket after a refund: %d keys, %v; want still missing", n, err)
 		}
+
+		// A call whose every refund failed records no id, though its
+		// errors name keys with a '+' in them (a review: the reply, errors
+		// and all, was searched for one, and such a call was taken as
+		// applied: its resend answered '=').
+		plus := policy.Limit{Name: "r+b", Rate: 1, Period: time.Hour, Burst: 10}
+		kPlus := r.Key(plus, "foreign")
+		if err := b.client.Set(ctx, kPlus, "x", 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+		before = len(b.allKeys(t))
+		rs = []*Refund{{Key: kPlus, Limit: plus, Tokens: 1}}
+		in = r.refundBatchInvocation(r.batchGroups(rs)[0])
+		for i := range 2 {
+			v, err := b.client.EvalSha(ctx, refundBatchScript.sha, in.keys, in.args...).Result()
+			if s, _ := v.(string); err != nil || !strings.HasPrefix(s, "e\n") {
+				t.Fatalf("a call whose one refund failed, sent %d times, replied %q, %v; want its failure", i+1, v, err)
+			}
+		}
+		if got := len(b.allKeys(t)) - before; got != 0 {
+			t.Errorf("a call whose every refund failed made %d keys; want none (no id)", got)
+		}
 	})
 }

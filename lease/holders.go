@@ -44,7 +44,9 @@ func dueSlot(x int64) int64 {
 func (h *holderList) add(e *entry, expires int64) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	slot := dueSlot(expires)
+	// Slot 0 means "not listed" (entry.dueSlot): an expiry at or before
+	// the clock's zero (a test's) goes under slot 1.
+	slot := max(dueSlot(expires), 1)
 	if h.swept != 0 {
 		slot = max(slot, h.swept+1)
 	}
@@ -65,6 +67,13 @@ func (h *holderList) add(e *entry, expires int64) {
 	e.dueSlot.Store(slot)
 	e.dueIndex = len(list)
 	h.due[slot] = append(list, e)
+	if e.removed.Load() {
+		// The table let go of e while it was being listed: remove, which
+		// stores removed before it reads dueSlot, found it unlisted (a
+		// sweep that saw its tokens before the evicting caller drained
+		// them lists it). Kept, it would stay referenced until its slot.
+		h.unlink(e)
+	}
 }
 
 // remove takes e off the list, if it is on it: the table let go of it.

@@ -112,3 +112,25 @@ func TestTableUnlistsWhatItLetsGo(t *testing.T) {
 		t.Errorf("after Drain: %d entries listed; want none", n)
 	}
 }
+
+// TestHolderListDropsARemovedEntry: an entry the table let go of is not
+// kept on the list by a listing that raced with its removal (a sweep that
+// saw its tokens before the evicting caller drained them), and an expiry
+// at the clock's zero is listed under a slot of its own, not as unlisted.
+func TestHolderListDropsARemovedEntry(t *testing.T) {
+	var h holderList
+	e := &entry{key: "evicted", holders: &h}
+	e.expires.Store(int64(1000) << dueShift)
+	e.tokens.Store(1)
+	e.removed.Store(true) // remove found it unlisted
+	e.listHolder()
+	if n := h.listed(); n != 0 || e.dueSlot.Load() != 0 {
+		t.Errorf("a removed entry listed %d times, under slot %d; want none", n, e.dueSlot.Load())
+	}
+	z := &entry{key: "zero", holders: &h}
+	z.listHolder() // expires 0
+	z.listHolder()
+	if n := h.listed(); n != 1 || z.dueSlot.Load() == 0 {
+		t.Errorf("an expiry at 0 listed %d times, under slot %d; want once, under a slot of its own", n, z.dueSlot.Load())
+	}
+}

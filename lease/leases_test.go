@@ -34,6 +34,13 @@ func tableOf(ls *Leases) *Table {
 	return &Table{t: ls.table, idle: int64(policy.Lease{}.WithDefaults().IdleTTL)}
 }
 
+// swept sweeps tab at now and returns a copy of what it gave back.
+func swept(tab *Table, now int64) []Return {
+	var out []Return
+	tab.Sweep(now, func(rs []Return) { out = append(out, rs...) })
+	return out
+}
+
 // refill plays the one caller that performs t's refill against an
 // authority that answers g, and returns what the waiters collect.
 func refill(t *testing.T, ls *Leases, tk Ticket, g authority.Grant, now int64) Outcome {
@@ -346,11 +353,11 @@ func TestProtocolLocalShareKept(t *testing.T) {
 		t.Errorf("AllowLocal above the share's burst: RetryAfter %v; want Never", b.RetryAfter)
 	}
 	idle := now + int64(policy.DefaultLease().IdleTTL) + s
-	tableOf(ls).Sweep(idle)
+	tableOf(ls).Sweep(idle, nil)
 	if tableOf(ls).Len() != 1 {
 		t.Fatalf("Sweep forgot a key whose FailLocal bucket is still refilling")
 	}
-	tableOf(ls).Sweep(idle + int64(2*time.Minute))
+	tableOf(ls).Sweep(idle+int64(2*time.Minute), nil)
 	if tableOf(ls).Len() != 0 {
 		t.Errorf("Sweep kept an idle key whose FailLocal bucket has refilled: %d keys", tableOf(ls).Len())
 	}
@@ -369,7 +376,7 @@ func TestProtocolSweepAndDrainReturn(t *testing.T) {
 	}
 	expired := now + int64(policy.DefaultLease().TTL)
 	got := map[string]int64{}
-	for _, r := range tableOf(ls).Sweep(expired) {
+	for _, r := range swept(tableOf(ls), expired) {
 		got[r.Key] += r.Tokens
 	}
 	if got["a"] != want["a"] || got["b"] != want["b"] || len(got) != 2 {

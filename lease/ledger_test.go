@@ -308,7 +308,7 @@ func TestMultiLimitReturnCarriesWindows(t *testing.T) {
 	check("Surrender", ls.Surrender("surrendered", now))
 
 	leased("expired")
-	rs := tableOf(ls).Sweep(now + int64(settings.TTL))
+	rs := swept(tableOf(ls), now+int64(settings.TTL))
 	if len(rs) != 1 {
 		t.Fatalf("Sweep after the TTL = %+v; want the expired lease", rs)
 	}

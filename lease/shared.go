@@ -11,7 +11,7 @@ import (
 type Table struct {
 	t    *table
 	idle int64 // an unused key is forgotten after this long
-	// swept is the storage of Sweep's result, reused by the next Sweep
+	// swept is the storage of Sweep's returns, reused by the next Sweep
 	// (the janitor's, every quarter of a lease's life: grown afresh each
 	// time, it was a few percent of the bytes a lease decision allocates
 	// on the comparison's cold long tail). sweeping orders the sweeps.
@@ -27,18 +27,28 @@ func NewTable(maxKeys int, s policy.Lease) *Table {
 }
 
 // Sweep expires leases and forgets keys idle since before now-IdleTTL,
-// returning the tokens to give back, each to the bucket of its limit. The
-// slice is the table's, valid until the next Sweep: a caller that keeps
-// the returns copies them.
-func (t *Table) Sweep(now int64) []Return {
+// and hands give the tokens to give back, each to the bucket of its limit
+// (give may be nil). The slice is the table's, reused by the next Sweep:
+// give must not keep it. Sweeps are serialized: give runs before the next
+// one starts.
+func (t *Table) Sweep(now int64, give func([]Return)) {
 	t.sweeping.Lock()
 	defer t.sweeping.Unlock()
-	clear(t.swept)
 	out := t.swept[:0]
 	t.t.Sweep(now, t.idle, func(e *entry, h held) { out = append(out, e.back(h)) })
+	if give != nil && len(out) > 0 {
+		give(out)
+	}
+	clear(out) // no strings or limits kept alive until the next sweep
+	if cap(out) > maxSweptKept && len(out) < cap(out)/4 {
+		out = nil // a burst of expiries long past: its storage goes
+	}
 	t.swept = out
-	return out
 }
+
+// maxSweptKept is the capacity of Sweep's storage kept however little of it
+// the last sweep used.
+const maxSweptKept = 4096
 
 // Drain forgets every key and returns the tokens of every lease (for
 // Close).
