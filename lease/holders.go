@@ -10,11 +10,11 @@ const dueShift = 24
 
 // holderList lists the entries that hold or held tokens, each by the
 // slot of its lease's expiry, so that a sweep visits a lease once, when
-// it is due, and not on every sweep of its life. Measured before it was
-// ordered (one list, each entry visited and listed again on every
-// sweep): on the comparison harness's cold long tail, with leases of 2 s
-// and a sweep every 250 ms, each lease was visited about eight times, and
-// the sweeps took 0.5-0.7 us of client CPU per decision.
+// it is due, and not on every sweep of its life. Before it was ordered
+// (one list, each entry visited and listed again on every sweep), on the
+// comparison harness's cold long tail, with leases of 2 s and a sweep
+// every 250 ms, each lease was visited about eight times: the sweeps took
+// about 0.22 us of client CPU per decision, 0.05 since (CPU profiles).
 //
 // An entry is listed at most once, under a slot no later than its
 // expiry's; an entry the table lets go of leaves the list with it (see
