@@ -92,14 +92,11 @@ local function adjust(j)
   end
   local w, f, last = advance(cal, w0, f0, t0, now, a, b, burst, s)
 
-  -- Once: SET NX both checks and records the id, so that nothing can run
-  -- between the two.
   if keyed then
-    local fresh
-    fresh, err = call('SET', KEYS[k + 3], '1', 'NX', 'PX', int_str(life))
-    if err then return err end
-    if not fresh then return report(cal, w, f, last, a, b, burst) end
-
+    -- The mark is read before the id is recorded: an adjustment whose
+    -- mark cannot be read fails and records nothing, so that a resend
+    -- fails the same way rather than read as applied (a charge that
+    -- never was would go uncounted).
     local mark
     mark, err = call('GET', KEYS[k + 2])
     if err then return err end
@@ -108,6 +105,14 @@ local function adjust(j)
       -- rather than the script, and its neighbours with it.
       return redis.error_reply('ERR leaselimit: reset mark ' .. KEYS[k + 2] .. ' holds an unknown value')
     end
+
+    -- Once: SET NX both checks and records the id, so that nothing can
+    -- run between the two.
+    local fresh
+    fresh, err = call('SET', KEYS[k + 3], '1', 'NX', 'PX', int_str(life))
+    if err then return err end
+    if not fresh then return report(cal, w, f, last, a, b, burst) end
+
     -- A charge of unknown time (since 0: the failure policy's admissions)
     -- goes to the bucket as it is: forgiven, it would over-admit.
     if mark and since <= tonumber(mark) and (n > 0 or since > 0) then return report(cal, w, f, last, a, b, burst) end

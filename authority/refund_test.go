@@ -314,6 +314,21 @@ func suiteRefund(t *testing.T, nb backendFactory) {
 		}
 		checkTokens(t, b, kA, l, 3)
 		checkTokens(t, b, kC, l, 4)
+
+		// An adjustment with an id of its own (a charge, a Settle's
+		// refund) whose mark cannot be read records no id: sent again,
+		// it fails again. Recorded before the mark was read, the resend
+		// was answered as applied, and a charge never made went
+		// uncounted.
+		for _, adj := range []Refund{{Key: kM, Limit: l, Tokens: -2, Since: 1, ID: "charge-1"}, {Key: kM, Limit: l, Tokens: 1, Since: 1, ID: "refund-1"}} {
+			for send := 1; send <= 2; send++ {
+				failed := r.RefundAll(ctx, []Refund{adj})
+				if len(failed) != 1 || failed[0].Err == nil || failed[0].Once() != adj.ID {
+					t.Fatalf("send %d of %+v beside a foreign reset mark failed %+v; want it failed, under its id", send, adj, failed)
+				}
+			}
+		}
+		checkTokens(t, b, kM, l, 0)
 	})
 
 	t.Run("NOSCRIPT", func(t *testing.T) {
