@@ -315,6 +315,45 @@ func TestUnreachableReason(t *testing.T) {
 	}
 }
 
+// TestPeekAndResetSayWhy: a Peek or a Reset given up at the budget says
+// whether it got no connection (nothing listens: a wrong address, Redis
+// down) or no reply (a Redis that accepts connections and never answers),
+// as a decision's fallback reason does. Regression: a refused connection
+// read "no reply within 100ms", since go-redis dials again until the
+// deadline.
+func TestPeekAndResetSayWhy(t *testing.T) {
+	for _, direct := range []bool{false, true} {
+		mode := map[bool]string{false: "detached", true: "direct"}[direct]
+		for _, tc := range []struct {
+			name, addr, want, not string
+		}{
+			{"refused", refusedAddr(t), "no connection to Redis", "no reply"},
+			{"silent", silentAddr(t), "no reply within", "no connection"},
+		} {
+			t.Run(tc.name+"/"+mode, func(t *testing.T) {
+				opts := &redis.Options{Addr: tc.addr, ContextTimeoutEnabled: direct}
+				if !direct {
+					opts.ReadTimeout = 500 * time.Millisecond
+				}
+				c := redis.NewClient(opts)
+				t.Cleanup(func() { _ = c.Close() })
+				lim := mustNew(t, c, policy.PerSecond(10).WithName("why"), leaselimit.WithTimeout(100*time.Millisecond))
+				ctx := context.Background()
+				_, peekErr := lim.Peek(ctx, "k")
+				resetErr := lim.Reset(ctx, "k")
+				for _, call := range []struct {
+					name string
+					err  error
+				}{{"Peek", peekErr}, {"Reset", resetErr}} {
+					if !errors.Is(call.err, leaselimit.ErrUnavailable) || !strings.Contains(call.err.Error(), tc.want) || strings.Contains(call.err.Error(), tc.not) {
+						t.Errorf("%s = %v; want ErrUnavailable saying %q", call.name, call.err, tc.want)
+					}
+				}
+			})
+		}
+	}
+}
+
 // TestBreakerOpenCancelledCaller: while the breaker is open, a caller whose
 // ctx has already ended gets its ctx's error, in both modes: not FailOpen's
 // admission, which would be charged to the key's debt. Regression (a

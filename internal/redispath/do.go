@@ -87,7 +87,7 @@ func (p *Path) do(ctx context.Context, brk *circuit.Breaker, rkey string, kept b
 	select {
 	case err = <-ch:
 	case <-timer.C:
-		return true, fmt.Errorf("%w: no reply within %v", p.unavailable, p.budget)
+		return true, p.overdue(brk, start, p.budget)
 	case <-ctx.Done():
 		return true, ctx.Err()
 	}
@@ -122,9 +122,21 @@ func (p *Path) doInPlace(ctx context.Context, brk *circuit.Breaker, rkey string,
 	err = p.judged(brk, rkey, early.Load(), start, limit, replies, err)
 	done(err)
 	if errors.Is(err, circuit.ErrBudget) {
-		return true, fmt.Errorf("%w: no reply within %v", p.unavailable, limit)
+		return true, p.overdue(brk, start, limit)
 	}
 	return true, p.doError(err)
+}
+
+// overdue is the error of a call of Do begun at start that limit ended
+// without a reply: one that could not connect says so (see unreachable),
+// as an acquire call's does. go-redis dials a refused connection again
+// until the deadline, so without the look a Redis that was down read as
+// one that did not answer.
+func (p *Path) overdue(brk *circuit.Breaker, start time.Time, limit time.Duration) error {
+	if p.unreachable(brk, start) {
+		return fmt.Errorf("%w: %w: none within %v", p.unavailable, circuit.ErrUnreachable, limit)
+	}
+	return fmt.Errorf("%w: no reply within %v", p.unavailable, limit)
 }
 
 // judged is the outcome of a call of Do begun at start, when brk had
