@@ -2,9 +2,11 @@ package lease
 
 import (
 	"math"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/leaselimit/leaselimit/authority"
 )
@@ -13,7 +15,11 @@ import (
 // atomics; refills and expiry serialise on the entry's mutex.
 type entry struct {
 	owner *Leases // the protocol of the entry's limit
-	key   string
+	key   string  // the entry's own copy (see ownKey)
+	// inKey holds key when it is short: in the entry's first cache line,
+	// which a lookup reads anyway, and in room the entry's allocation
+	// had spare (360 bytes in a size class of 384).
+	inKey [inKeyLen]byte
 
 	tokens    atomic.Int64                    // leased tokens not yet spent
 	reserved  atomic.Int64                    // tokens the last refill set aside for the callers that waited on it
@@ -92,6 +98,24 @@ type entry struct {
 	windows []int64
 	grow    int64 // slow-start lease size (see Plan)
 	batch   int64 // at its limit: the fewest tokens the next refill takes (see Install)
+}
+
+// inKeyLen is the longest key an entry holds in itself.
+const inKeyLen = 24
+
+// ownKey sets e's key to a copy of key, never key itself: a caller's key
+// may be a slice of a larger string (a request's path or header), which
+// an entry holding it would keep alive as long as the table holds the
+// key. A key of up to inKeyLen bytes is copied into the entry, no
+// allocation; a longer one into a string of its own. Called once, before
+// e is in the table.
+func (e *entry) ownKey(key string) {
+	if len(key) > len(e.inKey) {
+		e.key = strings.Clone(key)
+		return
+	}
+	n := copy(e.inKey[:], key)
+	e.key = unsafe.String(&e.inKey[0], n)
 }
 
 // useGrain is how stale entry.lastUse may be; it keeps hot keys from writing

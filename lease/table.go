@@ -233,7 +233,8 @@ func (t *table) GetOrCreate(owner *Leases, key string, now int64) (e, evicted *e
 			evicted.owner.forgetFallback(evicted, now)
 		}
 	}
-	e = &entry{owner: owner, key: key, hash: h, seen: now, holders: &t.holders} // not used since it was made
+	e = &entry{owner: owner, hash: h, seen: now, holders: &t.holders} // not used since it was made
+	e.ownKey(key)
 	e.lastUse.Store(now)
 	s.add(e)
 	return e, evicted

@@ -3,12 +3,15 @@ package lease
 import (
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/leaselimit/leaselimit/policy"
 )
@@ -818,4 +821,62 @@ func TestTableSpreadsOneKeyOverLimits(t *testing.T) {
 	if n := tb.Len(); n != 1000 {
 		t.Errorf("Len = %d after one key under 1000 limits; want 1000", n)
 	}
+}
+
+// TestTableOwnsItsKeys: an entry holds its own copy of its key, never
+// the caller's string: a key sliced from a larger string (a request's
+// path or header) does not keep that string alive while the table holds
+// the key. A key of up to inKeyLen bytes lives in the entry itself, no
+// allocation; a longer one in a string of its own.
+func TestTableOwnsItsKeys(t *testing.T) {
+	tab := newTable(1000)
+	for _, n := range []int{1, inKeyLen, inKeyLen + 1, 200} {
+		want := strings.Repeat("k", n-1) + string(rune('a'+n%26))
+		freed := make(chan struct{})
+		e := takeSlicedKey(tab, want, freed)
+		for i := 0; i < 100; i++ {
+			runtime.GC()
+			select {
+			case <-freed:
+				i = 100
+			case <-time.After(time.Millisecond):
+				continue
+			}
+		}
+		select {
+		case <-freed:
+		default:
+			t.Errorf("key of %d bytes: the string it was sliced from is still alive: the entry holds it", n)
+		}
+		if e.key != want || tab.Get(nil, want) != e {
+			t.Errorf("key of %d bytes: entry's key %q, found %v; want %q, found", n, e.key, tab.Get(nil, want) != nil, want)
+		}
+	}
+	for _, tc := range []struct {
+		n      int
+		allocs float64
+	}{{inKeyLen, 1}, {inKeyLen + 1, 2}} {
+		key := strings.Repeat("s", tc.n)
+		if allocs := testing.AllocsPerRun(100, func() {
+			e := new(entry)
+			e.ownKey(key)
+			ownedSink = e
+		}); allocs != tc.allocs {
+			t.Errorf("an entry owning a key of %d bytes: %v allocations; want %v", tc.n, allocs, tc.allocs)
+		}
+	}
+}
+
+// ownedSink keeps TestTableOwnsItsKeys's entries on the heap, as the
+// table's are.
+var ownedSink *entry
+
+// takeSlicedKey takes into tab a key equal to key, sliced from a larger
+// string whose freeing closes freed, and returns its entry: the larger
+// string is unreachable once it returns, unless the table keeps it.
+func takeSlicedKey(tab *table, key string, freed chan struct{}) *entry {
+	big := strings.Repeat("x", 1<<20) + key
+	runtime.AddCleanup(unsafe.StringData(big), func(c chan struct{}) { close(c) }, freed)
+	e, _ := tab.GetOrCreate(nil, big[len(big)-len(key):], 1)
+	return e
 }
