@@ -17,7 +17,7 @@ func ExampleLimit() {
 	// Output:
 	// api: 100/1s burst=200 <nil>
 	// 10ms
-	// policy: invalid limit: rate 0 must be > 0
+	// policy: invalid limit: broken: rate 0 must be > 0
 }
 
 func ExampleQuota() {

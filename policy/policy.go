@@ -77,13 +77,13 @@ func (l Limit) Validate() error {
 	case l.IsQuota() && l.Rate <= 0:
 		return fmt.Errorf("%w: %s: a quota's tokens %d must be > 0", ErrInvalidLimit, l.Name, l.Rate)
 	case l.Rate <= 0:
-		return fmt.Errorf("%w: rate %d must be > 0", ErrInvalidLimit, l.Rate)
+		return fmt.Errorf("%w: %s: rate %d must be > 0", ErrInvalidLimit, l.Name, l.Rate)
 	case l.Burst <= 0:
-		return fmt.Errorf("%w: burst %d must be > 0", ErrInvalidLimit, l.Burst)
+		return fmt.Errorf("%w: %s: burst %d must be > 0", ErrInvalidLimit, l.Name, l.Burst)
 	case l.Period <= 0:
-		return fmt.Errorf("%w: period %v must be > 0", ErrInvalidLimit, l.Period)
+		return fmt.Errorf("%w: %s: period %v must be > 0", ErrInvalidLimit, l.Name, l.Period)
 	case l.Period%time.Microsecond != 0:
-		return fmt.Errorf("%w: period %v must be a whole number of microseconds", ErrInvalidLimit, l.Period)
+		return fmt.Errorf("%w: %s: period %v must be a whole number of microseconds", ErrInvalidLimit, l.Name, l.Period)
 	}
 	if l.Rate > MaxRate || l.Burst > MaxRate {
 		return fmt.Errorf("%w: %s: rate and burst must be at most %d", ErrInvalidLimit, l, int64(MaxRate))

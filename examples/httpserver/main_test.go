@@ -291,7 +291,7 @@ func TestParseFlagsErrors(t *testing.T) {
 		{[]string{"-rate", "0"}, "-rate 0: must be at least 1"},
 		{[]string{"-rate", "-5"}, "-rate -5: must be at least 1"},
 		{[]string{"-period", "0s"}, "-period 0s: must be > 0"},
-		{[]string{"-period", "1ns"}, "-rate, -period, -burst: policy: invalid limit: period 1ns must be a whole number of microseconds"},
+		{[]string{"-period", "1ns"}, "-rate, -period, -burst: policy: invalid limit: burst: period 1ns must be a whole number of microseconds"},
 		{[]string{"-burst", "-1"}, "-burst -1: must be >= 0"},
 		{[]string{"-daily", "-1"}, "-daily -1: must be >= 0"},
 		{[]string{"-fleet-size", "0"}, "-fleet-size 0: must be at least 1"},

@@ -48,7 +48,7 @@ func run(ctx context.Context, rdb redis.UniversalClient, out io.Writer) error {
 	for i := 1; i <= 4; i++ {
 		d, err := api.Allow(ctx, "user:42")
 		if err != nil {
-			return err // an invalid key, a closed Client, ctx done: never a denial or an outage
+			return err // an invalid key or limit, a closed Client, ctx done: never a denial or an outage
 		}
 		if !d.Allowed {
 			fmt.Fprintf(out, "request %d: denied, retry in %v\n", i, d.RetryAfter.Round(time.Second))
