@@ -141,15 +141,18 @@ func TestClockForBreakerRetry(t *testing.T) {
 	if err != nil || d.Allowed || d.Source != leaselimit.SourceFallback {
 		t.Fatalf("Allow with the breaker open = %+v, %v", d, err)
 	}
-	if want := breaker.MaxOpenFor - 10*time.Second; d.RetryAfter != want {
+	want := breaker.MaxOpenFor - 10*time.Second
+	if d.RetryAfter != want {
 		t.Errorf("RetryAfter %v 10s into a breaker open for %v, on the fake clock; want %v", d.RetryAfter, breaker.MaxOpenFor, want)
 	}
-	// Peek and Reset are held back as decisions are, on the same clock.
-	if _, err := lim.Peek(ctx, "k"); !errors.Is(err, breaker.ErrOpen) {
-		t.Errorf("Peek with the breaker open = %v; want it held back (breaker.ErrOpen)", err)
+	// Peek and Reset are held back as decisions are, on the same clock,
+	// and say when calls resume.
+	resume := "calls resume in " + want.String()
+	if _, err := lim.Peek(ctx, "k"); !errors.Is(err, breaker.ErrOpen) || !strings.Contains(err.Error(), resume) {
+		t.Errorf("Peek with the breaker open = %v; want it held back (breaker.ErrOpen), saying %q", err, resume)
 	}
-	if err := lim.Reset(ctx, "k"); !errors.Is(err, breaker.ErrOpen) {
-		t.Errorf("Reset with the breaker open = %v; want it held back (breaker.ErrOpen)", err)
+	if err := lim.Reset(ctx, "k"); !errors.Is(err, breaker.ErrOpen) || !strings.Contains(err.Error(), resume) {
+		t.Errorf("Reset with the breaker open = %v; want it held back (breaker.ErrOpen), saying %q", err, resume)
 	}
 }
 

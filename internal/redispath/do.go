@@ -46,11 +46,11 @@ func (p *Path) DoKept(ctx context.Context, brk *circuit.Breaker, rkey string, op
 // do is Do, or DoKept if kept.
 func (p *Path) do(ctx context.Context, brk *circuit.Breaker, rkey string, kept bool, op func(context.Context) error) (sent bool, err error) {
 	if brk.Rejects(p.nodes.now) { // the breakers' clock (withClock)
-		return false, fmt.Errorf("%w: %w", p.unavailable, breaker.ErrOpen)
+		return false, p.heldBack(brk, breaker.ErrOpen)
 	}
 	done, err := brk.Allow()
 	if err != nil {
-		return false, fmt.Errorf("%w: %w", p.unavailable, err)
+		return false, p.heldBack(brk, err)
 	}
 	if p.bounded && brk.State() == breaker.Closed {
 		// In place only while the breaker is closed: a probe its caller
@@ -125,6 +125,19 @@ func (p *Path) doInPlace(ctx context.Context, brk *circuit.Breaker, rkey string,
 		return true, p.overdue(brk, start, limit)
 	}
 	return true, p.doError(err)
+}
+
+// heldBack is the error of a call of Do that brk held back with err: it
+// says when calls resume, since Peek and Reset carry no retry-after of
+// their own, or that a probe is in flight (a half-open breaker lets one
+// call through at a time).
+func (p *Path) heldBack(brk *circuit.Breaker, err error) error {
+	if u := brk.OpenUntil(); !u.IsZero() {
+		if d := u.Sub(p.nodes.now()); d > 0 {
+			return fmt.Errorf("%w: %w: Redis failed repeatedly; calls resume in %v", p.unavailable, err, d.Round(time.Millisecond))
+		}
+	}
+	return fmt.Errorf("%w: %w: a probe of Redis is in flight; calls resume once it succeeds", p.unavailable, err)
 }
 
 // overdue is the error of a call of Do begun at start that limit ended
