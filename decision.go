@@ -19,7 +19,7 @@ var (
 	// ErrInvalidCost: n < 1, or n > the limit's Burst (it could never be admitted).
 	ErrInvalidCost = errors.New("leaselimit: invalid cost")
 	// ErrClosed: the Client has been closed.
-	ErrClosed = errors.New("leaselimit: limiter closed")
+	ErrClosed = errors.New("leaselimit: client closed")
 	// ErrWouldExceedDeadline: Wait could not be admitted before ctx's deadline.
 	ErrWouldExceedDeadline = errors.New("leaselimit: wait would exceed context deadline")
 	// ErrNilContext: a nil context.Context was passed (pass
