@@ -75,7 +75,7 @@ func (r *receiver) Arrived(c redispath.Call, g authority.Grant) {
 	rc := c.Tag.(*refillCall)
 	var back []lease.Return
 	rc.outcome, back = r.leases.Complete(rc.plan, g, r.clock.now())
-	r.refunds.addReturns(back...)
+	r.refunds.addReturns(back)
 }
 
 // Unclaimed gives the tokens of an exact grant whose caller left back to

@@ -155,7 +155,7 @@ func (e *engine) shutdown() error {
 	defer e.meters.Close()
 	e.janitor.halt()
 	e.path.Wait()
-	e.refunds.addReturns(e.table.Drain()...)
+	e.refunds.addReturns(e.table.Drain())
 	e.debts.move(e.refunds, e.path, true)
 	return e.refunds.final()
 }

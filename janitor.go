@@ -46,7 +46,7 @@ func (j *janitor) run() {
 		}
 		j.was = state
 		j.log.breakerState(state)
-		j.table.Sweep(j.clock.now(), j.refunds.addSwept)
+		j.table.Sweep(j.clock.now(), j.refunds.addReturns)
 		j.debts.move(j.refunds, j.path, false)
 		j.refunds.flush()
 	}

@@ -39,7 +39,7 @@ func TestJanitorRound(t *testing.T) {
 	}
 
 	j := l.janitor
-	j.table.Sweep(now+int64(2*policy.DefaultLease().TTL), j.refunds.addSwept)
+	j.table.Sweep(now+int64(2*policy.DefaultLease().TTL), j.refunds.addReturns)
 	j.refunds.flush()
 	if got := len(l.refunds.take()); got != 0 {
 		t.Errorf("%d refunds still queued after the round", got)

@@ -79,15 +79,13 @@ func (q *refundQueue) add(rf authority.Refund) {
 }
 
 // addReturns queues tokens the lease protocol gave back, by limit and user
-// key.
-func (q *refundQueue) addReturns(rs ...lease.Return) {
+// key: a sweep's (see lease.Table.Sweep, which hands it its returns), a
+// drain's, a refill's that arrived for no one.
+func (q *refundQueue) addReturns(rs []lease.Return) {
 	for _, r := range rs {
 		q.addReturn(&r)
 	}
 }
-
-// addSwept queues the returns of a sweep (see lease.Table.Sweep).
-func (q *refundQueue) addSwept(rs []lease.Return) { q.addReturns(rs...) }
 
 // addReturn queues r, if any (an Answer's Evicted).
 func (q *refundQueue) addReturn(r *lease.Return) {
