@@ -168,6 +168,12 @@ func (e *entry) Remote() int64 { return e.remote.Load() }
 // should look the key up again.
 func (e *entry) Removed() bool { return e.removed.Load() }
 
+// leaseLive reports whether e holds leased tokens, for its callers or
+// reserved for waiting ones, that are still good at now.
+func (e *entry) leaseLive(now int64) bool {
+	return e.tokens.Load()+e.reserved.Load() > 0 && now < e.expires.Load()
+}
+
 // Take spends n tokens (n >= 1) of a live lease. It reports whether it did and how
 // many leased tokens are left. It never blocks and never allocates.
 func (e *entry) Take(n, now int64) (ok bool, left int64) {

@@ -272,7 +272,12 @@ func (ls *Leases) Decide(key string, n, now int64) Answer {
 	a := Answer{Status: Miss, Ticket: Ticket{e: e, n: n}}
 	if e == nil || e.Removed() {
 		var ev Return
-		a.Ticket.e, ev = ls.getOrCreate(key, now)
+		a.Ticket.e, ev = ls.admit(key, now)
+		if a.Ticket.e == nil {
+			// A full shard whose keys hold live leases declined it (see
+			// table.Admit).
+			return Answer{Status: Exact}
+		}
 		a.Evicted = evicted(ev)
 		if ls.table.door.size != 0 {
 			// The doorkeeper let the key in: it came back within a
@@ -740,7 +745,18 @@ func (ls *Leases) remaining(e *entry, left int64) int64 {
 // getOrCreate returns key's entry, and the tokens of an entry evicted to
 // make room.
 func (ls *Leases) getOrCreate(key string, now int64) (*entry, Return) {
-	e, ev := ls.table.GetOrCreate(ls, key, now)
+	return drained(ls.table.GetOrCreate(ls, key, now))
+}
+
+// admit is getOrCreate for a key the doorkeeper let in (see table.Admit):
+// a nil entry when the table declined it.
+func (ls *Leases) admit(key string, now int64) (*entry, Return) {
+	return drained(ls.table.Admit(ls, key, now))
+}
+
+// drained returns e, and the tokens of ev, an entry evicted for it, to
+// give back.
+func drained(e, ev *entry) (*entry, Return) {
 	if ev == nil {
 		return e, Return{}
 	}

@@ -224,8 +224,10 @@ func TestProtocolExactAfterLostRefills(t *testing.T) {
 	}
 }
 
-// TestProtocolEvictionReturns: a full table evicts a key to make room and
-// hands back its lease's tokens; a refill that completes for an evicted key
+// TestProtocolEvictionReturns: a full table keeps a key whose lease is
+// live rather than take a new one in (the newcomer is decided exactly);
+// once that lease has expired it evicts the key to make room and hands
+// back its lease's tokens; a refill that completes for an evicted key
 // returns its grant.
 func TestProtocolEvictionReturns(t *testing.T) {
 	ls := newLeases(policy.PerSecond(100_000), 1, 1) // one key per shard
@@ -240,7 +242,18 @@ func TestProtocolEvictionReturns(t *testing.T) {
 			break
 		}
 	}
-	later := now + int64(time.Second)
+	live := now + int64(time.Second)
+	if d := ls.Decide(b, 1, live); d.Status != Exact || d.Evicted != nil || d.Ticket.e != nil {
+		t.Fatalf("Decide(%q) in a shard full of a live lease = %+v; want Exact, nothing evicted", b, d)
+	}
+	if e := ls.table.Get(ls, "a"); e != a || a.Removed() || a.Tokens()+a.Reserved() != held {
+		t.Fatalf("a's entry after a newcomer was declined: %p (removed %v, %d tokens); want %p, %d tokens", e, a.Removed(), a.Tokens()+a.Reserved(), a, held)
+	}
+	if ls.table.Get(ls, b) != nil {
+		t.Fatalf("declined key %q has an entry", b)
+	}
+	// Expired, not yet swept: the tokens are still in the entry.
+	later := a.expires.Load()
 	ev := ls.Decide(b, 1, later)
 	if ev.Evicted == nil || ev.Evicted.Key != "a" || ev.Evicted.Tokens != held {
 		t.Fatalf("Decide(%q) in a full shard evicted %+v; want a's %d leased tokens", b, ev.Evicted, held)
