@@ -555,10 +555,17 @@ func (r *bucketRound) run() {
 			leaselimit.WithMeterProvider(mp),
 		}
 		exact := i == 0 // one instance in exact mode: its settlements always go to Redis
+		small := false
 		if exact {
 			opts = append(opts, leaselimit.WithoutLease())
 		} else {
 			opts = append(opts, leaselimit.WithLease(policy.Lease{TTL: time.Duration(100+r.rng.IntN(300)) * time.Millisecond}))
+			// Half the lease instances hold one key per shard: keys of
+			// one shard evict each other, or are declined while the
+			// other's lease is live (see lease's table.Admit).
+			if small = r.rng.IntN(2) == 0; small {
+				opts = append(opts, leaselimit.WithMaxKeys(64))
+			}
 		}
 		lim, err := leaselimit.New(c, r.a, opts...)
 		if err != nil {
@@ -566,7 +573,7 @@ func (r *bucketRound) run() {
 		}
 		r.lims = append(r.lims, lim)
 		t.Cleanup(func() { _ = lim.Close() }) // closed by the round; this is for a test that stops early
-		desc = append(desc, fmt.Sprintf("%v/exact=%v/deadlines=%v", mode, exact, bounded))
+		desc = append(desc, fmt.Sprintf("%v/exact=%v/deadlines=%v/small=%v", mode, exact, bounded, small))
 		multi := lim.For(r.a, r.b)
 		for _, vw := range []*ledgerView{
 			{name: fmt.Sprintf("i%d %s", i, r.a.Name), lim: lim, maxCost: r.a.Burst, bounded: bounded},
