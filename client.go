@@ -85,7 +85,7 @@ func NewClient(client redis.UniversalClient, opts ...Option) (*Client, error) {
 	e.slots = make(chan struct{}, prefetchSlots(e.path.Pool()))
 	// A metric reader may collect at once: the gauges read the breakers
 	// and the key table, which exist from here on.
-	if err := meters.Observe(e.path.State, func() int64 { return int64(e.table.Len()) }); err != nil {
+	if err := meters.Observe(e.path.State, func() int64 { return int64(e.table.Len()) }, e.table.Full); err != nil {
 		return nil, fmt.Errorf("leaselimit: telemetry: %w", err)
 	}
 	e.refunds = newRefundQueue(auth, e.path, meters, e.clock)

@@ -207,7 +207,8 @@ var errLeaseAndNot = errors.New("leaselimit: WithLease and WithoutLease contradi
 // unused leased tokens are refunded), possibly before the whole table is
 // full; when that key still holds a live lease, it stays and the new key
 // is decided exactly, as a key seen once is, until a lease of the shard
-// ends (at most the lease TTL). A key gets local state only when it repeats: the Client also
+// ends (at most the lease TTL). The metric ratelimit.keys.full counts
+// both: growing, it says the bound is short of the keys that repeat. A key gets local state only when it repeats: the Client also
 // remembers the keys it was lately asked for, in 8 bytes per key of the
 // bound (rounded up to a power of two: 1 MiB by default, 8 MiB at most),
 // made when a Limiter with leases first decides.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -71,18 +72,26 @@ func (r *telemetryRig) decisions(t *testing.T) map[string]int64 {
 
 func (r *telemetryRig) metricNames(t *testing.T) map[string]bool {
 	t.Helper()
+	names := map[string]bool{}
+	for _, m := range r.metrics(t) {
+		names[m.Name] = true
+		checkNoKey(t, "metric "+m.Name, fmt.Sprintf("%+v", m.Data))
+	}
+	return names
+}
+
+// metrics collects every metric of every scope.
+func (r *telemetryRig) metrics(t *testing.T) []metricdata.Metrics {
+	t.Helper()
 	var rm metricdata.ResourceMetrics
 	if err := r.reader.Collect(context.Background(), &rm); err != nil {
 		t.Fatal(err)
 	}
-	names := map[string]bool{}
+	var all []metricdata.Metrics
 	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			names[m.Name] = true
-			checkNoKey(t, "metric "+m.Name, fmt.Sprintf("%+v", m.Data))
-		}
+		all = append(all, sm.Metrics...)
 	}
-	return names
+	return all
 }
 
 const secretKey = "user-SECRET-42"
@@ -205,7 +214,7 @@ func TestTelemetryAllPaths(t *testing.T) {
 	}
 	names := rig.metricNames(t)
 	for _, n := range []string{telemetry.MetricDecisions, telemetry.MetricAuthority, telemetry.MetricGrantSize,
-		telemetry.MetricBreaker, telemetry.MetricTransitions, telemetry.MetricKeys, telemetry.MetricFallbacks} {
+		telemetry.MetricBreaker, telemetry.MetricTransitions, telemetry.MetricKeys, telemetry.MetricKeysFull, telemetry.MetricFallbacks} {
 		if !names[n] {
 			t.Errorf("metric %s not reported; have %v", n, names)
 		}
@@ -449,5 +458,65 @@ func TestReserveErrorTraced(t *testing.T) {
 	}
 	if reasons["invalid_limit"] != 1 || reasons["closed"] != 1 {
 		t.Errorf("decision spans by reason %v; want one invalid_limit and one closed", reasons)
+	}
+}
+
+// full reads ratelimit.keys.full by outcome.
+func (r *telemetryRig) full(t *testing.T) map[string]int64 {
+	t.Helper()
+	out := map[string]int64{}
+	for _, m := range r.metrics(t) {
+		if m.Name != telemetry.MetricKeysFull {
+			continue
+		}
+		sum := m.Data.(metricdata.Sum[int64])
+		if !sum.IsMonotonic {
+			t.Errorf("%s is not monotonic", m.Name)
+		}
+		for _, dp := range sum.DataPoints {
+			o, _ := dp.Attributes.Value(telemetry.AttrOutcome)
+			out[o.AsString()] += dp.Value
+		}
+	}
+	return out
+}
+
+// TestFullTableMetric: a table of one key per shard (WithMaxKeys(64)) fed
+// 1,000 keys, each asked for twice in a row, counts on ratelimit.keys.full
+// the new keys it declined (a limit whose leases stay live: the key to
+// evict holds one) and those it took in by evicting one (a limit of one
+// token an hour: the first decision spends it, the refill is denied, and
+// the key holds no lease).
+func TestFullTableMetric(t *testing.T) {
+	for _, tc := range []struct {
+		limit policy.Limit
+		want  string
+	}{
+		{policy.PerSecond(1_000_000).WithName("full-live"), telemetry.FullDeclined},
+		{policy.Limit{Name: "full-spent", Rate: 1, Period: time.Hour, Burst: 1}, telemetry.FullEvicted},
+	} {
+		t.Run(tc.want, func(t *testing.T) {
+			_, rc := newMini(t)
+			rig := newTelemetryRig(t)
+			lim := mustNew(t, rc, tc.limit, append(rig.opts(), leaselimit.WithMaxKeys(64))...)
+			if got := rig.full(t); got[telemetry.FullEvicted]+got[telemetry.FullDeclined] != 0 {
+				t.Fatalf("ratelimit.keys.full before any key: %v; want 0 of each", got)
+			}
+			for i := range 1000 {
+				for range 2 {
+					if _, err := lim.Allow(context.Background(), "full-"+strconv.Itoa(i)); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			got := rig.full(t)
+			t.Logf("ratelimit.keys.full: %v; local keys %d", got, lim.LocalKeys())
+			if n := int64(1000 - lim.LocalKeys()); got[telemetry.FullEvicted]+got[telemetry.FullDeclined] != n {
+				t.Errorf("ratelimit.keys.full = %v; want %d in all, a count for each key that found its shard full", got, n)
+			}
+			if got[tc.want] < 500 {
+				t.Errorf("ratelimit.keys.full{%s} = %d after 1,000 keys through 64 places; want most of the 936 that found no room", tc.want, got[tc.want])
+			}
+		})
 	}
 }

@@ -64,6 +64,12 @@ func (t *Table) Drain() []Return {
 // share in the next outage, up to a period later).
 func (t *Table) OutageOver() { t.t.outages.Add(1) }
 
+// Full returns how many new keys the table, its shard full, took in by
+// evicting a key, and how many it declined: decided exactly while the key
+// to evict held a live lease (ratelimit.keys.full). Both grow when the
+// keys that repeat within a lease's life outnumber the table's bound.
+func (t *Table) Full() (evicted, declined uint64) { return t.t.Full() }
+
 // Len returns how many keys have local state, over every limit.
 func (t *Table) Len() int { return t.t.Len() }
 

@@ -46,7 +46,11 @@ type shard struct {
 	hand  int      // next ring position the eviction hand looks at
 	moves int      // entries the hand has passed (for tests of its cost)
 	max   int      // entries this shard may hold
-	_     [32]byte // keep shards on separate cache lines
+	// evicted and declined count the new keys the shard, full, took in
+	// by evicting one and declined (see Admit): a table too small for
+	// the keys that repeat shows in them (ratelimit.keys.full).
+	evicted, declined uint64
+	_                 [32]byte // keep shards on separate cache lines
 }
 
 // find returns the entry of key under the limit whose salt is salt (see
@@ -243,8 +247,10 @@ func (t *table) getOrCreate(owner *Leases, key string, now int64, mayDecline boo
 	if len(s.ring) >= s.max {
 		evicted = s.victim()
 		if mayDecline && evicted.leaseLive(now) {
+			s.declined++
 			return nil, nil
 		}
+		s.evicted++
 		s.remove(evicted)
 		// Its last use was a sight the doorkeeper never saw (a key held
 		// is not asked about): marked now, a busy key pushed out by
@@ -289,6 +295,19 @@ func (t *table) Len() int {
 		s.mu.RUnlock()
 	}
 	return n
+}
+
+// Full returns how many new keys full shards took in by evicting a key,
+// and how many they declined (see Admit), since the table was made.
+func (t *table) Full() (evicted, declined uint64) {
+	for i := range t.shards {
+		s := &t.shards[i]
+		s.mu.RLock()
+		evicted += s.evicted
+		declined += s.declined
+		s.mu.RUnlock()
+	}
+	return evicted, declined
 }
 
 // Sweep expires leases at now (calling refund with the tokens taken back)

@@ -88,6 +88,7 @@ const (
 	MetricBreaker     = "ratelimit.breaker.state"          // gauge: prefix; 0 closed, 1 half-open, 2 open
 	MetricTransitions = "ratelimit.breaker.transitions"    // counter: prefix, to-state
 	MetricKeys        = "ratelimit.keys"                   // gauge {key}: prefix; local key-table size
+	MetricKeysFull    = "ratelimit.keys.full"              // counter {key}: prefix, outcome evicted or declined
 	MetricFallbacks   = "ratelimit.fallbacks"              // counter {decision}: limit name, reason
 	MetricSaturated   = "ratelimit.saturated"              // counter {call}: limit name, outcome answered or abandoned
 	MetricDropped     = "ratelimit.lease.refunds.dropped"  // counter {token}: prefix
@@ -119,6 +120,13 @@ const (
 const (
 	SaturatedAnswered  = "answered"  // waited for, and answered
 	SaturatedAbandoned = "abandoned" // given up at the hard cap
+)
+
+// What a full shard of the local key table did with a new key
+// (ratelimit.outcome on ratelimit.keys.full).
+const (
+	FullEvicted  = "evicted"  // took it in, evicting a key not used for a while
+	FullDeclined = "declined" // decided it exactly: the key to evict held a live lease
 )
 
 // Outcomes of a decision (ratelimit.outcome on its span or event): every

@@ -105,6 +105,7 @@ type instruments struct {
 	chargesLost metric.Int64Counter
 	unknown     metric.Int64Counter
 	state, keys metric.Int64ObservableGauge
+	full        metric.Int64ObservableCounter
 	meter       metric.Meter
 }
 
@@ -265,6 +266,10 @@ func New(c Config) (*Recorder, error) {
 		metric.WithDescription("Keys with local state (leases, negative cache, fallback buckets).")); err != nil {
 		return nil, err
 	}
+	if r.full, err = m.Int64ObservableCounter(telemetry.MetricKeysFull, metric.WithUnit("{key}"),
+		metric.WithDescription("New keys a full shard of the local key table took in by evicting a key, or declined (decided exactly) because the key to evict held a live lease, by outcome.")); err != nil {
+		return nil, err
+	}
 	r.meter = m
 
 	return r, nil
@@ -278,19 +283,25 @@ func (r *Recorder) WithLimit(name string) *Recorder {
 	return &Recorder{instruments: r.instruments, scope: telemetry.AttrLimitName.String(name), sets: newLimitSets(len(r.sources))}
 }
 
-// Observe registers the callback of the breaker-state and key-table gauges.
-// Call it once, after everything state and keys read exists: a metric
-// reader may collect at any moment from then on, even before Observe
-// returns. Close unregisters it.
+// Observe registers the callback of the breaker-state and key-table gauges
+// and of the full table's counter (full: new keys evicted for and
+// declined, since the start). Call it once, after everything state, keys
+// and full read exists: a metric reader may collect at any moment from
+// then on, even before Observe returns. Close unregisters it.
 // The state gauge reads a breaker.State as its number: 0 closed, 1
 // half-open, 2 open.
-func (r *Recorder) Observe(state func() breaker.State, keys func() int64) error {
+func (r *Recorder) Observe(state func() breaker.State, keys func() int64, full func() (evicted, declined uint64)) error {
 	obs := metric.WithAttributeSet(attribute.NewSet(r.scope))
+	evictedSet := metric.WithAttributeSet(attribute.NewSet(r.scope, telemetry.AttrOutcome.String(telemetry.FullEvicted)))
+	declinedSet := metric.WithAttributeSet(attribute.NewSet(r.scope, telemetry.AttrOutcome.String(telemetry.FullDeclined)))
 	reg, err := r.meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		o.ObserveInt64(r.state, int64(state()), obs)
 		o.ObserveInt64(r.keys, keys(), obs)
+		ev, de := full()
+		o.ObserveInt64(r.full, int64(ev), evictedSet)
+		o.ObserveInt64(r.full, int64(de), declinedSet)
 		return nil
-	}, r.state, r.keys)
+	}, r.state, r.keys, r.full)
 	if err != nil {
 		return err
 	}
