@@ -202,16 +202,17 @@ func WithoutLease() Option {
 var errLeaseAndNot = errors.New("leaselimit: WithLease and WithoutLease contradict each other: give one")
 
 // WithMaxKeys bounds the number of keys the Client keeps local state for
-// (n must be at least 1; a bound below 64 keeps 64, one per shard). The bound is split over 64 shards: when a new
-// key's shard is full, a key of that shard not used for a while is evicted (its
-// unused leased tokens are refunded), possibly before the whole table is
-// full; when that key still holds a live lease, it stays and the new key
-// is decided exactly, as a key seen once is, until a lease of the shard
-// ends (at most the lease TTL). The metric ratelimit.keys.full counts
-// both: growing, it says the bound is short of the keys that repeat. A key gets local state only when it repeats: the Client also
-// remembers the keys it was lately asked for, in 8 bytes per key of the
-// bound (rounded up to a power of two: 1 MiB by default, 8 MiB at most),
-// made when a Limiter with leases first decides.
+// (n must be at least 1; a bound below 64 keeps 64, one per shard). The
+// bound is split over 64 shards: when a new key's shard is full, a key of
+// that shard not used for a while is evicted (its unused leased tokens are
+// refunded), possibly before the whole table is full; when that key still
+// holds a live lease, it stays and the new key is decided exactly, as a
+// key seen once is, until a lease of the shard ends (at most the lease
+// TTL). The metric ratelimit.keys.full counts both: growing, it says the
+// bound is short of the keys that repeat. A key gets local state only when
+// it repeats: the Client also remembers the keys it was lately asked for,
+// in 8 bytes per key of the bound (rounded up to a power of two: 1 MiB by
+// default, 8 MiB at most), made when a Limiter with leases first decides.
 // Default 100,000.
 func WithMaxKeys(n int) Option {
 	return engineOption{"WithMaxKeys", func(c *config) error {
