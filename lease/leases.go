@@ -272,7 +272,7 @@ func (ls *Leases) Decide(key string, n, now int64) Answer {
 	a := Answer{Status: Miss, Ticket: Ticket{e: e, n: n}}
 	if e == nil || e.Removed() {
 		var ev Return
-		a.Ticket.e, ev = ls.admit(key, now)
+		a.Ticket.e, ev = ls.admit(h, key, now)
 		if a.Ticket.e == nil {
 			// A full shard whose keys hold live leases declined it (see
 			// table.Admit).
@@ -748,10 +748,10 @@ func (ls *Leases) getOrCreate(key string, now int64) (*entry, Return) {
 	return drained(ls.table.GetOrCreate(ls, key, now))
 }
 
-// admit is getOrCreate for a key the doorkeeper let in (see table.Admit):
-// a nil entry when the table declined it.
-func (ls *Leases) admit(key string, now int64) (*entry, Return) {
-	return drained(ls.table.Admit(ls, key, now))
+// admit is getOrCreate for a key the doorkeeper let in, of hash h (see
+// table.Admit): a nil entry when the table declined it.
+func (ls *Leases) admit(h uint64, key string, now int64) (*entry, Return) {
+	return drained(ls.table.Admit(h, ls, key, now))
 }
 
 // drained returns e, and the tokens of ev, an entry evicted for it, to

@@ -215,29 +215,30 @@ func (t *table) getHashed(h uint64, owner *Leases, key string) *entry {
 // victim: O(1) amortised, never a scan of the shard) and returns it as
 // evicted (with removed set), so the caller can refund its tokens with Drain.
 func (t *table) GetOrCreate(owner *Leases, key string, now int64) (e, evicted *entry) {
-	return t.getOrCreate(owner, key, now, false)
+	return t.getOrCreate(t.keyHash(owner, key), owner, key, now, false)
 }
 
-// Admit is GetOrCreate for a key the doorkeeper let in, which the table
-// may decline: when the shard is full and the entry to evict holds a live
-// lease, the key is not taken in and Admit returns nil (the caller decides
-// exactly, as for a key not seen lately). Both keys came back within a
-// lease's life; evicting the one the table holds would send its lease
-// back to Redis as a refund and lose the decisions it would serve, for a
-// lease of the newcomer's that a later newcomer evicts in turn. On the
+// Admit is GetOrCreate for a key the doorkeeper let in, of hash h (see
+// keyHash: Decide has it already), which the table may decline: when
+// the shard is full and the entry to evict holds a live lease, the key
+// is not taken in and Admit returns nil (the caller decides exactly, as
+// for a key not seen lately). Both keys came back within a lease's
+// life; evicting the one the table holds would send its lease back to
+// Redis as a refund and lose the decisions it would serve, for a lease
+// of the newcomer's that a later newcomer evicts in turn. On the
 // comparison's cold long tail (200,000 keys, twice the default bound)
-// the table churned so: a key evicted with a live lease for one decision
-// in 40, and leases ran at 0.88-0.94x exact mode's rate (median 0.92x,
-// seven runs); declining, at 0.90-0.98x (median 0.95x, eleven runs the
-// same day), with 4.3-4.5 allocations per decision against 4.8-4.9. A
-// newcomer waits at most until the victims' leases end (one TTL; the
-// janitor takes expired tokens out): the hand moves on at each try.
-func (t *table) Admit(owner *Leases, key string, now int64) (e, evicted *entry) {
-	return t.getOrCreate(owner, key, now, true)
+// the table churned so: a key evicted with a live lease for one
+// decision in 40, and leases ran at 0.88-0.94x exact mode's rate
+// (median 0.92x, seven runs); declining, at 0.90-0.98x (median 0.95x,
+// eleven runs the same day), with 4.3-4.5 allocations per decision
+// against 4.8-4.9. A newcomer waits at most until the victims' leases
+// end (one TTL; the janitor takes expired tokens out): the hand moves
+// on at each try.
+func (t *table) Admit(h uint64, owner *Leases, key string, now int64) (e, evicted *entry) {
+	return t.getOrCreate(h, owner, key, now, true)
 }
 
-func (t *table) getOrCreate(owner *Leases, key string, now int64, mayDecline bool) (e, evicted *entry) {
-	h := t.keyHash(owner, key)
+func (t *table) getOrCreate(h uint64, owner *Leases, key string, now int64, mayDecline bool) (e, evicted *entry) {
 	s := t.shardOf(h)
 	s.mu.Lock()
 	defer s.mu.Unlock()
