@@ -168,11 +168,14 @@ func (e *entry) Remote() int64 { return e.remote.Load() }
 // should look the key up again.
 func (e *entry) Removed() bool { return e.removed.Load() }
 
-// leaseLive reports whether e holds leased tokens, for its callers or
-// reserved for waiting ones, that are still good at now.
-func (e *entry) leaseLive(now int64) bool {
-	return e.tokens.Load()+e.reserved.Load() > 0 && now < e.expires.Load()
-}
+// holdsTokens reports whether e holds leased tokens, for its callers or
+// reserved for waiting ones, expired or not: tokens debited from the
+// bucket that must be spent or go back.
+func (e *entry) holdsTokens() bool { return e.tokens.Load()+e.reserved.Load() > 0 }
+
+// leaseLive reports whether e holds leased tokens that are still good at
+// now (see holdsTokens).
+func (e *entry) leaseLive(now int64) bool { return e.holdsTokens() && now < e.expires.Load() }
 
 // Take spends n tokens (n >= 1) of a live lease. It reports whether it did and how
 // many leased tokens are left. It never blocks and never allocates.
@@ -308,7 +311,7 @@ func (e *entry) Expire(now int64) int64 { return e.expireHeld(now).tokens }
 
 // expireHeld is Expire, with the tokens' stamps.
 func (e *entry) expireHeld(now int64) held {
-	if now < e.expires.Load() || e.tokens.Load()+e.reserved.Load() <= 0 {
+	if now < e.expires.Load() || !e.holdsTokens() {
 		return held{}
 	}
 	e.mu.Lock()

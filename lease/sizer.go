@@ -299,7 +299,7 @@ func (z sizer) Install(e *entry, req request, o Outcome, now int64) (refund int6
 	// Tokens still in the lease that have expired since the plan (a slow
 	// call), or that are of another calendar window than the grant's (the
 	// call crossed the boundary), go back rather than join the grant's.
-	if e.tokens.Load()+e.reserved.Load() > 0 && (now >= e.expires.Load() || e.window != o.Window) {
+	if e.holdsTokens() && (now >= e.expires.Load() || e.window != o.Window) {
 		stale = e.takeAll()
 	}
 	// Reserve for the callers counted in the plan.

@@ -349,7 +349,7 @@ func (t *table) sweepHolders(now int64, refund func(e *entry, h held)) {
 		if h := e.expireHeld(now); h.tokens > 0 {
 			refund(e, h)
 		}
-		if !e.removed.Load() && e.tokens.Load()+e.reserved.Load() > 0 {
+		if !e.removed.Load() && e.holdsTokens() {
 			e.listHolder()
 		}
 		due[i] = nil
@@ -371,7 +371,7 @@ func (t *table) sweepAll(now, idle int64, refund func(e *entry, h held)) {
 			if h := e.expireHeld(now); h.tokens > 0 {
 				refund(e, h)
 			}
-			if e.tokens.Load()+e.reserved.Load() > 0 {
+			if e.holdsTokens() {
 				e.listHolder()
 			}
 			if now-e.lastUse.Load() > idle && e.tokens.Load() == 0 && now >= e.denyUntil.Load() && !e.refilling.Load() &&
