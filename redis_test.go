@@ -1022,6 +1022,43 @@ func TestLateReplyWhileRedisAnswers(t *testing.T) {
 	}
 }
 
+// TestReplicaIsAnOutage: a Redis that answers but refuses writes (a
+// replica, as a master is for a moment when a failover demotes it) is an
+// outage, which the failure policy answers. Regression (a new user's
+// trial): go-redis retries a lone command's READONLY reply, with its
+// default retries, until the time budget ends; the witness then asked
+// Redis to run a script that does not write, which a replica runs, and
+// every such call was taken for this process's congestion and denied
+// whatever the policy (5 of 8 under FailOpen, each after the whole
+// budget, logged as "instance saturated").
+func TestReplicaIsAnOutage(t *testing.T) {
+	master := redistest.Start(t)
+	replica := redistest.Start(t)
+	host, port, _ := strings.Cut(master.Addr, ":")
+	replica.Do(t, "REPLICAOF", host, port)
+	ctx := context.Background()
+	for _, cte := range []bool{false, true} {
+		for _, lease := range []bool{false, true} {
+			t.Run(fmt.Sprintf("ContextTimeoutEnabled=%v/lease=%v", cte, lease), func(t *testing.T) {
+				// go-redis's default retries (MaxRetries 0: three).
+				c := redisClientOpts(t, &redis.Options{Addr: replica.Addr, ContextTimeoutEnabled: cte})
+				l := policy.Limit{Name: fmt.Sprintf("replica-%v-%v", cte, lease), Rate: 1, Period: time.Hour, Burst: 5}
+				opts := []leaselimit.Option{leaselimit.WithFailureMode(policy.FailOpen)}
+				if !lease {
+					opts = append(opts, leaselimit.WithoutLease())
+				}
+				lim := newBudgeted(t, c, l, opts...)
+				for i := range 8 {
+					d, err := lim.Allow(ctx, "k")
+					if err != nil || !d.Allowed || d.Source != leaselimit.SourceFallback {
+						t.Fatalf("Allow %d on a replica = %+v, %v; want FailOpen's admission (SourceFallback)", i, d, err)
+					}
+				}
+			})
+		}
+	}
+}
+
 // pauseWrites holds Redis's scripts back (CLIENT PAUSE WRITE, for a
 // minute) and returns what lets them go: safe to call more than once, and
 // called at the test's end if the test has not.

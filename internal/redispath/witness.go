@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -45,6 +46,9 @@ type witness struct {
 	life   time.Duration  // how long one ask may run (see ask)
 	okAt   atomic.Int64   // unix ns of the last ask answered
 	wg     sync.WaitGroup // the asks in flight, for close
+	// unflagged is set once Redis could not compile aliveScript (a server
+	// that reads no shebang): asks run aliveScriptUnflagged from then on.
+	unflagged atomic.Bool
 
 	mu      sync.Mutex
 	flights []*flight // the asks in flight, oldest first
@@ -339,7 +343,7 @@ func (h *witness) ask() *flight {
 func (h *witness) run(f *flight) {
 	defer h.wg.Done()
 	ctx, cancel := context.WithTimeout(context.Background(), h.life)
-	if h.side.Eval(ctx, aliveScript, nil).Err() == nil {
+	if h.alive(ctx) {
 		h.okAt.Store(time.Now().UnixNano())
 	}
 	cancel()
@@ -349,14 +353,39 @@ func (h *witness) run(f *flight) {
 	close(f.done)
 }
 
-// aliveScript is what witness asks Redis to run: a script, as
-// leaselimit's calls are, not a PING. Redis answers a PING where it holds
-// scripts back: CLIENT PAUSE WRITE (which FAILOVER and managed failovers
-// use) pauses every script without the no-writes flag, and a review saw a
-// PING answered through such a pause while leaselimit's own calls held a
-// pool of one or two: each call was taken for this process's congestion,
-// the breaker never opened, and FailOpen denied for the whole pause.
-const aliveScript = "return 1"
+// alive reports whether Redis ran aliveScript, or, on a server that
+// cannot compile it, aliveScriptUnflagged.
+func (h *witness) alive(ctx context.Context) bool {
+	if !h.unflagged.Load() {
+		err := h.side.Eval(ctx, aliveScript, nil).Err()
+		if err == nil || !strings.Contains(err.Error(), "Error compiling script") {
+			return err == nil
+		}
+		h.unflagged.Store(true)
+	}
+	return h.side.Eval(ctx, aliveScriptUnflagged, nil).Err() == nil
+}
+
+// aliveScript is what witness asks Redis to run: a script that may write,
+// as leaselimit's calls are, not a PING. Redis answers a PING where it
+// holds scripts back: CLIENT PAUSE WRITE (which FAILOVER and managed
+// failovers use) pauses every script without the no-writes flag, and a
+// review saw a PING answered through such a pause while leaselimit's own
+// calls held a pool of one or two: each call was taken for this process's
+// congestion, the breaker never opened, and FailOpen denied for the whole
+// pause. The shebang (Redis 7) declares it a writing script, which Redis
+// refuses up front where it refuses writes: a replica (READONLY), as a
+// master is for a moment when a failover demotes it, and where writes
+// need replicas it lacks or memory it has not (NOREPLICAS, OOM). Without
+// one, a replica ran it while go-redis retried each lone call's READONLY
+// reply until the budget ended: each call was taken for this process's
+// congestion and denied whatever the policy (TestReplicaIsAnOutage).
+const aliveScript = "#!lua\nreturn 1"
+
+// aliveScriptUnflagged is aliveScript for a server that does not read a
+// script's shebang (miniredis, for tests and the demo), where it does not
+// compile: there a replica's refusal goes untold, as before.
+const aliveScriptUnflagged = "return 1"
 
 // close closes witness's own connection, and waits for its ask in flight
 // (which closing its connection ends).

@@ -224,3 +224,35 @@ func TestWitnessAskedBeforeTheBudgetEnds(t *testing.T) {
 		t.Logf("%s: blamed after %v (budget %v)", tc.name, time.Since(start).Round(time.Millisecond), budget)
 	}
 }
+
+// TestWitnessAsksForAWrite: the witness's script is one Redis runs only
+// where it takes writes: a master answers, a replica (READONLY) does not,
+// so that a call go-redis retried on READONLY until its budget ended goes
+// to the failure policy. miniredis, which reads no shebang, is asked the
+// unflagged script and answers.
+func TestWitnessAsksForAWrite(t *testing.T) {
+	master := redistest.Start(t)
+	replica := redistest.Start(t)
+	host, port, _ := strings.Cut(master.Addr, ":")
+	replica.Do(t, "REPLICAOF", host, port)
+	for _, tc := range []struct {
+		name string
+		c    *redis.Client
+		want bool
+	}{{"master", master.Client(t), true}, {"replica", replica.Client(t), false}} {
+		h := newWitness(tc.c, 100*time.Millisecond)
+		if got := h.answers(nil); got != tc.want {
+			t.Errorf("%s: witness answers = %v, want %v", tc.name, got, tc.want)
+		}
+		if h.unflagged.Load() {
+			t.Errorf("%s: the witness fell back to the unflagged script on Redis 7", tc.name)
+		}
+		h.close()
+	}
+	_, c := newMini(t, nil)
+	h := newWitness(c, 100*time.Millisecond)
+	defer h.close()
+	if !h.answers(nil) || !h.unflagged.Load() {
+		t.Errorf("miniredis: answers = %v, unflagged = %v; want both (a server that reads no shebang)", h.answers(nil), h.unflagged.Load())
+	}
+}
