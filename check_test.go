@@ -142,6 +142,27 @@ func TestCheck(t *testing.T) {
 		}
 	})
 
+	t.Run("busy", func(t *testing.T) {
+		// Regression (a new user's trial): Check said "cannot reach Redis
+		// (BUSY ...): check the address and that Redis is running".
+		srv := redistest.Start(t)
+		srv.Do(t, "CONFIG", "SET", "busy-reply-threshold", "10")
+		c, probe := srv.Client(t), srv.Client(t)
+		looping := make(chan error, 1)
+		go func() { looping <- c.Eval(ctx, "while true do end", nil).Err() }()
+		for { // until Redis answers BUSY
+			if err := probe.Ping(ctx).Err(); err != nil && strings.HasPrefix(err.Error(), "BUSY ") {
+				break
+			}
+		}
+		err := checkLimiter(t, srv.Client(t)).Check(ctx)
+		if err := probe.ScriptKill(ctx).Err(); err != nil {
+			t.Fatalf("SCRIPT KILL = %v", err)
+		}
+		<-looping
+		wantCheckError(t, err, "busy running a script or function", "FUNCTION KILL")
+	})
+
 	t.Run("hung", func(t *testing.T) {
 		srv := redistest.Start(t)
 		lim := checkLimiter(t, srv.Client(t))

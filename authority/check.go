@@ -173,10 +173,12 @@ func explain(err error) string {
 		return "Redis is out of memory (" + msg + "): raise maxmemory, or free memory on a dedicated instance"
 	case redis.HasErrorPrefix(err, "WRONGTYPE"):
 		return "a key under the prefix holds another program's data (" + msg + "): give the Limiter its own prefix (WithPrefix)"
+	case redis.HasErrorPrefix(err, "BUSY "):
+		return "Redis is busy running a script or function (" + msg + "): it answers nothing else until that ends (SCRIPT KILL or FUNCTION KILL ends one that has not written)"
 	case redis.IsLoadingError(err), redis.IsMasterDownError(err), redis.IsClusterDownError(err), redis.IsTryAgainError(err):
 		return "Redis cannot serve yet (" + msg + "): retry once it has loaded or the cluster has recovered"
 	case redis.IsPermissionError(err), errors.Is(err, ErrRefused):
-		return "Redis refused a command (" + msg + "): grant the ACL user +evalsha +eval +time +get +set +del on the prefix's keys (see the README)"
+		return "Redis refused a command (" + msg + "): grant the ACL user +evalsha +eval +time +get +set +del on the prefix's keys (see docs/operations.md, \"A least-privilege ACL user\")"
 	case redis.IsAuthError(err):
 		return "Redis refused the client's credentials (" + msg + "): set Username and Password in the go-redis options to an ACL user of this Redis"
 	case errors.Is(err, context.DeadlineExceeded):
