@@ -599,3 +599,38 @@ func TestBatchReplyOutlivesResends(t *testing.T) {
 		}
 	}
 }
+
+// TestDoneContext: ctx bounds the wait for Redis. A key whose decision
+// needs Redis is answered with ctx's error; one decided from its lease is
+// decided, as the AllowN documentation says (a new user's trial asked).
+func TestDoneContext(t *testing.T) {
+	_, c := newMini(t)
+	lim, err := leaselimit.New(c, policy.Limit{Name: "done-ctx", Rate: 1000, Period: time.Second, Burst: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lim.Close()
+	done, cancel := context.WithCancel(context.Background())
+	cancel()
+	if d, err := lim.Allow(done, "cold"); !errors.Is(err, context.Canceled) || d.Allowed {
+		t.Errorf("a key not seen yet, ctx done: Allow = %+v, %v; want context.Canceled", d, err)
+	}
+	// A key in use: each call with ctx done is decided from the lease, or,
+	// when the lease ran dry just then, answered with ctx's error.
+	leased := 0
+	for i := 0; i < 200 && leased < 5; i++ {
+		if d, err := lim.Allow(context.Background(), "warm"); err != nil || !d.Allowed {
+			t.Fatalf("Allow = %+v, %v", d, err)
+		}
+		d, err := lim.Allow(done, "warm")
+		switch {
+		case err == nil && d.Allowed && d.Source == leaselimit.SourceLease:
+			leased++
+		case !errors.Is(err, context.Canceled):
+			t.Fatalf("a key in use, ctx done: Allow = %+v, %v; want admitted from the lease, or context.Canceled", d, err)
+		}
+	}
+	if leased < 5 {
+		t.Errorf("a key in use, ctx done: %d of 200 decided from the lease; want 5", leased)
+	}
+}

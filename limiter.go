@@ -71,7 +71,9 @@ func (l *Limiter) Allow(ctx context.Context, key string) (Decision, error) {
 // wrapping ErrClosed), in every method that takes a ctx.
 //
 // A denial is a Decision with Allowed false, not an error. Errors are
-// ErrClosed, the ctx's error when ctx ends before a decision, invalid input,
+// ErrClosed, the ctx's error when ctx ends before a decision (ctx bounds
+// the wait for Redis: a decision made locally, from a lease or the cache
+// of a denial, is made even with a ctx already done), invalid input,
 // leaselimit's own bugs (an unexpected script reply), and Redis replies that
 // mean misconfiguration rather than an outage (NOPERM, WRONGTYPE). While Redis is
 // unavailable the failure policy decides (SourceFallback, nil error), within
