@@ -64,7 +64,7 @@ func parseFlags(args []string, stderr io.Writer) (*command, error) {
 	rate := fs.Int64("rate", def.Burst.Rate, `the "burst" limit: `+"`N`"+` requests per -period per client address`)
 	period := fs.Duration("period", def.Burst.Period, `the "burst" limit's period`)
 	burst := fs.Int64("burst", 0, `the "burst" limit's bucket capacity: `+"`N`"+` requests at once (0: -rate)`)
-	daily := fs.Int64("daily", def.Daily.Rate, `the "daily" quota: `+"`N`"+` requests a day per client address (0: none)`)
+	daily := fs.Int64("daily", def.Daily.Rate, `the "daily" quota: `+"`N`"+` requests a day (from midnight UTC) per client address (0: none)`)
 	mode := fs.String("failure-mode", policy.FailOpen.String(), "what decides while Redis is unavailable, `MODE` open (admit), "+
 		"closed (deny) or local (each instance enforces 1/-fleet-size of each limit)")
 	fs.IntVar(&c.fleet, "fleet-size", 1, "`N` instances sharing the limits behind a load balancer: under -failure-mode local each enforces 1/N")
@@ -115,8 +115,7 @@ func parseFlags(args []string, stderr io.Writer) (*command, error) {
 		return fail("-rate, -period, -burst: %v", err)
 	}
 	if *daily > 0 {
-		c.cfg.Daily = def.Daily
-		c.cfg.Daily.Rate, c.cfg.Daily.Burst = *daily, *daily
+		c.cfg.Daily = policy.Quota(def.Daily.Name, *daily, policy.Day, time.UTC)
 		if err := c.cfg.Daily.Validate(); err != nil {
 			return fail("-daily: %v", err)
 		}

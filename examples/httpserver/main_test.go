@@ -6,11 +6,13 @@ import (
 	"errors"
 	"flag"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"net/netip"
 	"reflect"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -116,8 +118,13 @@ func TestRun(t *testing.T) {
 			if got := resp.Header.Get("RateLimit-Policy"); got != `"burst";q=10;w=60, "daily";q=1000;w=86400` {
 				t.Errorf("RateLimit-Policy %q", got)
 			}
-			if got := resp.Header.Get("RateLimit"); !regexp.MustCompile(`^"burst";r=9;t=6, "daily";r=999;t=8[67]$`).MatchString(got) {
-				t.Errorf("RateLimit %q", got)
+			// The daily quota's t is the seconds until midnight UTC.
+			untilMidnight := time.Until(time.Now().UTC().Truncate(24 * time.Hour).Add(24 * time.Hour))
+			m := regexp.MustCompile(`^"burst";r=9;t=6, "daily";r=999;t=(\d+)$`).FindStringSubmatch(resp.Header.Get("RateLimit"))
+			if m == nil {
+				t.Errorf("RateLimit %q", resp.Header.Get("RateLimit"))
+			} else if secs, _ := strconv.Atoi(m[1]); math.Abs(float64(secs)-untilMidnight.Seconds()) > 5 {
+				t.Errorf("RateLimit %q: daily t=%d, want the %.0f s until midnight UTC", resp.Header.Get("RateLimit"), secs, untilMidnight.Seconds())
 			}
 			if resp.Header.Get("X-RateLimit-Remaining") != "9" {
 				t.Errorf("X-RateLimit-Remaining %q", resp.Header.Get("X-RateLimit-Remaining"))
@@ -233,7 +240,7 @@ func TestParseFlags(t *testing.T) {
 	if want := policy.PerMinute(10).WithName("burst"); c.cfg.Burst != want {
 		t.Errorf("burst %v, want %v", c.cfg.Burst, want)
 	}
-	if want := (policy.Limit{Name: "daily", Rate: 1000, Period: 24 * time.Hour, Burst: 1000}); c.cfg.Daily != want {
+	if want := policy.Quota("daily", 1000, policy.Day, time.UTC); c.cfg.Daily != want {
 		t.Errorf("daily %v, want %v", c.cfg.Daily, want)
 	}
 	if len(c.options()) != 3 {

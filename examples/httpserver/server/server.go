@@ -18,8 +18,9 @@ import (
 
 // Config is what the example server enforces.
 type Config struct {
-	// Burst is the short limit, checked first; Daily the long quota, checked
-	// only for requests Burst admits. The zero Daily turns the quota off.
+	// Burst is the short limit, Daily the long quota (a calendar quota:
+	// policy.Quota), enforced together by one Limiter: a request takes a
+	// token from each, or from none. The zero Daily turns the quota off.
 	Burst, Daily policy.Limit
 	// TrustedProxies are the prefixes of reverse proxies whose
 	// X-Forwarded-For is honoured; none by default.
@@ -37,26 +38,26 @@ type Config struct {
 }
 
 // DefaultConfig is 10 requests per minute per client address (burst), within
-// 1000 a day (daily).
+// 1000 a day, from midnight UTC (daily).
 func DefaultConfig() Config {
 	return Config{
 		Burst: policy.PerMinute(10).WithName("burst"),
-		Daily: policy.Limit{Name: "daily", Rate: 1000, Period: 24 * time.Hour, Burst: 1000},
+		Daily: policy.Quota("daily", 1000, policy.Day, time.UTC),
 	}
 }
 
 // Server is the example's handler and the Limiters behind it.
 type Server struct {
-	limits       *leaselimit.Client
-	burst, daily *leaselimit.Limiter // daily nil when turned off
-	handler      http.Handler
+	limits  *leaselimit.Client
+	lim     *leaselimit.Limiter // the burst limit and the daily quota, or the burst limit alone
+	handler http.Handler
 }
 
 // New builds the server on rdb. Close it to refund leased tokens.
 //
 // Routes:
 //
-//	GET /         "hello, <client address>", rate limited by burst, then daily
+//	GET /         "hello, <client address>", rate limited by burst and daily
 //	GET /healthz  "ok", not rate limited
 func New(rdb redis.UniversalClient, cfg Config) (*Server, error) {
 	opts := cfg.Options
@@ -80,22 +81,15 @@ func New(rdb redis.UniversalClient, cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{limits: limits, burst: limits.Limiter(cfg.Burst)}
+	s := &Server{limits: limits, lim: limits.Limiter(cfg.Burst)}
 	if cfg.Daily != (policy.Limit{}) {
-		s.daily = limits.Limiter(cfg.Daily)
+		// Both limits in one Limiter: a request the burst limit refuses
+		// takes nothing from the daily quota, and the response carries
+		// both in its RateLimit fields.
+		s.lim = limits.Limiter(cfg.Burst, cfg.Daily)
 	}
-
 	key := httplimit.ClientIP(cfg.TrustedProxies...)
-	// The burst limit goes outside: a request it refuses never spends the
-	// daily quota. A request it admits and the daily quota refuses has spent
-	// a burst token, which comes back within seconds.
-	limited := func(h http.Handler) http.Handler {
-		if s.daily != nil {
-			h = httplimit.Middleware(s.daily, key, hopts...)(h)
-		}
-		return httplimit.Middleware(s.burst, key, hopts...)(h)
-	}
-
+	limited := httplimit.Middleware(s.lim, key, hopts...)
 	mux := http.NewServeMux()
 	mux.Handle("GET /{$}", limited(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		client, _ := key(r)

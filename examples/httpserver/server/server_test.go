@@ -115,9 +115,12 @@ func TestLoad(t *testing.T) {
 					d, _ := strconv.ParseInt(r.members[1][1], 10, 64)
 					minDaily = min(minDaily, d)
 				case http.StatusTooManyRequests:
-					if len(r.members) != 1 || r.members[0][0] != "burst" || r.members[0][1] != "0" {
-						t.Fatalf("request %d: RateLimit members %q, want burst with r=0 only", i, r.members)
+					// Both limits, the daily quota untouched by a refused request.
+					if len(r.members) != 2 || r.members[0][0] != "burst" || r.members[0][1] != "0" || r.members[1][0] != "daily" {
+						t.Fatalf("request %d: RateLimit members %q, want burst with r=0, then daily", i, r.members)
 					}
+					d, _ := strconv.ParseInt(r.members[1][1], 10, 64)
+					minDaily = min(minDaily, d)
 					if r.retry == "" || r.retry != r.members[0][2] {
 						t.Fatalf("request %d: Retry-After %q, t %q", i, r.retry, r.members[0][2])
 					}
