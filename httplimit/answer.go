@@ -149,11 +149,18 @@ func refuse(w http.ResponseWriter, d leaselimit.Decision, outage bool) {
 		})
 		return
 	}
+	// A request for more tokens than are left (a weighted one) is refused
+	// with some left: "exhausted" beside a RateLimit field whose r is 700
+	// told the client the wrong thing (a new user's trial).
+	state := "is exhausted"
+	if d.Remaining > 0 {
+		state = "has " + strconv.FormatInt(d.Remaining, 10) + " left, fewer than the request needs"
+	}
 	writeProblem(w, problem{
 		Type:     ProblemTypeQuotaExceeded,
 		Title:    "Request cannot be satisfied as assigned quota has been exceeded",
 		Status:   http.StatusTooManyRequests,
-		Detail:   "The quota of policy \"" + d.Limit.Name + "\" is exhausted; retry after " + retry + " s.",
+		Detail:   "The quota of policy \"" + d.Limit.Name + "\" " + state + "; retry after " + retry + " s.",
 		Violated: []string{d.Limit.Name},
 	})
 }

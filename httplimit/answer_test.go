@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -208,5 +209,25 @@ func TestAnswerNothing(t *testing.T) {
 	httplimit.Refuse(rec, leaselimit.Decision{Allowed: true, Limit: l, Remaining: 3})
 	if len(rec.Header()) != 0 || rec.Body.Len() != 0 || rec.Code != http.StatusOK {
 		t.Errorf("Refuse of an allowed decision wrote %d %v %q", rec.Code, rec.Header(), rec.Body)
+	}
+}
+
+// TestRefuseWeighted: a request refused for more tokens than are left says
+// how many are, not that the quota is exhausted.
+func TestRefuseWeighted(t *testing.T) {
+	_, rdb := newRedis(t)
+	lim := newLimiter(t, rdb, policy.Limit{Name: "llm", Rate: 1000, Period: time.Hour, Burst: 1000})
+	ctx := context.Background()
+	if d, err := lim.AllowN(ctx, "k", 300); err != nil || !d.Allowed {
+		t.Fatalf("AllowN(300) = %+v, %v", d, err)
+	}
+	d, err := lim.AllowN(ctx, "k", 800)
+	if err != nil || d.Allowed || d.Remaining != 700 {
+		t.Fatalf("AllowN(800) = %+v, %v; want a denial with 700 left", d, err)
+	}
+	w := httptest.NewRecorder()
+	httplimit.Refuse(w, d)
+	if body := w.Body.String(); !strings.Contains(body, `The quota of policy \"llm\" has 700 left, fewer than the request needs; retry after `) {
+		t.Errorf("429 body %s; want it to say 700 are left", body)
 	}
 }

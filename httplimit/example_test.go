@@ -148,5 +148,5 @@ func Example_reserve() {
 	// 200 RateLimit: "tokens";r=15;t=1
 	// 429 RateLimit: "tokens";r=50;t=6
 	//   Retry-After: 6
-	//   {"type":"https://iana.org/assignments/http-problem-types#quota-exceeded","title":"Request cannot be satisfied as assigned quota has been exceeded","status":429,"detail":"The quota of policy \"tokens\" is exhausted; retry after 6 s.","violated-policies":["tokens"]}
+	//   {"type":"https://iana.org/assignments/http-problem-types#quota-exceeded","title":"Request cannot be satisfied as assigned quota has been exceeded","status":429,"detail":"The quota of policy \"tokens\" has 50 left, fewer than the request needs; retry after 6 s.","violated-policies":["tokens"]}
 }
