@@ -25,7 +25,7 @@ import (
 )
 
 // apiInOneScreen is the README's "API in one screen".
-func apiInOneScreen(ctx context.Context, rdb redis.UniversalClient, key string, n, estimate, actual int64, perSecond, perDay policy.Limit, opts ...leaselimit.Option) error {
+func apiInOneScreen(ctx context.Context, rdb redis.UniversalClient, key string, n, estimate, actual int64, opts ...leaselimit.Option) error {
 	client, err := leaselimit.NewClient(rdb, opts...) // the engine: one per process and Redis
 	if err != nil {
 		return err
@@ -43,9 +43,10 @@ func apiInOneScreen(ctx context.Context, rdb redis.UniversalClient, key string, 
 	err = api.Reset(ctx, key)                   // the bucket is full again, fleet-wide
 
 	pro := client.Limiter(policy.PerMinute(1000).WithName("pro"))    // another limit, same Client: cheap per request once seen (limits are kept for the Client's life: plans and overrides, not one per request)
-	both := client.Limiter(perSecond, perDay)                        // several limits: all or nothing
 	login := api.With(leaselimit.WithFailureMode(policy.FailClosed)) // a view with its own failure policy
 	trial := pro.With(leaselimit.WithShadow())                       // decided, counted, traced; not enforced
+	// several limits at once: all or nothing
+	both := client.Limiter(policy.PerSecond(10).WithName("burst"), policy.PerDay(10_000).WithName("daily"))
 
 	// d.Allowed; d.Remaining; d.RetryAfter (denied: until this instance would admit n; with leases, a batch of them);
 	// d.ResetAfter (until the bucket is full; with several limits, every one); d.Limit (the limit that decided);
@@ -123,7 +124,7 @@ func TestREADMEExamplesRun(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	defer rdb.Close()
 	ctx := context.Background()
-	if err := apiInOneScreen(ctx, rdb, "user:1", 2, 10, 4, policy.PerSecond(10).WithName("burst"), policy.PerDay(10_000).WithName("daily")); err != nil {
+	if err := apiInOneScreen(ctx, rdb, "user:1", 2, 10, 4); err != nil {
 		t.Fatalf("API in one screen: %v", err)
 	}
 	client, err := leaselimit.NewClient(rdb)
