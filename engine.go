@@ -2,6 +2,7 @@ package leaselimit
 
 import (
 	"context"
+	"sync/atomic"
 
 	"github.com/leaselimit/leaselimit/authority"
 	"github.com/leaselimit/leaselimit/breaker"
@@ -38,6 +39,7 @@ type engine struct {
 	limits cowmap.Map[policy.Limit, *Limiter] // the default view of each limit
 	sets   cowmap.Map[setKey, *Limiter]       // the default view of each set of several limits
 	views  cowmap.Map[viewKey, *Limiter]      // other views of sets, made by For on a view
+	made   atomic.Int64                       // the sets of limits made (see manyLimits)
 }
 
 // viewKey identifies one view of one set of limits.

@@ -83,6 +83,27 @@ func (g *logger) fallback(mode policy.FailureMode, reason string) {
 		slog.String("mode", mode.String()), slog.String("reason", reason))
 }
 
+// manyLimits logs, once at each power of ten from manyLimitsFirst, that
+// an engine has made n sets of limits: each is kept, with its keys' local
+// state, until Close, so a Limiter made per request (a limit computed from
+// each request's data) grows the heap without bound. A new user's trial
+// made 100,000 and held 157 MiB more, with nothing to tell it.
+func (g *logger) manyLimits(n int64) {
+	if g == nil || n < manyLimitsFirst {
+		return
+	}
+	for p := int64(manyLimitsFirst); p <= n; p *= 10 {
+		if p == n {
+			g.out.Warn("leaselimit: the Client holds many limits, each kept until Close: make Limiters once (plans, overrides), not one per request", g.whose,
+				slog.Int64("limits", n))
+			return
+		}
+	}
+}
+
+// manyLimitsFirst is the number of sets of limits manyLimits first logs.
+const manyLimitsFirst = 1000
+
 // misconfig logs a Redis reply that is neither a decision nor an outage.
 func (g *logger) misconfig(err error) {
 	if g == nil || !g.due(logMisconfig) {

@@ -186,3 +186,36 @@ func TestLoggerClientTimeouts(t *testing.T) {
 		}
 	}
 }
+
+// TestManyLimitsLogged: a Client that has made 1,000 limits (a Limiter made
+// per request, from each request's data) says so once, and again at
+// 10,000: each limit is kept until Close. Invalid limits, which are not
+// kept, and limits asked for again do not count.
+func TestManyLimitsLogged(t *testing.T) {
+	_, rdb := newMini(t)
+	var out syncbuf.Buffer
+	c, err := leaselimit.NewClient(rdb, leaselimit.WithLogger(slog.New(slog.NewTextHandler(&out, nil))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	lines := func() int { return strings.Count(out.String(), "many limits") }
+	for i := range 999 {
+		c.Limiter(policy.PerMinute(int64(1 + i)).WithName("tenant"))
+		c.Limiter(policy.PerMinute(int64(1 + i)).WithName("tenant")) // the same again
+		c.Limiter(policy.PerMinute(0).WithName("invalid"))
+	}
+	if n := lines(); n != 0 {
+		t.Fatalf("%d lines after 999 limits, want none:\n%s", n, out.String())
+	}
+	c.Limiter(policy.PerMinute(1000).WithName("tenant"))
+	if n := lines(); n != 1 || !strings.Contains(out.String(), "limits=1000") {
+		t.Fatalf("%d lines after 1,000 limits, want one with limits=1000:\n%s", n, out.String())
+	}
+	for i := range 9000 {
+		c.Limiter(policy.PerMinute(int64(1001 + i)).WithName("tenant"))
+	}
+	if n := lines(); n != 2 || !strings.Contains(out.String(), "limits=10000") {
+		t.Errorf("%d lines after 10,000 limits, want a second with limits=10000:\n%s", n, out.String())
+	}
+}

@@ -113,6 +113,7 @@ func (e *engine) newSet(members []*member) *limitSet {
 		s.leases = s.joint
 	}
 	s.calls = e.path.Caller(s.tel, &receiver{leases: s.leases, refunds: e.refunds, clock: e.clock, log: s.log})
+	e.log.manyLimits(e.made.Add(1))
 	return s
 }
 
