@@ -1400,3 +1400,37 @@ func TestClusterPoolHeldByTheApplication(t *testing.T) {
 		}
 	}
 }
+
+// TestClusterDownIsAnOutage: a node of a Cluster that is down (a slot
+// unassigned, with cluster-require-full-coverage yes) answers CLUSTERDOWN,
+// which go-redis retries for a lone command until the time budget ends;
+// the call is then judged by the node's witness, which the node refuses
+// too: an outage, answered by the failure policy (FailOpen admits), not
+// this process's congestion (denied whatever the policy).
+func TestClusterDownIsAnOutage(t *testing.T) {
+	c := redistest.StartCluster(t, 3, 0)
+	cc := c.Client(t)
+	ctx := context.Background()
+	l := policy.Limit{Name: "cl-down", Rate: 1, Period: time.Hour, Burst: 5}
+	lim := mustNew(t, cc, l, leaselimit.WithFailureMode(policy.FailOpen), leaselimit.WithoutLease())
+	if d, err := lim.Allow(ctx, "k"); err != nil || !d.Allowed || d.Source != leaselimit.SourceAuthority {
+		t.Fatalf("Allow before = %+v, %v; want Redis's admission", d, err)
+	}
+	// Unassign a slot next to the key's on the key's node: the node's
+	// cluster state turns to fail, and it refuses every key command.
+	node := c.MasterFor(t, bucketKey(l, "k"))
+	slot := cc.ClusterKeySlot(ctx, bucketKey(l, "k")).Val()
+	node.Do(t, "CLUSTER", "DELSLOTS", (slot+1)%16384)
+	nc := node.Client(t)
+	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(nc.ClusterInfo(ctx).Val(), "cluster_state:fail"); {
+		if time.Now().After(deadline) {
+			t.Fatal("the node's cluster state never turned to fail")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	for i := range 8 {
+		if d, err := lim.Allow(ctx, "k"); err != nil || !d.Allowed || d.Source != leaselimit.SourceFallback {
+			t.Fatalf("Allow %d while the cluster is down = %+v, %v; want FailOpen's admission", i, d, err)
+		}
+	}
+}
