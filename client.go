@@ -2,6 +2,7 @@ package leaselimit
 
 import (
 	"fmt"
+	"runtime"
 
 	"github.com/leaselimit/leaselimit/authority"
 	"github.com/leaselimit/leaselimit/breaker"
@@ -36,6 +37,17 @@ type Client struct {
 // The Client starts one background goroutine (lease expiry, refunds and
 // idle-key eviction); Close stops it.
 func NewClient(client redis.UniversalClient, opts ...Option) (*Client, error) {
+	c, err := newClient(client, opts)
+	if err != nil {
+		return nil, err
+	}
+	watchClose(c, c.e)
+	return c, nil
+}
+
+// newClient is NewClient, for a caller that keeps the Client to itself
+// (New: its Limiter closes it).
+func newClient(client redis.UniversalClient, opts []Option) (*Client, error) {
 	if nilclient.Is(client) {
 		return nil, errNoRedisClient
 	}
@@ -92,6 +104,16 @@ func NewClient(client redis.UniversalClient, opts ...Option) (*Client, error) {
 	e.debts = newDebtBook(cfg.maxKeys, meters, e.log, e.clock)
 	e.janitor = startJanitor(e.table, e.refunds, e.debts, e.closed, e.path, e.log, e.clock, cfg.lease.TTL)
 	return &Client{e: e}, nil
+}
+
+// watchClose has owner (a Client, or a Limiter of New's, which closes
+// its own) say so in e's log if it is garbage-collected before e is
+// closed: e's goroutine, its key table and its leased tokens live on (the
+// tokens go back only as their leases expire), and nothing can close it
+// any more. A new user's trial dropped 200 Clients unclosed: 205
+// goroutines and 218 MiB more, and not a word.
+func watchClose[T any](owner *T, e *engine) {
+	runtime.AddCleanup(owner, (*engine).dropped, e)
 }
 
 // warnClientTimeouts logs, at start-up, the Redis client options that take

@@ -27,12 +27,13 @@ func New(client redis.UniversalClient, limit policy.Limit, opts ...Option) (*Lim
 	if err := limit.Validate(); err != nil {
 		return nil, err
 	}
-	c, err := NewClient(client, opts...)
+	c, err := newClient(client, opts)
 	if err != nil {
 		return nil, err
 	}
 	l := *c.e.single(limit)
 	l.owner = true
+	watchClose(&l, c.e)
 	return &l, nil
 }
 

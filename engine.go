@@ -150,6 +150,15 @@ func (e *engine) breakerSettings() circuit.Settings {
 // shutdown is Client.Close: it stops new calls, waits for those in flight
 // and the janitor, and gives back every leased token and charges every
 // debt in one final send.
+// dropped is called once what owned e (a Client, or a Limiter of New's)
+// has been garbage-collected: unclosed, e runs on for nothing (see
+// watchClose).
+func (e *engine) dropped() {
+	if !e.path.IsClosed() {
+		e.log.dropped()
+	}
+}
+
 func (e *engine) shutdown() error {
 	if !e.path.Close() {
 		return ErrClosed

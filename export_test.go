@@ -8,3 +8,6 @@ var WithClock = withClock
 
 // DefaultPrefix is the Redis key prefix of a Client without WithPrefix.
 const DefaultPrefix = defaultPrefix
+
+// ShutdownOf closes the Client behind l, which a test may no longer hold.
+func ShutdownOf(l *Limiter) error { return l.engine.shutdown() }

@@ -83,6 +83,15 @@ func (g *logger) fallback(mode policy.FailureMode, reason string) {
 		slog.String("mode", mode.String()), slog.String("reason", reason))
 }
 
+// dropped logs that a Client (or a Limiter of New's) was garbage-collected
+// without Close: once, for it cannot happen twice to one engine.
+func (g *logger) dropped() {
+	if g == nil {
+		return
+	}
+	g.out.Warn("leaselimit: a Client was garbage-collected without Close: its background goroutine and key table live on, and its leased tokens go back to Redis only as they expire; Close every Client when done with it", g.whose)
+}
+
 // manyLimits logs, once at each power of ten from manyLimitsFirst, that
 // an engine has made n sets of limits: each is kept, with its keys' local
 // state, until Close, so a Limiter made per request (a limit computed from

@@ -4,6 +4,7 @@ import (
 	"context"
 	"log"
 	"log/slog"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -217,5 +218,45 @@ func TestManyLimitsLogged(t *testing.T) {
 	}
 	if n := lines(); n != 2 || !strings.Contains(out.String(), "limits=10000") {
 		t.Errorf("%d lines after 10,000 limits, want a second with limits=10000:\n%s", n, out.String())
+	}
+}
+
+// TestDroppedClientLogged: a Client garbage-collected without Close says
+// so (its goroutine and leases live on, and nothing can close it any
+// more); one closed first says nothing.
+func TestDroppedClientLogged(t *testing.T) {
+	_, rdb := newMini(t)
+	for _, closeIt := range []bool{true, false} {
+		var out syncbuf.Buffer
+		lim := func() *leaselimit.Limiter {
+			c, err := leaselimit.NewClient(rdb, leaselimit.WithLogger(slog.New(slog.NewTextHandler(&out, nil))))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if closeIt {
+				_ = c.Close()
+			}
+			return c.Limiter(policy.PerSecond(10).WithName("dropped"))
+		}() // the Client is unreachable from here on; its Limiter is not
+		logged := func() bool { return strings.Contains(out.String(), "garbage-collected without Close") }
+		wait := 5 * time.Second
+		if closeIt {
+			wait = time.Second // nothing to see: a second of collections
+		}
+		for deadline := time.Now().Add(wait); !logged() && time.Now().Before(deadline); {
+			runtime.GC()
+			time.Sleep(10 * time.Millisecond)
+		}
+		if closeIt && logged() {
+			t.Errorf("a closed Client, dropped, logged:\n%s", out.String())
+		}
+		if !closeIt {
+			if !logged() {
+				t.Errorf("a Client dropped without Close logged nothing in 5 s:\n%s", out.String())
+			}
+			if err := leaselimit.ShutdownOf(lim); err != nil {
+				t.Error(err)
+			}
+		}
 	}
 }
