@@ -150,9 +150,12 @@ func TestCheck(t *testing.T) {
 		c, probe := srv.Client(t), srv.Client(t)
 		looping := make(chan error, 1)
 		go func() { looping <- c.Eval(ctx, "while true do end", nil).Err() }()
-		for { // until Redis answers BUSY
+		for deadline := time.Now().Add(10 * time.Second); ; { // until Redis answers BUSY
 			if err := probe.Ping(ctx).Err(); err != nil && strings.HasPrefix(err.Error(), "BUSY ") {
 				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("Redis never answered BUSY")
 			}
 		}
 		err := checkLimiter(t, srv.Client(t)).Check(ctx)
