@@ -605,11 +605,7 @@ func TestBatchReplyOutlivesResends(t *testing.T) {
 // decided, as the AllowN documentation says (a new user's trial asked).
 func TestDoneContext(t *testing.T) {
 	_, c := newMini(t)
-	lim, err := leaselimit.New(c, policy.Limit{Name: "done-ctx", Rate: 1000, Period: time.Second, Burst: 1000})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lim.Close()
+	lim := mustNew(t, c, policy.Limit{Name: "done-ctx", Rate: 1000, Period: time.Second, Burst: 1000})
 	done, cancel := context.WithCancel(context.Background())
 	cancel()
 	if d, err := lim.Allow(done, "cold"); !errors.Is(err, context.Canceled) || d.Allowed {

@@ -147,9 +147,6 @@ func (e *engine) breakerSettings() circuit.Settings {
 	return s
 }
 
-// shutdown is Client.Close: it stops new calls, waits for those in flight
-// and the janitor, and gives back every leased token and charges every
-// debt in one final send.
 // dropped is called once what owned e (a Client, or a Limiter of New's)
 // has been garbage-collected: unclosed, e runs on for nothing (see
 // watchClose).
@@ -159,6 +156,9 @@ func (e *engine) dropped() {
 	}
 }
 
+// shutdown is Client.Close: it stops new calls, waits for those in flight
+// and the janitor, and gives back every leased token and charges every
+// debt in one final send.
 func (e *engine) shutdown() error {
 	if !e.path.Close() {
 		return ErrClosed
