@@ -36,6 +36,7 @@ type call struct {
 // the outcome its waiting callers collect, written when its grant arrives
 // (see receiver.Arrived).
 type refillCall struct {
+	key     string // the user's key, for debts (see debtBook.charged)
 	plan    lease.Refill
 	outcome lease.Outcome
 }
@@ -64,6 +65,8 @@ func (l *Limiter) authorize(ctx context.Context, c call) reply {
 // (see redispath.Receiver).
 type receiver struct {
 	leases  *lease.Leases
+	members []*member // the Limiter's limits, for debts (see debtBook.charged)
+	debts   *debtBook
 	refunds *refundQueue
 	clock   localClock
 	log     *logger
@@ -73,6 +76,7 @@ type receiver struct {
 // lease gives back.
 func (r *receiver) Arrived(c redispath.Call, g authority.Grant) {
 	rc := c.Tag.(*refillCall)
+	g = r.debts.charged(r.members, rc.key, c.Acq.Min, g)
 	var back []lease.Return
 	rc.outcome, back = r.leases.Complete(rc.plan, g, r.clock.now())
 	r.refunds.addReturns(back)

@@ -2,7 +2,9 @@ package leaselimit
 
 import (
 	"context"
+	"math"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/leaselimit/leaselimit/authority"
@@ -29,8 +31,12 @@ import (
 // or keeps them until Redis answers (see refundQueue); Close moves the
 // rest before its final send.
 type debtBook struct {
-	mu    sync.Mutex
-	owed  map[debtKey]*debt
+	mu   sync.Mutex
+	owed map[debtKey]*debt
+	// size is len(owed), read without the lock: a denial asks the book
+	// what this instance still owes (see due), and an empty book, the
+	// usual case, costs it one atomic load.
+	size  atomic.Int64
 	max   int
 	tel   *recorder.Recorder
 	log   *logger
@@ -78,6 +84,7 @@ func (b *debtBook) owe(namer authority.Namer, key string, limit policy.Limit, n 
 		d.tokens = min(d.tokens+n, 2*limit.Burst) // both at most 2·MaxRate
 	case len(b.owed) < b.max:
 		b.owed[k] = &debt{limit: limit, tokens: n}
+		b.size.Store(int64(len(b.owed)))
 	default:
 		b.mu.Unlock()
 		b.tel.CountDroppedCharge(context.Background(), n)
@@ -125,6 +132,7 @@ func (b *debtBook) move(q *refundQueue, path *redispath.Path, all bool) {
 		due = append(due, c)
 		delete(b.owed, k)
 	}
+	b.size.Store(int64(len(b.owed)))
 	b.mu.Unlock()
 	for _, c := range due {
 		if c.rkey == "" {
@@ -145,4 +153,105 @@ func (l *Limiter) owe(key string, n int64, wall time.Time) {
 	for _, m := range l.members {
 		l.debts.owe(m.namer, key, m.limit, n, wall)
 	}
+}
+
+// due returns the tokens this instance owes key's bucket under namer that
+// the janitor has not yet handed to the refund queue: 0 for a calendar
+// quota's bucket (a charge goes to its window, whose end a denial names
+// whatever the charge).
+func (b *debtBook) due(namer authority.Namer, key string) int64 {
+	if b.size.Load() == 0 {
+		return 0
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if d, ok := b.owed[debtKey{namer: namer, key: key}]; ok {
+		return d.tokens
+	}
+	return 0
+}
+
+// charged returns g, Redis's denial of need tokens of key's buckets (ms:
+// Key's, then With's), as the buckets will stand once this instance's
+// debts of them are charged. The first answers after an outage come before
+// the charge (the breaker's probe is a decision's own call): without this,
+// a denial said how long until the bucket before the charge held need, and
+// a lease's negative cache kept saying it (a cached 3 s where Redis said
+// 32 s once charged). A grant is left as it is: what it took is Redis's,
+// and the debt follows it.
+//
+// A wait is never made longer than the charge makes it, since a lease
+// denies locally until then: for the bucket that denied, the debt's refill
+// time is added to Redis's wait, as far as the script's floor (one Burst
+// in debt) lets the charge count; for another of several
+// buckets, its wait is estimated from its whole tokens, at most one
+// token's time short. A debt the janitor has taken to charge is no longer
+// counted: a denial Redis makes while that charge is on its way says the
+// wait before it (the next one, after, says the charged wait).
+func (b *debtBook) charged(ms []*member, key string, need int64, g authority.Grant) authority.Grant {
+	if g.Granted > 0 || b.size.Load() == 0 {
+		return g
+	}
+	multi := g.Multi != nil && len(g.Multi.Parts) == len(ms)
+	if !multi {
+		ms = ms[:1]
+	}
+	var parts []authority.Part // the buckets' states, copied at the first debt found
+	for i, m := range ms {
+		d := b.due(m.namer, key)
+		if d <= 0 {
+			continue
+		}
+		if parts == nil && multi {
+			parts = append([]authority.Part(nil), g.Multi.Parts...)
+		} else if parts == nil {
+			parts = []authority.Part{{Remaining: g.Remaining, ResetAfter: g.ResetAfter}}
+		}
+		p, burst := &parts[i], m.limit.Burst
+		if !multi || i == g.Multi.Denied {
+			// Redis's wait is this bucket's, until need whole tokens:
+			// it says how many the bucket holds, in debt too (Remaining
+			// is then 0), and so how much of d the script's floor, one
+			// Burst in debt, lets count.
+			held := need - ceilDiv(g.RetryAfter, m.limit.Interval(1))
+			d = min(d, max(held+burst, 0))
+			g.RetryAfter = addWait(g.RetryAfter, m.limit.Interval(d))
+		} else {
+			// Another bucket: until it holds need after the charge, from
+			// its whole tokens (a fraction of one may be there too).
+			d = min(d, p.Remaining+burst)
+			if short := need - (p.Remaining - d) - 1; short > 0 {
+				g.RetryAfter = max(g.RetryAfter, m.limit.Interval(short))
+			}
+		}
+		p.Remaining = max(p.Remaining-d, 0)
+		p.ResetAfter = min(addWait(p.ResetAfter, m.limit.Interval(d)), m.limit.Interval(2*burst))
+	}
+	if parts == nil {
+		return g
+	}
+	g.Remaining, g.ResetAfter = parts[0].Remaining, parts[0].ResetAfter
+	for _, p := range parts[1:] {
+		g.Remaining, g.ResetAfter = min(g.Remaining, p.Remaining), max(g.ResetAfter, p.ResetAfter)
+	}
+	if multi {
+		g.Multi = &authority.Multi{Denied: g.Multi.Denied, Parts: parts}
+	}
+	return g
+}
+
+// ceilDiv is a / b rounded up, for b > 0; 0 for b <= 0.
+func ceilDiv(a, b time.Duration) int64 {
+	if b <= 0 {
+		return 0
+	}
+	return int64((a + b - 1) / b)
+}
+
+// addWait is a + b, saturating.
+func addWait(a, b time.Duration) time.Duration {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
 }

@@ -241,6 +241,118 @@ func TestFallbackChargedWhileRunning(t *testing.T) {
 	}
 }
 
+// TestDenialAfterOutageCountsDebt: the first denials after an outage,
+// which Redis makes before the failure policy's admissions are charged
+// (the breaker's probes are decisions' own calls), say how long the bucket
+// will take once charged, and a lease's negative cache keeps that, not the
+// wait of the bucket before the charge. Regression: a cached denial said
+// 3 s where Redis, charged, then said 32 s (a new user's trial).
+func TestDenialAfterOutageCountsDebt(t *testing.T) {
+	srv := redistest.Start(t)
+	direct := srv.Client(t)
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name  string
+		lease bool
+		multi bool
+	}{
+		{"exact", false, false},
+		{"lease", true, false},
+		{"exact-multi", false, true},
+		{"lease-multi", true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			proxy := redistest.NewProxy(t, srv.Addr)
+			c := redis.NewClient(&redis.Options{Addr: proxy.Addr, DialerRetries: 1})
+			t.Cleanup(func() { _ = c.Close() })
+			// A token a second: the charge (FailLocal's admissions, the
+			// share of one of two instances: about 5) adds about 5 s to a
+			// wait of less than one, and leaves the bucket less than one
+			// Burst in debt, so that what is charged does not depend on
+			// when the charge lands (past one Burst it would: the cap
+			// forgives less of a charge made after a refill).
+			l := policy.Limit{Name: "debt-wait-" + tc.name, Rate: 60, Period: time.Minute, Burst: 10}
+			// The other limit of the multi-limit never denies, however much
+			// the policy admitted.
+			other := policy.Limit{Name: "debt-wait-other-" + tc.name, Rate: 1_000_000, Period: time.Hour, Burst: 1_000_000}
+			// Three probes: the first two decisions that reach Redis again
+			// run while the breaker is half-open, so the janitor has not
+			// yet taken the debt to charge it (it does once the breaker
+			// closes), and both are made before the charge.
+			opts := []leaselimit.Option{leaselimit.WithFailureMode(policy.FailLocal), leaselimit.WithFleetSize(2),
+				leaselimit.WithTimeout(200 * time.Millisecond), leaselimit.WithBreaker(breaker.Settings{Failures: 1, OpenFor: 20 * time.Millisecond, Probes: 3})}
+			if !tc.lease {
+				opts = append(opts, leaselimit.WithoutLease())
+			}
+			lim := mustNew(t, c, l, opts...)
+			view, peeker := lim, mustNew(t, direct, l, leaselimit.WithoutLease())
+			if tc.multi {
+				// The bucket that denies is the second of two.
+				view, peeker = lim.For(other, l), peeker.For(other, l)
+			}
+			allow := func() leaselimit.Decision {
+				t.Helper()
+				d, err := view.Allow(ctx, "k")
+				if err != nil {
+					t.Fatal(err)
+				}
+				return d
+			}
+			for d := allow(); d.Allowed; d = allow() {
+			}
+			proxy.Refuse(true)
+			for owed := 0; owed < 4; {
+				// A lease's cached denial first, then FailLocal's admissions.
+				if d := allow(); d.Allowed && d.Source == leaselimit.SourceFallback {
+					owed++
+				}
+			}
+			proxy.Refuse(false)
+			waitReachable(t, c, "the client")
+			type denial struct {
+				d  leaselimit.Decision
+				at time.Time
+			}
+			var denials []denial
+			for deadline := time.Now().Add(10 * time.Second); len(denials) < 2; {
+				if d := allow(); !d.Allowed && d.Source != leaselimit.SourceFallback {
+					denials = append(denials, denial{d, time.Now()})
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("no denial but the policy's within 10 s of the outage's end: %+v", denials)
+				}
+			}
+			// Once the breaker closes the janitor charges the debt: the
+			// bucket's own wait then, read without a lease.
+			var truth leaselimit.Decision
+			later := 0 // admissions after the denials: each a token later
+			for deadline := time.Now().Add(10 * time.Second); truth.RetryAfter < 3*time.Second; {
+				if d := allow(); d.Allowed {
+					later++
+				}
+				var err error
+				if truth, err = peeker.Peek(ctx, "k"); err != nil {
+					t.Fatal(err)
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("the policy's admissions not charged within 10 s of the outage's end: the bucket says %+v", truth)
+				}
+			}
+			read := time.Now()
+			for i, dn := range denials {
+				// What the bucket said then, charged: its wait now, plus
+				// the time since the denial; to a token's time (the
+				// bucket's fraction of a token, rounding).
+				want := truth.RetryAfter + read.Sub(dn.at) - time.Duration(later)*time.Second
+				if diff := dn.d.RetryAfter - want; diff < -time.Second || diff > time.Second {
+					t.Errorf("denial %d after the outage (%v) said RetryAfter %v; the bucket, charged, said about %v (%d admitted after it)",
+						i+1, dn.d.Source, dn.d.RetryAfter, want, later)
+				}
+			}
+		})
+	}
+}
+
 // TestDebtBookFull: the debt book holds one entry per bucket, bounded by
 // WithMaxKeys; an admission that finds it full is not charged, and says
 // so on ratelimit.settle.charges.dropped and in the log.

@@ -31,5 +31,5 @@ func (l *Limiter) callExact(ctx context.Context, brk *circuit.Breaker, rkey, key
 	if r.err != nil {
 		return l.onError(ctx, brk, key, n, r.err)
 	}
-	return l.grantDecision(r.grant), nil
+	return l.grantDecision(l.debts.charged(l.members, key, n, r.grant)), nil
 }

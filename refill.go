@@ -119,7 +119,7 @@ func (l *Limiter) pool(ctx context.Context, brk *circuit.Breaker, rkey, key stri
 func (l *Limiter) refill(ctx context.Context, brk *circuit.Breaker, rkey string, t lease.Ticket) (any, error) {
 	r := l.leases.Plan(t, l.clock.now())
 	l.refunds.addReturn(r.Expired)
-	rc := &refillCall{plan: r}
+	rc := &refillCall{plan: r, key: t.Key()}
 	rep := l.authorize(ctx, call{brk: brk, rkey: rkey, want: r.Want, min: r.Min, share: r.Share, refill: rc,
 		with: l.with(t.Key())})
 	if rep.err != nil && deadline.Ended(ctx) != nil {

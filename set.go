@@ -112,7 +112,7 @@ func (e *engine) newSet(members []*member) *limitSet {
 		s.joint = lease.NewGroup(e.table, name, limits, e.cfg.lease, e.cfg.fleetSize)
 		s.leases = s.joint
 	}
-	s.calls = e.path.Caller(s.tel, &receiver{leases: s.leases, refunds: e.refunds, clock: e.clock, log: s.log})
+	s.calls = e.path.Caller(s.tel, &receiver{leases: s.leases, members: s.members, debts: e.debts, refunds: e.refunds, clock: e.clock, log: s.log})
 	e.log.manyLimits(e.made.Add(1))
 	return s
 }
