@@ -122,8 +122,10 @@ func (e *engine) defaultView(s *limitSet) *Limiter {
 	return &Limiter{limitSet: s, view: e.cfg.view}
 }
 
-// invalid returns a Limiter of limits whose every call returns err.
+// invalid returns a Limiter of limits whose every call returns err, and
+// logs it.
 func (e *engine) invalid(limits []policy.Limit, err error) *Limiter {
+	e.log.invalidLimits(err)
 	return &Limiter{limitSet: e.invalidSet(limits), view: e.cfg.view, err: err}
 }
 

@@ -28,6 +28,7 @@ const (
 	logSaturated // a call given up while this process was behind
 	logBreaker   // the breaker opened (closing is always logged)
 	logUncharged // a failure policy's admission found the debt book full
+	logInvalid   // Client.Limiter was given limits it cannot enforce
 	logKinds
 )
 
@@ -112,6 +113,19 @@ func (g *logger) manyLimits(n int64) {
 
 // manyLimitsFirst is the number of sets of limits manyLimits first logs.
 const manyLimitsFirst = 1000
+
+// invalidLimits logs that Client.Limiter was given limits it cannot
+// enforce (err): its Limiter returns err from every call, which a caller
+// that logs nothing of its own (a middleware mapping errors to 500s, a
+// sampled error log) would leave unseen until it looked. Made at start-up
+// from a plan table, the mistake is told there.
+func (g *logger) invalidLimits(err error) {
+	if g == nil || !g.due(logInvalid) {
+		return
+	}
+	g.out.Error("leaselimit: Client.Limiter was given an invalid limit; every call of the Limiter returns this error", g.whose,
+		slog.String("error", err.Error()))
+}
 
 // misconfig logs a Redis reply that is neither a decision nor an outage.
 func (g *logger) misconfig(err error) {

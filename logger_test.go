@@ -2,6 +2,7 @@ package leaselimit_test
 
 import (
 	"context"
+	"errors"
 	"log"
 	"log/slog"
 	"runtime"
@@ -188,18 +189,26 @@ func TestLoggerClientTimeouts(t *testing.T) {
 	}
 }
 
+// loggingClient returns a Client on miniredis whose log goes to the
+// buffer returned.
+func loggingClient(t *testing.T) (*leaselimit.Client, *syncbuf.Buffer) {
+	t.Helper()
+	_, rdb := newMini(t)
+	out := new(syncbuf.Buffer)
+	c, err := leaselimit.NewClient(rdb, leaselimit.WithLogger(slog.New(slog.NewTextHandler(out, nil))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c, out
+}
+
 // TestManyLimitsLogged: a Client that has made 1,000 limits (a Limiter made
 // per request, from each request's data) says so once, and again at
 // 10,000: each limit is kept until Close. Invalid limits, which are not
 // kept, and limits asked for again do not count.
 func TestManyLimitsLogged(t *testing.T) {
-	_, rdb := newMini(t)
-	var out syncbuf.Buffer
-	c, err := leaselimit.NewClient(rdb, leaselimit.WithLogger(slog.New(slog.NewTextHandler(&out, nil))))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c, out := loggingClient(t)
 	lines := func() int { return strings.Count(out.String(), "many limits") }
 	for i := range 999 {
 		c.Limiter(policy.PerMinute(int64(1 + i)).WithName("tenant"))
@@ -218,6 +227,27 @@ func TestManyLimitsLogged(t *testing.T) {
 	}
 	if n := lines(); n != 2 || !strings.Contains(out.String(), "limits=10000") {
 		t.Errorf("%d lines after 10,000 limits, want a second with limits=10000:\n%s", n, out.String())
+	}
+}
+
+// TestInvalidLimitLogged: a Limiter made of an invalid limit, whose every
+// call returns the error, is logged when it is made, once per logEvery
+// however many are made; a valid one is not.
+func TestInvalidLimitLogged(t *testing.T) {
+	c, out := loggingClient(t)
+	c.Limiter(policy.PerMinute(10).WithName("valid"))
+	if s := out.String(); strings.Contains(s, "invalid") {
+		t.Fatalf("a valid limit logged:\n%s", s)
+	}
+	for range 3 {
+		c.Limiter(policy.PerMinute(0).WithName("plan-typo"))
+	}
+	s := out.String()
+	if n := strings.Count(s, "was given an invalid limit"); n != 1 || !strings.Contains(s, "level=ERROR") || !strings.Contains(s, "plan-typo") {
+		t.Errorf("three invalid Limiters logged %d lines, want one error naming the limit:\n%s", n, s)
+	}
+	if _, err := c.Limiter(policy.PerMinute(0).WithName("plan-typo")).Allow(context.Background(), "k"); !errors.Is(err, policy.ErrInvalidLimit) {
+		t.Errorf("Allow of the invalid Limiter = %v; want policy.ErrInvalidLimit", err)
 	}
 }
 
