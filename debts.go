@@ -3,6 +3,7 @@ package leaselimit
 import (
 	"context"
 	"math"
+	"math/bits"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -155,39 +156,40 @@ func (l *Limiter) owe(key string, n int64, wall time.Time) {
 	}
 }
 
-// due returns the tokens this instance owes key's bucket under namer that
-// the janitor has not yet handed to the refund queue: 0 for a calendar
-// quota's bucket (a charge goes to its window, whose end a denial names
-// whatever the charge).
-func (b *debtBook) due(namer authority.Namer, key string) int64 {
-	if b.size.Load() == 0 {
-		return 0
-	}
+// dues returns, for each of ms, the tokens this instance owes key's bucket
+// that the janitor has not yet taken to charge: 0 for a calendar quota's
+// bucket (a charge goes to its window, whose end a denial names whatever
+// the charge). One lock for all of them: a denial asks while debts exist.
+func (b *debtBook) dues(ms []*member, key string) (owed [MaxLimits]int64, found bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if d, ok := b.owed[debtKey{namer: namer, key: key}]; ok {
-		return d.tokens
+	for i, m := range ms {
+		if d, ok := b.owed[debtKey{namer: m.namer, key: key}]; ok {
+			owed[i], found = d.tokens, true
+		}
 	}
-	return 0
+	return owed, found
 }
 
 // charged returns g, Redis's denial of need tokens of key's buckets (ms:
 // Key's, then With's), as the buckets will stand once this instance's
 // debts of them are charged. The first answers after an outage come before
-// the charge (the breaker's probe is a decision's own call): without this,
-// a denial said how long until the bucket before the charge held need, and
-// a lease's negative cache kept saying it (a cached 3 s where Redis said
-// 32 s once charged). A grant is left as it is: what it took is Redis's,
-// and the debt follows it.
+// the charge (the breaker's probes are decisions' own calls): without
+// this, a denial said how long until the bucket before the charge held
+// need, and a lease's negative cache kept saying it (a cached 3 s where
+// Redis said 32 s once charged). A grant is left as it is: what it took
+// is Redis's, and the debt follows it.
 //
 // A wait is never made longer than the charge makes it, since a lease
 // denies locally until then: for the bucket that denied, the debt's refill
 // time is added to Redis's wait, as far as the script's floor (one Burst
-// in debt) lets the charge count; for another of several
-// buckets, its wait is estimated from its whole tokens, at most one
-// token's time short. A debt the janitor has taken to charge is no longer
-// counted: a denial Redis makes while that charge is on its way says the
-// wait before it (the next one, after, says the charged wait).
+// in debt) lets the charge count; for another of several, its wait is
+// estimated from its whole tokens, at most one token's time short; the
+// longest is the call's. A debt the janitor has taken to charge is no
+// longer counted: a denial Redis makes while that charge is on its way
+// says the wait before it (the next one, after, says the charged wait).
+// The probe that closes the breaker races the janitor so: woken by the
+// closing, it may take the debt before the probe's denial asks.
 func (b *debtBook) charged(ms []*member, key string, need int64, g authority.Grant) authority.Grant {
 	if g.Granted > 0 || b.size.Load() == 0 {
 		return g
@@ -196,40 +198,41 @@ func (b *debtBook) charged(ms []*member, key string, need int64, g authority.Gra
 	if !multi {
 		ms = ms[:1]
 	}
-	var parts []authority.Part // the buckets' states, copied at the first debt found
+	owed, found := b.dues(ms, key)
+	if !found {
+		return g
+	}
+	var parts []authority.Part
+	if multi {
+		parts = append([]authority.Part(nil), g.Multi.Parts...)
+	} else {
+		parts = []authority.Part{{Remaining: g.Remaining, ResetAfter: g.ResetAfter}}
+	}
+	redis, wait := g.RetryAfter, g.RetryAfter // Redis's wait: the denying bucket's
 	for i, m := range ms {
-		d := b.due(m.namer, key)
+		d, p, burst := owed[i], &parts[i], m.limit.Burst
 		if d <= 0 {
 			continue
 		}
-		if parts == nil && multi {
-			parts = append([]authority.Part(nil), g.Multi.Parts...)
-		} else if parts == nil {
-			parts = []authority.Part{{Remaining: g.Remaining, ResetAfter: g.ResetAfter}}
-		}
-		p, burst := &parts[i], m.limit.Burst
 		if !multi || i == g.Multi.Denied {
-			// Redis's wait is this bucket's, until need whole tokens:
-			// it says how many the bucket holds, in debt too (Remaining
-			// is then 0), and so how much of d the script's floor, one
-			// Burst in debt, lets count.
-			held := need - ceilDiv(g.RetryAfter, m.limit.Interval(1))
+			// Redis's wait says how many whole tokens the bucket holds,
+			// in debt too (Remaining is then 0), and so how much of d
+			// the script's floor lets count.
+			held := need - tokensWithin(m.limit, redis)
 			d = min(d, max(held+burst, 0))
-			g.RetryAfter = addWait(g.RetryAfter, m.limit.Interval(d))
+			wait = max(wait, addWait(redis, m.limit.Interval(d)))
 		} else {
 			// Another bucket: until it holds need after the charge, from
 			// its whole tokens (a fraction of one may be there too).
 			d = min(d, p.Remaining+burst)
 			if short := need - (p.Remaining - d) - 1; short > 0 {
-				g.RetryAfter = max(g.RetryAfter, m.limit.Interval(short))
+				wait = max(wait, m.limit.Interval(short))
 			}
 		}
 		p.Remaining = max(p.Remaining-d, 0)
 		p.ResetAfter = min(addWait(p.ResetAfter, m.limit.Interval(d)), m.limit.Interval(2*burst))
 	}
-	if parts == nil {
-		return g
-	}
+	g.RetryAfter = wait
 	g.Remaining, g.ResetAfter = parts[0].Remaining, parts[0].ResetAfter
 	for _, p := range parts[1:] {
 		g.Remaining, g.ResetAfter = min(g.Remaining, p.Remaining), max(g.ResetAfter, p.ResetAfter)
@@ -240,12 +243,27 @@ func (b *debtBook) charged(ms []*member, key string, need int64, g authority.Gra
 	return g
 }
 
-// ceilDiv is a / b rounded up, for b > 0; 0 for b <= 0.
-func ceilDiv(a, b time.Duration) int64 {
-	if b <= 0 {
+// tokensWithin returns how many tokens limit's bucket gains within wait,
+// rounded up (wait to a whole microsecond, up), exactly: the tokens a
+// bucket lacks when Redis says wait. It saturates at math.MaxInt64.
+func tokensWithin(limit policy.Limit, wait time.Duration) int64 {
+	if wait <= 0 || limit.Rate <= 0 || limit.PeriodMicros() <= 0 {
 		return 0
 	}
-	return int64((a + b - 1) / b)
+	us := uint64(wait / time.Microsecond)
+	if wait%time.Microsecond != 0 {
+		us++
+	}
+	per := uint64(limit.PeriodMicros())
+	hi, lo := bits.Mul64(us, uint64(limit.Rate))
+	if hi >= per {
+		return math.MaxInt64
+	}
+	q, rem := bits.Div64(hi, lo, per)
+	if rem > 0 {
+		q++
+	}
+	return int64(min(q, math.MaxInt64))
 }
 
 // addWait is a + b, saturating.

@@ -95,7 +95,36 @@ func TestChargedDenial(t *testing.T) {
 	b.owe(ms[2].namer, "m", quota, 50, wall)
 	multi := authority.Grant{Remaining: 0, RetryAfter: 100 * time.Millisecond,
 		Multi: &authority.Multi{Denied: 0, Parts: []authority.Part{{Remaining: 0}, {Remaining: 5}, {Remaining: 60}}}}
-	got := b.charged(ms, "m", 1, multi)
+
+	// The denying bucket second, the first short after its charge: the
+	// longer wait of the two, not their sum (7 s: 3 held, 10 owed).
+	perMinute := policy.Limit{Name: "charged-c", Rate: 60, Period: time.Minute, Burst: 10} // a token a second too
+	two := []*member{ms[0], l.engine.newMember(perMinute)}
+	b.owe(two[0].namer, "n", second, 10, wall)
+	b.owe(two[1].namer, "n", perMinute, 2, wall)
+	late := authority.Grant{RetryAfter: 500 * time.Millisecond,
+		Multi: &authority.Multi{Denied: 1, Parts: []authority.Part{{Remaining: 3}, {Remaining: 0}}}}
+	if got := b.charged(two, "n", 1, late); got.RetryAfter != 7*time.Second {
+		t.Errorf("first bucket 7 short, the denying one 2.5 s: RetryAfter %v; want 7s", got.RetryAfter)
+	}
+
+	// need > 1: 1 held, 2 s until 3; 4 owed leave -3, 6 s until 3.
+	b.owe(ms[0].namer, "three", second, 4, wall)
+	if got := b.charged(ms[:1], "three", 3, authority.Grant{Remaining: 1, RetryAfter: 2 * time.Second}); got.RetryAfter != 6*time.Second {
+		t.Errorf("need 3, 1 held, 4 owed: RetryAfter %v; want 6s", got.RetryAfter)
+	}
+
+	// A token every 3.33 µs, 200,000 in debt and 200,000 owed: the floor
+	// (-300,000) counts 100,000 of them; 300,001 tokens' time, to a µs.
+	fast := policy.Limit{Name: "charged-fast", Rate: 300_000, Period: time.Second, Burst: 300_000}
+	fm := l.engine.newMember(fast)
+	b.owe(fm.namer, "f", fast, 200_000, wall)
+	got := b.charged([]*member{fm}, "f", 1, authority.Grant{RetryAfter: 666_670 * time.Microsecond})
+	if want := 1_000_003 * time.Microsecond; got.RetryAfter < want-2*time.Microsecond || got.RetryAfter > want+2*time.Microsecond {
+		t.Errorf("200,000 owed by a fast bucket 200,000 in debt: RetryAfter %v; want about %v", got.RetryAfter, want)
+	}
+
+	got = b.charged(ms, "m", 1, multi)
 	if got.RetryAfter != 300*time.Millisecond {
 		t.Errorf("second bucket short 3 tokens after its charge: RetryAfter %v; want 300ms", got.RetryAfter)
 	}

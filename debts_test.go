@@ -275,12 +275,15 @@ func TestDenialAfterOutageCountsDebt(t *testing.T) {
 			// The other limit of the multi-limit never denies, however much
 			// the policy admitted.
 			other := policy.Limit{Name: "debt-wait-other-" + tc.name, Rate: 1_000_000, Period: time.Hour, Burst: 1_000_000}
-			// Three probes: the first two decisions that reach Redis again
+			// Eight probes: the first seven calls that reach Redis again
 			// run while the breaker is half-open, so the janitor has not
 			// yet taken the debt to charge it (it does once the breaker
-			// closes), and both are made before the charge.
+			// closes), and the two denials the test reads are made before
+			// the charge even if a refill granted a token first. (The
+			// probe that closes the breaker races the janitor, which the
+			// closing wakes: see debtBook.charged.)
 			opts := []leaselimit.Option{leaselimit.WithFailureMode(policy.FailLocal), leaselimit.WithFleetSize(2),
-				leaselimit.WithTimeout(200 * time.Millisecond), leaselimit.WithBreaker(breaker.Settings{Failures: 1, OpenFor: 20 * time.Millisecond, Probes: 3})}
+				leaselimit.WithTimeout(200 * time.Millisecond), leaselimit.WithBreaker(breaker.Settings{Failures: 1, OpenFor: 20 * time.Millisecond, Probes: 8})}
 			if !tc.lease {
 				opts = append(opts, leaselimit.WithoutLease())
 			}
@@ -301,10 +304,13 @@ func TestDenialAfterOutageCountsDebt(t *testing.T) {
 			for d := allow(); d.Allowed; d = allow() {
 			}
 			proxy.Refuse(true)
-			for owed := 0; owed < 4; {
+			for owed, deadline := 0, time.Now().Add(10*time.Second); owed < 4; {
 				// A lease's cached denial first, then FailLocal's admissions.
 				if d := allow(); d.Allowed && d.Source == leaselimit.SourceFallback {
 					owed++
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("%d admissions of FailLocal within 10 s of Redis refusing connections; want 4", owed)
 				}
 			}
 			proxy.Refuse(false)
