@@ -2,6 +2,7 @@ package leaselimit
 
 import (
 	"context"
+	"sync"
 	"sync/atomic"
 
 	"github.com/leaselimit/leaselimit/authority"
@@ -40,6 +41,36 @@ type engine struct {
 	sets   cowmap.Map[setKey, *Limiter]       // the default view of each set of several limits
 	views  cowmap.Map[viewKey, *Limiter]      // other views of sets, made by For on a view
 	made   atomic.Int64                       // the sets of limits made (see manyLimits)
+	// misuses holds the errors of Limiters that refuse every call (see
+	// refusing) already logged, up to misusesKept of them.
+	misuses struct {
+		sync.Mutex
+		seen map[string]struct{}
+	}
+}
+
+// misusesKept bounds the errors of refusing Limiters remembered: a program
+// that makes them from each request's data (one error each) is logged
+// once per logEvery past it.
+const misusesKept = 64
+
+// refusing logs err, the error every call of a Limiter just made returns
+// (an invalid limit, an option With refused): each error the first time
+// (so that two typos in a plan table are both told at start-up), then at
+// most once per logEvery.
+func (e *engine) refusing(err error) {
+	text := err.Error()
+	e.misuses.Lock()
+	_, seen := e.misuses.seen[text]
+	first := !seen && len(e.misuses.seen) < misusesKept
+	if first {
+		if e.misuses.seen == nil {
+			e.misuses.seen = make(map[string]struct{})
+		}
+		e.misuses.seen[text] = struct{}{}
+	}
+	e.misuses.Unlock()
+	e.log.refusing(err, first)
 }
 
 // viewKey identifies one view of one set of limits.
@@ -125,7 +156,7 @@ func (e *engine) defaultView(s *limitSet) *Limiter {
 // invalid returns a Limiter of limits whose every call returns err, and
 // logs it.
 func (e *engine) invalid(limits []policy.Limit, err error) *Limiter {
-	e.log.invalidLimits(err)
+	e.refusing(err)
 	return &Limiter{limitSet: e.invalidSet(limits), view: e.cfg.view, err: err}
 }
 

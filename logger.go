@@ -28,7 +28,7 @@ const (
 	logSaturated // a call given up while this process was behind
 	logBreaker   // the breaker opened (closing is always logged)
 	logUncharged // a failure policy's admission found the debt book full
-	logInvalid   // Client.Limiter was given limits it cannot enforce
+	logInvalid   // a Limiter was made that refuses every call
 	logKinds
 )
 
@@ -114,16 +114,16 @@ func (g *logger) manyLimits(n int64) {
 // manyLimitsFirst is the number of sets of limits manyLimits first logs.
 const manyLimitsFirst = 1000
 
-// invalidLimits logs that Client.Limiter was given limits it cannot
-// enforce (err): its Limiter returns err from every call, which a caller
-// that logs nothing of its own (a middleware mapping errors to 500s, a
-// sampled error log) would leave unseen until it looked. Made at start-up
-// from a plan table, the mistake is told there.
-func (g *logger) invalidLimits(err error) {
-	if g == nil || !g.due(logInvalid) {
+// refusing logs that a Limiter was made whose every call returns err (an
+// invalid limit, an option With refused): a caller that logs nothing of
+// its own (a middleware mapping errors to 500s, a sampled error log)
+// would leave it unseen until it looked. first bypasses the gate (see
+// engine.refusing).
+func (g *logger) refusing(err error, first bool) {
+	if g == nil || (!g.due(logInvalid) && !first) {
 		return
 	}
-	g.out.Error("leaselimit: Client.Limiter was given an invalid limit; every call of the Limiter returns this error", g.whose,
+	g.out.Error("leaselimit: a Limiter was made that refuses every call with this error; fix the program", g.whose,
 		slog.String("error", err.Error()))
 }
 

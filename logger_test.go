@@ -230,21 +230,28 @@ func TestManyLimitsLogged(t *testing.T) {
 	}
 }
 
-// TestInvalidLimitLogged: a Limiter made of an invalid limit, whose every
-// call returns the error, is logged when it is made, once per logEvery
-// however many are made; a valid one is not.
+// TestInvalidLimitLogged: a Limiter that refuses every call (an invalid
+// limit, an option With refused) is logged when it is made, as an error:
+// each error the first time, so that two typos of a plan table are both
+// told, and the same again at most once per logEvery; a valid limit is
+// not logged.
 func TestInvalidLimitLogged(t *testing.T) {
 	c, out := loggingClient(t)
-	c.Limiter(policy.PerMinute(10).WithName("valid"))
-	if s := out.String(); strings.Contains(s, "invalid") {
-		t.Fatalf("a valid limit logged:\n%s", s)
+	lines := func() int { return strings.Count(out.String(), "refuses every call") }
+	valid := c.Limiter(policy.PerMinute(10).WithName("valid"))
+	if n := lines(); n != 0 {
+		t.Fatalf("a valid limit logged:\n%s", out.String())
 	}
 	for range 3 {
 		c.Limiter(policy.PerMinute(0).WithName("plan-typo"))
 	}
-	s := out.String()
-	if n := strings.Count(s, "was given an invalid limit"); n != 1 || !strings.Contains(s, "level=ERROR") || !strings.Contains(s, "plan-typo") {
-		t.Errorf("three invalid Limiters logged %d lines, want one error naming the limit:\n%s", n, s)
+	if n := lines(); n != 1 || !strings.Contains(out.String(), "level=ERROR") || !strings.Contains(out.String(), "plan-typo") {
+		t.Fatalf("three Limiters of one invalid limit logged %d lines, want one error naming it:\n%s", n, out.String())
+	}
+	c.Limiter(policy.PerMinute(0).WithName("other-typo"))
+	valid.With(leaselimit.WithFailureMode(policy.FailureMode(7)))
+	if n := lines(); n != 3 || !strings.Contains(out.String(), "other-typo") || !strings.Contains(out.String(), "WithFailureMode: ") {
+		t.Errorf("another invalid limit and a refused With logged %d lines in all, want 3, each naming its error:\n%s", n, out.String())
 	}
 	if _, err := c.Limiter(policy.PerMinute(0).WithName("plan-typo")).Allow(context.Background(), "k"); !errors.Is(err, policy.ErrInvalidLimit) {
 		t.Errorf("Allow of the invalid Limiter = %v; want policy.ErrInvalidLimit", err)

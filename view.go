@@ -71,18 +71,23 @@ func (l *Limiter) With(opts ...Option) *Limiter {
 		case nil:
 		case viewOption:
 			if err := optionFailed(o.name, o.set(&v.view)); err != nil {
-				v.err = err
-				return &v
+				return v.refused(err)
 			}
 		case engineOption:
-			v.err = optionError{fmt.Errorf("leaselimit: With(%s): %s is an option of the Client (give it to NewClient), not of a view; With takes WithFailureMode, WithShadow and WithEnforce", o.name, o.name)}
-			return &v
+			return v.refused(optionError{fmt.Errorf("leaselimit: With(%s): %s is an option of the Client (give it to NewClient), not of a view; With takes WithFailureMode, WithShadow and WithEnforce", o.name, o.name)})
 		default:
-			v.err = optionError{fmt.Errorf("leaselimit: With(%T): not an option of a view; With takes WithFailureMode, WithShadow and WithEnforce", o)}
-			return &v
+			return v.refused(optionError{fmt.Errorf("leaselimit: With(%T): not an option of a view; With takes WithFailureMode, WithShadow and WithEnforce", o)})
 		}
 	}
 	return &v
+}
+
+// refused returns v, a view With made, refusing every call with err, and
+// logs it.
+func (v *Limiter) refused(err error) *Limiter {
+	v.err = err
+	v.engine.refusing(err)
+	return v
 }
 
 // ErrInvalidOption is wrapped by NewClient's error for an option it
