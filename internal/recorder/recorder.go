@@ -243,7 +243,7 @@ func New(c Config) (*Recorder, error) {
 		return nil, err
 	}
 	if r.dropped, err = m.Int64Counter(telemetry.MetricDropped, metric.WithUnit("{token}"),
-		metric.WithDescription("Unused leased tokens not given back because the refund queue was full; they stay debited until the bucket refills.")); err != nil {
+		metric.WithDescription("Unused leased tokens not given back (the refund queue full, a failed send not resent, Close's final send failing); they stay debited until the bucket refills. A send whose reply was lost may have been applied: at most what stays debited.")); err != nil {
 		return nil, err
 	}
 	if r.chargesLost, err = m.Int64Counter(telemetry.MetricChargesLost, metric.WithUnit("{token}"),
