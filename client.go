@@ -214,9 +214,11 @@ func (c *Client) Close() error {
 // BreakerState returns the state of the circuit breaker around Redis calls.
 // On a Redis Cluster, each master node has its own breaker; this is the most
 // severe of their states.
-// A nil or zero Client's is Open: no call can reach Redis through it.
+// A nil, zero or closed Client's is Open: no call can reach Redis through
+// it (a closed one reported Closed, the state before Close, to a readiness
+// probe asking after its decisions had begun to return ErrClosed).
 func (c *Client) BreakerState() breaker.State {
-	if c.missing() != nil {
+	if c.missing() != nil || c.e.path.IsClosed() {
 		return breaker.Open
 	}
 	return c.e.path.State()

@@ -82,6 +82,12 @@ func TestClientCloseClosesEveryView(t *testing.T) {
 	if err := c.Check(ctx); !errors.Is(err, leaselimit.ErrClosed) {
 		t.Errorf("Check after Close = %v; want ErrClosed", err)
 	}
+	if s := c.BreakerState(); s != breaker.Open {
+		t.Errorf("BreakerState after Close = %v; want open: no call reaches Redis", s)
+	}
+	if s := views[0].BreakerState(); s != breaker.Open {
+		t.Errorf("a Limiter's BreakerState after Close = %v; want open", s)
+	}
 	if err := c.Close(); !errors.Is(err, leaselimit.ErrClosed) {
 		t.Errorf("second Close = %v; want ErrClosed", err)
 	}

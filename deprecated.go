@@ -110,7 +110,7 @@ func (l *Limiter) Check(ctx context.Context) error {
 //
 // Deprecated: use Client.BreakerState.
 func (l *Limiter) BreakerState() breaker.State {
-	if l.present() != nil {
+	if l.present() != nil || l.path.IsClosed() {
 		return breaker.Open
 	}
 	return l.path.State()
