@@ -153,9 +153,10 @@ func (l *Limiter) jointOutstanding(key string) int64 {
 // and given back after (a Reservation settled later, another instance's
 // lease returned when it expires, a grant that arrived for no one) are not
 // added to the fresh bucket, and a Reservation from before is not charged
-// to it (see the ledger in docs/semantics.md). A Reservation settled more than
-// authority.MarkLife (24h) after a Reset of its key is the exception: by
-// then the mark is gone.
+// to it (see the ledger in docs/semantics.md). The mark lives
+// authority.MarkLife (24h): a Reservation settled later than that after
+// its grant gives nothing back, Reset or not (the mark that would tell may
+// be gone), which only under-admits.
 func (l *Limiter) Reset(ctx context.Context, key string) error {
 	if err := l.callable(ctx); err != nil {
 		return err

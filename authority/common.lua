@@ -19,6 +19,20 @@
 -- Every number is an integer below 2^53, exact in Lua's doubles (see
 -- muldiv.lua, prepended to this file).
 
+-- MARK_LIFE_US is a reset mark's life in µs (authority.MarkLife: reset.lua
+-- is given it as ARGV[1]). A refund of tokens that left their bucket
+-- longer ago than this is dropped: a Reset since then may have left a mark
+-- that is gone, and the tokens are likely of an older generation; a bucket
+-- whose mark expired cannot tell (a Reservation settled more than a day
+-- after its grant, across a Reset, gave its surplus to the fresh bucket).
+local MARK_LIFE_US = 86400000000
+
+-- stale reports whether a refund (n > 0) of tokens that left their bucket
+-- at since (µs, 0 if unknown) is past a mark's life at now.
+local function stale(n, since, now)
+  return n > 0 and since > 0 and now - since >= MARK_LIFE_US
+end
+
 -- The arithmetic (see arith in muldiv.lua): these scripts use refill and
 -- until_tokens on every call.
 local _, until_tokens, refill = arith(MAX, HUGE, floor)

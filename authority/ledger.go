@@ -28,9 +28,12 @@ const IDLife = 2 * time.Minute
 const ResendWithin = IDLife / 2
 
 // MarkLife is how long a Reset's mark lives: tokens taken before a Reset
-// and given back up to this long after it are dropped. Leases come back
-// within seconds; only a Reservation settled later than this after a Reset
-// of its key could give its tokens to the fresh bucket.
+// and given back up to this long after it are dropped. A refund of tokens
+// that left their bucket this long ago or longer is dropped too (the
+// scripts' MARK_LIFE_US, in common.lua): a mark that would tell whether a
+// Reset came between may be gone. Leases come back within seconds; a
+// Reservation settled more than a day after its grant gave its surplus to
+// the fresh bucket of a Reset that had come between.
 const MarkLife = 24 * time.Hour
 
 // Refund asks to give Tokens unused tokens back to the bucket of Key, or,

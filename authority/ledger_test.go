@@ -3,6 +3,8 @@ package authority
 import (
 	"context"
 	"errors"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -180,6 +182,48 @@ func TestResetStartsAGeneration(t *testing.T) {
 	})
 }
 
+// TestRefundPastMarkLife: a refund of tokens that left their bucket a
+// mark's life ago or longer is dropped, by refund.lua and by
+// refund_batch.lua alike: a Reset since then may have left a mark that is
+// gone. Regression: a Reservation settled more than a day after its
+// grant, across a Reset of its key, gave its surplus to the fresh bucket
+// (the fleet past its bound by that surplus).
+func TestRefundPastMarkLife(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, nb backendFactory) {
+		b := nb(t)
+		r := b.newAuthority(t, testPrefix)
+		l := policy.Limit{Name: "mark-life", Rate: 1, Period: 30 * 24 * time.Hour, Burst: 100} // no refill to speak of
+		key := r.Key(l, "k")
+		mustExact(t, r, key, l, 40)
+		now, err := b.client.Time(context.Background()).Result() // the scripts' clock
+		if err != nil {
+			t.Fatal(err)
+		}
+		old := now.UnixMicro() - MarkLife.Microseconds()
+		young := old + 60_000_000
+		if w := apply(t, r, Refund{Key: key, Limit: l, Tokens: 10, Since: old}); w != 60 {
+			t.Errorf("refund of tokens a mark's life old: %d left; want 60 (dropped)", w)
+		}
+		if w := apply(t, r, Refund{Key: key, Limit: l, Tokens: 10, Since: young}); w != 70 {
+			t.Errorf("refund of tokens a minute younger: %d left; want 70", w)
+		}
+		for _, rf := range []Refund{{Key: key, Limit: l, Tokens: 5, Since: old}, {Key: key, Limit: l, Tokens: 5, Since: young}} {
+			if failed := r.RefundAll(context.Background(), []Refund{rf}); len(failed) != 0 {
+				t.Fatal(failed[0].Err)
+			}
+		}
+		checkTokens(t, b, key, l, 75) // the batch's old refund dropped, its young one applied
+	})
+}
+
+// TestMarkLifeInScripts: the scripts' MARK_LIFE_US is MarkLife.
+func TestMarkLifeInScripts(t *testing.T) {
+	m := regexp.MustCompile(`(?m)^local MARK_LIFE_US = (\d+)$`).FindStringSubmatch(commonBody)
+	if m == nil || m[1] != strconv.FormatInt(MarkLife.Microseconds(), 10) {
+		t.Errorf("common.lua's MARK_LIFE_US %v; want %d (MarkLife)", m, MarkLife.Microseconds())
+	}
+}
+
 // TestNoResetAppliesUnknownGeneration: a bucket never Reset takes back
 // tokens whatever their stamp.
 func TestNoResetAppliesUnknownGeneration(t *testing.T) {
@@ -226,7 +270,7 @@ func TestQuotaClientClockAhead(t *testing.T) {
 			}
 		}
 		window := end.UnixMicro()
-		if w := apply(t, r, Refund{Key: r.Key(q, "refunded"), Limit: q, Tokens: 4, Window: window, Since: 1}); w != 4 {
+		if w := apply(t, r, Refund{Key: r.Key(q, "refunded"), Limit: q, Tokens: 4, Window: window, Since: redisNow.Add(-time.Minute).UnixMicro()}); w != 4 {
 			t.Errorf("a refund in Redis's day: %d left; want 4", w)
 		}
 	})

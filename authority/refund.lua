@@ -43,7 +43,9 @@
 --   generation: Reset (reset.lua) records when it emptied the bucket; an
 --     adjustment of tokens that left before (since not after the mark) is
 --     dropped: the fresh bucket never had them. A charge of unknown time
---     (since 0) is made: a doubt costs under-admission, never over.
+--     (since 0) is made: a doubt costs under-admission, never over. A
+--     refund of tokens that left longer ago than a mark lives (see
+--     common.lua's MARK_LIFE_US) is dropped: a Reset since may be gone.
 --   window: a calendar quota's tokens of an earlier window (that window has
 --     reset since) or of an unknown one are dropped: adding them to this
 --     window's full bucket would create tokens, and charging this window
@@ -116,6 +118,8 @@ local function adjust(j)
     -- A charge of unknown time (since 0: the failure policy's admissions)
     -- goes to the bucket as it is: forgiven, it would over-admit.
     if mark and since <= tonumber(mark) and (n > 0 or since > 0) then return report(cal, w, f, last, a, b, burst) end
+    -- Tokens older than a mark lives: a Reset since may be forgotten.
+    if stale(n, since, now) then return report(cal, w, f, last, a, b, burst) end
   end
   if cal and window ~= last then return report(cal, w, f, last, a, b, burst) end
   if not found and n > 0 then return {burst, 0} end

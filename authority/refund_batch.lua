@@ -89,10 +89,11 @@ for j = 1, count do
   else
     codes[j] = '+'
     -- The ledger rule (see refund.lua): not to a bucket Reset since the
-    -- tokens left, nor to another window. A full bucket, or a missing
+    -- tokens left, nor of tokens older than a mark lives, nor to another
+    -- window. A full bucket, or a missing
     -- one (st false), has nothing to do; one the refund fills is
     -- deleted, as it reads the same.
-    if st and st.w < burst and not (st.mark and since <= st.mark) and not (cal and window ~= st.last) then
+    if st and st.w < burst and not (st.mark and since <= st.mark) and not (cal and window ~= st.last) and not stale(n, since, now) then
       st.w = math.min(st.w + n, burst)
       st.dirty = true
     end
