@@ -154,9 +154,10 @@ func (l *Limiter) jointOutstanding(key string) int64 {
 // lease returned when it expires, a grant that arrived for no one) are not
 // added to the fresh bucket, and a Reservation from before is not charged
 // to it (see the ledger in docs/semantics.md). The mark lives
-// authority.MarkLife (24h): a Reservation settled later than that after
+// authority.MarkLife (a week): a Reservation settled later than that after
 // its grant gives nothing back, Reset or not (the mark that would tell may
-// be gone), which only under-admits.
+// be gone), which only under-admits; so does one whose tokens' grant time
+// is unknown (see Reservation.Settle), settled half that late.
 func (l *Limiter) Reset(ctx context.Context, key string) error {
 	if err := l.callable(ctx); err != nil {
 		return err

@@ -336,11 +336,26 @@ func (l *Limiter) adjust(ctx context.Context, key string, n int64, st stamp) err
 	return first
 }
 
+// unknownSurplusLife is how long after its Reserve a reservation whose
+// tokens' grant time is unknown (a lease read about a take it could not
+// bound, see lease.Stamp.Floor) may still give a surplus back: half a
+// reset mark's life, on this process's monotonic clock, so that the mark of
+// any Reset after the grant is still there when the refund lands.
+const unknownSurplusLife = authority.MarkLife / 2
+
 // adjustBucket is adjust for the one bucket of key under the limit of
 // ms[0].
 func (l *Limiter) adjustBucket(ctx context.Context, ms []*member, key string, n int64, st stamp) error {
 	m := ms[0]
 	if l.settleLocally(m.leases, ms, key, n, st) {
+		return nil
+	}
+	if n > 0 && st.of(n).since == 0 && time.Since(st.taken) >= unknownSurplusLife {
+		// A surplus of tokens whose grant time is unknown: the scripts
+		// cannot tell it old (see authority.MarkLife), and this one may be
+		// of a generation a Reset since ended, whose mark is gone or soon
+		// will be. Dropped: under-admission.
+		l.refunds.countDropped(authority.Refund{Tokens: n})
 		return nil
 	}
 	brk, rkey := l.route(m.names, key)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/leaselimit/leaselimit"
+	"github.com/leaselimit/leaselimit/authority"
 	"github.com/leaselimit/leaselimit/breaker"
 	"github.com/leaselimit/leaselimit/internal/redistest"
 	"github.com/leaselimit/leaselimit/policy"
@@ -450,16 +451,17 @@ func TestShortDeadlineSettles(t *testing.T) {
 	}
 }
 
-// TestSettleAfterMarkLife: a Reservation settled more than a day
-// (authority.MarkLife) after its grant, across a Reset of its key, gives
-// nothing back to the fresh bucket: the Reset's mark is gone by then, and
-// the surplus is dropped as tokens of an older generation may be.
-// Regression: the surplus went to the fresh bucket, past the bound.
+// TestSettleAfterMarkLife: a Reservation settled later than a reset
+// mark's life (authority.MarkLife) after its grant, across a Reset of its
+// key, gives nothing back to the fresh bucket: the Reset's mark is gone by
+// then, and the surplus is dropped as tokens of an older generation may
+// be. Regression: the surplus went to the fresh bucket, past the bound
+// (the mark then lived a day).
 func TestSettleAfterMarkLife(t *testing.T) {
 	m, c := newMini(t)
 	ctx := context.Background()
 	m.SetTime(time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC))
-	l := policy.Limit{Name: "mark-life", Rate: 1, Period: 30 * 24 * time.Hour, Burst: 100} // under a token a day
+	l := policy.Limit{Name: "mark-life", Rate: 1, Period: 365 * 24 * time.Hour, Burst: 100} // no whole token in the test's week
 	lim := mustNew(t, c, l, leaselimit.WithoutLease())
 	r, err := lim.Reserve(ctx, "k", 10)
 	if err != nil || !r.Decision().Allowed {
@@ -471,10 +473,11 @@ func TestSettleAfterMarkLife(t *testing.T) {
 	if d, err := lim.AllowN(ctx, "k", 50); err != nil || !d.Allowed {
 		t.Fatalf("AllowN(50) of the fresh bucket = %+v, %v", d, err)
 	}
-	m.FastForward(25 * time.Hour) // the mark expires
-	m.SetTime(time.Date(2026, 12, 2, 13, 0, 0, 0, time.UTC))
+	later := authority.MarkLife + time.Hour
+	m.FastForward(later) // the mark expires
+	m.SetTime(time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC).Add(later))
 	if err := r.Settle(ctx, 2); err != nil {
-		t.Fatalf("Settle(2) a day later: %v", err)
+		t.Fatalf("Settle(2) a week later: %v", err)
 	}
 	if d, err := lim.Peek(ctx, "k"); err != nil || d.Remaining != 50 {
 		t.Errorf("the fresh bucket after an old reservation's surplus of 8: %+v, %v; want 50 left (dropped)", d, err)

@@ -23,9 +23,9 @@
 -- is given it as ARGV[1]). A refund of tokens that left their bucket
 -- longer ago than this is dropped: a Reset since then may have left a mark
 -- that is gone, and the tokens are likely of an older generation; a bucket
--- whose mark expired cannot tell (a Reservation settled more than a day
+-- whose mark expired cannot tell (a Reservation settled later than that
 -- after its grant, across a Reset, gave its surplus to the fresh bucket).
-local MARK_LIFE_US = 86400000000
+local MARK_LIFE_US = 604800000000
 
 -- stale reports whether a refund (n > 0) of tokens that left their bucket
 -- at since (µs, 0 if unknown) is past a mark's life at now.

@@ -31,10 +31,13 @@ const ResendWithin = IDLife / 2
 // and given back up to this long after it are dropped. A refund of tokens
 // that left their bucket this long ago or longer is dropped too (the
 // scripts' MARK_LIFE_US, in common.lua): a mark that would tell whether a
-// Reset came between may be gone. Leases come back within seconds; a
-// Reservation settled more than a day after its grant gave its surplus to
-// the fresh bucket of a Reset that had come between.
-const MarkLife = 24 * time.Hour
+// Reset came between may be gone (a Reservation settled later than the
+// mark's life after its grant gave its surplus to the fresh bucket of a
+// Reset that had come between). A week: far past what a lease holds
+// (policy.MaxLeaseTTL, a day; a lease's oldest stamp may trail its newest
+// grant by a refill or two), so that no lease's return is ever that old,
+// for a key a Reset leaves behind.
+const MarkLife = 7 * 24 * time.Hour
 
 // Refund asks to give Tokens unused tokens back to the bucket of Key, or,
 // for negative Tokens, to charge it (see Apply): one adjustment of the
