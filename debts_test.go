@@ -38,6 +38,16 @@ func level(t *testing.T, c redis.UniversalClient, limit policy.Limit, key string
 	return bucketLevel(d, limit)
 }
 
+// proxied returns a proxy to srv and a client through it that dials once
+// (a refused connection fails at once).
+func proxied(t *testing.T, srv *redistest.Server) (*redistest.Proxy, *redis.Client) {
+	t.Helper()
+	proxy := redistest.NewProxy(t, srv.Addr)
+	c := redis.NewClient(&redis.Options{Addr: proxy.Addr, DialerRetries: 1})
+	t.Cleanup(func() { _ = c.Close() })
+	return proxy, c
+}
+
 // TestFallbackAdmissionsAreCharged: what the failure policy admits while
 // Redis cannot be reached (FailOpen's admissions, FailLocal's share; one
 // limit and a multi-limit; exact and lease mode) is charged to the bucket
@@ -65,9 +75,7 @@ func TestFallbackAdmissionsAreCharged(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			proxy := redistest.NewProxy(t, srv.Addr)
-			c := redis.NewClient(&redis.Options{Addr: proxy.Addr, DialerRetries: 1})
-			t.Cleanup(func() { _ = c.Close() })
+			proxy, c := proxied(t, srv)
 			a, b := debtLimit("debt-a-"+tc.name, 60), debtLimit("debt-b-"+tc.name, 50)
 			opts := []leaselimit.Option{leaselimit.WithFailureMode(tc.mode), leaselimit.WithTimeout(200 * time.Millisecond),
 				leaselimit.WithBreaker(breaker.Settings{OpenFor: 20 * time.Millisecond})}
@@ -154,9 +162,7 @@ func TestFallbackReservationSettled(t *testing.T) {
 		{"huge", math.MaxInt64, -100, 3},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			proxy := redistest.NewProxy(t, srv.Addr)
-			c := redis.NewClient(&redis.Options{Addr: proxy.Addr, DialerRetries: 1})
-			t.Cleanup(func() { _ = c.Close() })
+			proxy, c := proxied(t, srv)
 			l := debtLimit("debt-settle-"+tc.name, 100)
 			lim := mustNew(t, c, l, leaselimit.WithFailureMode(policy.FailOpen), leaselimit.WithTimeout(200*time.Millisecond),
 				leaselimit.WithBreaker(breaker.Settings{OpenFor: 20 * time.Millisecond}), leaselimit.WithoutLease())
@@ -189,9 +195,7 @@ func TestFallbackReservationSettled(t *testing.T) {
 // admissions once the breaker is closed again, without waiting for Close.
 func TestFallbackChargedWhileRunning(t *testing.T) {
 	srv := redistest.Start(t)
-	proxy := redistest.NewProxy(t, srv.Addr)
-	c := redis.NewClient(&redis.Options{Addr: proxy.Addr, DialerRetries: 1})
-	t.Cleanup(func() { _ = c.Close() })
+	proxy, c := proxied(t, srv)
 	l := debtLimit("debt-running", 20)
 	lim := mustNew(t, c, l, leaselimit.WithoutLease(), leaselimit.WithTimeout(200*time.Millisecond),
 		leaselimit.WithBreaker(breaker.Settings{Failures: 1, OpenFor: 20 * time.Millisecond}))
@@ -262,9 +266,7 @@ func TestDenialAfterOutageCountsDebt(t *testing.T) {
 		{"lease-multi", true, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			proxy := redistest.NewProxy(t, srv.Addr)
-			c := redis.NewClient(&redis.Options{Addr: proxy.Addr, DialerRetries: 1})
-			t.Cleanup(func() { _ = c.Close() })
+			proxy, c := proxied(t, srv)
 			// A token a second: the charge (FailLocal's admissions, the
 			// share of one of two instances: about 5) adds about 5 s to a
 			// wait of less than one, and leaves the bucket less than one
