@@ -50,6 +50,7 @@ func wantCheckError(t *testing.T, err error, what ...string) {
 // admitted where about 200 were due), an ACL without a needed command, a
 // hung Redis.
 func TestCheck(t *testing.T) {
+	mostlyWaits(t)
 	ctx := context.Background()
 
 	t.Run("healthy", func(t *testing.T) {

@@ -879,6 +879,7 @@ func TestClusterKilledMaster(t *testing.T) {
 // every decision must come from the failure policy within the budget, and
 // fast once the breaker is open.
 func TestClusterUnreachableAtStartup(t *testing.T) {
+	mostlyWaits(t)
 	const budget = 200 * time.Millisecond
 	c := redistest.StartCluster(t, 3, 0)
 	ctx := context.Background()
@@ -1241,6 +1242,7 @@ func TestACLLeastPrivilege(t *testing.T) {
 // the moving slot's calls went to the failure policy, which under FailOpen
 // admitted them all (both found by adversarial reviews).
 func TestClusterSlotMigration(t *testing.T) {
+	mostlyWaits(t)
 	c := redistest.StartCluster(t, 3, 1)
 	ctx := context.Background()
 	const burst = 40
@@ -1378,6 +1380,7 @@ func TestClusterWrappedClient(t *testing.T) {
 // while every node answers. That is this process's congestion: the
 // breakers stay closed and the bucket's bound holds.
 func TestClusterPoolHeldByTheApplication(t *testing.T) {
+	mostlyWaits(t)
 	c := redistest.StartCluster(t, 3, 0)
 	ctx := context.Background()
 	for _, pool := range []struct {
@@ -1408,6 +1411,7 @@ func TestClusterPoolHeldByTheApplication(t *testing.T) {
 // too: an outage, answered by the failure policy (FailOpen admits), not
 // this process's congestion (denied whatever the policy).
 func TestClusterDownIsAnOutage(t *testing.T) {
+	mostlyWaits(t)
 	c := redistest.StartCluster(t, 3, 0)
 	cc := c.Client(t)
 	ctx := context.Background()

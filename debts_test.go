@@ -55,6 +55,7 @@ func proxied(t *testing.T, srv *redistest.Server) (*redistest.Proxy, *redis.Clie
 // granted those tokens; and a charge past one Burst leaves the bucket one
 // Burst in debt, no more.
 func TestFallbackAdmissionsAreCharged(t *testing.T) {
+	mostlyWaits(t)
 	srv := redistest.Start(t)
 	direct := srv.Client(t)
 	cases := []struct {
@@ -365,6 +366,7 @@ func TestDenialAfterOutageCountsDebt(t *testing.T) {
 // WithMaxKeys; an admission that finds it full is not charged, and says
 // so on ratelimit.settle.charges.dropped and in the log.
 func TestDebtBookFull(t *testing.T) {
+	mostlyWaits(t)
 	m, c := newMini(t)
 	reader := sdkmetric.NewManualReader()
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
@@ -396,6 +398,7 @@ func TestDebtBookFull(t *testing.T) {
 // Regression: they joined the probe's refill and waited with it, up to
 // the budget, for a call they could not have made themselves.
 func TestOnlyTheProbeWaits(t *testing.T) {
+	mostlyWaits(t)
 	srv := redistest.Start(t)
 	proxy := redistest.NewProxy(t, srv.Addr)
 	c := redis.NewClient(&redis.Options{Addr: proxy.Addr})

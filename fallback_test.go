@@ -25,6 +25,7 @@ import (
 // Regression: denials computed ResetAfter from the global limit with the
 // local remaining count, and every decision reported the global Limit.
 func TestFailLocalReportsShare(t *testing.T) {
+	mostlyWaits(t)
 	m, c := newMini(t)
 	clk := newFakeClock()
 	ctx := context.Background()
@@ -55,6 +56,7 @@ func TestFailLocalReportsShare(t *testing.T) {
 // reported the last share alone: a daily share's 49 where the per-second
 // share, with 1 left, refused the next request.
 func TestFailLocalSeveralLimits(t *testing.T) {
+	mostlyWaits(t)
 	m, c := newMini(t)
 	clk := newFakeClock()
 	ctx := context.Background()
@@ -86,6 +88,7 @@ func TestFailLocalSeveralLimits(t *testing.T) {
 // (a review): it reported the first limit alone, and httplimit's and
 // grpclimit's fields left the others out during an outage.
 func TestFailOpenSeveralLimits(t *testing.T) {
+	mostlyWaits(t)
 	m, c := newMini(t)
 	ctx := context.Background()
 	perSecond := policy.Limit{Name: "ps", Rate: 10, Period: time.Second, Burst: 10}
@@ -275,6 +278,7 @@ func fallbackReasons(t *testing.T, addr string, direct bool, calls int) reasonRu
 // accepts connections but never answers still falls back with "timeout".
 // Regression: a wrong address was logged as reason=timeout.
 func TestUnreachableReason(t *testing.T) {
+	mostlyWaits(t)
 	for _, direct := range []bool{false, true} {
 		mode := map[bool]string{false: "detached", true: "direct"}[direct]
 		t.Run("refused/"+mode, func(t *testing.T) {

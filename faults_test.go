@@ -457,6 +457,7 @@ func testHung(t *testing.T, name string, c redis.UniversalClient, hang, unhang f
 // TestSlowRedis: Redis answers, but later than the budget (a proxy adds
 // 300ms each way; the budget is 100ms).
 func TestSlowRedis(t *testing.T) {
+	mostlyWaits(t)
 	const (
 		budget  = 100 * time.Millisecond
 		latency = 300 * time.Millisecond
@@ -652,6 +653,7 @@ func TestSlowRedis(t *testing.T) {
 // down, decisions follow the policy, and the Limiter recovers when Redis
 // appears.
 func TestDownAtStartupPolicies(t *testing.T) {
+	mostlyWaits(t)
 	ctx := context.Background()
 	for _, mode := range []policy.FailureMode{policy.FailOpen, policy.FailClosed} {
 		for _, exact := range []bool{false, true} {

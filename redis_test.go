@@ -194,6 +194,7 @@ func TestHungRedisWithinBudget(t *testing.T) {
 // TestRedisRestart: killed and restarted on the same port, Redis comes back
 // and authority decisions resume, with no errors in between.
 func TestRedisRestart(t *testing.T) {
+	mostlyWaits(t)
 	srv := redistest.Start(t)
 	c := srv.Client(t)
 	ctx := context.Background()
@@ -751,6 +752,7 @@ func TestHungRedisShortDeadlines(t *testing.T) {
 // timeout below the budget (go-redis's ErrPoolTimeout, at once): a review
 // measured 3.4-5.0 million admitted on a bucket of 100.
 func TestPoolHeldByTheApplication(t *testing.T) {
+	mostlyWaits(t)
 	srv := redistest.Start(t)
 	pools := []struct {
 		name string
@@ -891,6 +893,7 @@ func TestWritePauseWithAFullPool(t *testing.T) {
 // two, or one with a PoolTimeout of 5ms) while both answer. The breaker
 // stays closed and the bucket's bound holds.
 func TestRingPoolHeldByTheApplication(t *testing.T) {
+	mostlyWaits(t)
 	a, b := redistest.Start(t), redistest.Start(t)
 	for _, pool := range []struct {
 		name string
@@ -1032,6 +1035,7 @@ func TestLateReplyWhileRedisAnswers(t *testing.T) {
 // whatever the policy (5 of 8 under FailOpen, each after the whole
 // budget, logged as "instance saturated").
 func TestReplicaIsAnOutage(t *testing.T) {
+	mostlyWaits(t)
 	master := redistest.Start(t)
 	replica := redistest.Start(t)
 	host, port, _ := strings.Cut(master.Addr, ":")

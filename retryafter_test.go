@@ -65,6 +65,7 @@ func TestCachedQuotaRetryAfterIsItsBoundary(t *testing.T) {
 // item 5): For(1/s burst 5, 100/h) AllowN(3) said 1m13s (1s + 2 × 36s)
 // where 3s is right, so WaitN with an 8s deadline failed at once.
 func TestCachedMultiLimitRetryAfterByMember(t *testing.T) {
+	mostlyWaits(t)
 	perSecond := policy.Limit{Name: "retry-ps", Rate: 1, Period: time.Second, Burst: 5}
 	perHour := policy.PerHour(100).WithName("retry-ph")
 	ctx := context.Background()

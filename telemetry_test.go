@@ -117,6 +117,7 @@ func attrMap(kvs []attribute.KeyValue) map[attribute.Key]attribute.Value {
 // decision: TestTelemetryLeaseHits covers those); the raw key appears
 // nowhere.
 func TestTelemetryAllPaths(t *testing.T) {
+	mostlyWaits(t)
 	rig := newTelemetryRig(t)
 	m, c := newMini(t)
 	ctx := context.Background()

@@ -159,6 +159,7 @@ func TestTimedOutCallSpanEndsFirst(t *testing.T) {
 // listens are classified as network errors, not timeouts, under go-redis's
 // default retries.
 func TestRefusedConnectionIsNetwork(t *testing.T) {
+	mostlyWaits(t)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -223,6 +224,7 @@ func decisionRecords(rig *telemetryRig, events bool) []decisionRecord {
 // its status stays Unset (the caller's error is not the rate limiter's
 // failure); one that ended in Redis's error is a span error with error.type.
 func TestDecisionSpanOutcomes(t *testing.T) {
+	mostlyWaits(t)
 	cases := []struct {
 		reason string
 		hung   bool // Redis does not answer

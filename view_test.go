@@ -33,6 +33,7 @@ func mustClient(t *testing.T, c redis.UniversalClient, opts ...leaselimit.Option
 // login limit still fails open (NewClient's default), and several limits
 // together fail as their view says.
 func TestViewsFailurePolicies(t *testing.T) {
+	mostlyWaits(t)
 	m, rdb := newMini(t)
 	c := mustClient(t, rdb, leaselimit.WithTimeout(time.Second), leaselimit.WithFleetSize(2),
 		leaselimit.WithBreaker(breaker.Settings{Failures: 1, OpenFor: breaker.MaxOpenFor}))
