@@ -143,8 +143,13 @@ func TestSaturatedFleet(t *testing.T) {
 		r.elapsed.Round(time.Millisecond), total(r.bySource), r.bySource[0], r.bySource[1], r.bySource[2], r.bySource[3],
 		r.admitted, bound, float64(r.admitted)/bound, trips.Load(), r.slowest.Round(time.Millisecond))
 	r.checkHealthy(t, trips, bound)
-	if float64(r.admitted) < 0.97*bound {
-		t.Errorf("admitted %d < 97%% of Burst + Rate·T = %.0f", r.admitted, bound)
+	// From below, over the window in which callers asked: the wait for
+	// the calls in flight at the stop adds to the whole run's bound
+	// tokens no caller was left to take. Regression (a flake): a run of
+	// 5.069 s for callers that asked for 5 s admitted 0.968 of the whole
+	// run's bound, 0.981 of a 5 s one.
+	if low := float64(l.Burst) + float64(l.Rate)*r.demand.Seconds(); float64(r.admitted) < 0.97*low {
+		t.Errorf("admitted %d < 97%% of Burst + Rate·T = %.0f over the %v callers asked", r.admitted, low, r.demand.Round(time.Millisecond))
 	}
 }
 

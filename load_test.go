@@ -31,7 +31,12 @@ type floodResult struct {
 	admitted int64
 	denied   int64
 	elapsed  time.Duration // from before the first call to after the last
-	slowest  time.Duration // the slowest single call
+	// demand is from before the first call to the stop, after which no
+	// caller starts another: the window a lower bound on admissions is
+	// for. Calls in flight at the stop (a refill, up to the slowest call)
+	// end within elapsed, asking for nothing more.
+	demand  time.Duration
+	slowest time.Duration // the slowest single call
 }
 
 // tightLoops starts n goroutines, each calling call(w, i) for i = 0, 1, …
@@ -82,8 +87,9 @@ func flood(t *testing.T, lims []*leaselimit.Limiter, workers int, d time.Duratio
 		return true
 	})
 	time.Sleep(d)
+	demand := time.Since(start)
 	stop()
-	r := floodResult{admitted: ok.Load(), denied: no.Load(), elapsed: time.Since(start), slowest: time.Duration(slowest.Load())}
+	r := floodResult{admitted: ok.Load(), denied: no.Load(), elapsed: time.Since(start), demand: demand, slowest: time.Duration(slowest.Load())}
 	for i := range srcs {
 		r.bySource[i] = srcs[i].Load()
 	}
