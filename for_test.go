@@ -105,10 +105,9 @@ func TestForLimitersAreCheap(t *testing.T) {
 	}
 	// The goroutines earlier tests left to end (go-redis's dials, clients
 	// closing) end before the first count, so that the counts are this
-	// test's own. Regression: in CI, once the tests that mostly wait ran
-	// last (see mostlyWaits), 3 of them ended during For's measurement
-	// and freed more heap than For took: a negative difference, read as
-	// unsigned, failed the comparison.
+	// test's own: in CI, once the tests that mostly wait ran last (see
+	// mostlyWaits), 3 of them ended during For's measurement, which the
+	// heap's fall (read unsigned, it failed the comparison) came with.
 	for n, deadline := runtime.NumGoroutine(), time.Now().Add(5*time.Second); time.Now().Before(deadline); {
 		time.Sleep(100 * time.Millisecond)
 		m := runtime.NumGoroutine()
