@@ -65,6 +65,12 @@ func (l Limit) PeriodMicros() int64 { return int64(l.Period / time.Microsecond) 
 // Burst in [1, MaxRate], Period in whole microseconds in [1µs, MaxPeriod].
 // The error wraps ErrInvalidLimit and names the offending field.
 func (l Limit) Validate() error {
+	if l == (Limit{}) {
+		// Said apart from an empty name: a Limit looked up in a map that
+		// does not hold it (plans[user.Plan]) arrives as the zero value,
+		// and "name is empty" sent its caller looking at names.
+		return fmt.Errorf("%w: the zero Limit (no name, rate, period or burst), as a map lookup of a missing key returns", ErrInvalidLimit)
+	}
 	if err := validateName(l.Name); err != nil {
 		return err
 	}

@@ -55,6 +55,7 @@ func TestLimitValidate(t *testing.T) {
 		{"period 1s+1ns", lim("a", 1, time.Second+time.Nanosecond, 1), false, "period"},
 
 		{"name empty", lim("", 1, time.Second, 1), false, "name"},
+		{"zero Limit", policy.Limit{}, false, "zero Limit"},
 		{"name 64 bytes", lim(strings.Repeat("n", 64), 1, time.Second, 1), true, ""},
 		{"name 65 bytes", lim(strings.Repeat("n", 65), 1, time.Second, 1), false, "name"},
 		{"name all allowed bytes", lim("azAZ09-_.", 1, time.Second, 1), true, ""},
