@@ -1,7 +1,6 @@
 package policy
 
 import (
-	"fmt"
 	"time"
 )
 
@@ -107,29 +106,29 @@ func (s Lease) WithDefaults() Lease {
 }
 
 // Validate reports whether s (after WithDefaults) is usable. The error wraps
-// ErrInvalidLimit.
+// ErrInvalidLimit; its text says "invalid setting".
 func (s Lease) Validate() error {
 	defaultIdle := s.IdleTTL == 0
 	s = s.WithDefaults()
 	switch {
 	case s.MaxTokens < 1:
-		return fmt.Errorf("%w: lease MaxTokens %d must be >= 1", ErrInvalidLimit, s.MaxTokens)
+		return invalidSetting("lease MaxTokens %d must be >= 1", s.MaxTokens)
 	case s.Horizon < 0:
-		return fmt.Errorf("%w: lease Horizon %v must be >= 0", ErrInvalidLimit, s.Horizon)
+		return invalidSetting("lease Horizon %v must be >= 0", s.Horizon)
 	case s.TTL < time.Millisecond:
-		return fmt.Errorf("%w: lease TTL %v must be >= 1ms", ErrInvalidLimit, s.TTL)
+		return invalidSetting("lease TTL %v must be >= 1ms", s.TTL)
 	case s.TTL > MaxLeaseTTL:
-		return fmt.Errorf("%w: lease TTL %v must be <= MaxLeaseTTL (%v)", ErrInvalidLimit, s.TTL, MaxLeaseTTL)
+		return invalidSetting("lease TTL %v must be <= MaxLeaseTTL (%v)", s.TTL, MaxLeaseTTL)
 	case !(s.MaxShare > 0 && s.MaxShare <= 1):
-		return fmt.Errorf("%w: lease MaxShare %v must be in (0, 1]", ErrInvalidLimit, s.MaxShare)
+		return invalidSetting("lease MaxShare %v must be in (0, 1]", s.MaxShare)
 	case s.Prefetch >= 1 || s.Prefetch != s.Prefetch:
-		return fmt.Errorf("%w: lease Prefetch %v must be < 1", ErrInvalidLimit, s.Prefetch)
+		return invalidSetting("lease Prefetch %v must be < 1", s.Prefetch)
 	case s.DenyCap < 0:
-		return fmt.Errorf("%w: lease DenyCap %v must be >= 0", ErrInvalidLimit, s.DenyCap)
+		return invalidSetting("lease DenyCap %v must be >= 0", s.DenyCap)
 	case s.IdleTTL < s.TTL && defaultIdle:
-		return fmt.Errorf("%w: lease TTL %v must be <= IdleTTL, whose default is %v: set IdleTTL too", ErrInvalidLimit, s.TTL, s.IdleTTL)
+		return invalidSetting("lease TTL %v must be <= IdleTTL, whose default is %v: set IdleTTL too", s.TTL, s.IdleTTL)
 	case s.IdleTTL < s.TTL:
-		return fmt.Errorf("%w: lease IdleTTL %v must be >= TTL %v", ErrInvalidLimit, s.IdleTTL, s.TTL)
+		return invalidSetting("lease IdleTTL %v must be >= TTL %v", s.IdleTTL, s.TTL)
 	}
 	return nil
 }

@@ -14,9 +14,23 @@ import (
 	"time"
 )
 
-// ErrInvalidLimit is wrapped by every error returned by Limit.Validate and
-// Lease.Validate.
+// ErrInvalidLimit is wrapped by every error returned by Limit.Validate,
+// Lease.Validate and FailureMode.Validate.
 var ErrInvalidLimit = errors.New("policy: invalid limit")
+
+// settingError is an invalid Lease or FailureMode: it wraps ErrInvalidLimit,
+// as the package promises, but says what it is. Its text had been "policy:
+// invalid limit: unknown failure mode 7", under an option that has no
+// limit in it (leaselimit.WithFailureMode).
+type settingError struct{ msg string }
+
+func (e *settingError) Error() string { return e.msg }
+func (e *settingError) Unwrap() error { return ErrInvalidLimit }
+
+// invalidSetting returns a settingError of format and args.
+func invalidSetting(format string, args ...any) error {
+	return &settingError{msg: "policy: invalid setting: " + fmt.Sprintf(format, args...)}
+}
 
 // maxNameLen is the longest Limit.Name accepted.
 const maxNameLen = 64
@@ -209,7 +223,7 @@ func (m FailureMode) String() string {
 // Validate reports whether m is one of the defined modes.
 func (m FailureMode) Validate() error {
 	if m < FailOpen || m > FailLocal {
-		return fmt.Errorf("%w: unknown failure mode %d", ErrInvalidLimit, int(m))
+		return invalidSetting("unknown failure mode %d: want FailOpen, FailClosed or FailLocal", int(m))
 	}
 	return nil
 }

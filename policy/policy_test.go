@@ -334,6 +334,10 @@ func TestFailureMode(t *testing.T) {
 		if !tc.okay && !errors.Is(err, policy.ErrInvalidLimit) {
 			t.Errorf("FailureMode(%d).Validate() = %v, want ErrInvalidLimit", int(tc.m), err)
 		}
+		// Regression: it said "policy: invalid limit: unknown failure mode 7".
+		if !tc.okay && err != nil && (strings.Contains(err.Error(), "invalid limit") || !strings.Contains(err.Error(), "FailClosed")) {
+			t.Errorf("FailureMode(%d).Validate() = %q, want it to name the modes and no limit", int(tc.m), err)
+		}
 	}
 	var zero policy.FailureMode
 	if zero != policy.FailOpen {
@@ -463,6 +467,11 @@ func TestLeaseValidate(t *testing.T) {
 			}
 			if !strings.Contains(err.Error(), tc.mention) {
 				t.Errorf("Validate(%+v) = %q, want it to mention %q", tc.s, err, tc.mention)
+			}
+			// A lease setting is not a limit. Regression: the text said
+			// "policy: invalid limit: lease TTL ...".
+			if !strings.HasPrefix(err.Error(), "policy: invalid setting: lease ") {
+				t.Errorf("Validate(%+v) = %q, want it to start \"policy: invalid setting: lease \"", tc.s, err)
 			}
 		})
 	}
