@@ -6,7 +6,7 @@
 // Without -redis it starts redis-server (from PATH) on a free loopback port
 // and stops it on exit. Each design of a workload runs for -duration in
 // all, interleaved with the others: -rounds rounds of one slice per design,
-// in an order rotated each round (see interleave.go); the first three
+// in a balanced order (see roundOrder in interleave.go); the first three
 // workloads first run -warmup on their own keys, so leases reach their
 // steady size. Before each measured slice of a workload that keeps its
 // keys, the design runs -lead-in unmeasured on them (see setup.slice).
@@ -112,7 +112,7 @@ func run() error {
 	var (
 		addr       = flag.String("redis", "", "address of a Redis to use (default: start redis-server on a free loopback port)")
 		duration   = flag.Duration("duration", 5*time.Second, "measured time of each design on each workload, over all rounds")
-		rounds     = flag.Int("rounds", 5, "rounds of interleaved slices (at least 5): each round runs every design once, in a rotated order")
+		rounds     = flag.Int("rounds", 5, "rounds of interleaved slices (at least 5): each round runs every design once; over n rounds (2n for an odd n of designs) each runs first, and after each other design, equally often")
 		goroutines = flag.Int("goroutines", 64, "concurrent callers per cell")
 		short      = flag.Bool("short", false, "1s cells and a 100ms warm-up, for CI")
 		warmup     = flag.Duration("warmup", 5*time.Second, "how long the first three workloads (those that need not start from a full bucket) run on their own keys before each measurement, so leases reach their steady size")
@@ -197,7 +197,7 @@ func run() error {
 	fmt.Fprintf(os.Stderr, "compare: Redis %s at %s, %d goroutines, %v per cell (+%v warm-up), GOMAXPROCS %d, %s\n",
 		version, cfg.addr, cfg.goroutines, cfg.duration, cfg.warmup, runtime.GOMAXPROCS(0), runtime.Version())
 
-	fmt.Fprintf(os.Stderr, "compare: %d rounds of %v slices, order rotated each round\n", cfg.rounds, cfg.duration/time.Duration(cfg.rounds))
+	fmt.Fprintf(os.Stderr, "compare: %d rounds of %v slices, in a balanced order\n", cfg.rounds, cfg.duration/time.Duration(cfg.rounds))
 	var groups [][]*setup
 	for _, wl := range workloads {
 		if !selected(wl.name, *which) {
@@ -465,7 +465,8 @@ func printTable(cfg config, version string, groups [][]*setup) {
 	fmt.Fprintln(w, "is what the contract costs, not leaselimit's code.")
 	fmt.Fprintln(w, "leaselimit_authority and leaselimit_path, when named, build exact mode up one layer at a time (design/layers.go):")
 	fmt.Fprintln(w, "the contract's batching with leaselimit's authority package, then with its Redis path; leaselimit_exact adds the Limiter.")
-	fmt.Fprintln(w, "Ratios: each round runs every design for one slice, in an order rotated each round; a design's ratio is taken")
+	fmt.Fprintln(w, "Ratios: each round runs every design for one slice, in a balanced order (over n rounds, 2n for an odd n of designs,")
+	fmt.Fprintln(w, "each design runs first, and right after each other design, equally often); a design's ratio is taken")
 	fmt.Fprintln(w, "against the baseline's rate in the same round, and the median of the rounds is reported with their range;")
 	fmt.Fprintln(w, "\"p50 vs redis_rate's\" likewise divides each slice's median latency by the baseline's in the same round.")
 	fmt.Fprintln(w, "Redis CPU/decision is the server's used_cpu_sys + used_cpu_user (INFO cpu) over the slices, per decision;")
