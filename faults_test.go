@@ -15,6 +15,7 @@ import (
 
 	"github.com/leaselimit/leaselimit"
 	"github.com/leaselimit/leaselimit/breaker"
+	"github.com/leaselimit/leaselimit/internal/clockhook"
 	"github.com/leaselimit/leaselimit/internal/redistest"
 	"github.com/leaselimit/leaselimit/policy"
 	"github.com/redis/go-redis/v9"
@@ -923,6 +924,85 @@ func BenchmarkAllowBreakerOpen(b *testing.B) {
 			})
 			b.StopTimer()
 			b.ReportMetric(float64(srcs[leaselimit.SourceFallback].Load())/float64(b.N), "fallback-frac")
+		})
+	}
+}
+
+// steppedClock is the system clock, its wall stepped back 30 s once
+// stepped is set (NTP, a VM restored from a snapshot): time.Now's readings
+// with the wall moved and the monotonic reading going on, as a real step
+// gives them.
+type steppedClock struct {
+	t       *testing.T
+	stepped atomic.Bool
+}
+
+func (c *steppedClock) Now() time.Time {
+	n := time.Now()
+	if !c.stepped.Load() {
+		return n
+	}
+	s, ok := clockhook.StepWall(n, -30*time.Second)
+	if !ok {
+		c.t.Error("clockhook.StepWall cannot make a stepped reading")
+	}
+	return s
+}
+
+// TestWallStepDuringOutage: the system clock steps back 30 s while the
+// breaker is open; once Redis answers again the breaker lets its probe
+// through after OpenFor and closes, as without a step, in both modes.
+// Regression: the breaker kept its open-until in wall-clock time and
+// rejected every call for the 30 s of the step while Redis answered: 8.7
+// million FailOpen admissions on a spent bucket of 100 in 4 s.
+func TestWallStepDuringOutage(t *testing.T) {
+	mostlyWaits(t)
+	const burst = 100
+	for _, mode := range []string{"exact", "lease"} {
+		t.Run(mode, func(t *testing.T) {
+			srv := redistest.Start(t)
+			proxy := redistest.NewProxy(t, srv.Addr)
+			rc := redis.NewClient(&redis.Options{Addr: proxy.Addr, DialerRetries: 1})
+			t.Cleanup(func() { _ = rc.Close() })
+			clk := &steppedClock{t: t}
+			opts := []leaselimit.Option{leaselimit.WithClock(clk), leaselimit.WithFailureMode(policy.FailOpen),
+				leaselimit.WithTimeout(100 * time.Millisecond),
+				leaselimit.WithBreaker(breaker.Settings{OpenFor: 250 * time.Millisecond, OnStateChange: func(_, to breaker.State) {
+					if to == breaker.Open {
+						clk.stepped.Store(true) // the step, while the breaker is open
+					}
+				}})}
+			if mode == "exact" {
+				opts = append(opts, leaselimit.WithoutLease())
+			}
+			lim := mustNew(t, rc, policy.Limit{Name: "wall-step", Rate: 1, Period: 24 * time.Hour, Burst: burst}, opts...)
+			for range 3 * burst { // spend the bucket
+				if _, err := lim.Allow(context.Background(), "k"); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// Phases: 0 refused, 1 answering again, until the breaker
+			// closes.
+			proxy.Refuse(true)
+			load := startLoad(t, lim, 4, func(int, int) (string, int) { return "k", 0 }, nil)
+			if _, ok := waitUntil(recoverWithin, clk.stepped.Load); !ok {
+				load.Stop()
+				t.Fatalf("the breaker did not open while connections were refused: %s", load.summary(0))
+			}
+			proxy.Refuse(false)
+			load.setPhase(1)
+			took, ok := waitUntil(recoverWithin, func() bool { return lim.BreakerState() == breaker.Closed })
+			load.Stop()
+			for ph, name := range []string{"refused", "answering again"} {
+				t.Logf("phase %d (%s): %s", ph, name, load.summary(ph))
+			}
+			// OpenFor is 250 ms; a probe that fails (the two cores are
+			// busy with the callers) opens it for another. The step
+			// held it for 30 s.
+			if !ok {
+				t.Fatalf("breaker %v %v after Redis answered again; OpenFor is 250ms", lim.BreakerState(), recoverWithin)
+			}
+			t.Logf("breaker closed %v after Redis answered again", took.Round(time.Millisecond))
 		})
 	}
 }

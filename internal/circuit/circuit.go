@@ -28,6 +28,7 @@ import (
 	"time"
 
 	"github.com/leaselimit/leaselimit/breaker"
+	"github.com/leaselimit/leaselimit/internal/monotime"
 	"github.com/redis/go-redis/v9"
 	"github.com/sony/gobreaker/v2"
 )
@@ -85,11 +86,11 @@ func stateOf(s gobreaker.State) breaker.State {
 type Breaker struct {
 	cb        *gobreaker.TwoStepCircuitBreaker[struct{}]
 	state     atomic.Int32
-	openUntil atomic.Int64 // unix nanoseconds; while now is before it, Rejects is true
+	openUntil atomic.Int64 // a monotime; while now is before it, Rejects is true (0: not open)
 	openFor   time.Duration
 	now       func() time.Time
 	replies   atomic.Int64 // see CountReply
-	lastNet   atomic.Int64 // unix ns of the last network error (NoteNetworkError)
+	lastNet   atomic.Int64 // the monotime of the last network error (NoteNetworkError)
 
 	// closed is the closed breaker's spell, nil while it is open or
 	// half-open (see Allow).
@@ -135,7 +136,10 @@ func New(name string, s Settings) *Breaker {
 				b.closed.Store(b.newSpell())
 			}
 			if to == gobreaker.StateOpen {
-				b.openUntil.Store(b.now().Add(b.openFor).UnixNano())
+				// On the monotonic clock (see monotime): kept
+				// in wall time, a step of the system clock back
+				// by d held the breaker open for d more.
+				b.openUntil.Store(monotime.Of(b.now().Add(b.openFor)))
 			} else {
 				b.openUntil.Store(0)
 			}
@@ -166,11 +170,14 @@ func (b *Breaker) CountReply() { b.replies.Add(1) }
 
 // NoteNetworkError records that a call failed at now with a network error
 // that is not a timeout (a refused or reset connection).
-func (b *Breaker) NoteNetworkError(now time.Time) { b.lastNet.Store(now.UnixNano()) }
+func (b *Breaker) NoteNetworkError(now time.Time) { b.lastNet.Store(monotime.Of(now)) }
 
 // NetworkErrorSince reports whether a call failed with such a network
 // error at or after t.
-func (b *Breaker) NetworkErrorSince(t time.Time) bool { return b.lastNet.Load() >= t.UnixNano() }
+func (b *Breaker) NetworkErrorSince(t time.Time) bool {
+	last := b.lastNet.Load()
+	return last != 0 && last >= monotime.Of(t)
+}
 
 // RepliesSeen returns how many calls Redis has answered (see CountReply).
 // Two readings tell how many replies arrived in between.
@@ -182,7 +189,7 @@ func (b *Breaker) RepliesSeen() int64 { return b.replies.Load() }
 // decision would otherwise read the clock once more for nothing.
 func (b *Breaker) Rejects(now func() time.Time) bool {
 	u := b.openUntil.Load()
-	return u != 0 && now().UnixNano() < u
+	return u != 0 && monotime.Of(now()) < u
 }
 
 // OpenUntil returns when the open breaker lets probes through, or the zero
@@ -192,7 +199,7 @@ func (b *Breaker) OpenUntil() time.Time {
 	if u == 0 {
 		return time.Time{}
 	}
-	return time.Unix(0, u)
+	return monotime.Time(u)
 }
 
 // Allow asks to make one Redis call. On success the caller must call done

@@ -11,6 +11,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -19,6 +20,7 @@ import (
 	"github.com/leaselimit/leaselimit/authority"
 	"github.com/leaselimit/leaselimit/breaker"
 	"github.com/leaselimit/leaselimit/internal/circuit"
+	"github.com/leaselimit/leaselimit/internal/clockhook"
 	"github.com/redis/go-redis/v9"
 	"github.com/sony/gobreaker/v2"
 	"go.uber.org/goleak"
@@ -651,5 +653,55 @@ func TestIntervalClears(t *testing.T) {
 	call(t, b, errInfra)
 	if b.State() != breaker.Open {
 		t.Fatalf("state %v after 3 consecutive failures within an Interval; want open", b.State())
+	}
+}
+
+// TestWallStepWhileOpen: the system clock stepped back 30 s while the
+// breaker is open (NTP, a VM restored from a snapshot) does not hold it
+// open: it lets probes through OpenFor after it opened, on the monotonic
+// clock, and says so in OpenUntil. Regression: the open-until was kept as
+// wall-clock nanoseconds, and Rejects stayed true for the 30 s of the
+// step while Redis answered; every decision went to the failure policy
+// (8.7 million FailOpen admissions in 5 s on a bucket of 100).
+func TestWallStepWhileOpen(t *testing.T) {
+	const openFor = 50 * time.Millisecond
+	var stepped atomic.Bool
+	now := func() time.Time {
+		n := time.Now()
+		if stepped.Load() {
+			s, ok := clockhook.StepWall(n, -30*time.Second)
+			if !ok {
+				t.Fatal("clockhook.StepWall cannot make a stepped reading")
+			}
+			return s
+		}
+		return n
+	}
+	b := circuit.New("test", circuit.Settings{Settings: breaker.Settings{Failures: 1, OpenFor: openFor, Probes: 1}, Now: now})
+	call(t, b, errInfra)
+	if b.State() != breaker.Open || !b.Rejects(now) {
+		t.Fatalf("after a failure: state %v, rejects %v; want open and rejecting", b.State(), b.Rejects(now))
+	}
+	stepped.Store(true)
+	if !b.Rejects(now) {
+		t.Fatal("the step let probes through before OpenFor")
+	}
+	if wait := b.OpenUntil().Sub(now()); wait <= 0 || wait > openFor {
+		t.Errorf("OpenUntil is %v after the stepped now; want within (0, %v]", wait, openFor)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for b.Rejects(now) {
+		if time.Now().After(deadline) {
+			t.Fatalf("still rejecting 5 s after it opened for %v: the wall clock's step held it open", openFor)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	done, err := b.Allow()
+	if err != nil {
+		t.Fatalf("Allow after OpenFor: %v; want the half-open probe", err)
+	}
+	done(nil)
+	if b.State() != breaker.Closed {
+		t.Errorf("state %v after a successful probe; want closed", b.State())
 	}
 }

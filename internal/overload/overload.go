@@ -25,12 +25,14 @@ import (
 	"runtime"
 	"sync/atomic"
 	"time"
+
+	"github.com/leaselimit/leaselimit/internal/monotime"
 )
 
 var (
 	overdue atomic.Int32 // waiters whose reply is overdue while the process is behind
-	// behindAt is when a probe last found the process behind (unix ns), 0
-	// if none has.
+	// behindAt is when a probe last found the process behind (a
+	// monotime), 0 if none has.
 	behindAt atomic.Int64
 )
 
@@ -48,12 +50,19 @@ type Probe struct {
 	done  chan struct{}
 }
 
-// Start starts a probe in a goroutine run by spawn (which returns false if
-// it cannot run one; the probe then reports no delay at once).
+// Start starts a probe in a goroutine run by spawn, which returns false if
+// it cannot run one (the Client's Close has begun); the probe then runs on
+// the caller's goroutine, which yields the processor and measures how long
+// the scheduler took to give it back, and is done when Start returns.
+// Regression: a probe that could not run reported no delay, so during
+// Close a reply this process read late on a saturated machine was blamed
+// on Redis, and FailOpen admitted while Redis answered (found by an
+// adversarial review; the admission, made after Close's last send, was
+// never charged).
 func Start(spawn func(func()) bool) *Probe {
 	p := &Probe{start: time.Now(), done: make(chan struct{})}
 	if !spawn(p.run) {
-		close(p.done)
+		p.run()
 	}
 	return p
 }
@@ -101,7 +110,7 @@ func Measure(spawn func(func()) bool, threshold time.Duration) bool {
 // MarkBehind records that the process was found behind at now (a goroutine
 // of the caller's ran a threshold or more after it was due), for Recent.
 func MarkBehind(now time.Time) {
-	behindAt.Store(now.UnixNano())
+	behindAt.Store(monotime.Of(now))
 }
 
 // Recent reports whether a probe found the process behind within the last
@@ -109,7 +118,7 @@ func MarkBehind(now time.Time) {
 // before it can measure.
 func Recent(now time.Time, within time.Duration) bool {
 	at := behindAt.Load()
-	return at != 0 && now.UnixNano()-at < int64(within)
+	return at != 0 && monotime.Of(now)-at < int64(within)
 }
 
 // Hold marks a reply as overdue while the process is behind: until the

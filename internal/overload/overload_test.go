@@ -42,20 +42,7 @@ func TestProbeIdle(t *testing.T) {
 // TestProbeSaturated: with goroutines that never block holding both
 // processors, a ready goroutine waits many scheduler slices: behind.
 func TestProbeSaturated(t *testing.T) {
-	old := runtime.GOMAXPROCS(2)
-	defer runtime.GOMAXPROCS(old)
-	var stop atomic.Bool
-	var busy sync.WaitGroup
-	for range 64 {
-		busy.Add(1)
-		go func() {
-			defer busy.Done()
-			for !stop.Load() {
-			}
-		}()
-	}
-	defer func() { stop.Store(true); busy.Wait() }()
-	time.Sleep(50 * time.Millisecond) // let them take the processors
+	defer saturate()()
 	start := time.Now()
 	behind := probes(5)
 	if behind == 0 {
@@ -68,16 +55,53 @@ func TestProbeSaturated(t *testing.T) {
 	}
 }
 
-// TestProbeCannotRun: a probe that cannot be spawned reports no delay.
+// TestProbeCannotRun: a probe that cannot be spawned runs on the caller's
+// goroutine, done when Start returns: on an idle process it finds no
+// delay, and with the processors kept busy by more goroutines than there
+// are processors, it finds the process behind.
 func TestProbeCannotRun(t *testing.T) {
-	p := Start(func(func()) bool { return false })
+	refuse := func(func()) bool { return false }
+	p := Start(refuse)
 	select {
 	case <-p.Done():
 	default:
-		t.Fatal("Done not closed for a probe that could not run")
+		t.Fatal("Done not closed when Start returned, for a probe that could not be spawned")
 	}
-	if p.Behind(time.Millisecond) {
-		t.Error("a probe that could not run says behind")
+	if p.Behind(time.Second) {
+		t.Errorf("a probe run in place on an idle process took %v", time.Duration(p.took.Load()))
+	}
+	defer saturate()()
+	behind := false
+	for range 20 {
+		if p := Start(refuse); p.Behind(time.Millisecond) {
+			behind = true
+			break
+		}
+	}
+	if !behind {
+		t.Error("a probe run in place never found a saturated process behind by 1ms in 20 tries")
+	}
+}
+
+// saturate holds both of two processors with 64 goroutines that never
+// block, and returns what stops them.
+func saturate() (stop func()) {
+	old := runtime.GOMAXPROCS(2)
+	var done atomic.Bool
+	var busy sync.WaitGroup
+	for range 64 {
+		busy.Add(1)
+		go func() {
+			defer busy.Done()
+			for !done.Load() {
+			}
+		}()
+	}
+	time.Sleep(50 * time.Millisecond) // let them take the processors
+	return func() {
+		done.Store(true)
+		busy.Wait()
+		runtime.GOMAXPROCS(old)
 	}
 }
 

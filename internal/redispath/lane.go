@@ -11,6 +11,7 @@ import (
 	"github.com/leaselimit/leaselimit/authority"
 	"github.com/leaselimit/leaselimit/breaker"
 	"github.com/leaselimit/leaselimit/internal/circuit"
+	"github.com/leaselimit/leaselimit/internal/monotime"
 	"github.com/leaselimit/leaselimit/internal/recorder"
 )
 
@@ -466,7 +467,7 @@ func (ln *lane) send(batch []*pending, deadline time.Time) {
 		done, _ = ln.brk.Allow() // nil if refused: the batch goes uncounted
 	}
 	as := make([]*authority.Acquisition, len(batch))
-	now := time.Now().UnixNano()
+	now := monotime.Now()
 	for i, p := range batch {
 		as[i] = p.a
 		if p.sent != nil {
@@ -480,7 +481,7 @@ func (ln *lane) send(batch []*pending, deadline time.Time) {
 	cctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
 	ln.auth.AcquireAll(cctx, as)
 	cancel()
-	recoverCuts(batch, time.Unix(0, now)) // before the witness's verdicts replace the errors it reads
+	recoverCuts(batch, monotime.Time(now)) // before the witness's verdicts replace the errors it reads
 	refusedAll(as, ln.witnessOf)
 	if done != nil {
 		done(batchOutcome(batch))

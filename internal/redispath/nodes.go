@@ -11,6 +11,7 @@ import (
 	"github.com/leaselimit/leaselimit/authority"
 	"github.com/leaselimit/leaselimit/breaker"
 	"github.com/leaselimit/leaselimit/internal/circuit"
+	"github.com/leaselimit/leaselimit/internal/monotime"
 	"github.com/leaselimit/leaselimit/internal/recorder"
 	"github.com/redis/go-redis/v9"
 )
@@ -33,7 +34,7 @@ type nodes struct {
 	byNode map[string]*nodeBreaker // master address → breaker
 	lanes  map[*circuit.Breaker]*lane
 
-	lastReload atomic.Int64 // unix ns of the last slot-map reload we asked for
+	lastReload atomic.Int64 // the monotime of the last slot-map reload we asked for
 
 	// go-redis loads a ClusterClient's slot map on first use, in the
 	// caller's goroutine and without honouring context deadlines. Until it
@@ -130,7 +131,7 @@ func (b *nodes) forKey(rkey string, budget time.Duration) *circuit.Breaker {
 		return b.one
 	}
 	addr := node.Options().Addr
-	now := b.now().UnixNano()
+	now := monotime.Of(b.now())
 	b.mu.RLock()
 	nb := b.byNode[addr]
 	b.mu.RUnlock()
@@ -232,7 +233,7 @@ func (b *nodes) failed() {
 	if b.cluster == nil {
 		return
 	}
-	now := b.now().UnixNano()
+	now := monotime.Of(b.now())
 	last := b.lastReload.Load()
 	if now-last < int64(time.Second) || !b.lastReload.CompareAndSwap(last, now) {
 		return
@@ -247,7 +248,7 @@ func (b *nodes) failed() {
 func (b *nodes) worst() breaker.State {
 	w := b.one.State()
 	stale := max(2*b.settings.WithDefaults().OpenFor, time.Second)
-	since := b.now().Add(-stale).UnixNano()
+	since := monotime.Of(b.now().Add(-stale))
 	b.mu.RLock()
 	defer b.mu.RUnlock()
 	for _, nb := range b.byNode {

@@ -26,6 +26,7 @@ import (
 	"github.com/leaselimit/leaselimit/authority"
 	"github.com/leaselimit/leaselimit/breaker"
 	"github.com/leaselimit/leaselimit/internal/circuit"
+	"github.com/leaselimit/leaselimit/internal/monotime"
 	"github.com/leaselimit/leaselimit/internal/recorder"
 	"github.com/redis/go-redis/v9"
 )
@@ -64,7 +65,7 @@ type Path struct {
 	// behind them. recovering counts the calls they have.
 	recoverers *workers
 	recovering atomic.Int32
-	closedAt   atomic.Int64 // when Close began, Unix ns (0: not yet), for the recoverers
+	closedAt   atomic.Int64 // when Close began, a monotime (0: not yet), for the recoverers
 	dials      dials        // whether the client's dials fail (see unreachable)
 
 	closed, unavailable error
@@ -113,7 +114,7 @@ func (p *Path) Close() bool {
 	if !p.gate.close() {
 		return false
 	}
-	p.closedAt.Store(time.Now().UnixNano())
+	p.closedAt.Store(monotime.Now())
 	return true
 }
 

@@ -9,6 +9,7 @@ import (
 
 	"github.com/leaselimit/leaselimit/authority"
 	"github.com/leaselimit/leaselimit/internal/circuit"
+	"github.com/leaselimit/leaselimit/internal/monotime"
 )
 
 // What an acquire call leaves when its reply is lost after it was sent (a
@@ -166,7 +167,7 @@ func (p *Path) learn(as []*authority.Acquisition, brk *circuit.Breaker, sent, qu
 	for {
 		now := time.Now()
 		closing := p.gate.isClosed()
-		if c := max(p.closedAt.Load(), queued.UnixNano()); closing && now.UnixNano() > c+int64(p.budget) {
+		if c := max(p.closedAt.Load(), monotime.Of(queued)); closing && monotime.Of(now) > c+int64(p.budget) {
 			return false
 		}
 		if !now.Add(p.budget).Before(until) {

@@ -9,6 +9,7 @@ import (
 	"github.com/leaselimit/leaselimit/authority"
 	"github.com/leaselimit/leaselimit/breaker"
 	"github.com/leaselimit/leaselimit/internal/circuit"
+	"github.com/leaselimit/leaselimit/internal/monotime"
 	"github.com/leaselimit/leaselimit/policy"
 	"github.com/redis/go-redis/v9"
 )
@@ -68,7 +69,7 @@ func TestLearnAsksOnlyWhileItMay(t *testing.T) {
 	// and more after it, makes no attempt; one queued now makes one.
 	shared := New(Config{Client: c, Auth: auth, Budget: budget, Name: "learn-close", Unavailable: errors.New("unavailable"), Tel: tel})
 	shared.Close()
-	shared.closedAt.Store(time.Now().Add(-2 * budget).UnixNano()) // as if Close began two budgets ago
+	shared.closedAt.Store(monotime.Of(time.Now().Add(-2 * budget))) // as if Close began two budgets ago
 	a = sentAlone("after-close")
 	if shared.learn([]*authority.Acquisition{a}, shared.Shared(), time.Now(), time.Now().Add(-3*budget)) || a.Err != cut {
 		t.Fatalf("learn begun two budgets after Close, queued before it: %+v, %v; want no attempt", a.Grant, a.Err)

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/leaselimit/leaselimit/authority"
+	"github.com/leaselimit/leaselimit/internal/monotime"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -44,7 +45,7 @@ type witness struct {
 	side   *redis.Client  // witnessConns connections of witness's own
 	wait   time.Duration  // witnessWait of the budget: how long an ask has to answer
 	life   time.Duration  // how long one ask may run (see ask)
-	okAt   atomic.Int64   // unix ns of the last ask answered
+	okAt   atomic.Int64   // the monotime of the last ask answered
 	wg     sync.WaitGroup // the asks in flight, for close
 	// unflagged is set once Redis could not compile aliveScript (a server
 	// that reads no shebang): asks run aliveScriptUnflagged from then on.
@@ -274,7 +275,10 @@ func (h *witness) answers(early *flight) bool {
 }
 
 // fresh reports whether Redis answered an ask within the last wait.
-func (h *witness) fresh() bool { return time.Now().UnixNano()-h.okAt.Load() < int64(h.wait) }
+func (h *witness) fresh() bool {
+	ok := h.okAt.Load()
+	return ok != 0 && monotime.Now()-ok < int64(h.wait)
+}
 
 // answered is fresh, nil-safe: false where there is no client to ask
 // through.
@@ -344,7 +348,7 @@ func (h *witness) run(f *flight) {
 	defer h.wg.Done()
 	ctx, cancel := context.WithTimeout(context.Background(), h.life)
 	if h.alive(ctx) {
-		h.okAt.Store(time.Now().UnixNano())
+		h.okAt.Store(monotime.Now())
 	}
 	cancel()
 	h.mu.Lock()
