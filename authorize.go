@@ -58,6 +58,9 @@ func (l *Limiter) authorize(ctx context.Context, c call) reply {
 	if err != nil {
 		return reply{err: err}
 	}
+	if l.quota {
+		l.server.observe(g.At, l.clock.wall())
+	}
 	return reply{grant: g}
 }
 

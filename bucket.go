@@ -139,8 +139,10 @@ func (l *Limiter) jointOutstanding(key string) int64 {
 // by default), and a denial they cached lasts at most DenyCap (1s by
 // default). Until then they may deny requests the full bucket would admit,
 // or admit from their leases, which the old bucket paid for. With several
-// limits, Reset does so for each limit's bucket in turn, then drops the
-// lease they share.
+// limits, Reset does so for each limit's bucket in turn. A limit's local
+// state includes what it holds with other limits: the lease of a set of
+// limits (Client.Limiter with several) that has it, whose tokens of the
+// other limits' buckets are dropped too.
 //
 // Reset makes one Redis call per limit (a script that deletes the bucket
 // and marks the reset), once: go-redis's resends of it change nothing.
@@ -179,10 +181,14 @@ func (l *Limiter) Reset(ctx context.Context, key string) error {
 		}); err != nil {
 			return err
 		}
-		m.leases.Forget(key)
-	}
-	if l.joint != nil {
-		l.joint.Forget(key) // the lease and negative cache of the limits together
+		// This instance's tokens of the old bucket, and its cached
+		// denial, under this limit alone and in every set of limits
+		// that has it. Regression: only this Limiter's own sets were
+		// dropped, and after Limiter(a).Reset, Limiter(a, b)'s joint
+		// lease here kept serving the old bucket's tokens (1,026
+		// admitted of a fresh bucket of 1,000) and its cached denial
+		// (a full bucket denied for up to DenyCap).
+		m.forget(key)
 	}
 	return nil
 }

@@ -207,6 +207,58 @@ func TestResetThisInstance(t *testing.T) {
 	}
 }
 
+// TestResetDropsJointLeases: Reset through one limit drops this instance's
+// state of its bucket in every set of limits that has it: a set's lease of
+// the old bucket's tokens serves nothing more, and its cached denial goes.
+// Regression: only the resetting Limiter's own sets were dropped; after
+// Limiter(a).Reset, Limiter(a, b) here admitted 1,026 of a fresh bucket of
+// 1,000, and once a was spent and reset, denied it from its cache for up
+// to DenyCap (found by an adversarial review).
+func TestResetDropsJointLeases(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	a := policy.Limit{Name: "reset-joint-a", Rate: 1, Period: 24 * time.Hour, Burst: 1000}
+	b := policy.Limit{Name: "reset-joint-b", Rate: 1, Period: 24 * time.Hour, Burst: 100_000}
+	c := mustClient(t, srv.Client(t))
+	alone, both := c.Limiter(a), c.Limiter(a, b)
+	for range 400 { // a busy key: the set leases a's and b's tokens here
+		if d, err := both.Allow(ctx, "k"); err != nil || !d.Allowed {
+			t.Fatalf("Allow before Reset = %+v, %v", d, err)
+		}
+	}
+	if err := alone.Reset(ctx, "k"); err != nil {
+		t.Fatal(err)
+	}
+	// Both views until both deny: the fresh bucket's 1,000 and no more.
+	var admitted int64
+	for {
+		d, err := both.Allow(ctx, "k")
+		if err == nil && !d.Allowed {
+			d, err = alone.Allow(ctx, "k")
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !d.Allowed {
+			break
+		}
+		admitted++
+	}
+	if admitted > a.Burst {
+		t.Errorf("admitted %d after Reset, of a fresh bucket of %d: the set's lease of the old one kept serving", admitted, a.Burst)
+	}
+	// a is spent, and the set here caches a denial: a Reset of a clears it.
+	if d, _ := both.Allow(ctx, "k"); d.Allowed {
+		t.Fatalf("the set admitted with a spent: %+v", d)
+	}
+	if err := alone.Reset(ctx, "k"); err != nil {
+		t.Fatal(err)
+	}
+	if d, err := both.Allow(ctx, "k"); err != nil || !d.Allowed {
+		t.Errorf("the set's Allow right after a's Reset = %+v, %v; want admitted by the full bucket", d, err)
+	}
+}
+
 // TestResetFleet: 4 instances call a key far over its limit in tight loops
 // until every one of them denies; another instance resets the key. The
 // bound Reset documents holds: once DenyCap has passed on the instances'

@@ -102,6 +102,7 @@ func newClient(client redis.UniversalClient, opts []Option) (*Client, error) {
 	}
 	e.refunds = newRefundQueue(auth, e.path, meters, e.clock)
 	e.debts = newDebtBook(cfg.maxKeys, meters, e.log, e.clock)
+	e.server = new(serverClock)
 	e.janitor = startJanitor(e.table, e.refunds, e.debts, e.closed, e.path, e.log, e.clock, cfg.lease.TTL)
 	return &Client{e: e}, nil
 }

@@ -64,8 +64,10 @@ func newDebtBook(max int, tel *recorder.Recorder, log *logger, clock localClock)
 }
 
 // owe records n tokens of key's bucket under limit (named by namer) that a
-// failure policy admitted at wall.
-func (b *debtBook) owe(namer authority.Namer, key string, limit policy.Limit, n int64, wall time.Time) {
+// failure policy admitted at at, on Redis's clock (see serverClock): a
+// calendar quota's debt is charged to that window, and dropped if Redis
+// has moved on to the next when the charge arrives.
+func (b *debtBook) owe(namer authority.Namer, key string, limit policy.Limit, n int64, at time.Time) {
 	if n <= 0 {
 		return // a debt is never negative: it would go out as a refund
 	}
@@ -75,7 +77,7 @@ func (b *debtBook) owe(namer authority.Namer, key string, limit policy.Limit, n 
 	// added to a debt wrapped to a large negative number, which went out
 	// as a refund of a whole Burst.
 	n = min(n, 2*limit.Burst)
-	k := debtKey{namer: namer, key: key, window: windowOf(limit, wall)}
+	k := debtKey{namer: namer, key: key, window: windowOf(limit, at)}
 	b.mu.Lock()
 	d, ok := b.owed[k]
 	switch {
@@ -147,10 +149,12 @@ func (b *debtBook) move(q *refundQueue, path *redispath.Path, all bool) {
 }
 
 // owe charges key's bucket under every limit of l n tokens that the
-// failure policy admitted at wall (see debtBook).
+// failure policy admitted at wall, a reading of the Client's clock (see
+// debtBook).
 func (l *Limiter) owe(key string, n int64, wall time.Time) {
+	at := l.server.at(wall) // a quota's window is Redis's, not this instance's
 	for _, m := range l.members {
-		l.debts.owe(m.namer, key, m.limit, n, wall)
+		l.debts.owe(m.namer, key, m.limit, n, at)
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 
 	"github.com/leaselimit/leaselimit"
 	"github.com/leaselimit/leaselimit/breaker"
+	"github.com/leaselimit/leaselimit/internal/clockhook"
 	"github.com/leaselimit/leaselimit/internal/redistest"
 	"github.com/leaselimit/leaselimit/internal/syncbuf"
 	"github.com/leaselimit/leaselimit/policy"
@@ -46,6 +47,25 @@ func proxied(t *testing.T, srv *redistest.Server) (*redistest.Proxy, *redis.Clie
 	c := redis.NewClient(&redis.Options{Addr: proxy.Addr, DialerRetries: 1})
 	t.Cleanup(func() { _ = c.Close() })
 	return proxy, c
+}
+
+// admissions counts the admissions of key "k" by where their tokens came
+// from: the bucket (taken), or the failure policy (owed: charged to the
+// bucket once Redis answers).
+type admissions struct{ taken, owed int64 }
+
+// allow makes one Allow of "k" through lim, in phase (for the message).
+func (a *admissions) allow(t *testing.T, lim *leaselimit.Limiter, phase string) {
+	t.Helper()
+	d, err := lim.Allow(context.Background(), "k")
+	switch {
+	case err != nil:
+		t.Fatalf("Allow (%s): %v", phase, err)
+	case d.Allowed && d.Source == leaselimit.SourceFallback:
+		a.owed++
+	case d.Allowed:
+		a.taken++
+	}
 }
 
 // TestFallbackAdmissionsAreCharged: what the failure policy admits while
@@ -94,18 +114,8 @@ func TestFallbackAdmissionsAreCharged(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			var taken, owed int64 // from the bucket; admitted by the policy
-			allow := func(phase string) {
-				d, err := view.Allow(ctx, "k")
-				switch {
-				case err != nil:
-					t.Fatalf("Allow (%s): %v", phase, err)
-				case d.Allowed && d.Source == leaselimit.SourceFallback:
-					owed++
-				case d.Allowed:
-					taken++
-				}
-			}
+			var got admissions
+			allow := func(phase string) { got.allow(t, view, phase) }
 			for range 10 {
 				allow("Redis up")
 			}
@@ -113,7 +123,7 @@ func TestFallbackAdmissionsAreCharged(t *testing.T) {
 			for range tc.down {
 				allow("Redis down")
 			}
-			if owed == 0 {
+			if got.owed == 0 {
 				t.Fatalf("no admission of the failure policy in %d tries with Redis down", tc.down)
 			}
 			proxy.Refuse(false)
@@ -128,13 +138,13 @@ func TestFallbackAdmissionsAreCharged(t *testing.T) {
 				limits = append(limits, b)
 			}
 			for _, l := range limits {
-				want := l.Burst - taken - owed
+				want := l.Burst - got.taken - got.owed
 				if want < -l.Burst {
 					want = -l.Burst // a debt past one Burst is forgiven
 				}
-				if got := level(t, direct, l, "k"); got != want {
+				if held := level(t, direct, l, "k"); held != want {
 					t.Errorf("%s: the bucket holds %d; want %d (Burst %d, %d taken from it, %d admitted by the policy)",
-						l.Name, got, want, l.Burst, taken, owed)
+						l.Name, held, want, l.Burst, got.taken, got.owed)
 				}
 			}
 		})
@@ -442,4 +452,92 @@ func TestOnlyTheProbeWaits(t *testing.T) {
 	}
 	proxy.Blackhole(false)
 	<-probed
+}
+
+// skewedClock is the system clock with its wall reading off by skew (whole
+// seconds) and its monotonic reading true: an instance whose clock is
+// wrong, as time.Now reads it there.
+type skewedClock struct {
+	t    *testing.T
+	skew time.Duration
+}
+
+func (c skewedClock) Now() time.Time {
+	s, ok := clockhook.StepWall(time.Now(), c.skew)
+	if !ok {
+		c.t.Error("clockhook.StepWall cannot make a skewed reading")
+	}
+	return s
+}
+
+// TestQuotaDebtInRedisWindow: what FailOpen admits during an outage is
+// charged to the calendar window Redis's clock was in, not the one the
+// instance's clock says: an instance a minute behind, in an outage in the
+// first second of an hour (Redis's clock), and one a minute ahead, in the
+// last seconds of an hour. Regression: the debt was stamped with the
+// window of the instance's clock, and the charge, of another window, was
+// dropped: the window admitted 150 of a quota of 100 (found by an
+// adversarial review).
+func TestQuotaDebtInRedisWindow(t *testing.T) {
+	mostlyWaits(t)
+	srv := redistest.Start(t)
+	direct := srv.Client(t)
+	for _, tc := range []struct {
+		name  string
+		skew  time.Duration // the instance's clock less Redis's
+		lease bool
+	}{
+		{"behind-exact", -time.Minute, false},
+		{"behind-lease", -time.Minute, true},
+		{"ahead-exact", time.Minute, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			const quota, down = 100, 40
+			// An hour of a zone whose hours end 7 s from now (Redis's
+			// clock is this machine's): the outage falls 0.3 s after
+			// the start of one, or 5 s before its end.
+			boundary := time.Now().Add(7 * time.Second).Truncate(time.Second)
+			zone := time.FixedZone(tc.name, int((3600-boundary.Unix()%3600)%3600))
+			limit := policy.Quota("debt-window-"+tc.name, quota, policy.Hour, zone)
+			outage := boundary.Add(300 * time.Millisecond)
+			if tc.skew > 0 {
+				outage = boundary.Add(-5 * time.Second)
+			}
+			proxy, c := proxied(t, srv)
+			opts := []leaselimit.Option{leaselimit.WithClock(skewedClock{t, tc.skew}), leaselimit.WithFailureMode(policy.FailOpen),
+				leaselimit.WithTimeout(200 * time.Millisecond), leaselimit.WithBreaker(breaker.Settings{OpenFor: 20 * time.Millisecond})}
+			if !tc.lease {
+				opts = append(opts, leaselimit.WithoutLease())
+			}
+			lim := mustNew(t, c, limit, opts...)
+			time.Sleep(time.Until(outage))
+			var got admissions
+			allow := func(phase string) { got.allow(t, lim, phase) }
+			allow("Redis up")
+			proxy.Refuse(true)
+			proxy.CutAll()
+			for range down {
+				allow("Redis down")
+			}
+			if got.owed == 0 {
+				t.Fatalf("no admission of FailOpen in %d tries with Redis down", down)
+			}
+			proxy.Refuse(false)
+			waitReachable(t, c, "the client")
+			if err := lim.Close(); err != nil { // sends what is owed
+				t.Fatalf("Close: %v", err)
+			}
+			if tc.skew > 0 && !time.Now().Before(boundary) {
+				t.Fatal("the hour ended before the charge was made: the machine is too slow for this test")
+			}
+			// A lease's unused tokens went back at Close: the window
+			// holds the quota less what Redis granted and what FailOpen
+			// admitted.
+			if held, want := level(t, direct, limit, "k"), quota-got.taken-got.owed; held != want {
+				t.Errorf("the window holds %d; want %d (quota %d, %d taken from it, %d admitted by FailOpen): the charge went to another window",
+					held, want, quota, got.taken, got.owed)
+			}
+		})
+	}
 }

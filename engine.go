@@ -28,6 +28,7 @@ type engine struct {
 	table   *lease.Table     // the local state of every limit's keys
 	refunds *refundQueue     // unused tokens on their way back
 	debts   *debtBook        // what the failure policy admitted, to charge when Redis is back
+	server  *serverClock     // Redis's clock as its replies show it, for calendar windows no reply names
 	closed  chan struct{}    // a breaker closed: the janitor charges the debts at once
 	janitor *janitor         // expiry, eviction and refunds in the background
 	slots   chan struct{}    // one per background refill in flight (refill.go)

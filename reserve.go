@@ -33,9 +33,11 @@ type Reservation struct {
 // lease's window can move on while Reserve runs, so a stamp keeps both
 // ends of that doubt: a surplus goes back to the earliest window the
 // tokens can be of (refund), an excess is charged to the latest (charge).
-// Unknown is 0; an unknown window is named by the client's clock at taken.
+// Unknown is 0; an unknown window is named by server, Redis's clock at
+// taken as this instance estimates it (see serverClock).
 type stamp struct {
-	taken          time.Time
+	taken          time.Time // this process's clock when the tokens were taken
+	server         time.Time // Redis's at taken, as estimated
 	refund, charge origin
 	// refundParts and chargeParts, for several limits, are each one's
 	// window ends (their windows differ), as refund and charge bound them;
@@ -61,7 +63,7 @@ func (s stamp) of(n int64) origin {
 // window is not every limit's: for a joint lease it is the soonest of
 // their windows, so an hourly quota's end would be given to a daily one.
 func (s stamp) member(i int) stamp {
-	m := stamp{taken: s.taken, refund: origin{since: s.refund.since}, charge: origin{since: s.charge.since}}
+	m := stamp{taken: s.taken, server: s.server, refund: origin{since: s.refund.since}, charge: origin{since: s.charge.since}}
 	if i < len(s.refundParts) {
 		m.refund.window = s.refundParts[i]
 	}
@@ -80,14 +82,14 @@ func (s stamp) windowFor(limit policy.Limit, n int64) int64 {
 	if w := s.of(n).window; w != 0 {
 		return w
 	}
-	return windowOf(limit, s.taken)
+	return windowOf(limit, s.server)
 }
 
 // stampOf returns the stamp of the tokens of d, a decision to take n that
 // Reserve made: exactly a grant's when Redis granted outside a lease, else
 // what the lease said before (pre, if known) and after the take.
 func (l *Limiter) stampOf(d Decision, key string, taken time.Time, pre lease.Stamp, known bool) stamp {
-	st := stamp{taken: taken}
+	st := stamp{taken: taken, server: l.server.at(taken)}
 	if d.since != 0 {
 		o := origin{since: d.since, window: windowOfGrant(l.limit, d.since, d.ResetAfter)}
 		st.refund, st.charge = o, o
@@ -253,7 +255,7 @@ func (r *Reservation) oweExcess(ctx context.Context, excess int64) error {
 	}
 	var first error
 	for _, m := range l.members {
-		rf := authority.Refund{Key: m.names.Key(r.key), Limit: m.limit, Tokens: -excess, Window: windowOf(m.limit, r.stamp.taken)}
+		rf := authority.Refund{Key: m.names.Key(r.key), Limit: m.limit, Tokens: -excess, Window: windowOf(m.limit, r.stamp.server)}
 		if err := l.adjustAfterClose(ctx, rf); err != nil && first == nil {
 			first = err
 		}
@@ -304,7 +306,7 @@ func (l *Limiter) settleLocally(ls *lease.Leases, ms []*member, key string, n in
 	}
 	now := l.clock.now()
 	if n > 0 {
-		if !sameWindow(ms, st.taken, time.Now()) {
+		if !sameWindow(ms, st.server, l.server.at(time.Now())) {
 			return false // a calendar quota's tokens of an earlier window: gone
 		}
 		return ls.Give(key, n, st.refund.since, st.charge.since, st.windowFor(ms[0].limit, n), now)

@@ -3,6 +3,7 @@ package leaselimit
 import (
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/leaselimit/leaselimit/authority"
@@ -38,6 +39,7 @@ type limitSet struct {
 	limit   policy.Limit // the first member's: a decision's Limit unless Parts say otherwise
 	names   *keyNames    // the first member's: the Redis key of a call (the rest go With it)
 	maxCost int64        // the least Burst of the members: the most one request may take
+	quota   bool         // a member is a calendar quota: its replies' times feed the engine's serverClock
 	// leases is the protocol that decides: the one member's own, or for
 	// several limits a joint lease whose every token was taken from each
 	// member's bucket at once. joint is that joint lease, nil for one
@@ -60,6 +62,32 @@ type member struct {
 	namer  authority.Namer // what debts are owed under (see debtKey)
 	names  *keyNames       // namer's names, the last on each processor remembered
 	leases *lease.Leases
+	// joints are the joint leases of the sets this limit is in with
+	// others, which a Reset of its bucket drops too (see Limiter.Reset);
+	// copied on write, as sets are made (under the engine's sets lock).
+	joints atomic.Pointer[[]*lease.Leases]
+}
+
+// addJoint records that joint, a set's joint lease, holds tokens of m's
+// bucket.
+func (m *member) addJoint(joint *lease.Leases) {
+	var js []*lease.Leases
+	if old := m.joints.Load(); old != nil {
+		js = append(js, *old...)
+	}
+	js = append(js, joint)
+	m.joints.Store(&js)
+}
+
+// forget drops key's local state under m's limit: its own lease and
+// negative cache, and those of every joint lease with other limits.
+func (m *member) forget(key string) {
+	m.leases.Forget(key)
+	if js := m.joints.Load(); js != nil {
+		for _, j := range *js {
+			j.Forget(key)
+		}
+	}
 }
 
 // setKey identifies the limits a Limiter enforces together, in order.
@@ -103,14 +131,18 @@ func (e *engine) newSet(members []*member) *limitSet {
 		log:     e.log.forLimit(name),
 		sf:      new(singleflight.Group),
 	}
-	for _, m := range members[1:] {
+	for _, m := range members {
 		s.maxCost = min(s.maxCost, m.limit.Burst)
+		s.quota = s.quota || m.limit.IsQuota()
 	}
 	if len(members) == 1 {
 		s.leases = members[0].leases
 	} else {
 		s.joint = lease.NewGroup(e.table, name, limits, e.cfg.lease, e.cfg.fleetSize)
 		s.leases = s.joint
+		for _, m := range members {
+			m.addJoint(s.joint)
+		}
 	}
 	s.calls = e.path.Caller(s.tel, &receiver{leases: s.leases, members: s.members, debts: e.debts, refunds: e.refunds, clock: e.clock, log: s.log})
 	e.log.manyLimits(e.made.Add(1))
