@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -215,8 +216,12 @@ func TestMultiLimitReserveAndContract(t *testing.T) {
 	if p, _ := both.Peek(ctx, "k"); p.Parts[0].Remaining != 100 || p.Parts[1].Remaining != 50 {
 		t.Errorf("Peek after Reset = %+v; want both full", p.Parts)
 	}
-	if _, err := both.AllowN(ctx, "k", 60); !errors.Is(err, leaselimit.ErrInvalidCost) {
-		t.Errorf("AllowN(60) over b's burst of 50 = %v; want ErrInvalidCost", err)
+	// Over the least Burst, b's, whether or not over a's: the error
+	// names b's (it named a's for n above a's Burst).
+	for _, n := range []int64{60, 101} {
+		if _, err := both.AllowN(ctx, "k", n); !errors.Is(err, leaselimit.ErrInvalidCost) || !strings.Contains(err.Error(), "burst 50 of "+b.Name) {
+			t.Errorf("AllowN(%d) over b's burst of 50 = %v; want ErrInvalidCost naming b's burst", n, err)
+		}
 	}
 	if _, err := root.For(a, a).Allow(ctx, "k"); !errors.Is(err, policy.ErrInvalidLimit) {
 		t.Errorf("For(a, a) = %v; want ErrInvalidLimit", err)

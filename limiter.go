@@ -252,15 +252,16 @@ func (l *Limiter) check(key string, n int64) error {
 	if n >= 1 && n <= l.maxCost {
 		return nil
 	}
-	if n < 1 || n > l.limit.Burst {
-		return fmt.Errorf("%w: n = %d, want 1 <= n <= burst %d", ErrInvalidCost, n, l.limit.Burst)
-	}
-	for _, m := range l.members[1:] { // the limit whose Burst n passes, for the message
-		if n > m.limit.Burst {
-			return fmt.Errorf("%w: n = %d, want 1 <= n <= burst %d of %s", ErrInvalidCost, n, m.limit.Burst, m.limit.Name)
+	if len(l.members) > 1 {
+		// The bound is the least Burst: name its limit. Regression: the
+		// first limit's Burst was named, 100 where 50 was the bound.
+		for _, m := range l.members {
+			if m.limit.Burst == l.maxCost {
+				return fmt.Errorf("%w: n = %d, want 1 <= n <= burst %d of %s (the least of the limits)", ErrInvalidCost, n, l.maxCost, m.limit.Name)
+			}
 		}
 	}
-	return nil
+	return fmt.Errorf("%w: n = %d, want 1 <= n <= burst %d", ErrInvalidCost, n, l.maxCost)
 }
 
 // checkKey returns ErrInvalidKey for a key outside 1 to MaxKeyLen bytes.
